@@ -1,0 +1,29 @@
+# Two commands on a fresh machine:  `make demo` (the main job) and `make test` (the test suite).
+# The CPU set-up pins torch to the 2.13.0 CPU wheel and never installs triton (see README).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export OMP_WAIT_POLICY := PASSIVE
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test bench-quick
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,llamaindex,bench]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/hypic-rag demo
+
+test: setup
+	$(PY) -m pytest -q -x --durations=15 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+bench-quick: setup
+	$(VENV)/bin/hypic-rag bench --quick

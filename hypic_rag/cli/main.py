@@ -1,0 +1,69 @@
+"""`hypic-rag` entry point. Each command lives in its own module with `register(subparsers)`.
+
+A command module registers a sub-parser and sets `func` on it; `func(args) -> int` returns the exit code.
+User errors raise `CliError`, which prints one line and exits with its code (never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+COMMAND_MODULES = (
+    "hypic_rag.cli.generate_command",
+    "hypic_rag.cli.cache_command",
+    "hypic_rag.cli.precompute_command",
+    "hypic_rag.cli.ask_command",
+    "hypic_rag.cli.demo_command",
+    "hypic_rag.cli.serve_command",
+    "hypic_rag.cli.bench_command",
+)
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exits with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hypic-rag", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name == module_name:
+                continue  # command not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CliError as error:
+        print(f"hypic-rag {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"hypic-rag {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
