@@ -1,0 +1,183 @@
+"""Mixer paths re-implemented over the model's own modules, exposing what composition needs.
+
+Shapes drop the batch dimension (one request at a time): T tokens, H heads.
+- Gated DeltaNet (linear_attention): pre-conv projections, short causal conv with an explicit left context
+  (the conv tail), gated-delta-rule inputs, and the gated output norm + projection.
+- Gated full attention: pre-RoPE (k-normed) keys, rotary for arbitrary positions (partial rotary and M-RoPE
+  sections as the model's rotary embedding computes them), causal attention by sequence index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(slots=True)
+class LinearMixerInputs:
+    """Inputs of the gated delta rule for T tokens.
+
+    query, key: [H, T, K] (l2-normalised; query also scaled by K^-1/2); value: [H, T, V];
+    log_decay, beta: [H, T]; output_gate: [T, H, V] (the z branch); preconv: [T, C] (conv inputs, C = conv dim).
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    log_decay: torch.Tensor
+    beta: torch.Tensor
+    output_gate: torch.Tensor
+    preconv: torch.Tensor
+
+
+def conv_kernel_size(mixer: nn.Module) -> int:
+    return int(mixer.conv_kernel_size)
+
+
+def empty_conv_tail(mixer: nn.Module, device: torch.device) -> torch.Tensor:
+    """Zero conv context [C, kernel-1] (what a standalone span sees)."""
+    return torch.zeros(mixer.conv_dim, conv_kernel_size(mixer) - 1, dtype=torch.float32, device=device)
+
+
+def advance_conv_tail(tail: torch.Tensor, preconv: torch.Tensor) -> torch.Tensor:
+    """Last kernel-1 conv inputs after appending `preconv` [T, C] to `tail` [C, kernel-1]."""
+    width = tail.shape[-1]
+    if width == 0:
+        return tail
+    return torch.cat([tail, preconv.float().transpose(0, 1)], dim=1)[:, -width:].contiguous()
+
+
+def _project(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, hidden] -> preconv [T, C], z [T, H, V], b [T, H], a [T, H] for either projection layout."""
+    if hasattr(mixer, "in_proj_qkvz"):  # Qwen3-Next: grouped qkvz / ba layout
+        query, key, value, z, b, a = mixer.fix_query_key_value_ordering(mixer.in_proj_qkvz(x[None]), mixer.in_proj_ba(x[None]))
+        preconv = torch.cat([t.reshape(1, t.shape[1], -1) for t in (query, key, value)], dim=-1)[0]
+        return preconv, z[0], b[0], a[0]
+    preconv = mixer.in_proj_qkv(x)
+    z = mixer.in_proj_z(x).reshape(x.shape[0], -1, mixer.head_v_dim)
+    return preconv, z, mixer.in_proj_b(x), mixer.in_proj_a(x)
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def linear_mixer_inputs(mixer: nn.Module, x: torch.Tensor, conv_context: torch.Tensor) -> LinearMixerInputs:
+    """Project, convolve (with `conv_context` [C, kernel-1] as the left context) and split for the delta rule.
+
+    x: [T, hidden] (already input-normalised).
+    """
+    length = x.shape[0]
+    preconv, output_gate, b, a = _project(mixer, x)
+    weight = mixer.conv1d.weight  # [C, 1, kernel]
+    conv_input = torch.cat([conv_context.to(weight.dtype), preconv.transpose(0, 1).to(weight.dtype)], dim=1)
+    mixed = F.conv1d(conv_input[None], weight, mixer.conv1d.bias, groups=conv_input.shape[0])[0]
+    mixed = F.silu(mixed).transpose(0, 1)  # [T, C]
+    query, key, value = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+    heads_v, heads_k = mixer.num_v_heads, mixer.num_k_heads
+    query = query.reshape(length, heads_k, mixer.head_k_dim).float()
+    key = key.reshape(length, heads_k, mixer.head_k_dim).float()
+    value = value.reshape(length, heads_v, mixer.head_v_dim).float()
+    if heads_v != heads_k:
+        query = query.repeat_interleave(heads_v // heads_k, dim=1)
+        key = key.repeat_interleave(heads_v // heads_k, dim=1)
+    query = _l2norm(query) * (mixer.head_k_dim**-0.5)
+    key = _l2norm(key)
+    beta = b.float().sigmoid()
+    log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias)
+    return LinearMixerInputs(
+        query=query.transpose(0, 1).contiguous(),
+        key=key.transpose(0, 1).contiguous(),
+        value=value.transpose(0, 1).contiguous(),
+        log_decay=log_decay.transpose(0, 1).contiguous(),
+        beta=beta.transpose(0, 1).contiguous(),
+        output_gate=output_gate,
+        preconv=preconv,
+    )
+
+
+def linear_mixer_output(mixer: nn.Module, core: torch.Tensor, output_gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gated RMS norm and output projection: core [H, T, V], output_gate [T, H, V] -> [T, hidden]."""
+    heads, length, value_dim = core.shape
+    core = core.transpose(0, 1).reshape(-1, value_dim).to(dtype)
+    normed = mixer.norm(core, output_gate.reshape(-1, value_dim))
+    return mixer.out_proj(normed.reshape(length, heads * value_dim))
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+def attention_inputs(attention: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, hidden] -> query [Hq, T, D] (normed, pre-RoPE), key [Hkv, T, D] (normed, pre-RoPE),
+    value [Hkv, T, D], output gate [T, Hq*D] (or an empty tensor when the layer has no gate)."""
+    length, head_dim = x.shape[0], attention.head_dim
+    projected = attention.q_proj(x)
+    heads_q = attention.config.num_attention_heads
+    if projected.shape[-1] == heads_q * head_dim * 2:  # gated attention (Qwen3.5 / Qwen3-Next)
+        query, gate = torch.chunk(projected.view(length, heads_q, head_dim * 2), 2, dim=-1)
+        gate = gate.reshape(length, -1)
+    else:
+        query, gate = projected.view(length, heads_q, head_dim), projected.new_empty(0)
+    query = attention.q_norm(query).transpose(0, 1)
+    key = attention.k_norm(attention.k_proj(x).view(length, -1, head_dim)).transpose(0, 1)
+    value = attention.v_proj(x).view(length, -1, head_dim).transpose(0, 1)
+    return query, key, value, gate
+
+
+def rotary_tables(rotary_embedding: nn.Module, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, R] for integer positions [T] as the model's rotary embedding computes them."""
+    cos, sin = rotary_embedding(like, positions[None].to(like.device))
+    return cos[0], sin[0]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first R dims of x [H, T, D] (half-split convention); the rest pass through (partial rotary)."""
+    rotary_dim = cos.shape[-1]
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    turned = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)
+    out = rotated * cos.to(x.dtype) + turned * sin.to(x.dtype)
+    return torch.cat([out, passed], dim=-1)
+
+
+def attention_core(
+    attention: nn.Module,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query_index: torch.Tensor,
+    key_index: torch.Tensor,
+) -> torch.Tensor:
+    """Causal attention by sequence index.
+
+    query [Hq, Tq, D] (rotated), keys/values [Hkv, Tk, D] (rotated keys), query_index [Tq], key_index [Tk]:
+    query i sees key j iff key_index[j] <= query_index[i]. Returns [Tq, Hq*D] in the query dtype.
+    """
+    groups = query.shape[0] // keys.shape[0]
+    if groups > 1:
+        keys = keys.repeat_interleave(groups, dim=0)
+        values = values.repeat_interleave(groups, dim=0)
+    scores = (query.float() @ keys.float().transpose(-1, -2)) * attention.scaling
+    visible = key_index[None, :] <= query_index[:, None]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights @ values.float()).to(query.dtype)  # [Hq, Tq, D]
+    return out.transpose(0, 1).reshape(query.shape[1], -1)
+
+
+def attention_output(attention: nn.Module, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Output gate and projection: core [T, Hq*D] -> [T, hidden]."""
+    if gate.numel():
+        core = core * torch.sigmoid(gate)
+    return attention.o_proj(core)
+
+
+def mlp_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's MLP or MoE block on x [T, hidden] (MoE blocks may return (out, router_logits))."""
+    out = layer.mlp(x[None])
+    if isinstance(out, tuple):
+        out = out[0]
+    return out[0]

@@ -1,0 +1,1 @@
+"""Sequence-mixing operators in plain torch (float32 references and chunked fast paths)."""

@@ -1,0 +1,233 @@
+"""One pass of the layer stack over a plan of spans: only the recomputed tokens get hidden states.
+
+A request is laid out as contiguous spans. A span's first `recompute` tokens go through the stack with the true
+context; the rest come from the span's cached entry:
+- linear layer: the running state h walks the spans in order; recomputed tokens run the delta rule from h (their
+  conv sees the running conv tail), then the cached remainder applies its affine map h <- P h + Z (or h + Z in
+  `addition`), and the conv tail takes the cached tail;
+- attention layer: queries of recomputed tokens attend causally to every position; keys/values are fresh for
+  recomputed tokens and the cached pre-RoPE keys, rotated at their true positions (or left at their standalone
+  positions when `reposition_keys` is off), for the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from hypic_rag.runtime import layers as L
+from hypic_rag.runtime.entry import SEAM_TOKENS, tensor_name
+from hypic_rag.runtime.model import LINEAR_LAYER, HybridModel
+from hypic_rag.runtime.ops.gated_delta_rule import chunk_gated_delta_rule
+from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
+
+
+@dataclass(slots=True)
+class Span:
+    """token_ids [L] at sequence positions start..start+L-1; the first `recompute` tokens are recomputed.
+
+    entry: the span's cached entry (its suffix pair must start at `recompute`, or the span is the very first of the
+    sequence and uses the zero-start `chunk_state`); None when the whole span is recomputed.
+    """
+
+    token_ids: list[int]
+    start: int
+    recompute: int
+    entry: dict[str, torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.recompute <= len(self.token_ids):
+            raise ValueError(f"recompute={self.recompute} outside 0..{len(self.token_ids)}")
+        if self.entry is None and self.recompute != len(self.token_ids):
+            raise ValueError("a span without a cached entry must be recomputed whole")
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(slots=True)
+class StackOptions:
+    """reposition_keys: rotate cached keys at their true positions (False: keep standalone positions).
+    composition: "transition" applies P h + Z per cached span; "addition" applies h + Z (the naive baseline)."""
+
+    reposition_keys: bool = True
+    composition: Literal["transition", "addition"] = "transition"
+
+    def __post_init__(self) -> None:
+        if self.composition not in ("transition", "addition"):
+            raise ValueError(f"unknown composition {self.composition!r}")
+
+
+@dataclass(slots=True)
+class StackResult:
+    """logits: [vocab] of the last recomputed token; all_logits: [R, vocab] when asked;
+    checkpoints: decode states at each span end when asked; compose_seconds: time spent composing cached state."""
+
+    logits: torch.Tensor
+    state: DecodeState
+    recomputed_tokens: int
+    all_logits: torch.Tensor | None = None
+    checkpoints: list[DecodeState] = field(default_factory=list)
+    compose_seconds: float = 0.0
+
+
+def _apply_cached_linear(
+    state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, first: bool, recompute: int, composition: str
+) -> torch.Tensor:
+    """Advance the recurrent state [H, K, V] over a span's cached remainder."""
+    if first and recompute == 0:
+        return entry[tensor_name(layer_index, "chunk_state")].float()
+    if int(entry[SEAM_TOKENS]) != recompute:
+        raise ValueError(f"entry was encoded with seam {int(entry[SEAM_TOKENS])}, span recomputes {recompute}")
+    suffix_state = entry[tensor_name(layer_index, "suffix_state")].float()
+    if composition == "addition":
+        return state + suffix_state
+    return entry[tensor_name(layer_index, "transition")].float() @ state + suffix_state
+
+
+def _advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_length: int) -> torch.Tensor:
+    """Conv tail after a cached suffix of `suffix_length` tokens whose own last inputs are `cached_tail`."""
+    width = tail.shape[-1]
+    if width == 0 or suffix_length == 0:
+        return tail
+    if suffix_length >= width:
+        return cached_tail.float().clone()
+    return torch.cat([tail, cached_tail.float()[:, -suffix_length:]], dim=1)[:, -width:].contiguous()
+
+
+@torch.no_grad()
+def run_stack(
+    model: HybridModel,
+    spans: list[Span],
+    initial: DecodeState | None = None,
+    options: StackOptions | None = None,
+    *,
+    want_checkpoints: bool = False,
+    want_all_logits: bool = False,
+) -> StackResult:
+    """Run the stack over `spans` (contiguous, starting at `initial.length` or 0) and return the next-token logits."""
+    options = options or StackOptions()
+    device, dtype = model.device, model.dtype
+    start = initial.length if initial is not None else 0
+    position = start
+    for span in spans:
+        if span.start != position:
+            raise ValueError(f"spans must be contiguous: expected a span at {position}, got {span.start}")
+        position += span.length
+    total_length = position
+
+    recomputed_ids: list[int] = []
+    recomputed_positions: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    for span in spans:
+        offsets.append((len(recomputed_ids), span.recompute))
+        recomputed_ids.extend(span.token_ids[: span.recompute])
+        recomputed_positions.extend(range(span.start, span.start + span.recompute))
+    if not recomputed_ids:
+        raise ValueError("nothing to recompute: the last span (the question) must have recomputed tokens")
+    ids = torch.tensor(recomputed_ids, dtype=torch.long, device=device)
+    query_index = torch.tensor(recomputed_positions, dtype=torch.long, device=device)
+    key_index = torch.arange(total_length, device=device)
+
+    hidden = model.backbone.embed_tokens(ids)  # [R, hidden]
+    cos_all, sin_all = L.rotary_tables(model.backbone.rotary_emb, key_index, hidden)
+    new_state = DecodeState(length=total_length)
+    span_linear_states: list[dict[int, LinearLayerState]] = [dict() for _ in spans]
+    compose_seconds = 0.0
+
+    for layer_index, layer in enumerate(model.layers):
+        x = layer.input_layernorm(hidden)
+        if model.layer_types[layer_index] == LINEAR_LAYER:
+            mixer = layer.linear_attn
+            if initial is not None:
+                recurrent = initial.linear[layer_index].recurrent.float()
+                tail = initial.linear[layer_index].conv_tail.float()
+            else:
+                recurrent = torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
+                tail = L.empty_conv_tail(mixer, device)
+            core = torch.empty(mixer.num_v_heads, len(recomputed_ids), mixer.head_v_dim, device=device)
+            gates = torch.empty(len(recomputed_ids), mixer.num_v_heads, mixer.head_v_dim, device=device, dtype=dtype)
+            first = initial is None
+            for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
+                if count:
+                    inputs = L.linear_mixer_inputs(mixer, x[offset : offset + count], tail)
+                    output, final = chunk_gated_delta_rule(
+                        inputs.query[None], inputs.key[None], inputs.value[None],
+                        inputs.log_decay[None], inputs.beta[None], recurrent[None],
+                    )
+                    recurrent = final[0]
+                    core[:, offset : offset + count] = output[0]
+                    gates[offset : offset + count] = inputs.output_gate
+                    tail = L.advance_conv_tail(tail, inputs.preconv)
+                if span.entry is not None and count < span.length:
+                    began = time.perf_counter()
+                    recurrent = _apply_cached_linear(
+                        recurrent, span.entry, layer_index, first, count, options.composition
+                    )
+                    tail = _advance_tail_cached(
+                        tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count
+                    )
+                    compose_seconds += time.perf_counter() - began
+                first = False
+                if want_checkpoints:
+                    span_linear_states[span_number][layer_index] = LinearLayerState(recurrent, tail)
+            mixed = L.linear_mixer_output(mixer, core, gates, dtype)
+            new_state.linear[layer_index] = LinearLayerState(recurrent, tail)
+        else:
+            attention = layer.self_attn
+            query, key, value, gate = L.attention_inputs(attention, x)
+            query = L.apply_rotary(query, cos_all[query_index], sin_all[query_index])
+            key = L.apply_rotary(key, cos_all[query_index], sin_all[query_index])
+            key_parts: list[torch.Tensor] = []
+            value_parts: list[torch.Tensor] = []
+            if initial is not None:
+                key_parts.append(initial.attention[layer_index].keys)
+                value_parts.append(initial.attention[layer_index].values)
+            for span, (offset, count) in zip(spans, offsets):
+                if count:
+                    key_parts.append(key[:, offset : offset + count])
+                    value_parts.append(value[:, offset : offset + count])
+                if span.entry is not None and count < span.length:
+                    began = time.perf_counter()
+                    cached_key = span.entry[tensor_name(layer_index, "key")][:, count:].to(device=device, dtype=dtype)
+                    cached_value = span.entry[tensor_name(layer_index, "value")][:, count:].to(device=device, dtype=dtype)
+                    rotate_at = torch.arange(count, span.length, device=device)
+                    if options.reposition_keys:
+                        rotate_at = rotate_at + span.start
+                    cos, sin = L.rotary_tables(model.backbone.rotary_emb, rotate_at, hidden)
+                    key_parts.append(L.apply_rotary(cached_key, cos, sin))
+                    value_parts.append(cached_value)
+                    compose_seconds += time.perf_counter() - began
+            all_keys = torch.cat(key_parts, dim=1)
+            all_values = torch.cat(value_parts, dim=1)
+            core = L.attention_core(attention, query, all_keys, all_values, query_index, key_index)
+            mixed = L.attention_output(attention, core, gate)
+            new_state.attention[layer_index] = AttentionLayerState(all_keys, all_values)
+        hidden = hidden + mixed
+        hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
+
+    checkpoints: list[DecodeState] = []
+    if want_checkpoints:
+        end = start
+        for span, linear_states in zip(spans, span_linear_states):
+            end += span.length
+            checkpoint = DecodeState(length=end, linear=linear_states)
+            for layer_index, attention_state in new_state.attention.items():
+                checkpoint.attention[layer_index] = AttentionLayerState(
+                    attention_state.keys[:, :end], attention_state.values[:, :end]
+                )
+            checkpoints.append(checkpoint)
+    all_logits = model.logits(hidden) if want_all_logits else None
+    logits = all_logits[-1] if all_logits is not None else model.logits(hidden[-1:])[0]
+    return StackResult(
+        logits=logits,
+        state=new_state,
+        recomputed_tokens=len(recomputed_ids),
+        all_logits=all_logits,
+        checkpoints=checkpoints,
+        compose_seconds=compose_seconds,
+    )
