@@ -1,0 +1,357 @@
+"""The engine: fetch or encode segment entries, assemble a request under one of six modes, generate.
+
+Modes (the comparison ladder of DESIGN.md section 5, all through the same stack pass):
+- full: recompute every token.
+- prefix: exact reuse of the longest chunk-prefix whose boundary state was checkpointed; the rest recomputed
+  (and checkpointed at each chunk boundary for later requests).
+- addition: sum of zero-start states (no P), keys left at their standalone positions: the naive baseline.
+- transition: P composition, keys left at their standalone positions.
+- transition_rope: P composition, cached keys re-positioned with RoPE.
+- hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every segment not at
+  position 0.
+The first segment of a request sits at position 0 with a zero start, so its entry is exact in every mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hypic_rag.runtime.encode import encode_segment
+from hypic_rag.runtime.memory_cache import ByteBudgetLRU
+from hypic_rag.runtime.model import HybridModel
+from hypic_rag.runtime.request import Request, check_mode
+from hypic_rag.runtime.stack import Span, StackOptions, run_stack
+from hypic_rag.runtime.state import DecodeState
+
+logger = logging.getLogger(__name__)
+
+Entry = dict[str, torch.Tensor]
+STATE_DTYPE = "float32"
+
+
+def _entry_bytes(entry: Entry) -> int:
+    return sum(t.numel() * t.element_size() for t in entry.values())
+
+
+@dataclass(slots=True)
+class PrefillStats:
+    """Token accounting and timings (seconds) of one prefill."""
+
+    mode: str
+    prompt_tokens: int = 0
+    recomputed_tokens: int = 0
+    cached_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    load_seconds: float = 0.0
+    encode_seconds: float = 0.0
+    compose_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class PrefillResult:
+    """logits: [vocab] float32 next-token logits; state: the decode state after the prompt."""
+
+    logits: torch.Tensor
+    state: DecodeState
+    stats: PrefillStats
+
+
+@dataclass(slots=True)
+class Generation:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    prefill: PrefillStats
+    time_to_first_token: float
+    total_seconds: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_p in (0, 1]; seed makes sampling reproducible."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+class Engine:
+    """Assembles requests for one model.
+
+    segment_cache: a `hypic_rag.cache.segment_cache.SegmentCache` (persistent, shared across processes) or None
+    for an in-process LRU of `memory_cache_bytes`.
+    """
+
+    def __init__(
+        self,
+        model: HybridModel,
+        *,
+        seam_tokens: int = 8,
+        segment_cache: Any | None = None,
+        memory_cache_bytes: int = 1 << 30,
+        prefix_cache_bytes: int = 1 << 30,
+        state_dtype: str = STATE_DTYPE,
+    ) -> None:
+        if seam_tokens < 0:
+            raise ValueError("seam_tokens must be >= 0")
+        self.model = model
+        self.seam_tokens = seam_tokens
+        self.segment_cache = segment_cache
+        self.state_dtype = state_dtype
+        self._memory_entries: ByteBudgetLRU[Entry] = ByteBudgetLRU(memory_cache_bytes, _entry_bytes)
+        self._prefix_checkpoints: ByteBudgetLRU[DecodeState] = ByteBudgetLRU(prefix_cache_bytes, DecodeState.nbytes)
+
+    # ------------------------------------------------------------------ entries
+
+    def encode_segment(self, token_ids: list[int], seam_tokens: int | None = None) -> Entry:
+        """Encode one segment standalone (positions 0..L-1); a plain dict of CPU tensors."""
+        return encode_segment(self.model, list(token_ids), self.seam_tokens if seam_tokens is None else seam_tokens)
+
+    def encode_segments(self, segments: list[list[int]], seam_tokens: int | None = None) -> list[Entry]:
+        return [self.encode_segment(segment, seam_tokens) for segment in segments]
+
+    def cache_namespace(self, seam_tokens: int) -> Any:
+        from hypic_rag.cache.keys import CacheNamespace
+
+        return CacheNamespace(
+            model_fingerprint=self.model.fingerprint,
+            tokenizer_fingerprint=self.model.tokenizer_fingerprint,
+            seam_tokens=seam_tokens,
+            state_dtype=self.state_dtype,
+        )
+
+    def fetch_entries(self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats) -> list[Entry]:
+        """Entries for `segments`: from the cache on a hit, encoded (and stored) on a miss."""
+        began = time.perf_counter()
+        encode_seconds = 0.0
+
+        def encode_many(missing: list[list[int]]) -> list[Entry]:
+            nonlocal encode_seconds
+            start = time.perf_counter()
+            entries = self.encode_segments(missing, seam_tokens)
+            encode_seconds += time.perf_counter() - start
+            return entries
+
+        if self.segment_cache is not None:
+            entries, hits = self.segment_cache.get_or_encode_many(self.cache_namespace(seam_tokens), segments, encode_many)
+            hit_count = sum(bool(hit) for hit in hits)
+        else:
+            entries, hit_count = [], 0
+            keys = [(seam_tokens, tuple(segment)) for segment in segments]
+            found = [self._memory_entries.get(key) for key in keys]
+            missing = [segment for segment, entry in zip(segments, found) if entry is None]
+            encoded = iter(encode_many(missing)) if missing else iter(())
+            for key, entry in zip(keys, found):
+                if entry is None:
+                    entry = next(encoded)
+                    self._memory_entries.put(key, entry)
+                else:
+                    hit_count += 1
+                entries.append(entry)
+        device = self.model.device
+        entries = [{name: tensor.to(device, non_blocking=True) for name, tensor in e.items()} for e in entries]
+        stats.cache_hits += hit_count
+        stats.cache_misses += len(segments) - hit_count
+        stats.encode_seconds += encode_seconds
+        stats.load_seconds += time.perf_counter() - began - encode_seconds
+        return entries
+
+    # ------------------------------------------------------------------ prefill
+
+    def prefill(self, request: Request, mode: str = "hypic", seam_tokens: int | None = None) -> PrefillResult:
+        """Assemble `request` under `mode`; returns next-token logits and the decode state."""
+        check_mode(mode)
+        seam = self.seam_tokens if seam_tokens is None else seam_tokens
+        if seam < 0:
+            raise ValueError("seam_tokens must be >= 0")
+        began = time.perf_counter()
+        stats = PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens)
+        if mode == "full":
+            spans = [Span(request.all_ids(), 0, request.prompt_tokens)]
+            result = run_stack(self.model, spans)
+        elif mode == "prefix":
+            result = self._prefill_prefix(request, stats)
+        else:
+            result = self._prefill_composed(request, mode, seam, stats)
+        stats.recomputed_tokens = result.recomputed_tokens
+        stats.cached_tokens = request.prompt_tokens - result.recomputed_tokens - stats.prefix_reused_tokens
+        stats.compose_seconds = result.compose_seconds
+        stats.total_seconds = time.perf_counter() - began
+        stats.prefill_seconds = stats.total_seconds - stats.load_seconds - stats.encode_seconds - stats.compose_seconds
+        return PrefillResult(result.logits, result.state, stats)
+
+    def _prefill_composed(self, request: Request, mode: str, seam: int, stats: PrefillStats):
+        entry_seam = seam if mode == "hypic" else 0
+        segments = request.segments
+        entries = self.fetch_entries(segments, entry_seam, stats)
+        spans: list[Span] = []
+        position = 0
+        for number, (segment, entry) in enumerate(zip(segments, entries)):
+            recompute = 0 if number == 0 or mode != "hypic" else min(seam, len(segment))
+            spans.append(Span(segment, position, recompute, entry))
+            position += len(segment)
+        spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
+        options = StackOptions(
+            reposition_keys=mode in ("transition_rope", "hypic"),
+            composition="addition" if mode == "addition" else "transition",
+        )
+        return run_stack(self.model, spans, options=options)
+
+    def _prefill_prefix(self, request: Request, stats: PrefillStats):
+        segments = request.segments
+        keys: list[str] = []
+        chain = hashlib.sha256(self.model.fingerprint.encode())
+        for segment in segments:
+            chain.update(hashlib.sha256(torch.tensor(segment, dtype=torch.int64).numpy().tobytes()).digest())
+            keys.append(chain.copy().hexdigest())
+        reused, initial = 0, None
+        for number in range(len(segments), 0, -1):
+            checkpoint = self._prefix_checkpoints.get(keys[number - 1])
+            if checkpoint is not None:
+                reused, initial = number, checkpoint
+                break
+        stats.prefix_reused_tokens = initial.length if initial is not None else 0
+        stats.cache_hits += reused
+        stats.cache_misses += len(segments) - reused
+        position = stats.prefix_reused_tokens
+        spans = []
+        for segment in segments[reused:]:
+            spans.append(Span(segment, position, len(segment)))
+            position += len(segment)
+        spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
+        result = run_stack(self.model, spans, initial=initial, want_checkpoints=True)
+        for key, checkpoint in zip(keys[reused:], result.checkpoints[:-1]):
+            self._prefix_checkpoints.put(key, _detach_checkpoint(checkpoint))
+        return result
+
+    # ------------------------------------------------------------------ decode
+
+    def decode_step(self, state: DecodeState, token_id: int) -> tuple[torch.Tensor, DecodeState]:
+        """Feed one token after `state`; returns next-token logits [vocab] and the new state."""
+        result = run_stack(self.model, [Span([int(token_id)], state.length, 1)], initial=state)
+        return result.logits, result.state
+
+    def stream(
+        self, request: Request, mode: str = "hypic", params: SamplingParams | None = None, seam_tokens: int | None = None
+    ) -> Iterator[tuple[int, str]]:
+        """Yield (token_id, text_delta) as tokens are chosen; the final `Generation` is the generator's return value."""
+        params = params or SamplingParams()
+        began = time.perf_counter()
+        prefill = self.prefill(request, mode, seam_tokens)
+        generator = torch.Generator(device="cpu")
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        stop_ids = set(params.stop_token_ids) | self.model.eos_token_ids
+        tokenizer = self.model.tokenizer
+        generated: list[int] = []
+        text, finish_reason, first_token_at = "", "length", None
+        logits, state = prefill.logits, prefill.state
+        for step in range(params.max_new_tokens):
+            token = _choose_token(logits, params, generator)
+            if first_token_at is None:
+                first_token_at = time.perf_counter() - began
+            if token in stop_ids:
+                finish_reason = "stop"
+                break
+            generated.append(token)
+            new_text = tokenizer.decode(generated, skip_special_tokens=True) if tokenizer is not None else ""
+            hit = _first_stop(new_text, params.stop_strings)
+            if hit is not None:
+                delta = new_text[len(text) : hit]
+                text = new_text[:hit]
+                if delta:
+                    yield token, delta
+                finish_reason = "stop"
+                break
+            delta, text = new_text[len(text) :], new_text
+            yield token, delta
+            if step + 1 < params.max_new_tokens:
+                logits, state = self.decode_step(state, token)
+        total = time.perf_counter() - began
+        return Generation(
+            token_ids=generated,
+            text=text,
+            finish_reason=finish_reason,
+            prefill=prefill.stats,
+            time_to_first_token=first_token_at if first_token_at is not None else total,
+            total_seconds=total,
+            timings={
+                "cache_load": prefill.stats.load_seconds,
+                "encode": prefill.stats.encode_seconds,
+                "compose": prefill.stats.compose_seconds,
+                "prefill": prefill.stats.prefill_seconds,
+                "time_to_first_token": first_token_at if first_token_at is not None else total,
+                "total": total,
+            },
+        )
+
+    def generate(
+        self,
+        request: Request,
+        mode: str = "hypic",
+        params: SamplingParams | None = None,
+        seam_tokens: int | None = None,
+        on_token: Callable[[int, str], None] | None = None,
+    ) -> Generation:
+        """Prefill then decode until a stop token, a stop string or `max_new_tokens`."""
+        iterator = self.stream(request, mode, params, seam_tokens)
+        while True:
+            try:
+                token, delta = next(iterator)
+            except StopIteration as done:
+                return done.value
+            if on_token is not None:
+                on_token(token, delta)
+
+
+def _detach_checkpoint(state: DecodeState) -> DecodeState:
+    """Own copies of a checkpoint (slices of larger K/V tensors would otherwise keep them alive)."""
+    copy = DecodeState(length=state.length)
+    for index, item in state.linear.items():
+        copy.linear[index] = type(item)(item.recurrent.clone(), item.conv_tail.clone())
+    for index, item in state.attention.items():
+        copy.attention[index] = type(item)(item.keys.clone(), item.values.clone())
+    return copy
+
+
+def _choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    probabilities = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
+    if params.top_p < 1:
+        sorted_probabilities, order = torch.sort(probabilities, descending=True)
+        keep = sorted_probabilities.cumsum(-1) - sorted_probabilities < params.top_p
+        sorted_probabilities = sorted_probabilities * keep
+        probabilities = torch.zeros_like(probabilities).scatter(0, order, sorted_probabilities)
+    return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+def _first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
+    positions = [text.find(stop) for stop in stop_strings if stop and stop in text]
+    return min(positions) if positions else None

@@ -1,0 +1,68 @@
+"""A RAG request as segments: prefix, one segment per chunk, question. Each segment is tokenized on its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+
+MODES = ("full", "prefix", "addition", "transition", "transition_rope", "hypic")
+
+
+class UnknownModeError(ValueError):
+    pass
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise UnknownModeError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
+    return mode
+
+
+@dataclass(slots=True)
+class Request:
+    """prefix_ids: instruction at position 0 (may be empty); chunk_ids: one token list per retrieved chunk;
+    question_ids: the final segment (non-empty: its last token's logits start generation)."""
+
+    prefix_ids: list[int]
+    chunk_ids: list[list[int]]
+    question_ids: list[int]
+    chunk_labels: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.question_ids:
+            raise ValueError("the question segment must not be empty")
+        if any(len(chunk) == 0 for chunk in self.chunk_ids):
+            raise ValueError("chunks must not be empty")
+
+    @property
+    def segments(self) -> list[list[int]]:
+        """The cacheable segments in order: prefix (when present), then the chunks."""
+        return ([self.prefix_ids] if self.prefix_ids else []) + list(self.chunk_ids)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prefix_ids) + sum(map(len, self.chunk_ids)) + len(self.question_ids)
+
+    def all_ids(self) -> list[int]:
+        return [token for segment in self.segments for token in segment] + list(self.question_ids)
+
+    @classmethod
+    def from_text(
+        cls,
+        tokenizer: Any,
+        chunks: list[str],
+        question: str,
+        prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+    ) -> Request:
+        """Tokenize each segment on its own with `prompt_format`'s templates."""
+
+        def encode(text: str) -> list[int]:
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+        return cls(
+            prefix_ids=encode(prompt_format.prefix),
+            chunk_ids=[encode(prompt_format.chunk(text)) for text in chunks],
+            question_ids=encode(prompt_format.question(question)),
+        )
