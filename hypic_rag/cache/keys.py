@@ -1,0 +1,101 @@
+"""Cache namespaces and key derivation.
+
+A key must never let one model's state be served to another, so it is derived from everything that changes what
+an entry contains: the model fingerprint (config plus a digest of the weights), the tokenizer fingerprint, the seam
+window, the storage dtype of the linear state, the entry format version, and the sha256 of the chunk's token ids.
+
+Key layout (48 bytes): ``namespace_digest (16) | token_ids_digest (32)``. The namespace comes first so that all
+entries of one namespace are contiguous in the store. A hit additionally compares the namespace recorded in the
+entry's header and the stored token ids (see `segment_cache`), so even a digest collision cannot return a wrong entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+"""Version of the entry contents (tensor names and meaning, see docs/CONTRACTS.md). Bump when they change."""
+
+STATE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+"""Allowed storage dtypes of the linear state (P and Z); composition always runs in float32."""
+
+NAMESPACE_DIGEST_BYTES = 16
+TOKEN_DIGEST_BYTES = 32
+KEY_BYTES = NAMESPACE_DIGEST_BYTES + TOKEN_DIGEST_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class CacheNamespace:
+    """Everything besides the token ids that decides what a cached entry contains.
+
+    model_fingerprint: config plus a digest of the weights (from the runtime's model loader).
+    tokenizer_fingerprint: identifies the tokenizer (vocabulary, merges, special tokens).
+    seam_tokens: the seam window w; the cached suffix pair covers tokens w..L-1, so each w has its own entries.
+    state_dtype: storage dtype of the linear-state tensors, one of `STATE_DTYPES`.
+    format_version: entry contents version, `FORMAT_VERSION` unless reading a store written by another release.
+    """
+
+    model_fingerprint: str
+    tokenizer_fingerprint: str
+    seam_tokens: int
+    state_dtype: str = "float32"
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        for field_name in ("model_fingerprint", "tokenizer_fingerprint"):
+            value = getattr(self, field_name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"CacheNamespace.{field_name} must be a non-empty string, got {value!r}")
+        if isinstance(self.seam_tokens, bool) or not isinstance(self.seam_tokens, int) or self.seam_tokens < 0:
+            raise ValueError(f"CacheNamespace.seam_tokens must be an int >= 0, got {self.seam_tokens!r}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"CacheNamespace.state_dtype must be one of {sorted(STATE_DTYPES)}, got {self.state_dtype!r}")
+        if isinstance(self.format_version, bool) or not isinstance(self.format_version, int) or self.format_version < 1:
+            raise ValueError(f"CacheNamespace.format_version must be an int >= 1, got {self.format_version!r}")
+
+    @property
+    def torch_state_dtype(self) -> torch.dtype:
+        """The torch dtype the linear-state tensors are stored in."""
+        return STATE_DTYPES[self.state_dtype]
+
+    def canonical(self) -> str:
+        """A stable text form (sorted-key JSON), recorded in every entry header and hashed into the key."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> bytes:
+        """The first `NAMESPACE_DIGEST_BYTES` bytes of sha256(canonical())."""
+        return hashlib.sha256(self.canonical().encode("utf-8")).digest()[:NAMESPACE_DIGEST_BYTES]
+
+
+def token_ids_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
+    """The token ids as little-endian int64 bytes (the form that is hashed), shape [L] -> 8 * L bytes."""
+    if isinstance(token_ids, torch.Tensor):
+        token_ids = token_ids.detach().cpu().reshape(-1).tolist()
+    return np.asarray(token_ids, dtype="<i8").reshape(-1).tobytes()
+
+
+def token_ids_digest(token_ids: Sequence[int] | torch.Tensor) -> bytes:
+    """sha256 of the little-endian int64 token ids (32 bytes)."""
+    return hashlib.sha256(token_ids_bytes(token_ids)).digest()
+
+
+def segment_key(namespace: CacheNamespace, token_ids: Sequence[int] | torch.Tensor) -> bytes:
+    """The store key of a chunk: namespace digest (16 bytes) then sha256 of its token ids (32 bytes)."""
+    return namespace.digest() + token_ids_digest(token_ids)
+
+
+def split_key(key: bytes) -> tuple[bytes, bytes]:
+    """(namespace digest, token ids digest) of a key made by `segment_key`; ValueError for any other length."""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"a segment key has {KEY_BYTES} bytes, got {len(key)}")
+    return key[:NAMESPACE_DIGEST_BYTES], key[NAMESPACE_DIGEST_BYTES:]

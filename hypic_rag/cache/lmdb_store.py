@@ -1,0 +1,539 @@
+"""`SegmentStore` on an LMDB environment: many reader processes, one writer at a time, durable commits.
+
+- Concurrency: LMDB's lock file serialises writers across processes and gives every reader a consistent snapshot,
+  so a reader always sees whole values (a value is copied out of its read transaction once, into a bytearray).
+  Every process, reader or writer, opens with ``lock=True``. Within a process one `threading.RLock` serialises
+  the use of the environment (map resizing requires that no transaction of this process is open).
+- Durability: ``sync=True`` and ``metasync=True`` (fsync on every commit), no ``writemap`` (a crashing process
+  cannot scribble on the map). A killed writer leaves its transaction uncommitted: nothing of it is visible.
+- Budget: the stored value bytes are kept under ``budget_bytes`` by evicting the least recently used entries in
+  the same transaction as the put. The LMDB map (virtual address space; the file only grows as pages are used)
+  starts small and doubles on ``MapFullError`` up to ``max_map_bytes`` (2 x budget + 64 MiB by default, room for
+  copy-on-write pages held by old readers); past that the put evicts more, and as a last resort grows past the
+  cap with a warning. A value larger than the whole budget is skipped (logged, counted), never an exception.
+- LRU: reads note their access time in memory; the notes are written with the next write transaction, after
+  `TOUCH_FLUSH_COUNT` notes or `TOUCH_FLUSH_SECONDS`, and on close (a crash loses only recency hints).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lmdb
+
+from hypic_rag.cache.errors import CacheError, CacheOpenError
+from hypic_rag.cache.lmdb_records import (
+    BUDGET_KEY,
+    SCHEMA,
+    SCHEMA_KEY,
+    SUB_DATABASES,
+    EntryRecord,
+    entry_key_of_lru_key,
+    lru_key,
+    pack_u64,
+    read_counters,
+    unpack_u64,
+    write_counters,
+)
+from hypic_rag.cache.store import PutRequest, SegmentStore, StoreCounters
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+GIB = 1 << 30
+DEFAULT_BUDGET_BYTES = 32 * GIB
+MAP_HEADROOM_BYTES = 64 * MIB
+INITIAL_MAP_BYTES = 256 * MIB
+TOUCH_FLUSH_SECONDS = 2.0
+TOUCH_FLUSH_COUNT = 512
+MAX_READERS = 256
+MAX_WRITE_ATTEMPTS = 24
+
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class _PendingLookups:
+    """Access notes and lookup outcomes of this process not yet written to the store."""
+
+    touches: dict[bytes, int] = field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    mismatched: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+    def is_empty(self) -> bool:
+        return not (self.touches or self.hits or self.misses or self.corrupt or self.mismatched)
+
+
+def _check_directory(path: Path, *, readonly: bool, create: bool) -> None:
+    """Refuse paths that are not (and cannot become) a segment cache, with a one-line reason."""
+    if path.exists() and not path.is_dir():
+        raise CacheOpenError(f"{path} is not a directory (a cache is a directory holding data.mdb)")
+    data_file = path / "data.mdb"
+    if not path.exists():
+        if readonly or not create:
+            raise CacheOpenError(f"no cache directory at {path}")
+        try:
+            path.mkdir(parents=True)
+        except OSError as error:
+            raise CacheOpenError(f"cannot create cache directory {path}: {error.strerror}") from None
+        return
+    if not data_file.exists():
+        if readonly or not create:
+            raise CacheOpenError(f"{path} holds no cache (no data.mdb)")
+        if any(child.name != "lock.mdb" for child in path.iterdir()):
+            raise CacheOpenError(f"{path} is not empty and holds no cache; choose an empty or new directory")
+    elif not data_file.is_file():
+        raise CacheOpenError(f"{data_file} is not a file")
+
+
+def _open_environment(path: Path, *, readonly: bool, map_size: int) -> lmdb.Environment:
+    options: dict[str, Any] = dict(
+        subdir=True, readonly=readonly, max_dbs=len(SUB_DATABASES) + 2, max_readers=MAX_READERS,
+        sync=True, metasync=True, writemap=False, lock=True, create=not readonly,
+    )
+    if not readonly:
+        options["map_size"] = map_size
+    try:
+        return lmdb.open(str(path), **options)
+    except lmdb.Error as error:
+        reason = _lmdb_reason(error)
+        if readonly and _is_permission_error(error):
+            # A read-only medium: no lock file can be written, so no writer can be running either.
+            log.warning("opening %s without the reader lock (cannot write its lock file: %s)", path, reason)
+            options["lock"] = False
+            try:
+                return lmdb.open(str(path), **options)
+            except lmdb.Error as second_error:
+                raise CacheOpenError(f"cannot open {path}: {_lmdb_reason(second_error)}") from None
+        if _is_permission_error(error):
+            raise CacheOpenError(f"cannot write to {path} ({reason}); open it read-only to read it") from None
+        if isinstance(error, lmdb.InvalidError):
+            raise CacheOpenError(f"{path / 'data.mdb'} is not an LMDB store") from None
+        if "already open" in reason:
+            raise CacheOpenError(f"{path} is already open in this process; share the open cache") from None
+        raise CacheOpenError(f"cannot open {path} as an LMDB store: {reason}") from None
+
+
+def _lmdb_reason(error: lmdb.Error) -> str:
+    return str(error.args[-1]) if error.args else type(error).__name__
+
+
+def _is_permission_error(error: lmdb.Error) -> bool:
+    reason = _lmdb_reason(error).lower()
+    return "permission denied" in reason or "read-only file system" in reason or getattr(
+        error, "errno", None
+    ) in (errno.EACCES, errno.EROFS, errno.EPERM)
+
+
+class LmdbSegmentStore(SegmentStore):
+    """An LMDB environment in `path` (data.mdb, lock.mdb) holding encoded segment entries. Use `open`."""
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        databases: dict[bytes, Any],
+        *,
+        path: Path,
+        budget_bytes: int,
+        max_map_bytes: int,
+        readonly: bool,
+    ) -> None:
+        self.path = path
+        self.readonly = readonly
+        self.budget_bytes = budget_bytes
+        self.max_map_bytes = max_map_bytes
+        self._env: lmdb.Environment | None = env
+        self._entries = databases[b"entries"]
+        self._records = databases[b"records"]
+        self._lru = databases[b"lru"]
+        self._meta = databases[b"meta"]
+        self._lock = threading.RLock()
+        self._pending = _PendingLookups()
+
+    # ----------------------------------------------------------------------------------------------- opening
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        budget_bytes: int | None = None,
+        readonly: bool = False,
+        create: bool = True,
+        initial_map_bytes: int | None = None,
+        max_map_bytes: int | None = None,
+    ) -> LmdbSegmentStore:
+        """Open (or create, unless `readonly` or not `create`) the store in `directory`.
+
+        budget_bytes: cap on stored value bytes (None: the budget recorded in the store, else 32 GiB); recorded
+        for later opens and the CLI. Raises CacheOpenError with a one-line reason for any unusable directory.
+        """
+        path = Path(directory)
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        _check_directory(path, readonly=readonly, create=create)
+        planned_cap = max_map_bytes or 2 * (budget_bytes or DEFAULT_BUDGET_BYTES) + MAP_HEADROOM_BYTES
+        map_size = initial_map_bytes or min(planned_cap, INITIAL_MAP_BYTES)
+        env = _open_environment(path, readonly=readonly, map_size=map_size)
+        try:
+            databases = _open_sub_databases(env, path, readonly=readonly)
+            with env.begin(db=databases[b"meta"]) as txn:
+                stored_budget = unpack_u64(txn.get(BUDGET_KEY))
+            budget = budget_bytes or stored_budget or DEFAULT_BUDGET_BYTES
+            store = cls(
+                env, databases, path=path, budget_bytes=budget,
+                max_map_bytes=max_map_bytes or 2 * budget + MAP_HEADROOM_BYTES, readonly=readonly,
+            )
+            if not readonly:
+                dead_readers = env.reader_check()
+                if dead_readers:
+                    log.info("cleared %d reader slots of dead processes in %s", dead_readers, path)
+                if budget != stored_budget:
+                    store._write(lambda txn, counters: txn.put(BUDGET_KEY, pack_u64(budget), db=store._meta))
+                if store.counters().value_bytes > budget:
+                    store.evict_to(budget)
+            return store
+        except BaseException:
+            env.close()
+            raise
+
+    # ------------------------------------------------------------------------------------------ reading
+    def contains(self, key: bytes) -> bool:
+        return self.batched_contains([key])[0]
+
+    def batched_contains(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._lock, self._begin(buffers=True) as txn:
+            return [txn.get(key, db=self._entries) is not None for key in keys]
+
+    def get(self, key: bytes, *, touch: bool = True) -> bytearray | None:
+        return self.batched_get([key], touch=touch)[0]
+
+    def batched_get(self, keys: Sequence[bytes], *, touch: bool = True) -> list[bytearray | None]:
+        """Copy each value out of one read snapshot (one memcpy per value; the snapshot ends before return)."""
+        with self._lock:
+            with self._begin(buffers=True) as txn:
+                values: list[bytearray | None] = []
+                for key in keys:
+                    view = txn.get(key, db=self._entries)
+                    values.append(None if view is None else bytearray(view))
+            if touch:
+                self.touch([key for key, value in zip(keys, values) if value is not None])
+        return values
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            now = time.time_ns()
+            for key in keys:
+                self._pending.touches[bytes(key)] = now
+            self._maybe_flush()
+
+    def keys(self) -> Iterator[bytes]:
+        with self._lock, self._begin() as txn:
+            snapshot = list(txn.cursor(db=self._entries).iternext(keys=True, values=False))
+        return iter(snapshot)
+
+    def record(self, key: bytes) -> EntryRecord | None:
+        """The bookkeeping record (last access, sizes) of `key`, as last written."""
+        with self._lock, self._begin() as txn:
+            raw = txn.get(key, db=self._records)
+        return None if raw is None else EntryRecord.unpack(raw)
+
+    def lru_order(self) -> list[bytes]:
+        """Every key, least recently used first (as last written)."""
+        with self._lock, self._begin() as txn:
+            return [entry_key_of_lru_key(k) for k in txn.cursor(db=self._lru).iternext(keys=True, values=False)]
+
+    def counters(self) -> StoreCounters:
+        with self._lock:
+            with self._begin() as txn:
+                counters = read_counters(txn, self._meta)
+            pending = self._pending
+            counters.hits += pending.hits
+            counters.misses += pending.misses
+            counters.corrupt += pending.corrupt
+            counters.mismatched += pending.mismatched
+        return counters
+
+    def info(self) -> dict[str, int | str | bool]:
+        """Environment facts: map size, file size, page size, readers, budget."""
+        env = self._require_open()
+        with self._lock:
+            env_info = env.info()
+            env_stat = env.stat()
+        data_file = self.path / "data.mdb"
+        return {
+            "path": str(self.path),
+            "readonly": self.readonly,
+            "budget_bytes": self.budget_bytes,
+            "map_bytes": int(env_info["map_size"]),
+            "max_map_bytes": self.max_map_bytes,
+            "file_bytes": data_file.stat().st_size if data_file.exists() else 0,
+            "used_bytes": (int(env_info["last_pgno"]) + 1) * int(env_stat["psize"]),
+            "readers": int(env_info["num_readers"]),
+        }
+
+    # ------------------------------------------------------------------------------------------ writing
+    def put(self, request: PutRequest) -> bool:
+        return self.batched_put([request])[0]
+
+    def batched_put(self, requests: Iterable[PutRequest]) -> list[bool]:
+        """Store every request in one transaction (all or none are visible), evicting LRU entries to fit."""
+        source = iter(requests)
+        consumed: list[PutRequest] = []
+
+        def replayable() -> Iterator[PutRequest]:  # a retry after growing the map replays what was read
+            yield from list(consumed)
+            for request in source:
+                consumed.append(request)
+                yield request
+
+        def body(txn: lmdb.Transaction, counters: StoreCounters) -> list[bool]:
+            return [self._put_in(txn, counters, request) for request in replayable()]
+
+        def give_up() -> list[bool]:
+            consumed.extend(source)
+            return [False] * len(consumed)
+
+        return self._write(body, on_give_up=give_up)
+
+    def remove(self, key: bytes) -> bool:
+        return self.batched_remove([key]) == 1
+
+    def batched_remove(self, keys: Sequence[bytes]) -> int:
+        return self._write(lambda txn, counters: sum(self._delete_in(txn, counters, key) for key in keys))
+
+    def record_lookups(self, *, hits: int = 0, misses: int = 0, corrupt: int = 0, mismatched: int = 0) -> None:
+        with self._lock:
+            self._pending.hits += hits
+            self._pending.misses += misses
+            self._pending.corrupt += corrupt
+            self._pending.mismatched += mismatched
+            self._maybe_flush()
+
+    def flush(self) -> None:
+        """Write pending access notes and lookup counts now (no-op when read-only or nothing is pending)."""
+        with self._lock:
+            if not self.readonly and not self._pending.is_empty():
+                self._write(lambda txn, counters: None)
+
+    def evict_to(self, budget_bytes: int) -> int:
+        return self._write(lambda txn, counters: self._evict_in(txn, counters, budget_bytes))
+
+    def clear(self) -> int:
+        def body(txn: lmdb.Transaction, counters: StoreCounters) -> int:
+            removed = counters.entries
+            for database in (self._entries, self._records, self._lru):
+                txn.drop(database, delete=False)
+            counters.entries = counters.value_bytes = counters.linear_bytes = counters.kv_bytes = 0
+            return removed
+
+        with self._lock:
+            self._pending.touches.clear()
+            return self._write(body)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._env is None:
+                return
+            if not self.readonly and not self._pending.is_empty():
+                try:
+                    self.flush()
+                except (lmdb.Error, CacheError) as error:
+                    log.warning("could not write access notes of %s on close: %s", self.path, error)
+            self._env.close()
+            self._env = None
+
+    def __enter__(self) -> LmdbSegmentStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ internals
+    def _require_open(self) -> lmdb.Environment:
+        if self._env is None:
+            raise CacheError(f"the cache at {self.path} is closed")
+        return self._env
+
+    def _begin(self, *, write: bool = False, buffers: bool = False) -> lmdb.Transaction:
+        env = self._require_open()
+        try:
+            return env.begin(write=write, buffers=buffers)
+        except lmdb.MapResizedError:  # another process grew the map: adopt its size
+            env.set_mapsize(0)
+            return env.begin(write=write, buffers=buffers)
+
+    def _write(
+        self,
+        body: Callable[[lmdb.Transaction, StoreCounters], _T],
+        on_give_up: Callable[[], _T] | None = None,
+    ) -> _T:
+        """Run `body` in one write transaction that also writes pending notes and the counters.
+
+        On MapFullError the transaction is rolled back, room is made (`_make_room`) and `body` runs again.
+        """
+        if self.readonly:
+            raise CacheError(f"the cache at {self.path} is open read-only")
+        with self._lock:
+            for attempt in range(MAX_WRITE_ATTEMPTS):
+                pending, self._pending = self._pending, _PendingLookups()
+                try:
+                    with self._begin(write=True) as txn:
+                        counters = read_counters(txn, self._meta)
+                        self._apply_pending(txn, counters, pending)
+                        result = body(txn, counters)
+                        write_counters(txn, self._meta, counters)
+                    return result
+                except lmdb.MapFullError:
+                    self._restore_pending(pending)
+                    self._make_room(attempt)
+                except BaseException:
+                    self._restore_pending(pending)
+                    raise
+            if on_give_up is None:
+                raise CacheError(f"the cache at {self.path} stays full after {MAX_WRITE_ATTEMPTS} attempts")
+            log.error("cache %s stays full after %d attempts; the put is skipped", self.path, MAX_WRITE_ATTEMPTS)
+            return on_give_up()
+
+    def _restore_pending(self, pending: _PendingLookups) -> None:
+        """Merge notes taken out for a transaction that did not commit back into the pending ones."""
+        newer = self._pending
+        pending.touches.update(newer.touches)
+        pending.hits += newer.hits
+        pending.misses += newer.misses
+        pending.corrupt += newer.corrupt
+        pending.mismatched += newer.mismatched
+        self._pending = pending
+
+    def _make_room(self, attempt: int) -> None:
+        """After MapFullError: double the map up to the cap; at the cap evict an eighth of the budget; past
+        a few evictions grow beyond the cap in headroom steps (logged) rather than fail."""
+        env = self._require_open()
+        map_bytes = int(env.info()["map_size"])
+        if map_bytes < self.max_map_bytes:
+            new_size = min(self.max_map_bytes, 2 * map_bytes)
+            log.info("cache %s: growing the LMDB map from %d to %d bytes", self.path, map_bytes, new_size)
+            env.set_mapsize(new_size)
+            return
+        counters = self.counters()
+        if counters.entries and attempt < MAX_WRITE_ATTEMPTS // 2:
+            target = max(0, min(counters.value_bytes, self.budget_bytes) - max(self.budget_bytes // 8, 1))
+            log.info("cache %s: map full at its cap; evicting down to %d bytes", self.path, target)
+            try:
+                self.evict_to(target)
+                return
+            except lmdb.MapFullError:
+                pass
+        new_size = map_bytes + MAP_HEADROOM_BYTES
+        log.warning("cache %s: map full at %d bytes; growing past the cap to %d", self.path, map_bytes, new_size)
+        env.set_mapsize(new_size)
+
+    def _apply_pending(self, txn: lmdb.Transaction, counters: StoreCounters, pending: _PendingLookups) -> None:
+        counters.hits += pending.hits
+        counters.misses += pending.misses
+        counters.corrupt += pending.corrupt
+        counters.mismatched += pending.mismatched
+        for key, access_ns in pending.touches.items():
+            raw = txn.get(key, db=self._records)
+            if raw is None:
+                continue  # removed or evicted since it was read
+            record = EntryRecord.unpack(raw)
+            if access_ns <= record.last_access_ns:
+                continue
+            txn.delete(lru_key(record.last_access_ns, key), db=self._lru)
+            txn.put(lru_key(access_ns, key), b"", db=self._lru)
+            txn.put(key, replace(record, last_access_ns=access_ns).pack(), db=self._records)
+
+    def _maybe_flush(self) -> None:
+        pending = self._pending
+        if self.readonly or pending.is_empty():
+            return
+        if len(pending.touches) >= TOUCH_FLUSH_COUNT or time.monotonic() - pending.since >= TOUCH_FLUSH_SECONDS:
+            self.flush()
+
+    def _put_in(self, txn: lmdb.Transaction, counters: StoreCounters, request: PutRequest) -> bool:
+        key, size = bytes(request.key), len(request.value)
+        if size > self.budget_bytes:
+            counters.skipped_puts += 1
+            log.warning("cache %s: entry of %d bytes exceeds the whole budget (%d); not stored",
+                        self.path, size, self.budget_bytes)
+            return False
+        self._delete_in(txn, counters, key)
+        self._evict_in(txn, counters, self.budget_bytes - size)
+        now = time.time_ns()
+        txn.put(key, request.value, db=self._entries)
+        txn.put(key, EntryRecord(now, size, request.linear_bytes, request.kv_bytes).pack(), db=self._records)
+        txn.put(lru_key(now, key), b"", db=self._lru)
+        counters.entries += 1
+        counters.value_bytes += size
+        counters.linear_bytes += request.linear_bytes
+        counters.kv_bytes += request.kv_bytes
+        return True
+
+    def _delete_in(self, txn: lmdb.Transaction, counters: StoreCounters, key: bytes) -> bool:
+        raw = txn.get(key, db=self._records)
+        if raw is not None:
+            record = EntryRecord.unpack(raw)
+            txn.delete(key, db=self._records)
+            txn.delete(lru_key(record.last_access_ns, key), db=self._lru)
+        else:
+            value = txn.get(key, db=self._entries)
+            record = None if value is None else EntryRecord(0, len(value), 0, 0)
+        if record is None or not txn.delete(key, db=self._entries):
+            return False
+        counters.entries = max(0, counters.entries - 1)
+        counters.value_bytes = max(0, counters.value_bytes - record.value_bytes)
+        counters.linear_bytes = max(0, counters.linear_bytes - record.linear_bytes)
+        counters.kv_bytes = max(0, counters.kv_bytes - record.kv_bytes)
+        return True
+
+    def _evict_in(self, txn: lmdb.Transaction, counters: StoreCounters, budget_bytes: int) -> int:
+        evicted = 0
+        cursor = txn.cursor(db=self._lru)
+        while counters.value_bytes > budget_bytes and cursor.first():
+            key = entry_key_of_lru_key(cursor.key())
+            if not self._delete_in(txn, counters, key):
+                cursor.delete()  # an index item without its entry: drop it
+                continue
+            evicted += 1
+            counters.evictions += 1
+        if counters.value_bytes > budget_bytes and not cursor.first():
+            log.warning("cache %s: byte counters disagree with the LRU index; resetting them", self.path)
+            counters.value_bytes = counters.linear_bytes = counters.kv_bytes = counters.entries = 0
+        if evicted:
+            log.info("cache %s: evicted %d least recently used entries", self.path, evicted)
+        return evicted
+
+
+def _open_sub_databases(env: lmdb.Environment, path: Path, *, readonly: bool) -> dict[bytes, Any]:
+    """Open the store's sub-databases, creating them in a new environment; refuse foreign LMDB stores."""
+    with env.begin() as txn:
+        names = set(txn.cursor().iternext(keys=True, values=False))
+    if not names:
+        if readonly:
+            raise CacheOpenError(f"{path} is an empty LMDB store, not a hypic-rag cache")
+        databases = {name: env.open_db(name, create=True) for name in SUB_DATABASES}
+        with env.begin(write=True, db=databases[b"meta"]) as txn:
+            txn.put(SCHEMA_KEY, SCHEMA)
+        return databases
+    if b"meta" not in names:
+        raise CacheOpenError(f"{path} is an LMDB store but not a hypic-rag cache")
+    try:
+        databases = {name: env.open_db(name, create=False) for name in SUB_DATABASES}
+    except lmdb.Error:
+        raise CacheOpenError(f"{path} is an LMDB store but not a hypic-rag cache (missing sub-databases)") from None
+    with env.begin(db=databases[b"meta"]) as txn:
+        schema = txn.get(SCHEMA_KEY)
+    if schema != SCHEMA:
+        raise CacheOpenError(f"{path} is an LMDB store with schema {schema!r}, expected {SCHEMA!r}")
+    return databases

@@ -1,0 +1,240 @@
+"""The segment cache the runtime uses: hot tier, then disk store, then encode (and put) on a miss.
+
+    cache = SegmentCache.open(directory, disk_budget_bytes=..., hot_budget_bytes=..., readonly=False)
+    entry, hit = cache.get_or_encode(namespace, token_ids, encode)
+    entries, hits = cache.get_or_encode_many(namespace, token_id_lists, encode_many)
+
+An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md); returned tensors may be shared with the hot
+tier, so treat them as read-only. A hit requires the entry's recorded namespace and its stored ``token_ids`` to
+equal the request; a corrupt entry (checksum, truncation, undecodable) or a mismatched one is logged, counted,
+removed and recomputed, never returned. With a lower ``state_dtype`` the P/Z tensors are stored in it and handed
+back in float32; a miss returns the same rounded values a later hit would, so answers do not depend on whether
+the cache was warm.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hypic_rag.cache.codec import decode_entry, encode_entry
+from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
+from hypic_rag.cache.hot_tier import HotTier
+from hypic_rag.cache.keys import CacheNamespace, segment_key
+from hypic_rag.cache.layout import TOKEN_IDS, entry_bytes, lower_state_precision, restore_state_precision
+from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+from hypic_rag.cache.stats import CacheStats
+from hypic_rag.cache.store import PutRequest
+
+log = logging.getLogger(__name__)
+
+Entry = dict[str, torch.Tensor]
+DEFAULT_HOT_BUDGET_BYTES = 512 << 20
+
+
+@dataclass(slots=True)
+class _LookupTally:
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    mismatched: int = 0
+
+
+class SegmentCache:
+    """Hot tier (in-process LRU by bytes) over an `LmdbSegmentStore`. Use `open`; close when done."""
+
+    def __init__(self, store: LmdbSegmentStore, hot_tier: HotTier) -> None:
+        self.store = store
+        self.hot_tier = hot_tier
+        self._hot_hits = 0
+        self._disk_hits = 0
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        disk_budget_bytes: int | None = None,
+        hot_budget_bytes: int = DEFAULT_HOT_BUDGET_BYTES,
+        readonly: bool = False,
+    ) -> SegmentCache:
+        """Open or create the cache in `directory` (read-only: must exist; misses are computed, not stored).
+
+        Raises `CacheOpenError` with a one-line reason for a missing, foreign, unwritable or busy directory.
+        """
+        store = LmdbSegmentStore.open(directory, budget_bytes=disk_budget_bytes, readonly=readonly)
+        return cls(store, HotTier(hot_budget_bytes))
+
+    # ------------------------------------------------------------------------------------------- lookups
+    def get(self, namespace: CacheNamespace, token_ids: Sequence[int]) -> Entry | None:
+        """The cached entry of `token_ids`, or None (a miss; nothing is computed)."""
+        entries = self._lookup(namespace, [list(token_ids)], _LookupTally())
+        return entries[0]
+
+    def put(self, namespace: CacheNamespace, entry: Mapping[str, torch.Tensor]) -> Entry:
+        """Store `entry` (keyed by its own ``token_ids``); returns it as a later hit would return it."""
+        token_ids = entry[TOKEN_IDS].reshape(-1).tolist()
+        return self._store_encoded(namespace, [token_ids], [entry])[0]
+
+    def get_or_encode(
+        self,
+        namespace: CacheNamespace,
+        token_ids: Sequence[int],
+        encode: Callable[[list[int]], Mapping[str, torch.Tensor]],
+    ) -> tuple[Entry, bool]:
+        """(entry, hit): the cached entry of `token_ids`, else ``encode(token_ids)`` stored and returned."""
+        entries, hits = self.get_or_encode_many(
+            namespace, [token_ids], lambda missing: [encode(ids) for ids in missing]
+        )
+        return entries[0], hits[0]
+
+    def get_or_encode_many(
+        self,
+        namespace: CacheNamespace,
+        token_id_lists: Sequence[Sequence[int]],
+        encode_many: Callable[[list[list[int]]], Sequence[Mapping[str, torch.Tensor]]],
+    ) -> tuple[list[Entry], list[bool]]:
+        """(entries, hits) in request order. Only the misses are encoded, each distinct chunk once, by one
+        ``encode_many`` call; their entries are stored in one transaction."""
+        requested = [[int(token) for token in ids] for ids in token_id_lists]
+        tally = _LookupTally()
+        found = self._lookup(namespace, requested, tally)
+        hits = [entry is not None for entry in found]
+        missing: dict[bytes, list[int]] = {}
+        for ids, entry in zip(requested, found):
+            if entry is None:
+                missing.setdefault(segment_key(namespace, ids), ids)
+        if missing:
+            produced = list(encode_many(list(missing.values())))
+            if len(produced) != len(missing):
+                raise ValueError(f"encode_many returned {len(produced)} entries for {len(missing)} chunks")
+            stored = self._store_encoded(namespace, list(missing.values()), produced)
+            by_key = dict(zip(missing.keys(), stored))
+            found = [entry if entry is not None else dict(by_key[segment_key(namespace, ids)])
+                     for ids, entry in zip(requested, found)]
+        tally.hits += sum(hits)
+        tally.misses += len(hits) - sum(hits)
+        self.store.record_lookups(
+            hits=tally.hits, misses=tally.misses, corrupt=tally.corrupt, mismatched=tally.mismatched
+        )
+        return [entry for entry in found if entry is not None], hits
+
+    def _lookup(
+        self, namespace: CacheNamespace, requested: list[list[int]], tally: _LookupTally
+    ) -> list[Entry | None]:
+        """Hot tier first, then one disk snapshot for the rest; bad disk entries are dropped and counted."""
+        keys = [segment_key(namespace, ids) for ids in requested]
+        found: list[Entry | None] = [None] * len(keys)
+        disk_positions: dict[bytes, list[int]] = {}
+        hot_keys: list[bytes] = []
+        for position, (key, ids) in enumerate(zip(keys, requested)):
+            entry = self.hot_tier.get(key)
+            if entry is not None and _same_token_ids(entry, ids):
+                found[position] = entry
+                hot_keys.append(key)
+                self._hot_hits += 1
+            else:
+                disk_positions.setdefault(key, []).append(position)
+        if hot_keys:
+            self.store.touch(hot_keys)  # a hot hit is a use of the disk copy too
+        if not disk_positions:
+            return found
+        disk_keys = list(disk_positions)
+        values = self.store.batched_get(disk_keys)
+        bad_keys: list[bytes] = []
+        for key, value in zip(disk_keys, values):
+            if value is None:
+                continue
+            ids = requested[disk_positions[key][0]]
+            entry = self._decode_checked(namespace, key, ids, value, tally)
+            if entry is None:
+                bad_keys.append(key)
+                continue
+            self.hot_tier.put(key, entry)
+            for position in disk_positions[key]:
+                found[position] = dict(entry)
+                self._disk_hits += 1
+        if bad_keys and not self.store.readonly:
+            self.store.batched_remove(bad_keys)
+        return found
+
+    def _decode_checked(
+        self, namespace: CacheNamespace, key: bytes, token_ids: list[int], value: bytearray, tally: _LookupTally
+    ) -> Entry | None:
+        try:
+            decoded = decode_entry(value)
+        except CorruptEntryError as error:
+            log.warning("corrupt cache entry %s in %s (%s); recomputing it", key.hex()[:16], self.store.path, error)
+            tally.corrupt += 1
+            return None
+        except IncompatibleEntryError as error:
+            log.info("stale cache entry %s in %s (%s); recomputing it", key.hex()[:16], self.store.path, error)
+            tally.mismatched += 1
+            return None
+        if decoded.namespace != namespace.canonical() or not _same_token_ids(decoded.tensors, token_ids):
+            log.warning("cache entry %s in %s belongs to another namespace or token sequence; recomputing it",
+                        key.hex()[:16], self.store.path)
+            tally.mismatched += 1
+            return None
+        return restore_state_precision(decoded.tensors)
+
+    # ------------------------------------------------------------------------------------------- stores
+    def _store_encoded(
+        self,
+        namespace: CacheNamespace,
+        token_id_lists: list[list[int]],
+        produced: Sequence[Mapping[str, torch.Tensor]],
+    ) -> list[Entry]:
+        """Encode and put freshly computed entries in one transaction; returns them as a hit would."""
+        requests: list[PutRequest] = []
+        returned: list[Entry] = []
+        text = namespace.canonical()
+        for ids, entry in zip(token_id_lists, produced):
+            if TOKEN_IDS not in entry or not _same_token_ids(entry, ids):
+                raise ValueError("an encoded entry's token_ids differ from the chunk it was computed for")
+            stored_form = lower_state_precision(entry, namespace.torch_state_dtype)
+            key = segment_key(namespace, ids)
+            sizes = entry_bytes(stored_form)
+            requests.append(PutRequest(key, encode_entry(stored_form, text), sizes.linear_bytes, sizes.kv_bytes))
+            as_hit = restore_state_precision(stored_form) if namespace.state_dtype != "float32" else dict(entry)
+            self.hot_tier.put(key, as_hit)
+            returned.append(as_hit)
+        if not self.store.readonly:
+            self.store.batched_put(requests)
+        return returned
+
+    # ------------------------------------------------------------------------------------------- admin
+    def stats(self) -> dict[str, int | float | str]:
+        """Store-wide counts and sizes plus this process's hot tier; see `CacheStats`."""
+        stats = CacheStats.from_store(
+            self.store,
+            hot_entries=len(self.hot_tier),
+            hot_bytes=self.hot_tier.bytes,
+            hot_budget_bytes=self.hot_tier.budget_bytes,
+            hot_evictions=self.hot_tier.evictions,
+            hot_hits=self._hot_hits,
+            disk_hits=self._disk_hits,
+        )
+        return stats.as_dict()
+
+    def close(self) -> None:
+        """Write pending access notes and close the store (idempotent)."""
+        self.hot_tier.clear()
+        self.store.close()
+
+    def __enter__(self) -> SegmentCache:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _same_token_ids(entry: Mapping[str, torch.Tensor], token_ids: Sequence[int]) -> bool:
+    stored = entry.get(TOKEN_IDS)
+    if stored is None or stored.dtype != torch.int64 or stored.dim() != 1 or stored.numel() != len(token_ids):
+        return False
+    return torch.equal(stored, torch.tensor(token_ids, dtype=torch.int64))

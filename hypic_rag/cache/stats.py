@@ -1,0 +1,101 @@
+"""Statistics of a segment cache: persistent store totals plus this process's hot tier and hit split."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counts and sizes of a cache.
+
+    Store-wide (persistent, every process): entries, value_bytes (encoded bytes, the budgeted quantity),
+    linear_bytes / kv_bytes (tensor bytes of linear state and of attention K/V as stored), hits, misses,
+    evictions, corrupt (entries that failed their checksum or decoding), mismatched (an entry under the right
+    key whose namespace, token ids or codec version differ), skipped_puts (entries larger than the budget).
+    This process only: hot_* (the in-memory tier) and hot_hits / disk_hits (where its hits were served from).
+    """
+
+    path: str
+    entries: int
+    value_bytes: int
+    linear_bytes: int
+    kv_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    corrupt: int
+    mismatched: int
+    skipped_puts: int
+    budget_bytes: int
+    map_bytes: int
+    file_bytes: int
+    hot_entries: int = 0
+    hot_bytes: int = 0
+    hot_budget_bytes: int = 0
+    hot_evictions: int = 0
+    hot_hits: int = 0
+    disk_hits: int = 0
+
+    @classmethod
+    def from_store(cls, store: LmdbSegmentStore, **process_fields: int) -> CacheStats:
+        counters = store.counters()
+        info = store.info()
+        return cls(
+            path=str(store.path),
+            entries=counters.entries,
+            value_bytes=counters.value_bytes,
+            linear_bytes=counters.linear_bytes,
+            kv_bytes=counters.kv_bytes,
+            hits=counters.hits,
+            misses=counters.misses,
+            evictions=counters.evictions,
+            corrupt=counters.corrupt,
+            mismatched=counters.mismatched,
+            skipped_puts=counters.skipped_puts,
+            budget_bytes=int(info["budget_bytes"]),
+            map_bytes=int(info["map_bytes"]),
+            file_bytes=int(info["file_bytes"]),
+            **process_fields,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """All fields plus per-entry means (bytes_per_entry, linear_/kv_bytes_per_entry) and hit_rate."""
+        result = asdict(self)
+        entries = max(self.entries, 1)
+        result["bytes_per_entry"] = self.value_bytes // entries if self.entries else 0
+        result["linear_bytes_per_entry"] = self.linear_bytes // entries if self.entries else 0
+        result["kv_bytes_per_entry"] = self.kv_bytes // entries if self.entries else 0
+        lookups = self.hits + self.misses
+        result["hit_rate"] = round(self.hits / lookups, 4) if lookups else 0.0
+        return result
+
+
+def human_bytes(count: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_stats(stats: CacheStats) -> str:
+    """A short human-readable report, one fact per line."""
+    data = stats.as_dict()
+    lines = [
+        f"cache           {stats.path}",
+        f"entries         {stats.entries}",
+        f"stored bytes    {human_bytes(stats.value_bytes)} of {human_bytes(stats.budget_bytes)} budget"
+        f" (file {human_bytes(stats.file_bytes)}, map {human_bytes(stats.map_bytes)})",
+        f"per entry       {human_bytes(data['bytes_per_entry'])}: linear state "
+        f"{human_bytes(data['linear_bytes_per_entry'])}, K/V {human_bytes(data['kv_bytes_per_entry'])}",
+        f"lookups         {stats.hits} hits, {stats.misses} misses (hit rate {data['hit_rate']:.1%})",
+        f"evictions       {stats.evictions}",
+        f"corrupt         {stats.corrupt} (mismatched {stats.mismatched}, skipped puts {stats.skipped_puts})",
+    ]
+    return "\n".join(lines)
