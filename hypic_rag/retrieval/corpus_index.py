@@ -1,0 +1,323 @@
+"""A searchable corpus index in one directory: manifest, SQLite docstore and FAISS vectors.
+
+Layout of an index directory:
+    manifest.json     what built the index and what it holds (`manifest.py`)
+    docstore.sqlite   documents and chunks: text, token ids, embeddings, metadata (`docstore.py`)
+    vectors.faiss     FAISS inner-product index keyed by the chunks' vector ids (`faiss_index.py`)
+    segment_cache/    the segment cache of every chunk (default place; written by precompute)
+    index.lock        held while a writer has the index open
+
+`ingest` brings the index in line with a loaded corpus without a rebuild: unchanged documents (same content
+digest) are skipped, changed ones are re-chunked and only their new chunks embedded, documents gone from the same
+corpus root are deleted. Every document is committed in its own transaction; the FAISS index is then synced to
+the docstore, so an interrupted ingest resumes where it stopped and no chunk is ever indexed twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from tqdm import tqdm
+
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
+from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
+from hypic_rag.retrieval.embeddings import SentenceEmbedder
+from hypic_rag.retrieval.errors import IndexCorruptError, RetrievalError
+from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
+from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
+from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
+
+logger = logging.getLogger(__name__)
+
+DOCSTORE_FILE = "docstore.sqlite"
+VECTORS_FILE = "vectors.faiss"
+LOCK_FILE = "index.lock"
+DEFAULT_CACHE_DIR = "segment_cache"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSettings:
+    """What a writer asks of an index; an existing index must have been built the same way.
+
+    vector_index: None keeps an existing index's FAISS kind (flat for a new one). cache_dir: None puts the
+    segment cache in `<index>/segment_cache`. embed_batch_chunks: new chunks embedded per batch.
+    """
+
+    model: ModelIdentity
+    chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
+    prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
+    seam_tokens: int = 8
+    vector_index: VectorIndexConfig | None = None
+    cache_dir: Path | None = None
+    embed_batch_chunks: int = 256
+
+    def __post_init__(self) -> None:
+        if self.seam_tokens < 0:
+            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+        if self.embed_batch_chunks < 1:
+            raise ValueError(f"embed_batch_chunks must be positive, got {self.embed_batch_chunks}")
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    """What one ingest changed."""
+
+    documents_added: int = 0
+    documents_updated: int = 0
+    documents_unchanged: int = 0
+    documents_deleted: int = 0
+    chunks_added: int = 0
+    chunks_removed: int = 0
+    skipped: tuple[SkippedInput, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.documents_added or self.documents_updated or self.documents_deleted)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One retrieved chunk and its cosine similarity to the query."""
+
+    score: float
+    chunk: StoredChunk
+
+
+@dataclass(slots=True)
+class _PendingDocument:
+    document: Document
+    chunks: list[Chunk]
+    new_chunks: list[Chunk]
+    existed: bool
+
+
+def _relative_cache_dir(index_dir: Path, cache_dir: Path | None) -> str:
+    if cache_dir is None:
+        return DEFAULT_CACHE_DIR
+    resolved = cache_dir.expanduser().resolve()
+    try:
+        return resolved.relative_to(index_dir.resolve()).as_posix()
+    except ValueError:
+        return str(resolved)
+
+
+def _acquire_lock(index_dir: Path) -> IO[str]:
+    handle = (index_dir / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RetrievalError(f"index {str(index_dir)!r} is being written by another process") from None
+    return handle
+
+
+class CorpusIndex:
+    """An index directory opened for search (`open`) or for updates (`open_for_update`)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        manifest: IndexManifest,
+        docstore: DocStore,
+        vectors: VectorIndex,
+        embedder: SentenceEmbedder,
+        lock: IO[str] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.docstore = docstore
+        self.vectors = vectors
+        self.embedder = embedder
+        self._lock = lock
+        self.embed_batch_chunks = IndexSettings.embed_batch_chunks
+
+    # -------------------------------------------------------------------------- opening
+    @classmethod
+    def open_for_update(cls, directory: str | Path, embedder: SentenceEmbedder, settings: IndexSettings) -> CorpusIndex:
+        """Create the index, or open an existing one after checking it was built the same way."""
+        directory = Path(directory).expanduser().resolve()
+        if directory.exists() and not directory.is_dir():
+            raise RetrievalError(f"index path {str(directory)!r} is a file, not a directory")
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = _acquire_lock(directory)
+        try:
+            chunker_settings = settings.chunker.to_dict()
+            template = settings.prompt_format.chunk_template
+            if (directory / MANIFEST_FILE).exists():
+                manifest = IndexManifest.load(directory)
+                manifest.check_embedder(embedder.identity)
+                manifest.check_model(settings.model)
+                manifest.check_chunking(chunker_settings, template, settings.seam_tokens)
+                if settings.vector_index is not None:
+                    manifest.check_vector_index(settings.vector_index)
+            else:
+                manifest = IndexManifest(
+                    embedder=embedder.identity,
+                    model=settings.model,
+                    chunker=chunker_settings,
+                    chunk_template=template,
+                    seam_tokens=settings.seam_tokens,
+                    vector_index=settings.vector_index or VectorIndexConfig(),
+                    cache_dir=_relative_cache_dir(directory, settings.cache_dir),
+                    embedder_path=embedder.source_path,
+                )
+                manifest.save(directory)
+            index = cls._assemble(directory, manifest, embedder, lock)
+        except BaseException:
+            lock.close()
+            raise
+        index.embed_batch_chunks = settings.embed_batch_chunks
+        return index
+
+    @classmethod
+    def open(
+        cls, directory: str | Path, embedder: SentenceEmbedder | None = None, *, embedder_path: str | Path | None = None
+    ) -> CorpusIndex:
+        """Open an existing index for search.
+
+        embedder: the one it was built with; None loads it (from `embedder_path` if given, else from the path the
+        manifest recorded, else the shipped default). Another embedder raises IndexMismatchError.
+        """
+        directory = Path(directory).expanduser().resolve()
+        manifest = IndexManifest.load(directory)
+        if embedder is None:
+            embedder = SentenceEmbedder(embedder_path if embedder_path is not None else manifest.embedder_path)
+        manifest.check_embedder(embedder.identity)
+        return cls._assemble(directory, manifest, embedder, lock=None)
+
+    @classmethod
+    def _assemble(
+        cls, directory: Path, manifest: IndexManifest, embedder: SentenceEmbedder, lock: IO[str] | None
+    ) -> CorpusIndex:
+        docstore = DocStore(directory / DOCSTORE_FILE)
+        try:
+            vectors = VectorIndex.load(directory / VECTORS_FILE, manifest.embedder.dimension, manifest.vector_index)
+        except (RuntimeError, ValueError) as error:
+            docstore.close()
+            raise IndexCorruptError(f"cannot read {directory / VECTORS_FILE}: {error}") from error
+        index = cls(directory, manifest, docstore, vectors, embedder, lock)
+        repaired = index.sync_vectors()
+        if repaired.added or repaired.removed:
+            logger.warning(
+                "FAISS index was behind the docstore (interrupted run?): added %d, removed %d vectors",
+                repaired.added,
+                repaired.removed,
+            )
+        return index
+
+    # -------------------------------------------------------------------------- updates
+    def _check_chunker(self, chunker: Chunker) -> None:
+        self.manifest.check_chunking(
+            chunker.config.to_dict(), chunker.prompt_format.chunk_template, self.manifest.seam_tokens
+        )
+
+    def ingest(
+        self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False
+    ) -> IngestReport:
+        """Bring the index in line with `corpus` (see the module docstring) and save it."""
+        self._require_writer()
+        self._check_chunker(chunker)
+        digests = self.docstore.document_digests()
+        counts = {"added": 0, "updated": 0, "unchanged": 0, "chunks_added": 0, "chunks_removed": 0}
+        pending: list[_PendingDocument] = []
+        pending_chunks = 0
+        for document in tqdm(corpus.documents, desc="indexing", unit="doc", disable=not show_progress):
+            if digests.get(document.doc_id) == document.content_sha256:
+                counts["unchanged"] += 1
+                continue
+            chunks = chunker.chunk_document(document)
+            stored = self.docstore.chunk_ids_of(document.doc_id)
+            new_chunks = [chunk for chunk in chunks if chunk.chunk_id not in stored]
+            pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in digests))
+            pending_chunks += len(new_chunks)
+            if pending_chunks >= self.embed_batch_chunks:
+                self._commit(pending, str(corpus.root), counts)
+                pending, pending_chunks = [], 0
+        self._commit(pending, str(corpus.root), counts)
+        deleted = 0
+        if delete_missing:
+            present = {document.doc_id for document in corpus.documents}
+            for doc_id in self.docstore.document_ids_from_root(str(corpus.root)):
+                if doc_id not in present:
+                    counts["chunks_removed"] += self.docstore.delete_document(doc_id)
+                    deleted += 1
+        self.save()
+        report = IngestReport(
+            documents_added=counts["added"],
+            documents_updated=counts["updated"],
+            documents_unchanged=counts["unchanged"],
+            documents_deleted=deleted,
+            chunks_added=counts["chunks_added"],
+            chunks_removed=counts["chunks_removed"],
+            skipped=tuple(corpus.skipped),
+        )
+        logger.info("ingest: %s", report)
+        return report
+
+    def _commit(self, pending: list[_PendingDocument], source_root: str, counts: dict[str, int]) -> None:
+        """Embed the pending documents' new chunks and store each document in its own transaction."""
+        new_chunks = [chunk for item in pending for chunk in item.new_chunks]
+        vectors = self.embedder.embed([chunk.text for chunk in new_chunks])
+        embeddings = {chunk.chunk_id: vector for chunk, vector in zip(new_chunks, vectors, strict=True)}
+        for item in pending:
+            added, removed = self.docstore.replace_document(item.document, source_root, item.chunks, embeddings)
+            counts["updated" if item.existed else "added"] += 1
+            counts["chunks_added"] += added
+            counts["chunks_removed"] += removed
+
+    def delete_document(self, doc_id: str) -> int:
+        """Remove one document and its chunks from the index; returns how many chunks went."""
+        self._require_writer()
+        removed = self.docstore.delete_document(doc_id)
+        self.save()
+        return removed
+
+    def sync_vectors(self) -> SyncResult:
+        """Make the FAISS index hold exactly the docstore's chunks."""
+        return self.vectors.sync(self.docstore.live_vector_ids(), self.docstore.embeddings)
+
+    def save(self) -> None:
+        """Sync and write the FAISS index, then the manifest with fresh counts."""
+        self._require_writer()
+        self.sync_vectors()
+        self.vectors.save(self.directory / VECTORS_FILE)
+        counts = self.docstore.counts()
+        self.manifest.counts = {"documents": counts.documents, "chunks": counts.chunks, "tokens": counts.tokens}
+        self.manifest.save(self.directory)
+
+    def _require_writer(self) -> None:
+        if self._lock is None:
+            raise RetrievalError("index was opened for search only; use CorpusIndex.open_for_update to change it")
+
+    # --------------------------------------------------------------------------- reading
+    @property
+    def cache_dir(self) -> Path:
+        return self.manifest.cache_path(self.directory)
+
+    def counts(self) -> DocStoreCounts:
+        return self.docstore.counts()
+
+    def search(self, query: str, k: int = 4) -> list[SearchHit]:
+        """The k chunks most similar to `query`, best first."""
+        scores, ids = self.vectors.search(self.embedder.embed_query(query)[None, :], k)
+        found = [(float(score), int(vector_id)) for score, vector_id in zip(scores[0], ids[0]) if vector_id >= 0]
+        chunks = {chunk.vector_id: chunk for chunk in self.docstore.chunks([vector_id for _, vector_id in found])}
+        return [SearchHit(score, chunks[vector_id]) for score, vector_id in found if vector_id in chunks]
+
+    def close(self) -> None:
+        self.docstore.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> CorpusIndex:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+

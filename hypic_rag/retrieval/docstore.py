@@ -1,0 +1,240 @@
+"""The docstore: documents and their chunks (text, token ids, embedding, metadata) in one SQLite file.
+
+SQLite in WAL mode gives crash-safe transactions: a document's chunks are replaced in one transaction, so a killed
+precompute leaves every document either fully old or fully new. Each chunk row has a `vector_id`, its id in the
+FAISS index, allocated with AUTOINCREMENT so an id is never reused after a delete. Embeddings are kept here too,
+which lets the FAISS index be repaired or rebuilt without re-embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hypic_rag.retrieval.chunking import Chunk
+from hypic_rag.retrieval.loading import Document
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    doc_id TEXT PRIMARY KEY,
+    source_root TEXT NOT NULL,
+    source TEXT NOT NULL,
+    content_sha256 TEXT NOT NULL,
+    metadata TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    vector_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    chunk_id TEXT NOT NULL UNIQUE,
+    doc_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    token_ids BLOB NOT NULL,
+    n_tokens INTEGER NOT NULL,
+    char_start INTEGER NOT NULL,
+    char_end INTEGER NOT NULL,
+    embedding BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (doc_id, position);
+"""
+
+TOKEN_DTYPE = np.dtype("<i4")
+EMBEDDING_DTYPE = np.dtype("<f4")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A chunk as the docstore holds it, with its document's source and metadata."""
+
+    vector_id: int
+    chunk_id: str
+    doc_id: str
+    position: int
+    text: str
+    token_ids: tuple[int, ...]
+    source: str
+    metadata: dict[str, Any]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class DocStoreCounts:
+    documents: int
+    chunks: int
+    tokens: int
+
+
+def _token_blob(token_ids: Sequence[int]) -> bytes:
+    return np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
+
+
+def _tokens_from_blob(blob: bytes) -> tuple[int, ...]:
+    return tuple(np.frombuffer(blob, dtype=TOKEN_DTYPE).tolist())
+
+
+class DocStore:
+    """Documents and chunks of one index (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------------------- reads
+    def document_digests(self) -> dict[str, str]:
+        """doc_id -> content digest of every stored document."""
+        return dict(self._db.execute("SELECT doc_id, content_sha256 FROM documents"))
+
+    def document_ids_from_root(self, source_root: str) -> list[str]:
+        """Ids of the documents ingested from one corpus root."""
+        rows = self._db.execute("SELECT doc_id FROM documents WHERE source_root = ? ORDER BY doc_id", (source_root,))
+        return [row[0] for row in rows]
+
+    def chunk_ids_of(self, doc_id: str) -> set[str]:
+        return {row[0] for row in self._db.execute("SELECT chunk_id FROM chunks WHERE doc_id = ?", (doc_id,))}
+
+    def live_vector_ids(self) -> np.ndarray:
+        rows = self._db.execute("SELECT vector_id FROM chunks ORDER BY vector_id").fetchall()
+        return np.asarray([row[0] for row in rows], dtype=np.int64)
+
+    def embeddings(self, vector_ids: Iterable[int]) -> np.ndarray:
+        """Stored embeddings of `vector_ids`, in that order."""
+        ids = [int(i) for i in vector_ids]
+        blobs = self._fetch_by_ids("SELECT vector_id, embedding FROM chunks WHERE vector_id IN ({})", ids)
+        return np.stack([np.frombuffer(blobs[i], dtype=EMBEDDING_DTYPE) for i in ids]) if ids else np.zeros((0, 0))
+
+    def chunks(self, vector_ids: Iterable[int]) -> list[StoredChunk]:
+        """Chunks by vector id, in the given order (ids no longer stored are left out)."""
+        ids = [int(i) for i in vector_ids]
+        query = (
+            "SELECT c.vector_id, c.chunk_id, c.doc_id, c.position, c.text, c.token_ids, d.source, d.metadata "
+            "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id WHERE c.vector_id IN ({})"
+        )
+        rows = self._fetch_by_ids(query, ids, whole_row=True)
+        return [self._stored_chunk(rows[i]) for i in ids if i in rows]
+
+    def iter_chunks(self) -> Iterator[StoredChunk]:
+        """Every chunk, by document then position."""
+        rows = self._db.execute(
+            "SELECT c.vector_id, c.chunk_id, c.doc_id, c.position, c.text, c.token_ids, d.source, d.metadata "
+            "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id ORDER BY c.doc_id, c.position"
+        )
+        for row in rows:
+            yield self._stored_chunk(row)
+
+    def counts(self) -> DocStoreCounts:
+        documents = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+        chunks, tokens = self._db.execute("SELECT COUNT(*), COALESCE(SUM(n_tokens), 0) FROM chunks").fetchone()
+        return DocStoreCounts(documents=documents, chunks=chunks, tokens=tokens)
+
+    def _fetch_by_ids(self, query: str, ids: list[int], whole_row: bool = False) -> dict[int, Any]:
+        found: dict[int, Any] = {}
+        for start in range(0, len(ids), 500):
+            batch = ids[start : start + 500]
+            for row in self._db.execute(query.format(",".join("?" * len(batch))), batch):
+                found[row[0]] = row if whole_row else row[1]
+        return found
+
+    @staticmethod
+    def _stored_chunk(row: tuple) -> StoredChunk:
+        vector_id, chunk_id, doc_id, position, text, token_blob, source, metadata = row
+        return StoredChunk(
+            vector_id=vector_id,
+            chunk_id=chunk_id,
+            doc_id=doc_id,
+            position=position,
+            text=text,
+            token_ids=_tokens_from_blob(token_blob),
+            source=source,
+            metadata=json.loads(metadata),
+        )
+
+    # ------------------------------------------------------------------------------ writes
+    def replace_document(
+        self, document: Document, source_root: str, chunks: Sequence[Chunk], new_embeddings: dict[str, np.ndarray]
+    ) -> tuple[int, int]:
+        """Store `document` with exactly `chunks`, in one transaction.
+
+        Chunks already stored (same chunk id) keep their row and vector id; `new_embeddings` must hold the
+        embedding of every other chunk. Returns (chunks added, chunks removed).
+        """
+        kept = self.chunk_ids_of(document.doc_id)
+        wanted = {chunk.chunk_id for chunk in chunks}
+        missing = [c.chunk_id for c in chunks if c.chunk_id not in kept and c.chunk_id not in new_embeddings]
+        if missing:
+            raise ValueError(f"no embedding given for new chunks {missing[:3]} of {document.doc_id!r}")
+        removed = kept - wanted
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO documents (doc_id, source_root, source, content_sha256, metadata) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (doc_id) DO UPDATE SET source_root = excluded.source_root, source = excluded.source, "
+                "content_sha256 = excluded.content_sha256, metadata = excluded.metadata",
+                (
+                    document.doc_id,
+                    source_root,
+                    document.source,
+                    document.content_sha256,
+                    json.dumps(document.metadata, ensure_ascii=False, sort_keys=True),
+                ),
+            )
+            self._db.executemany("DELETE FROM chunks WHERE chunk_id = ?", [(chunk_id,) for chunk_id in removed])
+            for chunk in chunks:
+                if chunk.chunk_id in kept:
+                    self._db.execute(
+                        "UPDATE chunks SET position = ?, char_start = ?, char_end = ? WHERE chunk_id = ?",
+                        (chunk.position, chunk.char_start, chunk.char_end, chunk.chunk_id),
+                    )
+                    continue
+                embedding = np.asarray(new_embeddings[chunk.chunk_id], dtype=EMBEDDING_DTYPE)
+                self._db.execute(
+                    "INSERT INTO chunks (chunk_id, doc_id, position, text, token_ids, n_tokens, char_start, char_end, "
+                    "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        chunk.chunk_id,
+                        chunk.doc_id,
+                        chunk.position,
+                        chunk.text,
+                        _token_blob(chunk.token_ids),
+                        chunk.n_tokens,
+                        chunk.char_start,
+                        chunk.char_end,
+                        embedding.tobytes(),
+                    ),
+                )
+        return len(wanted - kept), len(removed)
+
+    def delete_document(self, doc_id: str) -> int:
+        """Remove a document and its chunks; returns how many chunks went."""
+        with self._transaction():
+            removed = self._db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc_id,)).rowcount
+            self._db.execute("DELETE FROM documents WHERE doc_id = ?", (doc_id,))
+        return removed
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back if the block raises."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

@@ -1,0 +1,27 @@
+"""Errors raised by the retrieval layer. Each carries a message meant for the user, printed as one line."""
+
+from __future__ import annotations
+
+
+class RetrievalError(Exception):
+    """Base class: a user-facing problem with a corpus or an index (never a bug)."""
+
+
+class CorpusNotFoundError(RetrievalError):
+    """The corpus path does not exist."""
+
+
+class EmptyCorpusError(RetrievalError):
+    """The corpus holds no readable document with text."""
+
+
+class IndexMismatchError(RetrievalError):
+    """An existing index was built with another embedder, model, tokenizer or chunker setting."""
+
+
+class IndexNotFoundError(RetrievalError):
+    """The index directory holds no index (no manifest)."""
+
+
+class IndexCorruptError(RetrievalError):
+    """The index directory exists but its files cannot be read back."""

@@ -1,0 +1,193 @@
+"""Load a corpus: a directory (searched recursively) or a single file of `.txt`, `.md` or `.jsonl` documents.
+
+Document ids are stable names, so re-ingesting a corpus finds the documents it already holds:
+- a text or markdown file: its path relative to the corpus root, with `/` separators (a single file: its name);
+- a `.jsonl` record: its `id` field when present, else `<file>:<line number>`.
+
+Files that cannot be read, are binary or are not UTF-8 are skipped with a warning that names them; so are
+malformed `.jsonl` lines (named `file:line`). Hidden files and folders (names starting with `.`) and files of
+other types inside a directory are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypic_rag.retrieval.errors import CorpusNotFoundError, EmptyCorpusError
+
+logger = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = frozenset({".txt", ".md", ".markdown"})
+JSONL_SUFFIXES = frozenset({".jsonl"})
+BINARY_SNIFF_BYTES = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document of the corpus.
+
+    doc_id: stable id (see module docstring). source: where it came from, relative to the corpus root.
+    metadata: JSON-serialisable fields kept with every chunk (for `.jsonl`, every field but `text` and `id`).
+    """
+
+    doc_id: str
+    text: str
+    source: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.doc_id:
+            raise ValueError("doc_id must be non-empty")
+
+    @property
+    def content_sha256(self) -> str:
+        """Digest of the text and metadata: equal digests mean the document is unchanged."""
+        digest = hashlib.sha256(self.text.encode("utf-8"))
+        digest.update(b"\0" + json.dumps(self.metadata, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedInput:
+    """A file or a `.jsonl` line that was not loaded, and why."""
+
+    location: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.reason}"
+
+
+@dataclass(slots=True)
+class LoadedCorpus:
+    """What `load_corpus` found. root: the resolved corpus path (directory or single file)."""
+
+    root: Path
+    documents: list[Document]
+    skipped: list[SkippedInput]
+    ignored_files: int = 0
+
+
+def _read_text_file(path: Path, location: str, skipped: list[SkippedInput]) -> str | None:
+    """The file's text, or None after recording why it was skipped."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        _skip(skipped, location, f"unreadable ({error.strerror or error})")
+        return None
+    if b"\0" in raw[:BINARY_SNIFF_BYTES]:
+        _skip(skipped, location, "binary file")
+        return None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        _skip(skipped, location, f"not UTF-8 text (byte {error.start})")
+        return None
+
+
+def _skip(skipped: list[SkippedInput], location: str, reason: str) -> None:
+    entry = SkippedInput(location, reason)
+    logger.warning("skipped %s", entry)
+    skipped.append(entry)
+
+
+def _load_text_document(path: Path, relative: str, skipped: list[SkippedInput]) -> list[Document]:
+    text = _read_text_file(path, relative, skipped)
+    if text is None:
+        return []
+    if not text.strip():
+        _skip(skipped, relative, "no text")
+        return []
+    return [Document(doc_id=relative, text=text, source=relative)]
+
+
+def _load_jsonl_documents(path: Path, relative: str, skipped: list[SkippedInput]) -> list[Document]:
+    content = _read_text_file(path, relative, skipped)
+    if content is None:
+        return []
+    documents = []
+    for line_number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        location = f"{relative}:{line_number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            _skip(skipped, location, f"malformed JSON ({error.msg} at column {error.colno})")
+            continue
+        if not isinstance(record, dict):
+            _skip(skipped, location, "not a JSON object")
+            continue
+        text = record.get("text")
+        if not isinstance(text, str) or not text.strip():
+            _skip(skipped, location, "no non-empty 'text' string field")
+            continue
+        raw_id = record.get("id")
+        if raw_id is not None and not isinstance(raw_id, (str, int)):
+            _skip(skipped, location, "'id' must be a string or an integer")
+            continue
+        doc_id = str(raw_id) if raw_id is not None and str(raw_id) else location
+        metadata = {key: value for key, value in record.items() if key not in ("text", "id")}
+        documents.append(Document(doc_id=doc_id, text=text, source=location, metadata=metadata))
+    return documents
+
+
+def _load_file(path: Path, relative: str, skipped: list[SkippedInput]) -> list[Document]:
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return _load_jsonl_documents(path, relative, skipped)
+    return _load_text_document(path, relative, skipped)
+
+
+def _is_hidden(relative_parts: tuple[str, ...]) -> bool:
+    return any(part.startswith(".") for part in relative_parts)
+
+
+def _corpus_files(root: Path) -> tuple[list[Path], int]:
+    """Supported files under `root` in a stable order, and how many other files were ignored."""
+    files, ignored = [], 0
+    for path in sorted(root.rglob("*")):
+        relative_parts = path.relative_to(root).parts
+        if _is_hidden(relative_parts) or path.is_dir():
+            continue
+        if path.suffix.lower() in TEXT_SUFFIXES | JSONL_SUFFIXES:
+            files.append(path)
+        else:
+            ignored += 1
+            logger.debug("ignored %s (not .txt, .md or .jsonl)", path)
+    return files, ignored
+
+
+def load_corpus(path: str | Path) -> LoadedCorpus:
+    """Load every document under `path` (a directory, recursively, or one file).
+
+    Raises CorpusNotFoundError for a missing path and EmptyCorpusError when nothing loadable is found.
+    A document id seen twice keeps its first occurrence; the later one is skipped with a warning.
+    """
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise CorpusNotFoundError(f"corpus path {str(path)!r} does not exist")
+    root = root.resolve()
+    skipped: list[SkippedInput] = []
+    if root.is_dir():
+        files, ignored = _corpus_files(root)
+        loaded = [doc for file in files for doc in _load_file(file, file.relative_to(root).as_posix(), skipped)]
+    else:
+        ignored = 0
+        loaded = _load_file(root, root.name, skipped)
+    documents, seen = [], set()
+    for document in loaded:
+        if document.doc_id in seen:
+            _skip(skipped, document.source, f"duplicate document id {document.doc_id!r}")
+            continue
+        seen.add(document.doc_id)
+        documents.append(document)
+    if not documents:
+        detail = f" ({len(skipped)} inputs skipped)" if skipped else ""
+        raise EmptyCorpusError(f"corpus {str(root)!r} holds no .txt, .md or .jsonl document with text{detail}")
+    logger.info("loaded %d documents from %s (%d skipped, %d ignored)", len(documents), root, len(skipped), ignored)
+    return LoadedCorpus(root=root, documents=documents, skipped=skipped, ignored_files=ignored)
