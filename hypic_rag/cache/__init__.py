@@ -1,19 +1,8 @@
 """Persistent segment cache: chunk entries encoded once, reused across requests, restarts and processes.
 
-`SegmentCache` (hot tier over an LMDB store) is what the runtime uses; `CacheNamespace` keys it.
-See docs/cache.md.
+- `keys`: `CacheNamespace` and key derivation;  `codec`: entry <-> bytes;  `layout`: what each tensor is.
+- `store`: the `SegmentStore` interface;  `lmdb_store`: its LMDB implementation;  `hot_tier`: in-memory LRU.
+- `segment_cache`: `SegmentCache`, what the runtime uses;  `stats`, `maintenance`: statistics, verify and gc.
+
+Nothing is imported here, so that the storage modules load without torch (see docs/cache.md).
 """
-
-from hypic_rag.cache.errors import CacheError, CacheOpenError, CorruptEntryError, IncompatibleEntryError
-from hypic_rag.cache.keys import FORMAT_VERSION, STATE_DTYPES, CacheNamespace, segment_key
-
-__all__ = [
-    "FORMAT_VERSION",
-    "STATE_DTYPES",
-    "CacheError",
-    "CacheNamespace",
-    "CacheOpenError",
-    "CorruptEntryError",
-    "IncompatibleEntryError",
-    "segment_key",
-]

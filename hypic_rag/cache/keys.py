@@ -74,7 +74,12 @@ class CacheNamespace:
 
     def digest(self) -> bytes:
         """The first `NAMESPACE_DIGEST_BYTES` bytes of sha256(canonical())."""
-        return hashlib.sha256(self.canonical().encode("utf-8")).digest()[:NAMESPACE_DIGEST_BYTES]
+        return namespace_digest(self.canonical())
+
+
+def namespace_digest(canonical_text: str) -> bytes:
+    """Key prefix of a namespace given its canonical text (as recorded in entry headers)."""
+    return hashlib.sha256(canonical_text.encode("utf-8")).digest()[:NAMESPACE_DIGEST_BYTES]
 
 
 def token_ids_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:

@@ -58,6 +58,8 @@ MAX_READERS = 256
 MAX_WRITE_ATTEMPTS = 24
 
 _T = TypeVar("_T")
+_LMDB_MAGIC = (0xBEEFC0DE).to_bytes(4, "little")
+_LMDB_MAGIC_OFFSET = 16  # after the 16-byte page header of meta page 0
 
 
 @dataclass(slots=True)
@@ -95,6 +97,18 @@ def _check_directory(path: Path, *, readonly: bool, create: bool) -> None:
             raise CacheOpenError(f"{path} is not empty and holds no cache; choose an empty or new directory")
     elif not data_file.is_file():
         raise CacheOpenError(f"{data_file} is not a file")
+    elif not _has_lmdb_magic(data_file):
+        raise CacheOpenError(f"{data_file} is not an LMDB store")
+
+
+def _has_lmdb_magic(data_file: Path) -> bool:
+    """True if the first meta page carries LMDB's magic (checked before LMDB writes a lock file beside it)."""
+    try:
+        with data_file.open("rb") as handle:
+            head = handle.read(_LMDB_MAGIC_OFFSET + 4)
+    except OSError as error:
+        raise CacheOpenError(f"cannot read {data_file}: {error.strerror}") from None
+    return len(head) == 0 or head[_LMDB_MAGIC_OFFSET:] == _LMDB_MAGIC
 
 
 def _open_environment(path: Path, *, readonly: bool, map_size: int) -> lmdb.Environment:

@@ -1,0 +1,111 @@
+"""`hypic-rag cache stats | verify | gc | clear --cache DIR`: inspect and maintain a segment cache.
+
+Exit codes: 0 success; 1 `verify` found bad entries (corrupt, stale or mismatched); 2 bad input (missing
+directory, not a cache, unwritable directory, bad size), printed as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from hypic_rag.cache.errors import CacheError
+from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+from hypic_rag.cache.stats import CacheStats, format_stats, human_bytes
+from hypic_rag.cli.main import CliError
+
+EXIT_OK = 0
+EXIT_BAD_ENTRIES = 1
+EXIT_BAD_INPUT = 2
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'1048576', '512M', '64GiB', '1.5g' -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive size: {text!r} (e.g. 512M, 64G, 1048576)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("cache", help="inspect and maintain a segment cache", description=__doc__)
+    actions = parser.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache", required=True, metavar="DIR", help="cache directory (holds data.mdb)")
+
+    stats = actions.add_parser("stats", parents=[common], help="entries, bytes, hits, evictions (read-only)")
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    stats.set_defaults(func=run_stats)
+
+    verify = actions.add_parser("verify", parents=[common], help="decode and check every entry (read-only)")
+    verify.add_argument("--json", action="store_true", help="print one JSON object")
+    verify.set_defaults(func=run_verify)
+
+    gc = actions.add_parser("gc", parents=[common], help="remove bad entries, evict down to the budget")
+    gc.add_argument("--budget", type=parse_size, metavar="SIZE", help="new byte budget (default: the stored one)")
+    gc.set_defaults(func=run_gc)
+
+    clear = actions.add_parser("clear", parents=[common], help="remove every entry")
+    clear.set_defaults(func=run_clear)
+
+
+def _open(directory: str, *, readonly: bool, budget_bytes: int | None = None) -> LmdbSegmentStore:
+    try:
+        return LmdbSegmentStore.open(directory, readonly=readonly, create=False, budget_bytes=budget_bytes)
+    except CacheError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    store = _open(args.cache, readonly=True)
+    try:
+        stats = CacheStats.from_store(store)
+    finally:
+        store.close()
+    print(json.dumps(stats.as_dict(), sort_keys=True) if args.json else format_stats(stats))
+    return EXIT_OK
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from hypic_rag.cache.maintenance import verify_store  # imports torch; only this action needs it
+
+    store = _open(args.cache, readonly=True)
+    try:
+        report = verify_store(store)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(report.as_dict(), sort_keys=True))
+    else:
+        for problem in report.problems:
+            print(f"{problem.kind:10s} {problem.key_hex}  {problem.reason}")
+        print(f"checked {report.checked} entries: {report.ok} ok, {len(report.problems)} bad"
+              f" ({len(report.entries_per_namespace)} namespaces)")
+    return EXIT_BAD_ENTRIES if report.problems else EXIT_OK
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    from hypic_rag.cache.maintenance import collect_garbage
+
+    store = _open(args.cache, readonly=False, budget_bytes=args.budget)
+    try:
+        _, result = collect_garbage(store)
+        budget = store.budget_bytes
+    finally:
+        store.close()
+    print(f"removed {result.removed_bad} bad entries, evicted {result.evicted}; "
+          f"{result.entries_left} entries, {human_bytes(result.bytes_left)} of {human_bytes(budget)} budget")
+    return EXIT_OK
+
+
+def run_clear(args: argparse.Namespace) -> int:
+    store = _open(args.cache, readonly=False)
+    try:
+        removed = store.clear()
+    finally:
+        store.close()
+    print(f"removed {removed} entries from {args.cache}")
+    return EXIT_OK
