@@ -1,0 +1,74 @@
+"""Chunked gated delta rule against the naive float32 recurrence (fla-style: odd lengths, carried states)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic_rag.runtime.ops.gated_delta_rule import (
+    chunk_gated_delta_rule,
+    gated_delta_rule_with_transition,
+    naive_recurrent_gated_delta_rule,
+)
+
+
+def random_inputs(batch: int, heads: int, length: int, key_dim: int, value_dim: int, seed: int, strong_decay: bool = False):
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.nn.functional.normalize(torch.randn(batch, heads, length, key_dim, generator=generator), dim=-1)
+    query = query * key_dim**-0.5
+    key = torch.nn.functional.normalize(torch.randn(batch, heads, length, key_dim, generator=generator), dim=-1)
+    value = torch.randn(batch, heads, length, value_dim, generator=generator)
+    scale = 8.0 if strong_decay else 0.2
+    log_decay = -torch.rand(batch, heads, length, generator=generator) * scale
+    beta = torch.rand(batch, heads, length, generator=generator)
+    start = torch.randn(batch, heads, key_dim, value_dim, generator=generator)
+    return query, key, value, log_decay, beta, start
+
+
+@pytest.mark.parametrize("length", [1, 7, 63, 64, 65, 131])
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_chunk_matches_naive_on_odd_lengths(length: int, chunk_size: int) -> None:
+    query, key, value, log_decay, beta, start = random_inputs(2, 3, length, 16, 8, seed=length)
+    expected_output, expected_state = naive_recurrent_gated_delta_rule(query, key, value, log_decay, beta, start)
+    output, state = chunk_gated_delta_rule(query, key, value, log_decay, beta, start, chunk_size=chunk_size)
+    torch.testing.assert_close(output, expected_output, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-5)
+
+
+def test_chunk_is_stable_with_strong_decay() -> None:
+    query, key, value, log_decay, beta, start = random_inputs(1, 2, 100, 8, 8, seed=3, strong_decay=True)
+    expected_output, expected_state = naive_recurrent_gated_delta_rule(query, key, value, log_decay, beta, start)
+    output, state = chunk_gated_delta_rule(query, key, value, log_decay, beta, start, chunk_size=32)
+    assert torch.isfinite(output).all()
+    torch.testing.assert_close(output, expected_output, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("split", [1, 17, 40])
+def test_split_sequence_carries_state(split: int) -> None:
+    query, key, value, log_decay, beta, start = random_inputs(1, 2, 57, 8, 8, seed=11)
+    whole_output, whole_state = chunk_gated_delta_rule(query, key, value, log_decay, beta, start, chunk_size=16)
+    parts = [(x[:, :, :split], x[:, :, split:]) for x in (query, key, value, log_decay, beta)]
+    first_output, middle = chunk_gated_delta_rule(*(p[0] for p in parts), start, chunk_size=16)
+    second_output, end = chunk_gated_delta_rule(*(p[1] for p in parts), middle, chunk_size=16)
+    torch.testing.assert_close(torch.cat([first_output, second_output], dim=2), whole_output, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(end, whole_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length", [1, 29, 70])
+def test_transition_operator_reproduces_any_start(length: int) -> None:
+    query, key, value, log_decay, beta, start = random_inputs(2, 2, length, 12, 6, seed=5)
+    zero_output, transition_output, span = gated_delta_rule_with_transition(query, key, value, log_decay, beta, chunk_size=16)
+    expected_output, expected_state = naive_recurrent_gated_delta_rule(query, key, value, log_decay, beta, start)
+    assert span.transition.shape == (2, 2, 12, 12) and span.state.shape == (2, 2, 12, 6)
+    torch.testing.assert_close(span.apply(start), expected_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(zero_output + transition_output @ start, expected_output, atol=1e-5, rtol=1e-5)
+    zero_start_output, zero_start_state = naive_recurrent_gated_delta_rule(query, key, value, log_decay, beta)
+    torch.testing.assert_close(span.state, zero_start_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(zero_output, zero_start_output, atol=1e-5, rtol=1e-5)
+
+
+def test_empty_span_is_identity() -> None:
+    query, key, value, log_decay, beta, start = random_inputs(1, 2, 0, 4, 3, seed=0)
+    _, _, span = gated_delta_rule_with_transition(query, key, value, log_decay, beta)
+    torch.testing.assert_close(span.apply(start), start)
