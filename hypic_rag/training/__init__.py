@@ -1,0 +1,1 @@
+"""Training the bundled default model: tokenizer, data packing, model config, training loop, evaluation."""

@@ -1,0 +1,256 @@
+"""The training loop of the default model: seeded, resumable from the run directory, with a document curriculum.
+
+Run directory layout: `settings.json`, `tokenizer/`, `checkpoint.pt` (model, optimizer, step; rewritten
+atomically every `checkpoint_every` steps), `metrics.jsonl` (loss and validation exact match), `train.log`.
+Training data is a pure function of (run seed, step), so a resumed run sees the same batches as an unbroken one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from hypic_rag.training.evaluate import EvalItem, greedy_answer, heldout_cases, prompt_ids, summarize
+from hypic_rag.training.model_config import ModelShape, build_config
+from hypic_rag.training.packing import ContextSpec, PackedExample, SegmentEncoder, collate, pack_example, sample_training_context
+from hypic_rag.training.tokenizer import train_tokenizer
+
+logger = logging.getLogger(__name__)
+
+TRAIN_WORLD_SEED_STRIDE = 10_000_000
+"""Training worlds of run seed r use world seeds in [r * stride + 1, (r + 1) * stride)."""
+VALIDATION_SEED = 500_000_000
+"""Worlds used for the validation exact match printed during training."""
+HELDOUT_SEED = 900_000_000
+"""Worlds of the final held-out evaluation (never used in training or validation)."""
+
+
+@dataclass
+class TrainSettings:
+    """Everything that defines a training run (saved as settings.json in the run directory)."""
+
+    seed: int = 0
+    total_steps: int = 1200
+    batch_size: int = 8
+    learning_rate: float = 2e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    questions_per_context: int = 16
+    two_hop_share: float = 0.25
+    final_documents: int = 8
+    curriculum_steps: int = 400
+    answer_weight: float = 1.0
+    text_weight: float = 0.2
+    eval_every: int = 100
+    eval_questions: int = 48
+    checkpoint_every: int = 25
+    max_minutes: float | None = None
+    threads: int = 1
+    shape: ModelShape = field(default_factory=ModelShape)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainSettings":
+        data = json.loads(text)
+        data["shape"] = ModelShape(**data["shape"])
+        return cls(**data)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2)
+
+
+def documents_at(settings: TrainSettings, step: int, rng: random.Random) -> int:
+    """Curriculum: the most documents per context grows from 1 to `final_documents` over `curriculum_steps`;
+    a context draws its count from the three values up to that maximum (afterwards from final-2 .. final+1)."""
+    if step >= settings.curriculum_steps:
+        return rng.randint(max(1, settings.final_documents - 2), settings.final_documents + 1)
+    most = 1 + round((settings.final_documents - 1) * step / settings.curriculum_steps)
+    return rng.randint(max(1, most - 2), most)
+
+
+def batch_at(settings: TrainSettings, step: int, encoder: SegmentEncoder) -> list[PackedExample]:
+    """The training batch of `step` (deterministic)."""
+    rng = random.Random(f"batch-{settings.seed}-{step}")
+    examples = []
+    for index in range(settings.batch_size):
+        world_seed = settings.seed * TRAIN_WORLD_SEED_STRIDE + 1 + step * settings.batch_size + index
+        spec = ContextSpec(documents_at(settings, step, rng), settings.questions_per_context, settings.two_hop_share)
+        documents, questions = sample_training_context(world_seed, spec)
+        examples.append(pack_example(encoder, documents, questions, answer_weight=settings.answer_weight,
+                                     text_weight=settings.text_weight))
+    return examples
+
+
+def learning_rate_at(settings: TrainSettings, step: int) -> float:
+    """Linear warm-up then cosine decay to `min_lr_ratio` of the peak at `total_steps`."""
+    if step < settings.warmup_steps:
+        return settings.learning_rate * (step + 1) / settings.warmup_steps
+    progress = min(1.0, (step - settings.warmup_steps) / max(1, settings.total_steps - settings.warmup_steps))
+    cosine = 0.5 * (1 + math.cos(math.pi * progress))
+    return settings.learning_rate * (settings.min_lr_ratio + (1 - settings.min_lr_ratio) * cosine)
+
+
+def weighted_loss(logits: torch.Tensor, token_ids: torch.Tensor, weights: torch.Tensor, answer_weight: float) -> tuple[torch.Tensor, float]:
+    """logits [B, T, V], token_ids [B, T], weights [B, T]: weighted next-token cross entropy (scalar) and the mean
+    cross entropy on answer tokens (for logging)."""
+    targets = token_ids[:, 1:]
+    target_weights = weights[:, 1:]
+    token_loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    token_loss = token_loss.view_as(targets)
+    loss = (token_loss * target_weights).sum() / target_weights.sum().clamp_min(1e-6)
+    answer_mask = target_weights >= answer_weight
+    answer_loss = float(token_loss.detach()[answer_mask].mean()) if answer_mask.any() else float("nan")
+    return loss, answer_loss
+
+
+def slow_decay_init(model: torch.nn.Module, seed: int) -> None:
+    """Draw each linear layer's decay rate A log-uniform in [0.005, 2] (the default U(0.01, 16) makes most heads
+    forget within a few tokens; slower heads can carry which entity a sentence is about)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+                low, high = math.log(0.005), math.log(2.0)
+                module.A_log.copy_(torch.rand(module.A_log.shape, generator=generator) * (high - low) + low)
+
+
+@torch.no_grad()
+def validation_exact_match(model, encoder: SegmentEncoder, num_questions: int, num_chunks: int = 8) -> dict:
+    """EM on `num_questions` validation questions (gold + distractor documents, `num_chunks` chunks)."""
+    model.eval()
+    items = [
+        EvalItem(question, greedy_answer(model, encoder, prompt_ids(encoder, documents, question.text)))
+        for _, question, documents in heldout_cases(VALIDATION_SEED, num_questions, num_chunks)
+    ]
+    model.train()
+    return summarize(items)
+
+
+class Trainer:
+    """Owns one run directory: creates it (tokenizer, settings) or resumes from its checkpoint."""
+
+    def __init__(self, run_dir: str | Path, settings: TrainSettings | None = None) -> None:
+        from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM
+
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        settings_path = self.run_dir / "settings.json"
+        if settings_path.exists():
+            stored = TrainSettings.from_json(settings_path.read_text())
+            if settings is not None and settings.max_minutes is not None:
+                stored.max_minutes = settings.max_minutes
+            self.settings = stored
+        else:
+            self.settings = settings or TrainSettings()
+            settings_path.write_text(self.settings.to_json())
+        torch.manual_seed(self.settings.seed)
+        tokenizer_dir = self.run_dir / "tokenizer"
+        if not tokenizer_dir.exists():
+            train_tokenizer().save_pretrained(tokenizer_dir)
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+        self.encoder = SegmentEncoder(self.tokenizer)
+        config = build_config(self.settings.shape, len(self.tokenizer), eos_token_id=self.tokenizer.eos_token_id,
+                              pad_token_id=self.tokenizer.pad_token_id)
+        self.model = Qwen3_5ForCausalLM(config)
+        slow_decay_init(self.model, self.settings.seed)
+        decay, no_decay = [], []
+        for name, parameter in self.model.named_parameters():
+            (no_decay if parameter.ndim < 2 or "norm" in name or "A_log" in name or "dt_bias" in name else decay).append(parameter)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.settings.learning_rate, betas=(0.9, 0.95),
+        )
+        self.step = 0
+        self.elapsed_seconds = 0.0
+        self._load_checkpoint()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def _load_checkpoint(self) -> None:
+        if not self.checkpoint_path.exists():
+            return
+        state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        self.elapsed_seconds = state.get("elapsed_seconds", 0.0)
+        logger.info("resumed %s at step %d (%.1f min trained)", self.run_dir, self.step, self.elapsed_seconds / 60)
+
+    def save_checkpoint(self) -> None:
+        temporary = self.checkpoint_path.with_suffix(".tmp")
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                    "elapsed_seconds": self.elapsed_seconds}, temporary)
+        os.replace(temporary, self.checkpoint_path)
+
+    def _log_metrics(self, record: dict) -> None:
+        with (self.run_dir / "metrics.jsonl").open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def train(self) -> None:
+        """Train until `total_steps` (or `max_minutes` of this invocation), checkpointing as it goes."""
+        settings = self.settings
+        torch.set_num_threads(settings.threads)
+        self.model.train()
+        started = time.monotonic()
+        progress = tqdm(total=settings.total_steps, initial=self.step, desc="train", dynamic_ncols=True, mininterval=10)
+        running_loss, running_answer = None, None
+        while self.step < settings.total_steps:
+            if settings.max_minutes is not None and time.monotonic() - started > settings.max_minutes * 60:
+                logger.info("time budget of %.1f min reached at step %d", settings.max_minutes, self.step)
+                break
+            step_started = time.monotonic()
+            token_ids, weights = collate(batch_at(settings, self.step, self.encoder), self.tokenizer.pad_token_id)
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate_at(settings, self.step)
+            logits = self.model(input_ids=token_ids, use_cache=False).logits
+            loss, answer_loss = weighted_loss(logits, token_ids, weights, settings.answer_weight)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            self.elapsed_seconds += time.monotonic() - step_started
+            loss_value = float(loss.detach())
+            running_loss = loss_value if running_loss is None else 0.9 * running_loss + 0.1 * loss_value
+            if not math.isnan(answer_loss):
+                running_answer = answer_loss if running_answer is None else 0.9 * running_answer + 0.1 * answer_loss
+            progress.update(1)
+            progress.set_postfix(loss=f"{running_loss:.3f}", answer=f"{running_answer or 0:.3f}", T=token_ids.shape[1])
+            record = {"step": self.step, "loss": loss_value, "answer_loss": answer_loss, "tokens": int(token_ids.numel()),
+                      "lr": learning_rate_at(settings, self.step - 1), "minutes": self.elapsed_seconds / 60}
+            if self.step % settings.eval_every == 0 or self.step == settings.total_steps:
+                record["validation"] = validation_exact_match(self.model, self.encoder, settings.eval_questions)
+                logger.info("step %d: loss %.3f answer %.3f validation %s", self.step, running_loss, running_answer or 0,
+                            record["validation"])
+            elif self.step % 10 == 0:
+                logger.info("step %d: loss %.3f answer %.3f (%.1f min)", self.step, running_loss, running_answer or 0,
+                            self.elapsed_seconds / 60)
+            self._log_metrics(record)
+            if self.step % settings.checkpoint_every == 0 or self.step == settings.total_steps:
+                self.save_checkpoint()
+        progress.close()
+        self.save_checkpoint()
+
+    def export(self, out_dir: str | Path) -> Path:
+        """Write the trained model as a transformers checkpoint directory (safetensors, config, tokenizer)."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.eval()
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        self.tokenizer.save_pretrained(out_dir)
+        (out_dir / "training_settings.json").write_text(self.settings.to_json())
+        return out_dir
