@@ -9,8 +9,9 @@
 - Budget: the stored value bytes are kept under ``budget_bytes`` by evicting the least recently used entries in
   the same transaction as the put. The LMDB map (virtual address space; the file only grows as pages are used)
   starts small and doubles on ``MapFullError`` up to ``max_map_bytes`` (2 x budget + 64 MiB by default, room for
-  copy-on-write pages held by old readers); past that the put evicts more, and as a last resort grows past the
-  cap with a warning. A value larger than the whole budget is skipped (logged, counted), never an exception.
+  copy-on-write pages held by old readers); past that the put evicts a quarter of what is stored and retries,
+  and as a last resort grows past the cap with a warning. A value larger than the whole budget is skipped
+  (logged, counted), never an exception.
 - LRU: reads note their access time in memory; the notes are written with the next write transaction, after
   `TOUCH_FLUSH_COUNT` notes or `TOUCH_FLUSH_SECONDS`, and on close (a crash loses only recency hints).
 """
@@ -430,8 +431,8 @@ class LmdbSegmentStore(SegmentStore):
         self._pending = pending
 
     def _make_room(self, attempt: int) -> None:
-        """After MapFullError: double the map up to the cap; at the cap evict an eighth of the budget; past
-        a few evictions grow beyond the cap in headroom steps (logged) rather than fail."""
+        """After MapFullError: double the map up to the cap; at the cap evict a quarter of the stored bytes
+        (least recently used first); if that keeps failing, grow past the cap in headroom steps (logged)."""
         env = self._require_open()
         map_bytes = int(env.info()["map_size"])
         if map_bytes < self.max_map_bytes:
@@ -441,7 +442,7 @@ class LmdbSegmentStore(SegmentStore):
             return
         counters = self.counters()
         if counters.entries and attempt < MAX_WRITE_ATTEMPTS // 2:
-            target = max(0, min(counters.value_bytes, self.budget_bytes) - max(self.budget_bytes // 8, 1))
+            target = min(counters.value_bytes, self.budget_bytes) * 3 // 4
             log.info("cache %s: map full at its cap; evicting down to %d bytes", self.path, target)
             try:
                 self.evict_to(target)
