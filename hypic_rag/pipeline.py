@@ -1,0 +1,196 @@
+"""Question answering over an index: retrieve chunks, assemble their cached segments, generate.
+
+One `RagPipeline` serves the CLI's `ask`, the REST service and the LlamaIndex integration. Retrieved chunks are
+passed to the runtime as separate segments (their stored token ids), never as one concatenated string.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.runtime.engine import Engine, Generation, SamplingParams
+from hypic_rag.runtime.request import Request, check_mode
+
+logger = logging.getLogger(__name__)
+
+
+class PipelineError(ValueError):
+    """A request the pipeline cannot serve (bad question, wrong model for the index, ...)."""
+
+
+@dataclass(slots=True)
+class Source:
+    """A retrieved chunk shown as a source of the answer."""
+
+    doc_id: str
+    chunk_id: str
+    score: float
+    text: str
+    source: str = ""
+    position: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class Answer:
+    text: str
+    sources: list[Source]
+    mode: str
+    finish_reason: str
+    usage: dict[str, int]
+    timings: dict[str, float]
+    token_ids: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "answer": self.text,
+            "sources": [source.as_dict() for source in self.sources],
+            "mode": self.mode,
+            "finish_reason": self.finish_reason,
+            "usage": dict(self.usage),
+            "timings": dict(self.timings),
+        }
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+class RagPipeline:
+    """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; engine: an `Engine` whose model
+    is the one the index was built for (its tokenizer made the chunks' token ids)."""
+
+    def __init__(self, index: Any, engine: Engine, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT) -> None:
+        tokenizer = engine.model.tokenizer
+        if tokenizer is None:
+            raise PipelineError("the model has no tokenizer; a RAG pipeline needs one")
+        identity = index.manifest.model
+        if identity.fingerprint != engine.model.fingerprint or identity.tokenizer_fingerprint != engine.model.tokenizer_fingerprint:
+            raise PipelineError(
+                f"index {index.directory} was built for another model ({identity.path}); "
+                "run `hypic-rag precompute` with this model or pass the index's --model"
+            )
+        self.index = index
+        self.engine = engine
+        self.prompt_format = prompt_format
+        self.tokenizer = tokenizer
+        self._prefix_ids = _encode(tokenizer, prompt_format.prefix)
+
+    @classmethod
+    def open(
+        cls,
+        index_dir: str | Path,
+        *,
+        model_path: str | Path | None = None,
+        seam_tokens: int | None = None,
+        device: str | None = None,
+        hot_budget_bytes: int | None = None,
+        readonly_cache: bool = False,
+    ) -> RagPipeline:
+        """Open an index, its model (the one recorded in the manifest unless `model_path`) and its segment cache."""
+        from hypic_rag.cache.segment_cache import SegmentCache
+        from hypic_rag.retrieval.corpus_index import CorpusIndex
+        from hypic_rag.runtime.model import load_model
+
+        index = CorpusIndex.open(index_dir)
+        model = load_model(model_path or index.manifest.model.path, device=device)
+        options: dict[str, Any] = {"readonly": readonly_cache}
+        if hot_budget_bytes is not None:
+            options["hot_budget_bytes"] = hot_budget_bytes
+        cache = SegmentCache.open(index.cache_dir, **options)
+        engine = Engine(model, seam_tokens=index.manifest.seam_tokens if seam_tokens is None else seam_tokens, segment_cache=cache)
+        return cls(index, engine)
+
+    def close(self) -> None:
+        if self.engine.segment_cache is not None:
+            self.engine.segment_cache.close()
+        self.index.close()
+
+    # ----------------------------------------------------------------------------------------------------------
+
+    def request_for(self, question: str, chunk_token_ids: list[list[int]]) -> Request:
+        """The request of `question` over chunks given as token ids of their formatted segments."""
+        question = question.strip()
+        if not question:
+            raise PipelineError("the question is empty")
+        return Request(list(self._prefix_ids), chunk_token_ids, _encode(self.tokenizer, self.prompt_format.question(question)))
+
+
+    def stream(
+        self,
+        question: str,
+        *,
+        top_k: int = 8,
+        mode: str = "hypic",
+        params: SamplingParams | None = None,
+    ) -> Iterator[tuple[str, Any]]:
+        """Yield ("sources", [Source]) first, then ("token", text_delta) items; returns the final `Answer`."""
+        check_mode(mode)
+        params = params or SamplingParams(max_new_tokens=48, stop_strings=(self.prompt_format.answer_stop,))
+        began = time.perf_counter()
+        question = question.strip()
+        if not question:
+            raise PipelineError("the question is empty")
+        if top_k < 1:
+            raise PipelineError("top_k must be >= 1")
+        hits = self.index.search(question, top_k)
+        retrieval_seconds = time.perf_counter() - began
+        sources = [_source_of(hit) for hit in hits]
+        yield "sources", sources
+        request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits])
+        generation: Generation = yield from _relay(self.engine.stream(request, mode, params))
+        timings = {"retrieval": retrieval_seconds, **generation.timings}
+        timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
+        timings["total"] = time.perf_counter() - began
+        usage = {
+            "prompt_tokens": generation.prefill.prompt_tokens,
+            "cached_tokens": generation.prefill.cached_tokens + generation.prefill.prefix_reused_tokens,
+            "recomputed_tokens": generation.prefill.recomputed_tokens,
+            "completion_tokens": len(generation.token_ids),
+            "cache_hits": generation.prefill.cache_hits,
+            "cache_misses": generation.prefill.cache_misses,
+        }
+        return Answer(generation.text.strip(), sources, mode, generation.finish_reason, usage, timings, generation.token_ids)
+
+    def answer(
+        self,
+        question: str,
+        *,
+        top_k: int = 8,
+        mode: str = "hypic",
+        params: SamplingParams | None = None,
+        on_token: Callable[[str], None] | None = None,
+    ) -> Answer:
+        """Retrieve `top_k` chunks, assemble under `mode`, generate; the answer with sources, usage and timings."""
+        iterator = self.stream(question, top_k=top_k, mode=mode, params=params)
+        while True:
+            try:
+                kind, value = next(iterator)
+            except StopIteration as done:
+                return done.value
+            if kind == "token" and on_token is not None:
+                on_token(value)
+
+
+def _source_of(hit: Any) -> Source:
+    chunk = hit.chunk
+    return Source(chunk.doc_id, chunk.chunk_id, hit.score, chunk.text, chunk.source, chunk.position, dict(chunk.metadata))
+
+
+def _relay(inner: Iterator[tuple[int, str]]):
+    """Re-yield an engine stream as ("token", delta) items and return its `Generation`."""
+    while True:
+        try:
+            _, delta = next(inner)
+        except StopIteration as done:
+            return done.value
+        yield "token", delta
