@@ -38,6 +38,7 @@ DOCSTORE_FILE = "docstore.sqlite"
 VECTORS_FILE = "vectors.faiss"
 LOCK_FILE = "index.lock"
 DEFAULT_CACHE_DIR = "segment_cache"
+DEFAULT_EMBED_BATCH_CHUNKS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class IndexSettings:
     seam_tokens: int = 8
     vector_index: VectorIndexConfig | None = None
     cache_dir: Path | None = None
-    embed_batch_chunks: int = 256
+    embed_batch_chunks: int = DEFAULT_EMBED_BATCH_CHUNKS
 
     def __post_init__(self) -> None:
         if self.seam_tokens < 0:
@@ -134,7 +135,8 @@ class CorpusIndex:
         self.vectors = vectors
         self.embedder = embedder
         self._lock = lock
-        self.embed_batch_chunks = IndexSettings.embed_batch_chunks
+        self.embed_batch_chunks = DEFAULT_EMBED_BATCH_CHUNKS
+        self._unsaved_changes = False
 
     # -------------------------------------------------------------------------- opening
     @classmethod
@@ -203,6 +205,7 @@ class CorpusIndex:
         index = cls(directory, manifest, docstore, vectors, embedder, lock)
         repaired = index.sync_vectors()
         if repaired.added or repaired.removed:
+            index._unsaved_changes = True
             logger.warning(
                 "FAISS index was behind the docstore (interrupted run?): added %d, removed %d vectors",
                 repaired.added,
@@ -219,7 +222,7 @@ class CorpusIndex:
     def ingest(
         self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False
     ) -> IngestReport:
-        """Bring the index in line with `corpus` (see the module docstring) and save it."""
+        """Bring the index in line with `corpus` (see the module docstring) and save it if anything changed."""
         self._require_writer()
         self._check_chunker(chunker)
         digests = self.docstore.document_digests()
@@ -246,7 +249,9 @@ class CorpusIndex:
                 if doc_id not in present:
                     counts["chunks_removed"] += self.docstore.delete_document(doc_id)
                     deleted += 1
-        self.save()
+                    self._unsaved_changes = True
+        if self._unsaved_changes:
+            self.save()
         report = IngestReport(
             documents_added=counts["added"],
             documents_updated=counts["updated"],
@@ -266,6 +271,7 @@ class CorpusIndex:
         embeddings = {chunk.chunk_id: vector for chunk, vector in zip(new_chunks, vectors, strict=True)}
         for item in pending:
             added, removed = self.docstore.replace_document(item.document, source_root, item.chunks, embeddings)
+            self._unsaved_changes = True
             counts["updated" if item.existed else "added"] += 1
             counts["chunks_added"] += added
             counts["chunks_removed"] += removed
@@ -289,6 +295,7 @@ class CorpusIndex:
         counts = self.docstore.counts()
         self.manifest.counts = {"documents": counts.documents, "chunks": counts.chunks, "tokens": counts.tokens}
         self.manifest.save(self.directory)
+        self._unsaved_changes = False
 
     def _require_writer(self) -> None:
         if self._lock is None:

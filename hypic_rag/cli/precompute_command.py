@@ -1,0 +1,148 @@
+"""`hypic-rag precompute CORPUS --index DIR`: load, chunk, embed, index, and encode every chunk into the cache.
+
+Resumable: interrupted and rerun, it finishes what is left; rerun on an unchanged corpus it does nothing.
+Exit codes: 0 done; 2 bad input (missing or empty corpus, missing model, bad option); 3 the index was built
+with another embedder, model, tokenizer or chunker setting; 1 any other failure (unreadable index or cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hypic_rag.cli.main import CliError
+
+if TYPE_CHECKING:
+    from hypic_rag.retrieval.precompute import PrecomputeSummary
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_MISMATCH = 3
+VECTOR_INDEX_KINDS = ("flat", "hnsw", "ivf")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "precompute", help="index a corpus and encode every chunk into the segment cache", description=__doc__
+    )
+    parser.add_argument("corpus", metavar="CORPUS", help="directory (searched recursively) or file: .txt, .md, .jsonl")
+    parser.add_argument("--index", required=True, metavar="DIR", help="index directory (created if absent)")
+    parser.add_argument("--model", metavar="PATH", help="local model checkpoint (default: the bundled default model)")
+    parser.add_argument("--chunk-tokens", type=positive_int, default=256, metavar="N", help="tokens per chunk (256)")
+    parser.add_argument("--workers", type=positive_int, default=1, metavar="N", help="encoding processes (1)")
+    parser.add_argument("--seam-tokens", type=non_negative_int, default=8, metavar="W", help="seam window (8)")
+    parser.add_argument("--vector-index", choices=VECTOR_INDEX_KINDS, help="FAISS index kind for a new index (flat)")
+    parser.add_argument("--cache", metavar="DIR", help="segment cache directory (default: DIR/segment_cache)")
+    parser.add_argument("--embedder", metavar="PATH", help="local sentence-transformers directory (default: bundled)")
+    parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run_precompute)
+
+
+def resolve_model_path(given: str | None) -> Path:
+    """--model, else the bundled default model; a clear error when neither is there."""
+    if given is not None:
+        path = Path(given).expanduser()
+        if not (path / "config.json").is_file():
+            raise CliError(f"model directory {given!r} does not exist or has no config.json", EXIT_BAD_INPUT)
+        return path
+    try:
+        from hypic_rag.default_model import default_model_path
+    except ImportError:
+        default = None
+    else:
+        default = default_model_path()
+    if default is None or not (default / "config.json").is_file():
+        raise CliError("no --model given and the bundled default model is not installed; pass --model PATH", EXIT_BAD_INPUT)
+    return default
+
+
+def print_summary(summary: PrecomputeSummary) -> None:
+    """The closing report: documents, chunks, tokens, cache bytes, elapsed, throughput."""
+    from hypic_rag.cache.stats import human_bytes
+
+    ingest, encode = summary.ingest, summary.encode
+    print(
+        f"documents: {summary.documents} ({ingest.documents_added} added, {ingest.documents_updated} updated, "
+        f"{ingest.documents_unchanged} unchanged, {ingest.documents_deleted} deleted)"
+    )
+    print(f"chunks: {summary.chunks} ({ingest.chunks_added} added, {ingest.chunks_removed} removed)")
+    print(f"tokens: {summary.tokens}")
+    if summary.skipped:
+        print(f"skipped: {len(summary.skipped)} inputs")
+        for skipped in summary.skipped:
+            print(f"  {skipped}")
+    print(
+        f"encoded: {encode.encoded} of {encode.segments} segments, {encode.tokens_encoded} tokens "
+        f"in {encode.seconds:.2f} s ({encode.tokens_per_second:.0f} tokens/s)"
+    )
+    print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}")
+    overall = summary.tokens / summary.elapsed_seconds if summary.elapsed_seconds > 0 else 0.0
+    print(f"elapsed: {summary.elapsed_seconds:.2f} s ({overall:.0f} corpus tokens/s)")
+    if not summary.did_work:
+        print("index is up to date: nothing embedded, indexed or encoded")
+
+
+def run_precompute(args: argparse.Namespace) -> int:
+    from hypic_rag.retrieval.errors import CorpusNotFoundError, EmptyCorpusError, IndexMismatchError, RetrievalError
+    from hypic_rag.retrieval.loading import load_corpus
+
+    try:
+        corpus = load_corpus(args.corpus)  # fails fast on a missing or empty corpus, before any model loads
+    except (CorpusNotFoundError, EmptyCorpusError) as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    model_path = resolve_model_path(args.model)
+
+    from hypic_rag.cache.errors import CacheError
+    from hypic_rag.retrieval.faiss_index import VectorIndexConfig
+    from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+    from hypic_rag.runtime.model import UnsupportedModelError
+
+    try:
+        options = PrecomputeOptions(
+            corpus=Path(args.corpus),
+            index_dir=Path(args.index),
+            model_path=model_path,
+            chunk_tokens=args.chunk_tokens,
+            workers=args.workers,
+            seam_tokens=args.seam_tokens,
+            vector_index=VectorIndexConfig(kind=args.vector_index) if args.vector_index else None,
+            cache_dir=Path(args.cache) if args.cache else None,
+            embedder_path=Path(args.embedder) if args.embedder else None,
+            device=args.device,
+            show_progress=not args.no_progress,
+        )
+    except ValueError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    try:
+        summary = precompute(options, corpus=corpus)
+    except IndexMismatchError as error:
+        raise CliError(str(error), EXIT_MISMATCH) from None
+    except (RetrievalError, CacheError) as error:
+        raise CliError(str(error), EXIT_FAILURE) from None
+    except (FileNotFoundError, UnsupportedModelError) as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    print_summary(summary)
+    return EXIT_OK

@@ -1,0 +1,233 @@
+"""Precompute: load a corpus, chunk, embed, index, and encode every chunk into the segment cache.
+
+    summary = precompute(PrecomputeOptions(corpus="docs/", index_dir="index/", model_path="model/"))
+
+Resumable at every step: documents are committed one by one (an unchanged document is skipped by its content
+digest), and the encode phase asks the cache which segments it already holds and encodes only the others,
+storing them in small transactions as they complete. Interrupted and rerun, it finishes what is left; rerun on an
+unchanged corpus it embeds, indexes and encodes nothing. Besides the chunks, the prompt prefix segment is encoded
+too, so the first `ask` finds every segment of its prompt in the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_text
+from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings, IngestReport
+from hypic_rag.retrieval.embeddings import SentenceEmbedder
+from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, threads_per_worker
+from hypic_rag.retrieval.faiss_index import VectorIndexConfig
+from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
+from hypic_rag.retrieval.manifest import ModelIdentity
+
+logger = logging.getLogger(__name__)
+
+COMMIT_ENTRIES = 8
+COMMIT_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PrecomputeOptions:
+    """What to precompute and how.
+
+    corpus: directory or file to load. index_dir: the index directory (created if absent). model_path: local
+    checkpoint of the generation model. chunk_tokens: most tokens per chunk segment. workers: processes that
+    encode cache misses (1: in this process). seam_tokens: seam width w the cache entries are encoded for.
+    vector_index: FAISS settings (None: keep the index's, flat for a new one). cache_dir: segment cache directory
+    (None: `<index_dir>/segment_cache`). embedder_path: a local sentence-transformers directory (None: shipped
+    default). device: model device (None: CUDA when available, else CPU).
+    """
+
+    corpus: Path
+    index_dir: Path
+    model_path: Path
+    chunk_tokens: int = 256
+    workers: int = 1
+    seam_tokens: int = 8
+    vector_index: VectorIndexConfig | None = None
+    cache_dir: Path | None = None
+    embedder_path: Path | None = None
+    device: str | None = None
+    embed_batch_size: int = 64
+    prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.seam_tokens < 0:
+            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+        if self.embed_batch_size < 1:
+            raise ValueError(f"embed_batch_size must be positive, got {self.embed_batch_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeReport:
+    """The encode phase: segments considered (chunks plus the prefix), encoded, their tokens, seconds."""
+
+    segments: int = 0
+    encoded: int = 0
+    tokens_encoded: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_encoded / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrecomputeSummary:
+    """What a precompute run found, changed and measured."""
+
+    documents: int
+    chunks: int
+    tokens: int
+    ingest: IngestReport
+    encode: EncodeReport
+    cache_bytes: int
+    cache_dir: Path
+    elapsed_seconds: float
+    skipped: tuple[SkippedInput, ...] = field(default_factory=tuple)
+
+    @property
+    def did_work(self) -> bool:
+        return self.ingest.changed or self.encode.encoded > 0
+
+
+def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Each distinct token sequence once, in first-seen order."""
+    seen: dict[tuple[int, ...], None] = {}
+    for ids in segment_lists:
+        seen.setdefault(tuple(ids), None)
+    return [list(ids) for ids in seen]
+
+
+def _entry_nbytes(entry: dict[str, Any]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in entry.values())
+
+
+def _store_batch(cache: Any, namespace: Any, entries: list[dict[str, Any]]) -> None:
+    """Store freshly encoded entries in one cache transaction."""
+    by_ids = {tuple(entry["token_ids"].tolist()): entry for entry in entries}
+    cache.get_or_encode_many(namespace, [list(ids) for ids in by_ids], lambda missing: [by_ids[tuple(m)] for m in missing])
+
+
+def missing_segments(cache: Any, namespace: Any, segments: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The segments whose entries the cache does not hold."""
+    from hypic_rag.cache.keys import segment_key
+
+    present = cache.store.batched_contains([segment_key(namespace, ids) for ids in segments])
+    return [list(ids) for ids, held in zip(segments, present) if not held]
+
+
+def encode_into_cache(
+    cache: Any,
+    namespace: Any,
+    segments: Sequence[Sequence[int]],
+    encoder: SegmentEncoder,
+    *,
+    show_progress: bool = True,
+) -> EncodeReport:
+    """Encode the segments missing from `cache` (longest first) and store them as they complete."""
+    began = time.perf_counter()
+    todo = missing_segments(cache, namespace, segments)
+    total_tokens = sum(len(ids) for ids in todo)
+    logger.info("%d of %d segments missing from the cache (%d tokens)", len(todo), len(segments), total_tokens)
+    batch: list[dict[str, Any]] = []
+    batch_bytes = encoded = tokens = 0
+    with tqdm(
+        total=total_tokens, unit="tok", unit_scale=True, desc="encoding", disable=not show_progress or not todo
+    ) as progress:
+        for position, entry in encoder.encode(todo):
+            batch.append(entry)
+            batch_bytes += _entry_nbytes(entry)
+            if len(batch) >= COMMIT_ENTRIES or batch_bytes >= COMMIT_BYTES:
+                _store_batch(cache, namespace, batch)
+                batch, batch_bytes = [], 0
+            encoded += 1
+            tokens += len(todo[position])
+            progress.update(len(todo[position]))
+            progress.set_postfix_str(f"segments {encoded}/{len(todo)}", refresh=False)
+        if batch:
+            _store_batch(cache, namespace, batch)
+    return EncodeReport(
+        segments=len(segments), encoded=encoded, tokens_encoded=tokens, seconds=time.perf_counter() - began
+    )
+
+
+def cache_bytes_of(cache: Any, namespace: Any, segments: Sequence[Sequence[int]]) -> int:
+    """Stored bytes of the given segments' cache entries."""
+    from hypic_rag.cache.keys import segment_key
+
+    total = 0
+    for ids in segments:
+        record = cache.store.record(segment_key(namespace, ids))
+        total += record.value_bytes if record is not None else 0
+    return total
+
+
+def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -> PrecomputeSummary:
+    """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode."""
+    from hypic_rag.cache.segment_cache import SegmentCache
+    from hypic_rag.runtime.engine import Engine
+    from hypic_rag.runtime.model import load_model
+
+    began = time.perf_counter()
+    corpus = corpus if corpus is not None else load_corpus(options.corpus)
+    model = load_model(options.model_path, device=options.device)
+    if model.tokenizer is None:
+        raise ValueError(f"model {options.model_path} has no tokenizer; chunks cannot be tokenized")
+    embedder = SentenceEmbedder(options.embedder_path, batch_size=options.embed_batch_size)
+    settings = IndexSettings(
+        model=ModelIdentity(str(Path(options.model_path).resolve()), model.fingerprint, model.tokenizer_fingerprint),
+        chunker=ChunkerConfig(chunk_tokens=options.chunk_tokens),
+        prompt_format=options.prompt_format,
+        seam_tokens=options.seam_tokens,
+        vector_index=options.vector_index,
+        cache_dir=options.cache_dir,
+    )
+    with CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index:
+        chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
+        ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
+        chunk_segments = [list(chunk.token_ids) for chunk in index.docstore.iter_chunks()]
+        prefix_ids = encode_segment_text(model.tokenizer, options.prompt_format.prefix)
+        segments = distinct_segments(([prefix_ids] if prefix_ids else []) + chunk_segments)
+        engine = Engine(model, seam_tokens=options.seam_tokens)
+        namespace = engine.cache_namespace(options.seam_tokens)
+        spec = EncoderSpec(
+            model_path=str(options.model_path),
+            device=str(model.device),
+            dtype=str(model.dtype).removeprefix("torch."),
+            seam_tokens=options.seam_tokens,
+            fingerprint=model.fingerprint,
+            threads_per_worker=threads_per_worker(options.workers),
+        )
+        cache = SegmentCache.open(index.cache_dir)
+        try:
+            with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
+                encode = encode_into_cache(cache, namespace, segments, encoder, show_progress=options.show_progress)
+            cache_bytes = cache_bytes_of(cache, namespace, segments)
+        finally:
+            cache.close()
+        counts = index.counts()
+        return PrecomputeSummary(
+            documents=counts.documents,
+            chunks=counts.chunks,
+            tokens=counts.tokens,
+            ingest=ingest,
+            encode=encode,
+            cache_bytes=cache_bytes,
+            cache_dir=index.cache_dir,
+            elapsed_seconds=time.perf_counter() - began,
+            skipped=tuple(corpus.skipped),
+        )
