@@ -1,0 +1,130 @@
+"""The runtime's Engine on a persistent SegmentCache: a restart in another process serves hits with the same
+logits as a fresh encode; a damaged entry is reported by `cache verify`, recomputed, and the answer stays right."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from hypic_rag.cache.keys import CacheNamespace, segment_key
+from hypic_rag.cache.segment_cache import SegmentCache
+from hypic_rag.cli.main import main as cli_main
+from hypic_rag.runtime.engine import Engine, Request
+from hypic_rag.runtime.model import wrap_model
+from hypic_rag.testing import build_tiny_model
+
+SEED = 11
+SEAM = 4
+MIB = 1 << 20
+
+
+def make_request() -> Request:
+    generator = torch.Generator().manual_seed(5)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, 256, (n,), generator=generator).tolist()
+
+    return Request(prefix_ids=ids(6), chunk_ids=[ids(n) for n in (24, 40, 17)], question_ids=ids(7))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return wrap_model(build_tiny_model("qwen3_5", seed=SEED))
+
+
+@pytest.fixture(scope="module")
+def reference_logits(model) -> torch.Tensor:
+    """hypic logits without any persistent cache (the in-process path)."""
+    return Engine(model, seam_tokens=SEAM).prefill(make_request(), mode="hypic").logits
+
+
+RESTARTED_PROCESS = """
+    import sys, torch
+    from hypic_rag.cache.segment_cache import SegmentCache
+    from hypic_rag.runtime.engine import Engine, Request
+    from hypic_rag.runtime.model import wrap_model
+    from hypic_rag.testing import build_tiny_model
+    cache_dir, out_path, seed, seam = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    request = torch.load(sys.argv[5])
+    model = wrap_model(build_tiny_model("qwen3_5", seed=seed))
+    with SegmentCache.open(cache_dir) as cache:
+        result = Engine(model, seam_tokens=seam, segment_cache=cache).prefill(Request(**request), mode="hypic")
+        torch.save({"logits": result.logits, "hits": result.stats.cache_hits, "misses": result.stats.cache_misses,
+                    "disk_hits": cache.stats()["disk_hits"]}, out_path)
+"""
+
+
+def test_a_restarted_process_hits_and_gives_the_same_logits_as_a_fresh_encode(
+    tmp_path: Path, model, reference_logits: torch.Tensor
+) -> None:
+    request = make_request()
+    cache_dir = tmp_path / "cache"
+    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB) as cache:
+        fresh = Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+        assert fresh.stats.cache_misses == len(request.segments) and fresh.stats.cache_hits == 0
+    assert torch.equal(fresh.logits, reference_logits)
+
+    request_file, out_file, script = tmp_path / "request.pt", tmp_path / "out.pt", tmp_path / "restarted.py"
+    torch.save({"prefix_ids": request.prefix_ids, "chunk_ids": request.chunk_ids,
+                "question_ids": request.question_ids}, request_file)
+    script.write_text(textwrap.dedent(RESTARTED_PROCESS))
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
+    completed = subprocess.run(
+        [sys.executable, str(script), str(cache_dir), str(out_file), str(SEED), str(SEAM), str(request_file)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    restarted = torch.load(out_file)
+    assert restarted["hits"] == len(request.segments) and restarted["misses"] == 0
+    assert restarted["disk_hits"] == len(request.segments)
+    assert torch.equal(restarted["logits"], fresh.logits)  # bit-identical
+
+
+def test_a_damaged_entry_is_reported_recomputed_and_the_answer_stays_right(
+    tmp_path: Path, model, reference_logits: torch.Tensor, capsys
+) -> None:
+    request = make_request()
+    cache_dir = tmp_path / "cache"
+    engine_namespace = Engine(model, seam_tokens=SEAM).cache_namespace(SEAM)
+    assert isinstance(engine_namespace, CacheNamespace)
+    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB) as cache:
+        Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+        damaged_key = segment_key(engine_namespace, request.chunk_ids[1])
+        stored = bytes(cache.store.get(damaged_key, touch=False))
+    data_file = cache_dir / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    start = data.find(stored[:256])
+    assert start >= 0
+    data[start + len(stored) // 2] ^= 0x01  # one flipped bit in the middle of the stored linear state
+    data_file.write_bytes(bytes(data))
+
+    assert cli_main(["cache", "verify", "--cache", str(cache_dir)]) == 1
+    report = capsys.readouterr().out
+    assert damaged_key.hex() in report and "corrupt" in report and "1 bad" in report
+
+    with SegmentCache.open(cache_dir) as cache:
+        result = Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+        assert result.stats.cache_misses == 1 and result.stats.cache_hits == len(request.segments) - 1
+        assert torch.equal(result.logits, reference_logits)
+        assert cache.stats()["corrupt"] == 1
+    assert cli_main(["cache", "verify", "--cache", str(cache_dir)]) == 0  # the entry was replaced by a good one
+
+
+def test_another_model_never_gets_this_models_entries(tmp_path: Path, model, reference_logits: torch.Tensor) -> None:
+    request = make_request()
+    other = wrap_model(build_tiny_model("qwen3_5", seed=SEED + 1))
+    assert other.fingerprint != model.fingerprint
+    with SegmentCache.open(tmp_path, disk_budget_bytes=256 * MIB) as cache:
+        Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+        result = Engine(other, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+        assert result.stats.cache_hits == 0
+        seam_changed = Engine(model, seam_tokens=SEAM + 2, segment_cache=cache).prefill(request, mode="hypic")
+        assert seam_changed.stats.cache_hits == 0
+    expected = Engine(other, seam_tokens=SEAM).prefill(request, mode="hypic").logits
+    assert torch.equal(result.logits, expected) and not torch.equal(result.logits, reference_logits)
