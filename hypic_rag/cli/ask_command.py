@@ -17,7 +17,7 @@ from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_
 from hypic_rag.runtime.request import MODES
 
 if TYPE_CHECKING:
-    from hypic_rag.retrieval.answering import Answer
+    from hypic_rag.pipeline import Answer, RagPipeline
 
 SNIPPET_CHARACTERS = 80
 
@@ -42,17 +42,16 @@ def _milliseconds(seconds: float) -> str:
 def print_answer(answer: Answer) -> None:
     print(f"Answer: {answer.text}")
     print("Sources:")
-    for rank, hit in enumerate(answer.sources, start=1):
-        chunk = hit.chunk
-        snippet = " ".join(chunk.text.split())
+    for rank, source in enumerate(answer.sources, start=1):
+        snippet = " ".join(source.text.split())
         if len(snippet) > SNIPPET_CHARACTERS:
             snippet = snippet[: SNIPPET_CHARACTERS - 3] + "..."
-        print(f"  [{rank}] {chunk.doc_id} #{chunk.position} (score {hit.score:.3f}): {snippet}")
+        print(f"  [{rank}] {source.doc_id} #{source.position} (score {source.score:.3f}): {snippet}")
     timings = answer.timings
     print(
         "Timings: "
         + " | ".join(
-            f"{label} {_milliseconds(timings[key])}"
+            f"{label} {_milliseconds(timings.get(key, 0.0))}"
             for label, key in (
                 ("retrieval", "retrieval"),
                 ("cache load", "cache_load"),
@@ -62,38 +61,61 @@ def print_answer(answer: Answer) -> None:
             )
         )
     )
+    usage = answer.usage
     print(
-        f"Cache: {answer.cache_hits} segments hit, {answer.cache_misses} encoded "
-        f"({_milliseconds(timings['encode'])}); {answer.recomputed_tokens} of {answer.prompt_tokens} prompt tokens "
-        "recomputed"
+        f"Cache: {usage.get('cache_hits', 0)} segments hit, {usage.get('cache_misses', 0)} encoded "
+        f"({_milliseconds(timings.get('encode', 0.0))}); {usage.get('recomputed_tokens', 0)} of "
+        f"{usage.get('prompt_tokens', 0)} prompt tokens recomputed"
     )
+
+
+def open_pipeline(args: argparse.Namespace) -> RagPipeline:
+    """The index (checked against the embedder and model), its model, its segment cache, as one pipeline."""
+    from hypic_rag.cache.segment_cache import SegmentCache
+    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.retrieval.corpus_index import CorpusIndex
+    from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
+    from hypic_rag.runtime.engine import Engine
+    from hypic_rag.runtime.model import load_model
+
+    index_dir = Path(args.index).expanduser()
+    manifest = IndexManifest.load(index_dir)
+    model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
+    if not (model_path / "config.json").is_file():
+        raise CliError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model", EXIT_BAD_INPUT)
+    model = load_model(model_path, device=args.device)
+    manifest.check_model(ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint))
+    index = CorpusIndex.open(index_dir, embedder_path=args.embedder)
+    try:
+        cache = SegmentCache.open(index.cache_dir)
+    except BaseException:
+        index.close()
+        raise
+    return RagPipeline(index, Engine(model, seam_tokens=manifest.seam_tokens, segment_cache=cache))
 
 
 def run_ask(args: argparse.Namespace) -> int:
     from hypic_rag.cache.errors import CacheError
-    from hypic_rag.retrieval.answering import AskOptions, IndexAnswerer
+    from hypic_rag.pipeline import PipelineError
     from hypic_rag.retrieval.errors import IndexMismatchError, IndexNotFoundError, RetrievalError
+    from hypic_rag.runtime.engine import SamplingParams
 
     if not args.question.strip():
         raise CliError("the question is empty", EXIT_BAD_INPUT)
-    options = AskOptions(
-        top_k=args.top_k,
-        mode=args.mode,
-        max_new_tokens=args.max_new_tokens,
-        model_path=Path(args.model) if args.model else None,
-        embedder_path=Path(args.embedder) if args.embedder else None,
-        device=args.device,
-    )
     try:
-        with IndexAnswerer(args.index, options) as answerer:
-            answer = answerer.ask(args.question)
+        pipeline = open_pipeline(args)
+        try:
+            params = SamplingParams(
+                max_new_tokens=args.max_new_tokens, stop_strings=(pipeline.prompt_format.answer_stop,)
+            )
+            answer = pipeline.answer(args.question, top_k=args.top_k, mode=args.mode, params=params)
+        finally:
+            pipeline.close()
     except IndexMismatchError as error:
         raise CliError(str(error), EXIT_MISMATCH) from None
-    except IndexNotFoundError as error:
+    except (IndexNotFoundError, PipelineError, FileNotFoundError) as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     except (RetrievalError, CacheError) as error:
         raise CliError(str(error), EXIT_FAILURE) from None
-    except FileNotFoundError as error:
-        raise CliError(str(error), EXIT_BAD_INPUT) from None
     print_answer(answer)
     return EXIT_OK

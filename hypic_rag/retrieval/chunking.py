@@ -5,8 +5,8 @@ own without special tokens: exactly the segment the runtime consumes (see `hypic
 built from these ids, so nothing downstream ever re-tokenizes a chunk. `chunk_tokens` bounds that segment's length.
 
 Boundaries: the text is cut into units (sentences, and lines, inside paragraphs); units are packed greedily into a
-chunk, which is closed at the first paragraph end once it is `paragraph_fill` full, else at the last sentence end
-that fits. A unit longer than a whole chunk is split at whitespace near the token limit (or between tokens when a
+chunk, which is closed at the first paragraph end once it is `paragraph_fill` full; when the next unit does not fit,
+at its last paragraph end if that is at least half as full, else at the last sentence end that fits. A unit longer than a whole chunk is split at whitespace near the token limit (or between tokens when a
 window holds no whitespace). Closing at paragraph ends makes boundaries re-align after an edit, so editing one
 paragraph usually changes only the chunks around it.
 
@@ -206,14 +206,25 @@ class Chunker:
         return fitted, self._count_tokens([text[unit.start : unit.end] for unit in fitted])
 
     def _greedy_end(self, units: list[_Unit], counts: list[int], first: int) -> int:
-        """One past the last unit of the chunk that starts at unit `first` (by approximate token counts)."""
+        """One past the last unit of the chunk that starts at unit `first` (by approximate token counts).
+
+        The chunk closes at the first paragraph end once `paragraph_fill` full; when the next unit does not fit,
+        it closes at its last paragraph end if that is at least half of `paragraph_fill` full, else at the last
+        sentence that fits.
+        """
         total, end = 0, first
         close_at = self.config.paragraph_fill * self.content_budget
+        fallback_end = None
         while end < len(units) and total + counts[end] <= self.content_budget:
             total += counts[end]
             end += 1
-            if units[end - 1].paragraph_end and total >= close_at:
-                break
+            if units[end - 1].paragraph_end:
+                if total >= close_at:
+                    return end
+                if total >= close_at / 2:
+                    fallback_end = end
+        if end < len(units) and fallback_end is not None:
+            return fallback_end
         return max(end, first + 1)
 
     def chunk_document(self, document: Document) -> list[Chunk]:

@@ -11,6 +11,7 @@ never searched with vectors from another embedder.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -77,8 +78,37 @@ class EmbedderIdentity:
         return cls(name=str(data["name"]), dimension=int(data["dimension"]), digest=str(data["digest"]))
 
 
+_LIGHT_MODULE_TYPES = ("Transformer", "Pooling", "Normalize")
+
+
+def declared_dimension(model_dir: Path) -> int | None:
+    """The embedding size a sentence-transformers directory declares, read from its files without loading it.
+
+    Only for the usual Transformer -> Pooling (-> Normalize) stack; None for anything else (then the model must be
+    loaded to know).
+    """
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
+        dimension = None
+        for module in modules:
+            kind = str(module["type"]).rsplit(".", 1)[-1]
+            if kind not in _LIGHT_MODULE_TYPES:
+                return None
+            if kind == "Pooling":
+                config = json.loads((model_dir / module["path"] / "config.json").read_text(encoding="utf-8"))
+                modes = sum(bool(value) for key, value in config.items() if key.startswith("pooling_mode_"))
+                dimension = int(config["word_embedding_dimension"]) * max(modes, 1)
+        return dimension
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class SentenceEmbedder:
-    """A sentence-transformers model loaded from a local directory, producing normalised float32 vectors."""
+    """A sentence-transformers model in a local directory, producing normalised float32 vectors.
+
+    The identity (name, dimension, file digest) is known at once; the model itself is loaded on the first `embed`,
+    so opening an index whose documents are unchanged never pays for it.
+    """
 
     def __init__(self, path: str | Path | None = None, *, batch_size: int = 64, device: str = "cpu") -> None:
         if batch_size < 1:
@@ -86,19 +116,37 @@ class SentenceEmbedder:
         model_dir = Path(path).expanduser().resolve() if path is not None else default_embedder_path()
         if not (model_dir / "modules.json").is_file() and not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"{model_dir} is not a sentence-transformers model directory")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-
         self.path = model_dir
         self.source_path = None if path is None else str(model_dir)
         self.batch_size = batch_size
-        self.model = SentenceTransformer(str(model_dir), device=device, local_files_only=True)
-        dimension = self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension") else (
-            self.model.get_sentence_embedding_dimension()
-        )
+        self.device = device
+        self._model: Any = None
         name = DEFAULT_EMBEDDER_NAME if path is None else model_dir.name
-        self.identity = EmbedderIdentity(name=name, dimension=int(dimension), digest=directory_digest(model_dir))
-        logger.info("embedder %s (%d dims) from %s", name, dimension, model_dir)
+        dimension = declared_dimension(model_dir)
+        if dimension is None:
+            dimension = self._loaded_dimension(self.model)
+        self.identity = EmbedderIdentity(name=name, dimension=dimension, digest=directory_digest(model_dir))
+
+    @staticmethod
+    def _loaded_dimension(model: Any) -> int:
+        if hasattr(model, "get_embedding_dimension"):
+            return int(model.get_embedding_dimension())
+        return int(model.get_sentence_embedding_dimension())
+
+    @property
+    def model(self) -> Any:
+        """The sentence-transformers model, loaded on first use (offline, from the local directory)."""
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
+            loaded = self._loaded_dimension(self._model)
+            declared = getattr(self, "identity", None)
+            if declared is not None and loaded != declared.dimension:
+                raise ValueError(f"{self.path} declares {declared.dimension} dimensions but produces {loaded}")
+            logger.info("embedder loaded from %s (%d dims)", self.path, loaded)
+        return self._model
 
     @property
     def dimension(self) -> int:
