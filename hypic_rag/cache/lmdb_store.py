@@ -125,14 +125,15 @@ def _open_environment(path: Path, *, readonly: bool, map_size: int) -> lmdb.Envi
         reason = _lmdb_reason(error)
         if readonly and _is_permission_error(error):
             # A read-only medium: no lock file can be written, so no writer can be running either.
-            log.warning("opening %s without the reader lock (cannot write its lock file: %s)", path, reason)
+            log.info("opening %s without the reader lock (cannot write its lock file: %s)", path, reason)
             options["lock"] = False
             try:
                 return lmdb.open(str(path), **options)
             except lmdb.Error as second_error:
                 raise CacheOpenError(f"cannot open {path}: {_lmdb_reason(second_error)}") from None
         if _is_permission_error(error):
-            raise CacheOpenError(f"cannot write to {path} ({reason}); open it read-only to read it") from None
+            raise CacheOpenError(f"cannot write to {path}: {reason.rsplit(': ', 1)[-1].lower()}"
+                                 " (a read-only directory or file? it can still be opened read-only)") from None
         if isinstance(error, lmdb.InvalidError):
             raise CacheOpenError(f"{path / 'data.mdb'} is not an LMDB store") from None
         if "already open" in reason:
@@ -214,7 +215,7 @@ class LmdbSegmentStore(SegmentStore):
                 if dead_readers:
                     log.info("cleared %d reader slots of dead processes in %s", dead_readers, path)
                 if budget != stored_budget:
-                    store._write(lambda txn, counters: txn.put(BUDGET_KEY, pack_u64(budget), db=store._meta))
+                    store.set_budget(budget, max_map_bytes=max_map_bytes)
                 if store.counters().value_bytes > budget:
                     store.evict_to(budget)
             return store
@@ -340,6 +341,14 @@ class LmdbSegmentStore(SegmentStore):
         with self._lock:
             if not self.readonly and not self._pending.is_empty():
                 self._write(lambda txn, counters: None)
+
+    def set_budget(self, budget_bytes: int, *, max_map_bytes: int | None = None) -> None:
+        """Record a new byte budget for this and later opens (eviction happens on the next put or `evict_to`)."""
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        self._write(lambda txn, counters: txn.put(BUDGET_KEY, pack_u64(budget_bytes), db=self._meta))
+        self.budget_bytes = budget_bytes
+        self.max_map_bytes = max_map_bytes or 2 * budget_bytes + MAP_HEADROOM_BYTES
 
     def evict_to(self, budget_bytes: int) -> int:
         return self._write(lambda txn, counters: self._evict_in(txn, counters, budget_bytes))

@@ -92,13 +92,15 @@ def verify_store(store: LmdbSegmentStore) -> VerifyReport:
 
 def collect_garbage(store: LmdbSegmentStore, *, budget_bytes: int | None = None) -> tuple[VerifyReport, GcReport]:
     """Remove entries that fail `verify_store`, then evict least recently used ones down to `budget_bytes`
-    (default: the store's budget)."""
+    (recorded as the store's new budget; default: its current one)."""
     report = verify_store(store)
+    if budget_bytes is not None:
+        store.set_budget(budget_bytes)
     bad_keys = [bytes.fromhex(problem.key_hex) for problem in report.problems]
     removed = store.batched_remove(bad_keys) if bad_keys else 0
     corrupt = sum(problem.kind == "corrupt" for problem in report.problems)
     store.record_lookups(corrupt=corrupt, mismatched=len(report.problems) - corrupt)
-    evicted = store.evict_to(budget_bytes if budget_bytes is not None else store.budget_bytes)
+    evicted = store.evict_to(store.budget_bytes)
     store.flush()
     counters = store.counters()
     return report, GcReport(removed, evicted, counters.entries, counters.value_bytes)

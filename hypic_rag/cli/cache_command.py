@@ -52,9 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     clear.set_defaults(func=run_clear)
 
 
-def _open(directory: str, *, readonly: bool, budget_bytes: int | None = None) -> LmdbSegmentStore:
+def _open(directory: str, *, readonly: bool) -> LmdbSegmentStore:
     try:
-        return LmdbSegmentStore.open(directory, readonly=readonly, create=False, budget_bytes=budget_bytes)
+        return LmdbSegmentStore.open(directory, readonly=readonly, create=False)
     except CacheError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
 
@@ -90,9 +90,9 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_gc(args: argparse.Namespace) -> int:
     from hypic_rag.cache.maintenance import collect_garbage
 
-    store = _open(args.cache, readonly=False, budget_bytes=args.budget)
+    store = _open(args.cache, readonly=False)
     try:
-        _, result = collect_garbage(store)
+        _, result = collect_garbage(store, budget_bytes=args.budget)
         budget = store.budget_bytes
     finally:
         store.close()
