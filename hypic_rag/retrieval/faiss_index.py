@@ -193,8 +193,13 @@ class VectorIndex:
         """Make the index hold exactly `live_ids`; `fetch_vectors(ids)` gives the vectors of missing ones."""
         live = _as_ids(live_ids)
         stored = self.stored_ids()
-        self._tombstones = {int(i) for i in stored[~np.isin(stored, live)]} if self.config.kind == "hnsw" else set()
-        removed = len(self._tombstones) if self.config.kind == "hnsw" else self.remove(stored[~np.isin(stored, live)])
+        extra = stored[~np.isin(stored, live)]
+        if self.config.kind == "hnsw":
+            tombstones = {int(i) for i in extra}
+            removed = len(tombstones - self._tombstones)
+            self._tombstones = tombstones
+        else:
+            removed = self.remove(extra)
         missing = live[~np.isin(live, stored)]
         if len(missing):
             self.add(missing, fetch_vectors(missing))
