@@ -362,13 +362,37 @@ def distractor_context(
 
 # ---------------------------------------------------------------- example corpus files
 def write_corpus(world: World, questions: Sequence[Question], directory: str | Path) -> Path:
-    """Write `world`'s documents as one markdown file each (`<doc_id>.md`, the paragraph alone) and
-    the questions as `questions.jsonl`. Returns `directory`."""
+    """Write `world`'s documents as `directory/documents/<doc_id>.md` (the paragraph alone) and the questions
+    as `directory/questions.jsonl` (kept outside `documents/` so a corpus loader never indexes them).
+    Returns the documents directory."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    documents_dir = directory / "documents"
+    documents_dir.mkdir(parents=True, exist_ok=True)
     for document in world.documents:
-        (directory / f"{document.doc_id}.md").write_text(f"{document.text}\n", encoding="utf-8")
+        (documents_dir / f"{document.doc_id}.md").write_text(f"{document.text}\n", encoding="utf-8")
     with (directory / "questions.jsonl").open("w", encoding="utf-8") as handle:
         for question in questions:
             handle.write(json.dumps(asdict(question)) + "\n")
-    return directory
+    return documents_dir
+
+
+def read_questions(path: str | Path) -> list[Question]:
+    """Questions written by `write_corpus`."""
+    questions = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        data = json.loads(line)
+        data["gold_doc_ids"] = tuple(data["gold_doc_ids"])
+        data["relations"] = tuple(data["relations"])
+        questions.append(Question(**data))
+    return questions
+
+
+EXAMPLE_CORPUS_SEED = 777_000_000
+"""The world of the bundled example corpus (never used in training, validation or the held-out benchmark)."""
+
+
+def write_example_corpus(directory: str | Path, num_questions: int = 24) -> Path:
+    """Write the bundled example corpus (`documents/*.md`, `questions.jsonl`) to `directory`."""
+    world = generate_world(EXAMPLE_CORPUS_SEED)
+    questions = generate_questions(world, EXAMPLE_CORPUS_SEED, num_questions, two_hop_share=0.25)
+    return write_corpus(world, questions, directory)
