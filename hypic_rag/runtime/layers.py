@@ -65,13 +65,23 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def linear_mixer_inputs(mixer: nn.Module, x: torch.Tensor, conv_context: torch.Tensor) -> LinearMixerInputs:
-    """Project, convolve (with `conv_context` [C, kernel-1] as the left context) and split for the delta rule.
+def linear_projections(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-local projections of x [T, hidden] (no context needed, so done once for all recomputed tokens):
+    preconv [T, C], output gate z [T, H, V], b [T, H], a [T, H]."""
+    return _project(mixer, x)
 
-    x: [T, hidden] (already input-normalised).
-    """
-    length = x.shape[0]
-    preconv, output_gate, b, a = _project(mixer, x)
+
+def delta_rule_inputs(
+    mixer: nn.Module,
+    preconv: torch.Tensor,
+    output_gate: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_context: torch.Tensor,
+) -> LinearMixerInputs:
+    """Short causal conv of one contiguous run (with `conv_context` [C, kernel-1] as its left context), then the
+    delta-rule inputs. preconv [T, C], output_gate [T, H, V], b, a [T, H]."""
+    length = preconv.shape[0]
     weight = mixer.conv1d.weight  # [C, 1, kernel]
     conv_input = torch.cat([conv_context.to(weight.dtype), preconv.transpose(0, 1).to(weight.dtype)], dim=1)
     mixed = F.conv1d(conv_input[None], weight, mixer.conv1d.bias, groups=conv_input.shape[0])[0]
@@ -97,6 +107,14 @@ def linear_mixer_inputs(mixer: nn.Module, x: torch.Tensor, conv_context: torch.T
         output_gate=output_gate,
         preconv=preconv,
     )
+
+
+def linear_mixer_inputs(mixer: nn.Module, x: torch.Tensor, conv_context: torch.Tensor) -> LinearMixerInputs:
+    """Project, convolve (with `conv_context` [C, kernel-1] as the left context) and split for the delta rule.
+
+    x: [T, hidden] (already input-normalised), one contiguous run.
+    """
+    return delta_rule_inputs(mixer, *linear_projections(mixer, x), conv_context)
 
 
 def linear_mixer_output(mixer: nn.Module, core: torch.Tensor, output_gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

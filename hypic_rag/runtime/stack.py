@@ -21,7 +21,7 @@ import torch
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.entry import SEAM_TOKENS, tensor_name
 from hypic_rag.runtime.model import LINEAR_LAYER, HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import chunk_gated_delta_rule
+from hypic_rag.runtime.ops.gated_delta_rule import chunk_gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 
 
@@ -142,41 +142,14 @@ def run_stack(
     for layer_index, layer in enumerate(model.layers):
         x = layer.input_layernorm(hidden)
         if model.layer_types[layer_index] == LINEAR_LAYER:
-            mixer = layer.linear_attn
-            if initial is not None:
-                recurrent = initial.linear[layer_index].recurrent.float()
-                tail = initial.linear[layer_index].conv_tail.float()
-            else:
-                recurrent = torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
-                tail = L.empty_conv_tail(mixer, device)
-            core = torch.empty(mixer.num_v_heads, len(recomputed_ids), mixer.head_v_dim, device=device)
-            gates = torch.empty(len(recomputed_ids), mixer.num_v_heads, mixer.head_v_dim, device=device, dtype=dtype)
-            first = initial is None
-            for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
-                if count:
-                    inputs = L.linear_mixer_inputs(mixer, x[offset : offset + count], tail)
-                    output, final = chunk_gated_delta_rule(
-                        inputs.query[None], inputs.key[None], inputs.value[None],
-                        inputs.log_decay[None], inputs.beta[None], recurrent[None],
-                    )
-                    recurrent = final[0]
-                    core[:, offset : offset + count] = output[0]
-                    gates[offset : offset + count] = inputs.output_gate
-                    tail = L.advance_conv_tail(tail, inputs.preconv)
-                if span.entry is not None and count < span.length:
-                    began = time.perf_counter()
-                    recurrent = _apply_cached_linear(
-                        recurrent, span.entry, layer_index, first, count, options.composition
-                    )
-                    tail = _advance_tail_cached(
-                        tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count
-                    )
-                    compose_seconds += time.perf_counter() - began
-                first = False
-                if want_checkpoints:
-                    span_linear_states[span_number][layer_index] = LinearLayerState(recurrent, tail)
-            mixed = L.linear_mixer_output(mixer, core, gates, dtype)
-            new_state.linear[layer_index] = LinearLayerState(recurrent, tail)
+            previous = initial.linear[layer_index] if initial is not None else None
+            mixed, final_state, per_span, seconds = _linear_layer(
+                layer.linear_attn, layer_index, x, spans, offsets, previous, options, want_checkpoints, dtype
+            )
+            compose_seconds += seconds
+            new_state.linear[layer_index] = final_state
+            for span_number, span_state in enumerate(per_span):
+                span_linear_states[span_number][layer_index] = span_state
         else:
             attention = layer.self_attn
             query, key, value, gate = L.attention_inputs(attention, x)
@@ -198,8 +171,7 @@ def run_stack(
                     rotate_at = torch.arange(count, span.length, device=device)
                     if options.reposition_keys:
                         rotate_at = rotate_at + span.start
-                    cos, sin = L.rotary_tables(model.backbone.rotary_emb, rotate_at, hidden)
-                    key_parts.append(L.apply_rotary(cached_key, cos, sin))
+                    key_parts.append(L.apply_rotary(cached_key, cos_all[rotate_at], sin_all[rotate_at]))
                     value_parts.append(cached_value)
                     compose_seconds += time.perf_counter() - began
             all_keys = torch.cat(key_parts, dim=1)
@@ -231,3 +203,96 @@ def run_stack(
         checkpoints=checkpoints,
         compose_seconds=compose_seconds,
     )
+
+
+def _pad_runs(parts: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Stack runs [H, T_i, ...] into [n, H, length, ...], zero-padded at the end (zero g, b and k: identity steps)."""
+    padded = []
+    for part in parts:
+        pad = length - part.shape[1]
+        if pad:
+            shape = list(part.shape)
+            shape[1] = pad
+            part = torch.cat([part, part.new_zeros(shape)], dim=1)
+        padded.append(part)
+    return torch.stack(padded)
+
+
+def _linear_layer(
+    mixer: torch.nn.Module,
+    layer_index: int,
+    x: torch.Tensor,
+    spans: list[Span],
+    offsets: list[tuple[int, int]],
+    previous: LinearLayerState | None,
+    options: StackOptions,
+    want_checkpoints: bool,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, LinearLayerState, list[LinearLayerState], float]:
+    """One Gated DeltaNet layer over the recomputed tokens x [R, hidden] laid out by `spans`.
+
+    Projections run once for all recomputed tokens; each run's conv sees the running conv tail. When the plan
+    has cached spans, every recomputed run but the last (the question) is evaluated in ONE batched call that also
+    yields its affine map (identity-start trick); a scan over the runs' and cached spans' maps then gives every
+    run's start state, and its outputs follow as o_zero + o_transition @ S_start. The last run starts from the
+    scanned state directly. Returns (mixed [R, hidden], end state, per-span states if asked, compose seconds).
+    """
+    device = x.device
+    compose_seconds = 0.0
+    preconv, output_gate, b, a = L.linear_projections(mixer, x)
+    tail = previous.conv_tail.float() if previous is not None else L.empty_conv_tail(mixer, device)
+    runs: dict[int, L.LinearMixerInputs] = {}
+    tails_after: list[torch.Tensor] = []
+    for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
+        if count:
+            window = slice(offset, offset + count)
+            runs[span_number] = L.delta_rule_inputs(mixer, preconv[window], output_gate[window], b[window], a[window], tail)
+            tail = L.advance_conv_tail(tail, preconv[window])
+        if span.entry is not None and count < span.length:
+            tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count)
+        tails_after.append(tail)
+
+    run_numbers = list(runs)
+    batched_numbers = run_numbers[:-1] if len(run_numbers) > 1 and any(s.entry is not None for s in spans) else []
+    batched: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    if batched_numbers:
+        longest = max(offsets[n][1] for n in batched_numbers)
+        stacked = [
+            _pad_runs([getattr(runs[n], name) for n in batched_numbers], longest)
+            for name in ("query", "key", "value", "log_decay", "beta")
+        ]
+        zero_outputs, transition_outputs, maps = gated_delta_rule_with_transition(*stacked)
+        for index, number in enumerate(batched_numbers):
+            batched[number] = (zero_outputs[index], transition_outputs[index], maps.transition[index], maps.state[index])
+
+    recurrent = (
+        previous.recurrent.float()
+        if previous is not None
+        else torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
+    )
+    core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
+    per_span: list[LinearLayerState] = []
+    first = previous is None
+    for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
+        if count:
+            if span_number in batched:
+                zero_output, transition_output, transition, state = batched[span_number]
+                core[:, offset : offset + count] = zero_output[:, :count] + transition_output[:, :count] @ recurrent
+                recurrent = transition @ recurrent + state
+            else:
+                inputs = runs[span_number]
+                output, final = chunk_gated_delta_rule(
+                    inputs.query[None], inputs.key[None], inputs.value[None],
+                    inputs.log_decay[None], inputs.beta[None], recurrent[None],
+                )
+                core[:, offset : offset + count] = output[0]
+                recurrent = final[0]
+        if span.entry is not None and count < span.length:
+            began = time.perf_counter()
+            recurrent = _apply_cached_linear(recurrent, span.entry, layer_index, first, count, options.composition)
+            compose_seconds += time.perf_counter() - began
+        first = False
+        if want_checkpoints:
+            per_span.append(LinearLayerState(recurrent, tails_after[span_number]))
+    mixed = L.linear_mixer_output(mixer, core, output_gate, dtype)
+    return mixed, LinearLayerState(recurrent, tail), per_span, compose_seconds
