@@ -12,7 +12,6 @@ import logging
 import sys
 
 COMMAND_MODULES = (
-    "hypic_rag.cli.generate_command",
     "hypic_rag.cli.cache_command",
     "hypic_rag.cli.precompute_command",
     "hypic_rag.cli.ask_command",
