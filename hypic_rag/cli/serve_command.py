@@ -1,0 +1,111 @@
+"""`hypic-rag serve --index DIR [--host 127.0.0.1] [--port 8000]`: the REST service over a precomputed index.
+
+Endpoints: POST /v1/ask, POST /v1/completions (OpenAI-compatible; segments separated by <<PIC_SEP>>),
+POST /v1/documents, GET /v1/jobs/{id}, DELETE /v1/documents/{id}, GET /v1/cache/stats, GET /healthz,
+GET /metrics, and the OpenAPI page at /docs. SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
+the cache is closed cleanly). Exit codes: 0 after a clean shutdown; 2 bad input (no index, missing model, bad
+option); 1 the server failed to start (e.g. another process is writing the index: try --read-only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from hypic_rag.cli.main import CliError
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value:g}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve an index over HTTP (ask, OpenAI completions, documents)", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8000, help="port to bind (8000; 0 picks a free one)")
+    parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
+    parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
+    parser.add_argument("--queue-size", type=_positive_int, default=64, metavar="N",
+                        help="requests that may wait for the model before new ones get 429 (64)")
+    parser.add_argument("--request-timeout", type=_positive_float, default=120.0, metavar="S",
+                        help="per-request deadline in seconds, queue wait included (120)")
+    parser.add_argument("--separator", default="<<PIC_SEP>>", metavar="STR",
+                        help="segment separator of /v1/completions prompts (<<PIC_SEP>>)")
+    parser.add_argument("--max-body-bytes", type=_positive_int, default=8 << 20, metavar="N",
+                        help="largest request body accepted; larger ones get 413 (8 MiB)")
+    parser.add_argument("--shutdown-grace", type=_positive_float, default=30.0, metavar="S",
+                        help="seconds in-flight requests get to finish on shutdown (30)")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="server log level (info)")
+    parser.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
+    from hypic_rag.server.config import ServerConfig
+    from hypic_rag.server.runner import serve
+
+    index_dir = Path(args.index).expanduser()
+    if not (index_dir / MANIFEST_FILE).is_file():
+        raise CliError(
+            f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
+            EXIT_BAD_INPUT,
+        )
+    model_path = Path(args.model).expanduser() if args.model else Path(IndexManifest.load(index_dir.resolve()).model.path)
+    if not (model_path / "config.json").is_file():
+        raise CliError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model",
+                       EXIT_BAD_INPUT)
+    try:
+        config = ServerConfig(
+            index_dir=index_dir,
+            model_path=Path(args.model).expanduser() if args.model else None,
+            device=args.device,
+            read_only=args.read_only,
+            queue_size=args.queue_size,
+            request_timeout_s=args.request_timeout,
+            separator=args.separator,
+            max_body_bytes=args.max_body_bytes,
+            shutdown_grace_s=args.shutdown_grace,
+        )
+    except ValueError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    logging.getLogger("hypic_rag").setLevel(getattr(logging, args.log_level.upper()))
+    print(f"hypic-rag: serving {index_dir} on http://{args.host}:{args.port} (OpenAPI page: /docs)", flush=True)
+    if not serve(config, args.host, args.port, log_level=args.log_level):
+        raise CliError("the server failed to start (reason logged above); if another process writes the index, "
+                       "stop it or pass --read-only", EXIT_FAILURE)
+    return EXIT_OK

@@ -1,0 +1,58 @@
+"""`create_app(config)`: the FastAPI application of the hypic-rag service.
+
+    from hypic_rag.server import ServerConfig, create_app
+    app = create_app(ServerConfig(index_dir="index/"))   # serve with uvicorn; the model loads at startup
+
+Startup builds the backend (model, index, segment cache) inside the model worker thread; shutdown lets the
+running request finish (up to `shutdown_grace_s`), fails queued ones with 503, stops document jobs between
+steps and closes the cache and index from the worker thread, so nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from hypic_rag import __version__
+from hypic_rag.server import routes_admin, routes_ask, routes_completions, routes_documents
+from hypic_rag.server.backend import ServiceBackend
+from hypic_rag.server.config import ServerConfig
+from hypic_rag.server.errors import install_error_handlers
+from hypic_rag.server.middleware import BodySizeLimit, RequestMetrics
+from hypic_rag.server.service import Service
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = (
+    "Question answering over a corpus whose chunks are pre-encoded into a persistent segment cache: retrieved "
+    "chunks' cached states are composed and only seams and the question are recomputed. `/v1/completions` is "
+    "OpenAI-compatible; separate prompt segments with the separator (default `<<PIC_SEP>>`) to reuse them."
+)
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    """The application for `config`; its lifespan starts and stops the model worker."""
+    service = Service(config, lambda: ServiceBackend.open(config))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(service.start)
+        logger.info("hypic-rag service ready (index %s)", config.index_dir)
+        try:
+            yield
+        finally:
+            logger.info("hypic-rag service shutting down")
+            await asyncio.to_thread(service.stop)
+
+    app = FastAPI(title="hypic-rag", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+    for module in (routes_ask, routes_completions, routes_documents, routes_admin):
+        app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=service.metrics)
+    return app

@@ -1,0 +1,272 @@
+"""What the model worker runs: answers, completions, document updates and cache statistics over one index.
+
+A `ServiceBackend` is built and used by the worker thread only (see `worker.py`). Retrieved chunks and completion
+segments reach the engine as separate segments (their own token ids), never as one concatenated string, so each
+one's cached entry is reused wherever it lands in a prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypic_rag.pipeline import Answer, RagPipeline
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.runtime.engine import Generation, SamplingParams
+from hypic_rag.runtime.request import Request
+from hypic_rag.server.config import ServerConfig
+from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
+from hypic_rag.server.jobs import Job, JobRegistry
+from hypic_rag.server.worker import TaskContext
+
+logger = logging.getLogger(__name__)
+
+API_SOURCE_ROOT = "<hypic-rag api>"
+"""The `source_root` recorded for documents added through the API (precompute never deletes them)."""
+INGEST_BATCH_DOCUMENTS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class NewDocument:
+    """A document sent to `POST /v1/documents`."""
+
+    doc_id: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CompletionResult:
+    """A finished completion: text, why it stopped, token accounting and timings (seconds)."""
+
+    text: str
+    finish_reason: str
+    usage: dict[str, int]
+    timings: dict[str, float]
+
+
+def usage_of(generation: Generation) -> dict[str, int]:
+    """Token accounting of one generation: prompt, served from cache, recomputed, completion, segment hits."""
+    prefill = generation.prefill
+    return {
+        "prompt_tokens": prefill.prompt_tokens,
+        "cached_tokens": prefill.cached_tokens + prefill.prefix_reused_tokens,
+        "recomputed_tokens": prefill.recomputed_tokens,
+        "completion_tokens": len(generation.token_ids),
+        "cache_hits": prefill.cache_hits,
+        "cache_misses": prefill.cache_misses,
+    }
+
+
+class ServiceBackend:
+    """An opened index, its model, engine and segment cache. Not thread-safe: the worker thread owns it."""
+
+    def __init__(self, pipeline: RagPipeline, *, config: ServerConfig, writable: bool, chunker: Any | None) -> None:
+        self.pipeline = pipeline
+        self.config = config
+        self.writable = writable
+        self.chunker = chunker
+        self.model_name = config.model_name or Path(str(pipeline.index.manifest.model.path)).name or "hypic-rag"
+        self.counts = pipeline.index.counts()
+        self.cache_snapshot: dict[str, Any] = {}
+        self.refresh_cache_snapshot()
+
+    # ------------------------------------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, config: ServerConfig) -> ServiceBackend:
+        """Open the index (as its writer unless `config.read_only`), its model and its segment cache."""
+        from hypic_rag.cache.segment_cache import SegmentCache
+        from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
+        from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
+        from hypic_rag.retrieval.embeddings import SentenceEmbedder
+        from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
+        from hypic_rag.runtime.engine import Engine
+        from hypic_rag.runtime.model import load_model
+
+        index_dir = config.index_dir.resolve()
+        manifest = IndexManifest.load(index_dir)
+        prompt_format = PromptFormat(
+            prefix=DEFAULT_PROMPT_FORMAT.prefix,
+            chunk_template=manifest.chunk_template,
+            question_template=DEFAULT_PROMPT_FORMAT.question_template,
+            answer_stop=DEFAULT_PROMPT_FORMAT.answer_stop,
+        )
+        model_path = config.model_path or Path(manifest.model.path)
+        model = load_model(model_path, device=config.device)
+        if model.tokenizer is None:
+            raise ValueError(f"model {model_path} has no tokenizer")
+        embedder = SentenceEmbedder(manifest.embedder_path)
+        chunker = None
+        if config.read_only:
+            index = CorpusIndex.open(index_dir, embedder)
+        else:
+            chunker_config = ChunkerConfig(
+                chunk_tokens=int(manifest.chunker["chunk_tokens"]),
+                paragraph_fill=float(manifest.chunker.get("paragraph_fill", ChunkerConfig.paragraph_fill)),
+            )
+            settings = IndexSettings(
+                model=ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint),
+                chunker=chunker_config,
+                prompt_format=prompt_format,
+                seam_tokens=manifest.seam_tokens,
+            )
+            index = CorpusIndex.open_for_update(index_dir, embedder, settings)
+            chunker = Chunker(model.tokenizer, chunker_config, prompt_format)
+        try:
+            options: dict[str, Any] = {}
+            if config.hot_cache_bytes is not None:
+                options["hot_budget_bytes"] = config.hot_cache_bytes
+            cache = SegmentCache.open(index.cache_dir, **options)
+        except BaseException:
+            index.close()
+            raise
+        engine = Engine(model, seam_tokens=manifest.seam_tokens, segment_cache=cache)
+        try:
+            pipeline = RagPipeline(index, engine, prompt_format)
+        except BaseException:
+            cache.close()
+            index.close()
+            raise
+        index.embedder.embed_query("warm-up")  # loads the embedder now, not on the first request
+        logger.info(
+            "serving %s (%d documents, %d chunks) with %s%s",
+            index_dir, pipeline.index.counts().documents, pipeline.index.counts().chunks, model_path,
+            " read-only" if config.read_only else "",
+        )
+        return cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
+
+    def close(self) -> None:
+        """Close the cache (flushing pending access notes) and the index."""
+        self.pipeline.close()
+
+    @property
+    def cache(self) -> Any:
+        return self.pipeline.engine.segment_cache
+
+    def refresh_cache_snapshot(self) -> dict[str, Any]:
+        """Read the cache's counters (cheap) into `cache_snapshot`, which other threads may read."""
+        self.cache_snapshot = self.cache.stats()
+        return self.cache_snapshot
+
+    # ------------------------------------------------------------------------------------------- answering
+    def ask(self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext) -> Answer:
+        """Retrieve, assemble and generate; emits ("sources", [Source]) then ("token", text) events."""
+        stream = self.pipeline.stream(question, top_k=top_k, mode=mode, params=params)
+        try:
+            while True:
+                context.check()
+                try:
+                    kind, value = next(stream)
+                except StopIteration as done:
+                    answer: Answer = done.value
+                    break
+                context.emit((kind, value))
+        finally:
+            stream.close()
+            self.refresh_cache_snapshot()
+        return answer
+
+    def complete(self, segments: Sequence[str], *, mode: str, params: SamplingParams, context: TaskContext) -> CompletionResult:
+        """Generate after `segments`: all but the last are cached segments, the last is the query.
+
+        Each segment is tokenized on its own; empty ones (two separators in a row) are dropped.
+        """
+        from hypic_rag.retrieval.chunking import encode_segment_text
+
+        began = time.perf_counter()
+        tokenizer = self.pipeline.tokenizer
+        ids = [encode_segment_text(tokenizer, text) if text else [] for text in segments]
+        question_ids = ids[-1]
+        if not question_ids:
+            raise BadRequestError("the prompt's last segment (the query) is empty", param="prompt")
+        prompt_tokens = sum(map(len, ids))
+        if prompt_tokens > self.config.max_prompt_tokens:
+            raise PayloadTooLargeError(
+                f"the prompt has {prompt_tokens} tokens; this server accepts at most {self.config.max_prompt_tokens}",
+                param="prompt",
+            )
+        request = Request(prefix_ids=[], chunk_ids=[segment for segment in ids[:-1] if segment], question_ids=question_ids)
+        tokenized_at = time.perf_counter()
+        stream = self.pipeline.engine.stream(request, mode, params)
+        try:
+            while True:
+                context.check()
+                try:
+                    _, delta = next(stream)
+                except StopIteration as done:
+                    generation: Generation = done.value
+                    break
+                context.emit(("token", delta))
+        finally:
+            stream.close()
+            self.refresh_cache_snapshot()
+        timings = dict(generation.timings)
+        timings["tokenize"] = tokenized_at - began
+        timings["time_to_first_token"] = timings["tokenize"] + generation.time_to_first_token
+        timings["total"] = time.perf_counter() - began
+        return CompletionResult(generation.text, generation.finish_reason, usage_of(generation), timings)
+
+    # ------------------------------------------------------------------------------------------- documents
+    def add_documents(self, documents: Sequence[NewDocument], job: Job, jobs: JobRegistry) -> Iterator[None]:
+        """A background job in steps: index the documents a batch at a time, then encode each new chunk.
+
+        Every step commits on its own (docstore transaction and FAISS save; one cache put per chunk), so a job
+        stopped between steps leaves index and cache consistent. A document is searchable once indexed; its
+        chunks' cache entries follow (a query before then encodes the missing entries itself).
+        """
+        from hypic_rag.retrieval.loading import Document, LoadedCorpus
+        from hypic_rag.retrieval.precompute import missing_segments
+
+        self._require_writable()
+        index, engine = self.pipeline.index, self.pipeline.engine
+        totals = {"documents_added": 0, "documents_updated": 0, "documents_unchanged": 0, "chunks_added": 0}
+        segments: list[list[int]] = []
+        for start in range(0, len(documents), INGEST_BATCH_DOCUMENTS):
+            batch = [
+                Document(doc_id=item.doc_id, text=item.text, source=f"api:{item.doc_id}", metadata=dict(item.metadata))
+                for item in documents[start : start + INGEST_BATCH_DOCUMENTS]
+            ]
+            report = index.ingest(LoadedCorpus(Path(API_SOURCE_ROOT), batch, []), self.chunker, delete_missing=False)
+            totals["documents_added"] += report.documents_added
+            totals["documents_updated"] += report.documents_updated
+            totals["documents_unchanged"] += report.documents_unchanged
+            totals["chunks_added"] += report.chunks_added
+            for document in batch:
+                segments.extend(list(chunk.token_ids) for chunk in self.chunker.chunk_document(document))
+            self.counts = index.counts()
+            jobs.update(job, documents_indexed=min(len(documents), start + len(batch)))
+            yield
+        namespace = engine.cache_namespace(engine.seam_tokens)
+        unique = list({tuple(ids): None for ids in segments})
+        todo = missing_segments(self.cache, namespace, [list(ids) for ids in unique])
+        jobs.update(job, chunks_total=len(unique), chunks_encoded=len(unique) - len(todo))
+        encoded = 0
+        for ids in todo:
+            self.cache.put(namespace, engine.encode_segment(ids, engine.seam_tokens))
+            encoded += 1
+            jobs.update(job, chunks_encoded=len(unique) - len(todo) + encoded)
+            self.refresh_cache_snapshot()
+            yield
+        self.refresh_cache_snapshot()
+        return {**totals, "chunks_encoded": encoded, "chunks_already_cached": len(unique) - len(todo)}
+
+    def delete_document(self, doc_id: str) -> int:
+        """Remove a document and its chunks from the index; returns how many chunks went.
+
+        Cache entries stay: they are keyed by content, may serve other documents, and age out under the budget.
+        """
+        self._require_writable()
+        index = self.pipeline.index
+        if doc_id not in index.docstore.document_digests():
+            raise NotFoundError(f"no document with id {doc_id!r}", param="doc_id")
+        removed = index.delete_document(doc_id)
+        self.counts = index.counts()
+        return removed
+
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise ConflictError("the server opened its index read-only (--read-only); documents cannot be changed")

@@ -1,0 +1,73 @@
+"""Settings of the REST service: what it serves and the limits it enforces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SEPARATOR = "<<PIC_SEP>>"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How `create_app` opens its index and which limits it enforces.
+
+    index_dir: an index made by `hypic-rag precompute` (or `hypic_rag.retrieval.precompute`).
+    model_path: None uses the model recorded in the index manifest (the bundled default model for an index built
+    with the defaults). read_only: open the index for search only; document endpoints then answer 409 and other
+    processes may write the index. queue_size: requests waiting for the model worker before new ones get 429.
+    request_timeout_s: default deadline of a request, queue wait included (a request may ask for less).
+    separator: what splits an OpenAI-style completion prompt into cached segments.
+    max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_documents /
+    max_document_chars: sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
+    new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish.
+    """
+
+    index_dir: Path
+    model_path: Path | None = None
+    device: str | None = None
+    model_name: str | None = None
+    read_only: bool = False
+    queue_size: int = 64
+    request_timeout_s: float = 120.0
+    separator: str = DEFAULT_SEPARATOR
+    max_body_bytes: int = 8 << 20
+    max_question_chars: int = 4_000
+    max_prompt_chars: int = 200_000
+    max_prompt_tokens: int = 16_384
+    max_new_tokens: int = 1_024
+    max_top_k: int = 64
+    max_documents: int = 1_000
+    max_document_chars: int = 2_000_000
+    max_pending_jobs: int = 32
+    finished_jobs_kept: int = 1_000
+    hot_cache_bytes: int | None = None
+    shutdown_grace_s: float = 30.0
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
+        if self.model_path is not None:
+            object.__setattr__(self, "model_path", Path(self.model_path).expanduser())
+        positive = {
+            "queue_size": self.queue_size,
+            "request_timeout_s": self.request_timeout_s,
+            "max_body_bytes": self.max_body_bytes,
+            "max_question_chars": self.max_question_chars,
+            "max_prompt_chars": self.max_prompt_chars,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "max_new_tokens": self.max_new_tokens,
+            "max_top_k": self.max_top_k,
+            "max_documents": self.max_documents,
+            "max_document_chars": self.max_document_chars,
+            "max_pending_jobs": self.max_pending_jobs,
+            "finished_jobs_kept": self.finished_jobs_kept,
+            "startup_timeout_s": self.startup_timeout_s,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
+        if not self.separator:
+            raise ValueError("separator must be a non-empty string")

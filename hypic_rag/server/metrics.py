@@ -1,0 +1,110 @@
+"""Prometheus metrics of one service instance (own registry, so several apps can live in one process).
+
+Exported (text format at `GET /metrics`):
+    hypic_requests_total{route,method,status}          HTTP requests answered
+    hypic_request_duration_seconds{route}               time to the last byte of the response
+    hypic_time_to_first_token_seconds{route}            from receipt to the first generated token
+    hypic_queue_depth / hypic_queue_capacity            requests waiting or running in the model worker
+    hypic_queue_rejections_total                        requests refused with 429
+    hypic_segment_cache_hits_total / _misses_total      segment lookups by this server's requests
+    hypic_tokens_total{kind}                            prompt, cached, recomputed and completion tokens
+    hypic_segment_cache_bytes / _entries                what the persistent cache holds (store-wide)
+    hypic_segment_cache_hot_bytes                       this process's in-memory tier
+    hypic_jobs{status}                                  document jobs by status
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class _SnapshotCollector:
+    """Gauges read at scrape time from callables (cache snapshot, job counts)."""
+
+    def __init__(self, cache_snapshot: Callable[[], dict[str, Any]], job_counts: Callable[[], dict[str, int]]) -> None:
+        self._cache_snapshot = cache_snapshot
+        self._job_counts = job_counts
+
+    def collect(self):  # noqa: ANN201 - prometheus collector protocol
+        snapshot = self._cache_snapshot() or {}
+        for name, key, documentation in (
+            ("hypic_segment_cache_bytes", "value_bytes", "Bytes of encoded entries in the persistent segment cache."),
+            ("hypic_segment_cache_entries", "entries", "Entries in the persistent segment cache."),
+            ("hypic_segment_cache_hot_bytes", "hot_bytes", "Bytes held by this process's in-memory cache tier."),
+        ):
+            family = GaugeMetricFamily(name, documentation)
+            family.add_metric([], float(snapshot.get(key, 0)))
+            yield family
+        jobs = GaugeMetricFamily("hypic_jobs", "Document jobs by status.", labels=["status"])
+        for status, count in self._job_counts().items():
+            jobs.add_metric([status], float(count))
+        yield jobs
+
+
+class ServiceMetrics:
+    """The metrics of one app. `queue_depth`, `cache_snapshot` and `job_counts` are read at scrape time."""
+
+    def __init__(
+        self,
+        *,
+        queue_depth: Callable[[], int],
+        queue_capacity: int,
+        cache_snapshot: Callable[[], dict[str, Any]],
+        job_counts: Callable[[], dict[str, int]],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.requests = Counter(
+            "hypic_requests", "HTTP requests answered.", ["route", "method", "status"], registry=registry
+        )
+        self.duration = Histogram(
+            "hypic_request_duration_seconds", "Request duration to the last byte.", ["route"],
+            buckets=DURATION_BUCKETS, registry=registry,
+        )
+        self.ttft = Histogram(
+            "hypic_time_to_first_token_seconds", "From receipt of the request to its first generated token.",
+            ["route"], buckets=TTFT_BUCKETS, registry=registry,
+        )
+        depth = Gauge("hypic_queue_depth", "Requests waiting for or running in the model worker.", registry=registry)
+        depth.set_function(lambda: float(queue_depth()))
+        capacity = Gauge("hypic_queue_capacity", "Requests that may wait before new ones get 429.", registry=registry)
+        capacity.set(queue_capacity)
+        self.rejections = Counter("hypic_queue_rejections", "Requests refused with 429 (queue full).", registry=registry)
+        self.cache_hits = Counter("hypic_segment_cache_hits", "Segments served from the cache.", registry=registry)
+        self.cache_misses = Counter("hypic_segment_cache_misses", "Segments encoded on demand.", registry=registry)
+        self.tokens = Counter("hypic_tokens", "Tokens by kind.", ["kind"], registry=registry)
+        registry.register(_SnapshotCollector(cache_snapshot, job_counts))
+        self._lookups = {"cache_hits": 0, "cache_misses": 0}
+        self._tokens = {"prompt": 0, "cached": 0, "recomputed": 0, "completion": 0}
+
+    def observe_generation(self, route: str, usage: dict[str, int], ttft_seconds: float) -> None:
+        """Record one finished generation: its segment lookups, tokens and time to first token."""
+        self.ttft.labels(route).observe(ttft_seconds)
+        self.cache_hits.inc(usage.get("cache_hits", 0))
+        self.cache_misses.inc(usage.get("cache_misses", 0))
+        self._lookups["cache_hits"] += usage.get("cache_hits", 0)
+        self._lookups["cache_misses"] += usage.get("cache_misses", 0)
+        for kind in self._tokens:
+            count = usage.get(f"{kind}_tokens", 0)
+            self.tokens.labels(kind).inc(count)
+            self._tokens[kind] += count
+
+    def server_summary(self) -> dict[str, Any]:
+        """This server's lookups and token totals, for `/v1/cache/stats`."""
+        lookups = self._lookups["cache_hits"] + self._lookups["cache_misses"]
+        return {
+            **self._lookups,
+            "hit_rate": round(self._lookups["cache_hits"] / lookups, 4) if lookups else 0.0,
+            "tokens": dict(self._tokens),
+        }
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,103 @@
+"""Documents and jobs: `POST /v1/documents` (background job), `GET /v1/jobs/{id}`, `DELETE /v1/documents/{id}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from hypic_rag.server.backend import NewDocument
+from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
+from hypic_rag.server.schemas import AddDocumentsRequest, DeletedDocument, JobAccepted, JobOut
+from hypic_rag.server.service import Service
+from hypic_rag.server.worker import TaskContext
+
+router = APIRouter(tags=["documents"])
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def checked_documents(body: AddDocumentsRequest, service: Service) -> list[NewDocument]:
+    """413 for too many or too long documents, 400 for empty texts or repeated ids."""
+    config = service.config
+    if len(body.documents) > config.max_documents:
+        raise PayloadTooLargeError(
+            f"{len(body.documents)} documents in one request; this server accepts at most {config.max_documents}",
+            param="documents",
+        )
+    seen: set[str] = set()
+    documents = []
+    for number, item in enumerate(body.documents):
+        field = f"documents[{number}]"
+        if len(item.text) > config.max_document_chars:
+            raise PayloadTooLargeError(
+                f"{field}.text has {len(item.text)} characters; this server accepts at most "
+                f"{config.max_document_chars}",
+                param=f"{field}.text",
+            )
+        if not item.text.strip():
+            raise BadRequestError(f"{field}.text is empty", param=f"{field}.text")
+        if not item.id.strip():
+            raise BadRequestError(f"{field}.id is blank", param=f"{field}.id")
+        if item.id in seen:
+            raise BadRequestError(f"{field}.id {item.id!r} appears twice in this request", param=f"{field}.id")
+        seen.add(item.id)
+        documents.append(NewDocument(item.id, item.text, dict(item.metadata)))
+    return documents
+
+
+@router.post(
+    "/v1/documents",
+    status_code=202,
+    response_model=JobAccepted,
+    responses={409: {"description": "The index is read-only."}, 413: {"description": "Too many or too long."},
+               429: {"description": "Too many document jobs pending."}},
+    summary="Add or replace documents (indexed and encoded in the background)",
+)
+async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
+    """Chunk, embed and index the documents, then encode their chunks into the segment cache, as a background
+    job. A document is searchable once `progress.documents_indexed` counts it; the job succeeds when every chunk
+    is cached. Re-adding an id replaces that document."""
+    service = _service(request)
+    if service.config.read_only:
+        raise ConflictError("the server opened its index read-only (--read-only); documents cannot be added")
+    documents = checked_documents(body, service)
+    job = service.jobs.create(
+        "add_documents", progress={"documents_total": len(documents), "documents_indexed": 0}
+    )
+    jobs = service.jobs
+    try:
+        service.worker.submit_job(job, lambda backend: backend.add_documents(documents, job, jobs))
+    except Exception as error:
+        jobs.finish(job, "failed", error=str(error))
+        raise
+    status_url = str(request.url_for("get_job", job_id=job.job_id).path)
+    accepted = JobAccepted(job_id=job.job_id, status=job.status, documents=len(documents), status_url=status_url)
+    return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": status_url})
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobOut, name="get_job", responses={404: {"description": "No such job."}},
+            summary="A background job's status and progress")
+async def get_job(job_id: str, request: Request) -> Any:
+    snapshot = _service(request).jobs.snapshot(job_id)
+    if snapshot is None:
+        raise NotFoundError(f"no job with id {job_id!r} (finished jobs are kept for a while only)", param="job_id")
+    return snapshot
+
+
+@router.delete("/v1/documents/{doc_id:path}", response_model=DeletedDocument,
+               responses={404: {"description": "No such document."}, 409: {"description": "The index is read-only."}},
+               summary="Remove a document and its chunks from the index")
+async def delete_document(doc_id: str, request: Request) -> DeletedDocument:
+    service = _service(request)
+    if service.config.read_only:
+        raise ConflictError("the server opened its index read-only (--read-only); documents cannot be deleted")
+
+    def run(backend: Any, context: TaskContext) -> int:
+        return backend.delete_document(doc_id)
+
+    removed = await service.control(run)
+    return DeletedDocument(document=doc_id, deleted=True, chunks_removed=removed)

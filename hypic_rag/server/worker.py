@@ -1,0 +1,336 @@
+"""The model worker: one thread owns the model, engine, index and cache, and runs every task on them in turn.
+
+The engine is not thread-safe and the index's SQLite connection belongs to the thread that opened it, so the
+backend is built inside the worker thread and never touched elsewhere. Handlers submit tasks into a bounded
+queue (`QueueFullError` when full: the service answers 429) and await a future; streaming tasks also push events
+that the handler relays as they come. Order of service: control tasks (stats, deletes), then requests, then one
+step of the oldest background job, so long jobs never hold requests up for more than one step.
+
+Shutdown: new submissions are refused, queued requests fail with 503, the running request may finish within the
+grace period (then it is cancelled between tokens), background jobs stop between steps (every step leaves the
+index and cache consistent), and the backend is closed by the worker thread itself.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from hypic_rag.server.errors import (
+    QueueFullError,
+    RequestCancelledError,
+    RequestTimeoutError,
+    ServiceError,
+    ServiceUnavailableError,
+)
+from hypic_rag.server.jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobRegistry
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+END_OF_EVENTS = object()
+"""Pushed to a task's event sink after its function returned or raised."""
+
+CONTROL, REQUEST = "control", "request"
+
+
+@dataclass(slots=True)
+class TaskContext:
+    """What a running task may consult: its deadline, whether it was cancelled, and where to push events."""
+
+    submitted_at: float
+    deadline: float
+    timeout_s: float
+    emit_sink: Callable[[Any], None] | None = None
+    started_at: float | None = None
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def queue_seconds(self) -> float:
+        return (self.started_at or time.perf_counter()) - self.submitted_at
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set() or time.perf_counter() > self.deadline
+
+    def check(self) -> None:
+        """Raise if the task should stop: `RequestTimeoutError` past its deadline, `RequestCancelledError` if
+        cancelled."""
+        if time.perf_counter() > self.deadline:
+            raise RequestTimeoutError(f"request timed out after {self.timeout_s:g} s")
+        if self.cancel_event.is_set():
+            raise RequestCancelledError("request cancelled")
+
+    def emit(self, event: Any) -> None:
+        if self.emit_sink is not None:
+            self.emit_sink(event)
+
+
+@dataclass(slots=True)
+class Task(Generic[T]):
+    """A unit of work for the worker: `fn(backend, context)`; its outcome lands in `future`."""
+
+    fn: Callable[[Any, TaskContext], T]
+    context: TaskContext
+    kind: str = REQUEST
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    def cancel(self) -> None:
+        """Stop the task: skipped if still queued, stopped at its next check if running."""
+        self.context.cancel_event.set()
+
+    def fail(self, error: BaseException) -> None:
+        try:
+            self.future.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass  # cancelled by its waiter meanwhile
+        self.context.emit(END_OF_EVENTS)
+
+
+@dataclass(slots=True)
+class _JobRun:
+    job: Job
+    start: Callable[[Any], Iterator[Any]]
+    steps: Iterator[Any] | None = None
+
+
+class ModelWorker:
+    """One thread running tasks on a backend built by `factory` (called in that thread).
+
+    queue_size bounds the requests waiting (the running one excluded); max_pending_jobs bounds background jobs.
+    The backend must have `close()`.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        queue_size: int,
+        jobs: JobRegistry,
+        max_pending_jobs: int = 32,
+        name: str = "hypic-model-worker",
+    ) -> None:
+        if queue_size < 1:
+            raise ValueError("queue_size must be >= 1")
+        self._factory = factory
+        self.queue_size = queue_size
+        self.jobs = jobs
+        self.max_pending_jobs = max_pending_jobs
+        self._condition = threading.Condition()
+        self._control: deque[Task[Any]] = deque()
+        self._requests: deque[Task[Any]] = deque()
+        self._job_runs: deque[_JobRun] = deque()
+        self._running: Task[Any] | None = None
+        self._stopping = False
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._service_seconds = 0.5  # moving average of a request's time in the worker, for Retry-After
+        self.backend: Any | None = None
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    def start(self, timeout_s: float) -> None:
+        """Start the thread and wait until the backend is built; re-raises the factory's error."""
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"the model worker did not start within {timeout_s:g} s")
+        if self._startup_error is not None:
+            raise self._startup_error
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._startup_error is None and not self._stopping
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def shutdown(self, grace_s: float) -> None:
+        """Refuse new work, fail queued requests, let the running one finish within `grace_s`, close the backend."""
+        with self._condition:
+            if self._stopping and not self._thread.is_alive():
+                return
+            self._stopping = True
+            pending = list(self._control) + list(self._requests)
+            self._control.clear()
+            self._requests.clear()
+            self._condition.notify_all()
+        for task in pending:
+            task.fail(ServiceUnavailableError("the server is shutting down; retry later"))
+        if pending:
+            logger.info("shutdown: failed %d queued requests", len(pending))
+        if not self._thread.is_alive():
+            return
+        self._thread.join(grace_s)
+        if self._thread.is_alive():
+            running = self._running
+            if running is not None:
+                logger.warning("shutdown: cancelling the running request after %.1f s of grace", grace_s)
+                running.cancel()
+            self._thread.join(max(10.0, grace_s))
+        if self._thread.is_alive():
+            logger.error("shutdown: the model worker did not stop; its backend may not be closed")
+
+    # ----------------------------------------------------------------------------------------- submission
+    def submit(
+        self,
+        fn: Callable[[Any, TaskContext], T],
+        *,
+        timeout_s: float,
+        kind: str = REQUEST,
+        emit_sink: Callable[[Any], None] | None = None,
+    ) -> Task[T]:
+        """Queue `fn`; raises `QueueFullError` (with Retry-After) when the request queue is full."""
+        now = time.perf_counter()
+        task: Task[T] = Task(fn, TaskContext(now, now + timeout_s, timeout_s, emit_sink), kind)
+        with self._condition:
+            self._check_accepting()
+            queue = self._control if kind == CONTROL else self._requests
+            if len(queue) >= self.queue_size:
+                retry_after = self.retry_after_seconds()
+                raise QueueFullError(
+                    f"the request queue is full ({self.queue_size} waiting); retry in {retry_after} s",
+                    headers={"Retry-After": str(retry_after)},
+                )
+            queue.append(task)
+            self._condition.notify()
+        return task
+
+    def submit_job(self, job: Job, start: Callable[[Any], Iterator[Any]]) -> None:
+        """Queue a background job: `start(backend)` gives an iterator whose each `next` is one step of work."""
+        with self._condition:
+            self._check_accepting()
+            if len(self._job_runs) >= self.max_pending_jobs:
+                raise QueueFullError(
+                    f"{len(self._job_runs)} document jobs are already pending; retry when one has finished",
+                    headers={"Retry-After": str(max(1, math.ceil(self._service_seconds * 4)))},
+                )
+            self._job_runs.append(_JobRun(job, start))
+            self._condition.notify()
+
+    def _check_accepting(self) -> None:
+        if self._stopping:
+            raise ServiceUnavailableError("the server is shutting down")
+        if not self.ready:
+            raise ServiceUnavailableError("the model worker is not ready")
+
+    # ----------------------------------------------------------------------------------------- introspection
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting plus the one running."""
+        running = self._running
+        return len(self._requests) + len(self._control) + (1 if running is not None and running.kind == REQUEST else 0)
+
+    @property
+    def pending_jobs(self) -> int:
+        return len(self._job_runs)
+
+    def retry_after_seconds(self) -> int:
+        """An estimate of when a slot frees up: the queue's length times the mean service time, at least 1 s."""
+        return max(1, math.ceil(self._service_seconds * max(1, len(self._requests)) / 2))
+
+    # ----------------------------------------------------------------------------------------- the thread
+    def _run(self) -> None:
+        try:
+            self.backend = self._factory()
+        except BaseException as error:  # reported to start()
+            logger.exception("the model worker could not build its backend")
+            self._startup_error = error
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                item = self._next()
+                if item is None:
+                    break
+                if isinstance(item, Task):
+                    self._execute(item)
+                else:
+                    self._step(item)
+        finally:
+            self._stop_jobs()
+            try:
+                self.backend.close()
+            except Exception:
+                logger.exception("closing the backend failed")
+
+    def _next(self) -> Task[Any] | _JobRun | None:
+        with self._condition:
+            while True:
+                if self._control:
+                    return self._control.popleft()
+                if self._requests:
+                    return self._requests.popleft()
+                if self._stopping:
+                    return None
+                if self._job_runs:
+                    return self._job_runs[0]
+                self._condition.wait()
+
+    def _execute(self, task: Task[Any]) -> None:
+        context = task.context
+        try:
+            context.check()
+        except ServiceError as error:
+            task.fail(error)
+            return
+        if not task.future.set_running_or_notify_cancel():
+            context.emit(END_OF_EVENTS)
+            return  # its waiter gave up while it was queued
+        context.started_at = time.perf_counter()
+        self._running = task
+        try:
+            result = task.fn(self.backend, context)
+        except BaseException as error:
+            if not isinstance(error, ServiceError):
+                logger.exception("task failed")
+            task.fail(error)
+        else:
+            task.future.set_result(result)
+            context.emit(END_OF_EVENTS)
+        finally:
+            self._running = None
+            if task.kind == REQUEST:
+                elapsed = time.perf_counter() - context.started_at
+                self._service_seconds = 0.8 * self._service_seconds + 0.2 * elapsed
+
+    def _step(self, run: _JobRun) -> None:
+        job = run.job
+        try:
+            if run.steps is None:
+                self.jobs.start(job)
+                run.steps = run.start(self.backend)
+            next(run.steps)
+            return
+        except StopIteration as done:
+            self.jobs.finish(job, SUCCEEDED, result=done.value if isinstance(done.value, dict) else None)
+        except Exception as error:
+            logger.exception("job %s failed", job.job_id)
+            message = str(error) if isinstance(error, ServiceError) else f"{type(error).__name__}: {error}"
+            self.jobs.finish(job, FAILED, error=message)
+        with self._condition:
+            if self._job_runs and self._job_runs[0] is run:
+                self._job_runs.popleft()
+
+    def _stop_jobs(self) -> None:
+        with self._condition:
+            runs = list(self._job_runs)
+            self._job_runs.clear()
+        for run in runs:
+            close = getattr(run.steps, "close", None)
+            if close is not None:
+                close()  # runs the job's clean-up in this thread
+            self.jobs.finish(
+                run.job,
+                CANCELLED,
+                error="the server shut down before the job finished; documents indexed so far are kept, "
+                "resubmit the rest",
+            )
