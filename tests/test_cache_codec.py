@@ -127,3 +127,14 @@ def test_lower_state_precision_touches_only_p_and_z_and_restores_float32(dtype: 
     assert all(tensor.dtype == entry[name].dtype for name, tensor in restored.items())
     torch.testing.assert_close(restored["layers.0.transition"], entry["layers.0.transition"], atol=0.02, rtol=0.02)
     assert torch.equal(restored["layers.3.key"], entry["layers.3.key"])
+
+
+def test_float16_storage_keeps_out_of_range_state_in_float32() -> None:
+    entry = synthetic_entry(TINY_SHAPE, list(range(5)))
+    entry["layers.1.suffix_state"] = entry["layers.1.suffix_state"] * 1e5  # beyond float16's 65504
+    lowered = lower_state_precision(entry, torch.float16)
+    assert lowered["layers.1.suffix_state"].dtype == torch.float32
+    assert lowered["layers.1.transition"].dtype == torch.float16
+    restored = restore_state_precision(decode_entry(encode_entry(lowered, "ns")).tensors)
+    assert torch.equal(restored["layers.1.suffix_state"], entry["layers.1.suffix_state"])
+    assert lower_state_precision(entry, torch.bfloat16)["layers.1.suffix_state"].dtype == torch.bfloat16

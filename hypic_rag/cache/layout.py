@@ -62,11 +62,23 @@ def entry_token_ids(entry: Mapping[str, torch.Tensor]) -> list[int]:
 
 
 def lower_state_precision(entry: Mapping[str, torch.Tensor], state_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A new dict with the P/Z tensors cast to `state_dtype` (others shared, not copied)."""
+    """A new dict with the P/Z tensors cast to `state_dtype` (others shared, not copied).
+
+    A tensor whose values exceed the range of `state_dtype` (float16 tops out at 65504) keeps its dtype rather
+    than turn into infinities; decoding casts every P/Z tensor back to float32 either way.
+    """
     return {
-        name: tensor.to(state_dtype) if is_lowerable_state_name(name) and tensor.is_floating_point() else tensor
+        name: tensor.to(state_dtype) if _lowerable(name, tensor, state_dtype) else tensor
         for name, tensor in entry.items()
     }
+
+
+def _lowerable(name: str, tensor: torch.Tensor, state_dtype: torch.dtype) -> bool:
+    if not is_lowerable_state_name(name) or not tensor.is_floating_point() or tensor.dtype == state_dtype:
+        return False
+    if tensor.numel() == 0 or torch.finfo(state_dtype).max >= torch.finfo(tensor.dtype).max:
+        return True
+    return bool(tensor.abs().max() <= torch.finfo(state_dtype).max)
 
 
 def restore_state_precision(entry: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
