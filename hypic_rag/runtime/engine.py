@@ -289,8 +289,11 @@ class Engine:
                     yield token, delta
                 finish_reason = "stop"
                 break
-            delta, text = new_text[len(text) :], new_text
-            yield token, delta
+            if new_text.endswith("\ufffd") and step + 1 < params.max_new_tokens:
+                yield token, ""  # ends inside a multi-byte character: its text comes with a later token
+            else:
+                delta, text = new_text[len(text) :], new_text
+                yield token, delta
             if step + 1 < params.max_new_tokens:
                 logits, state = self.decode_step(state, token)
         total = time.perf_counter() - began
