@@ -164,7 +164,8 @@ class ServiceBackend:
                 except StopIteration as done:
                     answer: Answer = done.value
                     break
-                context.emit((kind, value))
+                if value or kind != "token":  # a token ending inside a character brings no text yet
+                    context.emit((kind, value))
         finally:
             stream.close()
             self.refresh_cache_snapshot()
@@ -200,7 +201,8 @@ class ServiceBackend:
                 except StopIteration as done:
                     generation: Generation = done.value
                     break
-                context.emit(("token", delta))
+                if delta:
+                    context.emit(("token", delta))
         finally:
             stream.close()
             self.refresh_cache_snapshot()
