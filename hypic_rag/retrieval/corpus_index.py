@@ -9,7 +9,7 @@ Layout of an index directory:
 
 `ingest` brings the index in line with a loaded corpus without a rebuild: unchanged documents (same content
 digest) are skipped, changed ones are re-chunked and only their new chunks embedded, documents gone from the same
-corpus root are deleted. Every document is committed in its own transaction; the FAISS index is then synced to
+corpus root are deleted (documents are keyed by id, so a moved corpus is recognised and its root updated). Every document is committed in its own transaction; the FAISS index is then synced to
 the docstore, so an interrupted ingest resumes where it stopped and no chunk is ever indexed twice.
 """
 
@@ -225,27 +225,34 @@ class CorpusIndex:
         """Bring the index in line with `corpus` (see the module docstring) and save it if anything changed."""
         self._require_writer()
         self._check_chunker(chunker)
-        digests = self.docstore.document_digests()
+        stored = self.docstore.document_digests()
+        source_root = str(corpus.root)
         counts = {"added": 0, "updated": 0, "unchanged": 0, "chunks_added": 0, "chunks_removed": 0}
         pending: list[_PendingDocument] = []
         pending_chunks = 0
+        moved: list[str] = []
         for document in tqdm(corpus.documents, desc="indexing", unit="doc", disable=not show_progress):
-            if digests.get(document.doc_id) == document.content_sha256:
+            digest, root = stored.get(document.doc_id, (None, None))
+            if digest == document.content_sha256:
                 counts["unchanged"] += 1
+                if root != source_root:
+                    moved.append(document.doc_id)
                 continue
             chunks = chunker.chunk_document(document)
-            stored = self.docstore.chunk_ids_of(document.doc_id)
-            new_chunks = [chunk for chunk in chunks if chunk.chunk_id not in stored]
-            pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in digests))
+            stored_chunk_ids = self.docstore.chunk_ids_of(document.doc_id)
+            new_chunks = [chunk for chunk in chunks if chunk.chunk_id not in stored_chunk_ids]
+            pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in stored))
             pending_chunks += len(new_chunks)
             if pending_chunks >= self.embed_batch_chunks:
-                self._commit(pending, str(corpus.root), counts)
+                self._commit(pending, source_root, counts)
                 pending, pending_chunks = [], 0
-        self._commit(pending, str(corpus.root), counts)
+        self._commit(pending, source_root, counts)
+        if moved:
+            self.docstore.move_documents(moved, source_root)
         deleted = 0
         if delete_missing:
             present = {document.doc_id for document in corpus.documents}
-            for doc_id in self.docstore.document_ids_from_root(str(corpus.root)):
+            for doc_id in self.docstore.document_ids_from_root(source_root):
                 if doc_id not in present:
                     counts["chunks_removed"] += self.docstore.delete_document(doc_id)
                     deleted += 1

@@ -94,9 +94,10 @@ class DocStore:
         self._db.close()
 
     # ------------------------------------------------------------------------------- reads
-    def document_digests(self) -> dict[str, str]:
-        """doc_id -> content digest of every stored document."""
-        return dict(self._db.execute("SELECT doc_id, content_sha256 FROM documents"))
+    def document_digests(self) -> dict[str, tuple[str, str]]:
+        """doc_id -> (content digest, corpus root it was ingested from) of every stored document."""
+        rows = self._db.execute("SELECT doc_id, content_sha256, source_root FROM documents")
+        return {doc_id: (digest, root) for doc_id, digest, root in rows}
 
     def document_ids_from_root(self, source_root: str) -> list[str]:
         """Ids of the documents ingested from one corpus root."""
@@ -215,6 +216,13 @@ class DocStore:
                     ),
                 )
         return len(wanted - kept), len(removed)
+
+    def move_documents(self, doc_ids: Sequence[str], source_root: str) -> None:
+        """Record that unchanged documents now come from another corpus root (the corpus was moved)."""
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE documents SET source_root = ? WHERE doc_id = ?", [(source_root, doc_id) for doc_id in doc_ids]
+            )
 
     def delete_document(self, doc_id: str) -> int:
         """Remove a document and its chunks; returns how many chunks went."""

@@ -1,7 +1,9 @@
 """Encode segment entries in-process or in N worker processes (segment parallelism, DESIGN.md section 6).
 
 Each worker loads the model once (same path, device and dtype as the parent) and checks that its fingerprint is
-the parent's, then encodes the segments it is handed with `Engine.encode_segment`. Segments are handed out
+the parent's, then encodes the segments it is handed with `Engine.encode_segment`. Workers are forked from a
+fork server that has already imported torch, the runtime and the model's transformers module, so starting N of
+them costs one import, not N (and no CUDA state is ever forked: the server never touches the device). Segments are handed out
 longest first (LPT), one at a time, so the workers finish together; results come back as they complete.
 Encoding is deterministic, so an entry is the same whichever process computed it. Workers never touch the cache:
 the parent stores what they return.
@@ -34,6 +36,7 @@ class EncoderSpec:
     seam_tokens: int
     fingerprint: str
     threads_per_worker: int = 1
+    preload_modules: tuple[str, ...] = ("hypic_rag.runtime.engine", "hypic_rag.runtime.model")
 
     def __post_init__(self) -> None:
         if self.seam_tokens < 0:
@@ -84,7 +87,8 @@ class SegmentEncoder:
     def _start_pool(self) -> Any:
         """The worker pool, started on first use (never when there is nothing to encode)."""
         if self._pool is None:
-            context = multiprocessing.get_context("spawn")
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(list(self.spec.preload_modules))  # effective when the server starts
             self._pool = context.Pool(self.workers, initializer=_initialise_worker, initargs=(self.spec,))
             logger.info("started %d encoding workers", self.workers)
         return self._pool

@@ -187,7 +187,8 @@ def load_corpus(path: str | Path) -> LoadedCorpus:
         seen.add(document.doc_id)
         documents.append(document)
     if not documents:
-        detail = f" ({len(skipped)} inputs skipped)" if skipped else ""
+        named = "; ".join(str(entry) for entry in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        detail = f" ({len(skipped)} inputs skipped: {named})" if skipped else ""
         raise EmptyCorpusError(f"corpus {str(root)!r} holds no .txt, .md or .jsonl document with text{detail}")
     logger.info("loaded %d documents from %s (%d skipped, %d ignored)", len(documents), root, len(skipped), ignored)
     return LoadedCorpus(root=root, documents=documents, skipped=skipped, ignored_files=ignored)

@@ -211,6 +211,11 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             seam_tokens=options.seam_tokens,
             fingerprint=model.fingerprint,
             threads_per_worker=threads_per_worker(options.workers),
+            preload_modules=(
+                "hypic_rag.runtime.engine",
+                "hypic_rag.runtime.model",
+                type(model.hf_model).__module__,
+            ),
         )
         cache = SegmentCache.open(index.cache_dir)
         try:
