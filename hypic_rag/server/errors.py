@@ -92,9 +92,18 @@ def _field_name(location: tuple[Any, ...] | list[Any]) -> str:
     return name or "body"
 
 
+def _field_error(item: dict[str, Any]) -> dict[str, str]:
+    if item.get("type") == "json_invalid":  # located at a character offset of the body, not at a field
+        location = item.get("loc", ())
+        offset = location[-1] if location and isinstance(location[-1], int) else "?"
+        reason = (item.get("ctx") or {}).get("error", "malformed")
+        return {"field": "body", "message": f"invalid JSON at character {offset} ({reason})"}
+    return {"field": _field_name(item.get("loc", ())), "message": str(item.get("msg", "invalid"))}
+
+
 def validation_response(error: RequestValidationError) -> JSONResponse:
     """422 naming every bad field: `message` reads "top_k: Input should be greater than or equal to 1"."""
-    fields = [{"field": _field_name(item.get("loc", ())), "message": item.get("msg", "invalid")} for item in error.errors()]
+    fields = [_field_error(item) for item in error.errors()]
     message = "; ".join(f"{item['field']}: {item['message']}" for item in fields) or "invalid request"
     param = fields[0]["field"] if fields else None
     return JSONResponse(error_body(message, "validation_error", 422, param, fields=fields), status_code=422)

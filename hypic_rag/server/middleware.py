@@ -13,10 +13,6 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
     payload = json.dumps(body).encode()
     await send(
@@ -30,51 +26,59 @@ async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
 
 
 class BodySizeLimit:
-    """Refuse request bodies over `max_bytes` with 413: from Content-Length up front, else while reading."""
+    """Refuse request bodies over `max_bytes` with 413: from Content-Length up front; a body without one
+    (chunked) is read up to the limit before the app sees it, then replayed."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
-    def _too_large(self) -> dict[str, Any]:
-        return error_body(f"request body exceeds {self.max_bytes} bytes", "payload_too_large", 413, "body")
+    async def _refuse(self, send: Any) -> None:
+        body = error_body(f"request body exceeds {self.max_bytes} bytes", "payload_too_large", 413, "body")
+        await _send_json(send, 413, body)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.max_bytes:
-                    await _send_json(send, 413, self._too_large())
-                    return
-        received = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal received
+        headers = dict(scope.get("headers", []))
+        if b"content-length" in headers:
+            try:
+                declared = int(headers[b"content-length"])
+            except ValueError:
+                declared = 0
+            if declared > self.max_bytes:
+                await self._refuse(send)
+                return
+            await self.app(scope, receive, send)
+            return
+        if b"transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body
+            return
+        parts: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away while sending
+            part = message.get("body", b"")
+            size += len(part)
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+            parts.append(part)
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(parts), "more_body": False}
+            return await receive()
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await _send_json(send, 413, self._too_large())
+        await self.app(scope, replay, send)
 
 
 class RequestMetrics:
