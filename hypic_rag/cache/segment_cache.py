@@ -121,7 +121,9 @@ class SegmentCache:
         self.store.record_lookups(
             hits=tally.hits, misses=tally.misses, corrupt=tally.corrupt, mismatched=tally.mismatched
         )
-        return [entry for entry in found if entry is not None], hits
+        entries = [entry for entry in found if entry is not None]
+        assert len(entries) == len(requested), "every requested chunk has an entry by now"
+        return entries, hits
 
     def _lookup(
         self, namespace: CacheNamespace, requested: list[list[int]], tally: _LookupTally

@@ -65,10 +65,10 @@ class CacheStats:
     def as_dict(self) -> dict[str, Any]:
         """All fields plus per-entry means (bytes_per_entry, linear_/kv_bytes_per_entry) and hit_rate."""
         result = asdict(self)
-        entries = max(self.entries, 1)
-        result["bytes_per_entry"] = self.value_bytes // entries if self.entries else 0
-        result["linear_bytes_per_entry"] = self.linear_bytes // entries if self.entries else 0
-        result["kv_bytes_per_entry"] = self.kv_bytes // entries if self.entries else 0
+        entries = max(self.entries, 1)  # an empty store reports 0 per entry
+        result["bytes_per_entry"] = self.value_bytes // entries
+        result["linear_bytes_per_entry"] = self.linear_bytes // entries
+        result["kv_bytes_per_entry"] = self.kv_bytes // entries
         lookups = self.hits + self.misses
         result["hit_rate"] = round(self.hits / lookups, 4) if lookups else 0.0
         return result
