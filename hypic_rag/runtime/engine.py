@@ -51,6 +51,7 @@ class PrefillStats:
     prefix_reused_tokens: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    cache_bytes_loaded: int = 0
     load_seconds: float = 0.0
     encode_seconds: float = 0.0
     compose_seconds: float = 0.0
@@ -175,6 +176,7 @@ class Engine:
                     hit_count += 1
                 entries.append(entry)
         device = self.model.device
+        stats.cache_bytes_loaded += sum(_entry_bytes(entry) for entry in entries)
         entries = [{name: tensor.to(device, non_blocking=True) for name, tensor in e.items()} for e in entries]
         stats.cache_hits += hit_count
         stats.cache_misses += len(segments) - hit_count

@@ -71,6 +71,49 @@ def linear_projections(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor,
     return _project(mixer, x)
 
 
+def batched_delta_rule_inputs(
+    mixer: nn.Module,
+    preconv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_context: torch.Tensor,
+    lengths: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Short causal conv and delta-rule inputs of n runs at once, each with its own left context.
+
+    preconv [n, T, C] (runs zero-padded at the end), b, a [n, T, H], conv_context [n, C, kernel-1].
+    Returns query, key [n, H, T, K], value [n, H, T, V], log_decay, beta [n, H, T]. Positions at or past a run's
+    length (when `lengths` is given) get log_decay = 0 and beta = 0: identity steps that leave the state alone.
+    """
+    runs, length, _ = preconv.shape
+    weight = mixer.conv1d.weight  # [C, 1, kernel]
+    conv_input = torch.cat([conv_context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
+    mixed = F.silu(F.conv1d(conv_input, weight, mixer.conv1d.bias, groups=conv_input.shape[1])).transpose(1, 2)
+    query, key, value = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+    heads_v, heads_k = mixer.num_v_heads, mixer.num_k_heads
+    query = query.reshape(runs, length, heads_k, mixer.head_k_dim).float()
+    key = key.reshape(runs, length, heads_k, mixer.head_k_dim).float()
+    value = value.reshape(runs, length, heads_v, mixer.head_v_dim).float()
+    if heads_v != heads_k:
+        query = query.repeat_interleave(heads_v // heads_k, dim=2)
+        key = key.repeat_interleave(heads_v // heads_k, dim=2)
+    query = _l2norm(query) * (mixer.head_k_dim**-0.5)
+    key = _l2norm(key)
+    beta = b.float().sigmoid()
+    log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias)
+    if lengths is not None:
+        valid = (torch.arange(length, device=preconv.device)[None, :] < torch.tensor(lengths, device=preconv.device)[:, None]).float()
+        beta = beta * valid[..., None]
+        log_decay = log_decay * valid[..., None]
+    return (
+        query.transpose(1, 2).contiguous(),
+        key.transpose(1, 2).contiguous(),
+        value.transpose(1, 2).contiguous(),
+        log_decay.transpose(1, 2).contiguous(),
+        beta.transpose(1, 2).contiguous(),
+    )
+
+
 def delta_rule_inputs(
     mixer: nn.Module,
     preconv: torch.Tensor,
@@ -79,34 +122,9 @@ def delta_rule_inputs(
     a: torch.Tensor,
     conv_context: torch.Tensor,
 ) -> LinearMixerInputs:
-    """Short causal conv of one contiguous run (with `conv_context` [C, kernel-1] as its left context), then the
-    delta-rule inputs. preconv [T, C], output_gate [T, H, V], b, a [T, H]."""
-    length = preconv.shape[0]
-    weight = mixer.conv1d.weight  # [C, 1, kernel]
-    conv_input = torch.cat([conv_context.to(weight.dtype), preconv.transpose(0, 1).to(weight.dtype)], dim=1)
-    mixed = F.conv1d(conv_input[None], weight, mixer.conv1d.bias, groups=conv_input.shape[0])[0]
-    mixed = F.silu(mixed).transpose(0, 1)  # [T, C]
-    query, key, value = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
-    heads_v, heads_k = mixer.num_v_heads, mixer.num_k_heads
-    query = query.reshape(length, heads_k, mixer.head_k_dim).float()
-    key = key.reshape(length, heads_k, mixer.head_k_dim).float()
-    value = value.reshape(length, heads_v, mixer.head_v_dim).float()
-    if heads_v != heads_k:
-        query = query.repeat_interleave(heads_v // heads_k, dim=1)
-        key = key.repeat_interleave(heads_v // heads_k, dim=1)
-    query = _l2norm(query) * (mixer.head_k_dim**-0.5)
-    key = _l2norm(key)
-    beta = b.float().sigmoid()
-    log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias)
-    return LinearMixerInputs(
-        query=query.transpose(0, 1).contiguous(),
-        key=key.transpose(0, 1).contiguous(),
-        value=value.transpose(0, 1).contiguous(),
-        log_decay=log_decay.transpose(0, 1).contiguous(),
-        beta=beta.transpose(0, 1).contiguous(),
-        output_gate=output_gate,
-        preconv=preconv,
-    )
+    """One contiguous run: preconv [T, C], output_gate [T, H, V], b, a [T, H], conv_context [C, kernel-1]."""
+    query, key, value, log_decay, beta = batched_delta_rule_inputs(mixer, preconv[None], b[None], a[None], conv_context[None])
+    return LinearMixerInputs(query[0], key[0], value[0], log_decay[0], beta[0], output_gate, preconv)
 
 
 def linear_mixer_inputs(mixer: nn.Module, x: torch.Tensor, conv_context: torch.Tensor) -> LinearMixerInputs:

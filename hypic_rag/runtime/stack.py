@@ -205,19 +205,6 @@ def run_stack(
     )
 
 
-def _pad_runs(parts: list[torch.Tensor], length: int) -> torch.Tensor:
-    """Stack runs [H, T_i, ...] into [n, H, length, ...], zero-padded at the end (zero g, b and k: identity steps)."""
-    padded = []
-    for part in parts:
-        pad = length - part.shape[1]
-        if pad:
-            shape = list(part.shape)
-            shape[1] = pad
-            part = torch.cat([part, part.new_zeros(shape)], dim=1)
-        padded.append(part)
-    return torch.stack(padded)
-
-
 def _linear_layer(
     mixer: torch.nn.Module,
     layer_index: int,
@@ -241,27 +228,40 @@ def _linear_layer(
     compose_seconds = 0.0
     preconv, output_gate, b, a = L.linear_projections(mixer, x)
     tail = previous.conv_tail.float() if previous is not None else L.empty_conv_tail(mixer, device)
-    runs: dict[int, L.LinearMixerInputs] = {}
+    run_numbers: list[int] = []
+    contexts: list[torch.Tensor] = []
     tails_after: list[torch.Tensor] = []
     for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
         if count:
-            window = slice(offset, offset + count)
-            runs[span_number] = L.delta_rule_inputs(mixer, preconv[window], output_gate[window], b[window], a[window], tail)
-            tail = L.advance_conv_tail(tail, preconv[window])
+            run_numbers.append(span_number)
+            contexts.append(tail)
+            tail = L.advance_conv_tail(tail, preconv[offset : offset + count])
         if span.entry is not None and count < span.length:
             tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count)
         tails_after.append(tail)
 
-    run_numbers = list(runs)
+    # conv + delta-rule inputs of every recomputed run in one batched call (runs zero-padded at the end)
+    lengths = [offsets[n][1] for n in run_numbers]
+    longest = max(lengths)
+    def padded(values: torch.Tensor) -> torch.Tensor:
+        out = values.new_zeros(len(run_numbers), longest, *values.shape[1:])
+        for row, number in enumerate(run_numbers):
+            offset, count = offsets[number]
+            out[row, :count] = values[offset : offset + count]
+        return out
+    query, key, value, log_decay, beta = L.batched_delta_rule_inputs(
+        mixer, padded(preconv), padded(b), padded(a), torch.stack(contexts), lengths
+    )
+    row_of = {number: row for row, number in enumerate(run_numbers)}
+
     batched_numbers = run_numbers[:-1] if len(run_numbers) > 1 and any(s.entry is not None for s in spans) else []
     batched: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     if batched_numbers:
-        longest = max(offsets[n][1] for n in batched_numbers)
-        stacked = [
-            _pad_runs([getattr(runs[n], name) for n in batched_numbers], longest)
-            for name in ("query", "key", "value", "log_decay", "beta")
-        ]
-        zero_outputs, transition_outputs, maps = gated_delta_rule_with_transition(*stacked)
+        rows = slice(0, len(batched_numbers))
+        width = max(lengths[: len(batched_numbers)])
+        zero_outputs, transition_outputs, maps = gated_delta_rule_with_transition(
+            query[rows, :, :width], key[rows, :, :width], value[rows, :, :width], log_decay[rows, :, :width], beta[rows, :, :width]
+        )
         for index, number in enumerate(batched_numbers):
             batched[number] = (zero_outputs[index], transition_outputs[index], maps.transition[index], maps.state[index])
 
@@ -280,10 +280,10 @@ def _linear_layer(
                 core[:, offset : offset + count] = zero_output[:, :count] + transition_output[:, :count] @ recurrent
                 recurrent = transition @ recurrent + state
             else:
-                inputs = runs[span_number]
+                row = row_of[span_number]
                 output, final = chunk_gated_delta_rule(
-                    inputs.query[None], inputs.key[None], inputs.value[None],
-                    inputs.log_decay[None], inputs.beta[None], recurrent[None],
+                    query[row : row + 1, :, :count], key[row : row + 1, :, :count], value[row : row + 1, :, :count],
+                    log_decay[row : row + 1, :, :count], beta[row : row + 1, :, :count], recurrent[None],
                 )
                 core[:, offset : offset + count] = output[0]
                 recurrent = final[0]

@@ -1,0 +1,122 @@
+"""The whole benchmark: workloads 1-4 on a random timing model, the seam sweep, and answer quality on the
+default model when it is available."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hypic_rag.bench import workloads as W
+from hypic_rag.bench.measure import measure_workload, seam_sweep
+from hypic_rag.bench.timing_model import TIMING_MODELS, build_timing_model
+from hypic_rag.runtime.model import wrap_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """Sizes of one benchmark profile (`quick` fits in minutes on 2 CPU cores)."""
+
+    profile: str
+    timing_model: str
+    seam_tokens: int
+    chunk_tokens: int
+    pool_size: int
+    top_ks: tuple[int, ...]
+    requests: int
+    warmup: int
+    long_chunks: int
+    long_chunk_tokens: int
+    long_requests: int
+    agentic_turns: int
+    cold_requests: int
+    sweep_seams: tuple[int, ...]
+    sweep_requests: int
+    clients: int
+    throughput_requests: int
+    throughput_seconds: float
+    quality_questions: int
+
+    def __post_init__(self) -> None:
+        if self.timing_model not in TIMING_MODELS:
+            raise ValueError(f"unknown timing model {self.timing_model!r}")
+        if self.requests < 1 or self.pool_size < max(self.top_ks):
+            raise ValueError("need at least one request and a pool at least as large as the largest k")
+
+
+PROFILES: dict[str, BenchConfig] = {
+    "quick": BenchConfig(
+        profile="quick", timing_model="small", seam_tokens=8, chunk_tokens=128, pool_size=24, top_ks=(4, 8),
+        requests=6, warmup=6, long_chunks=16, long_chunk_tokens=128, long_requests=2, agentic_turns=4,
+        cold_requests=2, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=4, clients=4, throughput_requests=8,
+        throughput_seconds=20.0, quality_questions=0,
+    ),
+    "full": BenchConfig(
+        profile="full", timing_model="medium", seam_tokens=8, chunk_tokens=256, pool_size=48, top_ks=(4, 8, 16),
+        requests=8, warmup=8, long_chunks=32, long_chunk_tokens=512, long_requests=2, agentic_turns=6,
+        cold_requests=3, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=6, clients=4, throughput_requests=8,
+        throughput_seconds=120.0, quality_questions=500,
+    ),
+}
+
+
+def machine_description() -> str:
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
+        f"{device}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+    )
+
+
+def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = True, seed: int = 0, quality: Any = None) -> dict[str, Any]:
+    """Run every workload of `config` and return the result dict (see report.py for its layout)."""
+    began = time.time()
+    hf_model = build_timing_model(config.timing_model, seed=seed)
+    model = wrap_model(hf_model)
+    parameters = sum(p.numel() for p in hf_model.parameters())
+    tokens = W.TokenSource(hf_model.config.vocab_size, seed)
+    workloads = [
+        W.rag_qa(tokens, top_k=k, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens, requests=config.requests, warmup=config.warmup)
+        for k in config.top_ks
+    ]
+    workloads.append(W.long_context(tokens, chunks=config.long_chunks, chunk_tokens=config.long_chunk_tokens, requests=config.long_requests))
+    workloads.append(W.agentic(tokens, turns=config.agentic_turns, documents=12, document_tokens=config.chunk_tokens, tool_tokens=config.chunk_tokens // 2, per_turn=4))
+    workloads.append(W.cold(tokens, top_k=8, chunk_tokens=config.chunk_tokens, requests=config.cold_requests))
+    results = []
+    for workload in workloads:
+        logger.info("workload %s", workload.name)
+        results.append(
+            measure_workload(
+                model, workload, seam_tokens=config.seam_tokens, clients=config.clients,
+                throughput_requests=config.throughput_requests, throughput_seconds=config.throughput_seconds,
+                show_progress=show_progress,
+            )
+        )
+    sweep_workload = W.rag_qa(tokens, top_k=8, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens, requests=config.sweep_requests, warmup=0)
+    sweep = seam_sweep(model, sweep_workload, config.sweep_seams, show_progress) if config.sweep_seams else []
+    result: dict[str, Any] = {
+        "benchmark": "hypic-rag",
+        "command": command,
+        "machine": machine_description(),
+        "config": {name: getattr(config, name) for name in config.__slots__},
+        "timing_model": {
+            "name": config.timing_model,
+            "parameters": parameters,
+            "description": f"random qwen3_5 '{config.timing_model}', {parameters / 1e6:.0f}M parameters, "
+            f"{hf_model.config.num_hidden_layers} layers ({hf_model.config.layer_types.count('linear_attention')} Gated DeltaNet, "
+            f"{hf_model.config.layer_types.count('full_attention')} attention)",
+        },
+        "workloads": results,
+        "seam_sweep": sweep,
+    }
+    if quality is not None:
+        result["quality"] = quality(config)
+    result["seconds"] = time.time() - began
+    return result
