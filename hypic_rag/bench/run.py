@@ -54,9 +54,16 @@ class BenchConfig:
 PROFILES: dict[str, BenchConfig] = {
     "quick": BenchConfig(
         profile="quick", timing_model="small", seam_tokens=8, chunk_tokens=128, pool_size=24, top_ks=(4, 8),
-        requests=6, warmup=6, long_chunks=16, long_chunk_tokens=128, long_requests=2, agentic_turns=4,
-        cold_requests=2, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=4, clients=4, throughput_requests=8,
-        throughput_seconds=20.0, quality_questions=0,
+        requests=5, warmup=4, long_chunks=12, long_chunk_tokens=128, long_requests=2, agentic_turns=4,
+        cold_requests=2, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=3, clients=2, throughput_requests=4,
+        throughput_seconds=15.0, quality_questions=0,
+    ),
+    # what the test suite runs end to end: seconds, shape and sanity only
+    "test": BenchConfig(
+        profile="test", timing_model="tiny", seam_tokens=4, chunk_tokens=24, pool_size=8, top_ks=(4,),
+        requests=2, warmup=2, long_chunks=4, long_chunk_tokens=24, long_requests=1, agentic_turns=2,
+        cold_requests=1, sweep_seams=(0, 4), sweep_requests=1, clients=2, throughput_requests=2,
+        throughput_seconds=10.0, quality_questions=0,
     ),
     "full": BenchConfig(
         profile="full", timing_model="medium", seam_tokens=8, chunk_tokens=256, pool_size=48, top_ks=(4, 8, 16),

@@ -13,6 +13,8 @@ TIMING_MODELS: dict[str, dict[str, Any]] = {
         head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=64,
         linear_value_head_dim=64, intermediate_size=2048,
     ),
+    # the test suite's tiny shape
+    "tiny": dict(vocab_size=256),
     # ~9M parameters, for `--quick` on 2 CPU cores
     "small": dict(
         vocab_size=4096, hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,

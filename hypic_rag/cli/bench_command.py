@@ -10,6 +10,7 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, quality)")
     parser.add_argument("--quick", action="store_true", help="the small profile: a few minutes on 2 CPU cores")
+    parser.add_argument("--profile", choices=("quick", "full", "test"), default=None, help="explicit profile (overrides --quick)")
     parser.add_argument("--output", default="docs/benchmarks", help="directory for JSON, markdown and PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--skip-quality", action="store_true", help="skip exact-match quality on the default model")
@@ -24,13 +25,14 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise CliError(f"--output {output} is a file, not a directory")
-    config = PROFILES["quick" if args.quick else "full"]
+    profile = args.profile or ("quick" if args.quick else "full")
+    config = PROFILES[profile]
     quality = None
     if not args.skip_quality and config.quality_questions > 0:
         from hypic_rag.bench.quality import default_model_quality
 
         quality = default_model_quality
-    command = "hypic-rag bench" + (" --quick" if args.quick else "")
+    command = "hypic-rag bench" + (f" --profile {profile}" if args.profile else " --quick" if args.quick else "")
     result = run_benchmark(config, command=command, show_progress=not args.no_progress and sys.stderr.isatty(), quality=quality)
     written = write_report(result, output)
     print(markdown(result))

@@ -1,0 +1,45 @@
+"""`hypic-rag bench` end to end on the test profile: JSON shape and sanity, markdown and plots written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from hypic_rag.runtime.request import MODES
+
+
+def test_bench_end_to_end(tmp_path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "hypic_rag.cli.main", "bench", "--profile", "test", "--output", str(tmp_path), "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "| hypic |" in completed.stdout
+    result = json.loads((tmp_path / "bench_test.json").read_text())
+    assert (tmp_path / "bench_test.md").read_text().startswith("# hypic-rag benchmark")
+    assert (tmp_path / "ttft_by_mode.png").stat().st_size > 1000
+    seam = result["config"]["seam_tokens"]
+    names = [w["workload"] for w in result["workloads"]]
+    assert names[0].startswith("rag_qa") and any(n.startswith("long_context") for n in names)
+    assert any(n.startswith("agentic") for n in names) and any(n.startswith("cold") for n in names)
+    for workload in result["workloads"]:
+        rows = workload["modes"]
+        assert set(rows) == set(MODES)
+        assert rows["full"]["recomputed_fraction"] == 1.0
+        assert rows["full"]["kl_vs_full"] == 0.0
+        for row in rows.values():
+            assert row["ttft_p50"] > 0 and row["ttft_p95"] >= row["ttft_p50"]
+        if workload["workload"].startswith("rag_qa"):
+            # hypic recomputes exactly its seams (chunks after the prefix) and the question
+            k = int(workload["workload"].split("_k")[1])
+            prompt = workload["mean_prompt_tokens"]
+            question = 24
+            chunk = result["config"]["chunk_tokens"]
+            expected = (k * min(seam, chunk) + question) / prompt
+            assert abs(rows["hypic"]["recomputed_fraction"] - expected) < 1e-9
+            assert abs(rows["transition_rope"]["recomputed_fraction"] - question / prompt) < 1e-9
+            assert rows["hypic"]["cache_bytes_loaded_per_request"] > 0
+            assert rows["hypic"]["throughput"]["completed"] >= 1
+    sweep = {row["seam_tokens"]: row for row in result["seam_sweep"]}
+    assert sweep[0]["recomputed_fraction"] < sweep[4]["recomputed_fraction"]
