@@ -17,10 +17,11 @@ from typing import Any
 from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.runtime.engine import Generation, SamplingParams
-from hypic_rag.runtime.request import Request
+from hypic_rag.server.accounting import usage_of
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.jobs import Job, JobRegistry
+from hypic_rag.server.segments import segmented_request
 from hypic_rag.server.worker import TaskContext
 
 logger = logging.getLogger(__name__)
@@ -47,19 +48,6 @@ class CompletionResult:
     finish_reason: str
     usage: dict[str, int]
     timings: dict[str, float]
-
-
-def usage_of(generation: Generation) -> dict[str, int]:
-    """Token accounting of one generation: prompt, served from cache, recomputed, completion, segment hits."""
-    prefill = generation.prefill
-    return {
-        "prompt_tokens": prefill.prompt_tokens,
-        "cached_tokens": prefill.cached_tokens + prefill.prefix_reused_tokens,
-        "recomputed_tokens": prefill.recomputed_tokens,
-        "completion_tokens": len(generation.token_ids),
-        "cache_hits": prefill.cache_hits,
-        "cache_misses": prefill.cache_misses,
-    }
 
 
 class ServiceBackend:
@@ -176,21 +164,17 @@ class ServiceBackend:
 
         Each segment is tokenized on its own; empty ones (two separators in a row) are dropped.
         """
-        from hypic_rag.retrieval.chunking import encode_segment_text
-
         began = time.perf_counter()
-        tokenizer = self.pipeline.tokenizer
-        ids = [encode_segment_text(tokenizer, text) if text else [] for text in segments]
-        question_ids = ids[-1]
-        if not question_ids:
-            raise BadRequestError("the prompt's last segment (the query) is empty", param="prompt")
-        prompt_tokens = sum(map(len, ids))
+        try:
+            request = segmented_request(self.pipeline.tokenizer, segments)
+        except ValueError as error:
+            raise BadRequestError(f"prompt: {error}", param="prompt") from None
+        prompt_tokens = request.prompt_tokens
         if prompt_tokens > self.config.max_prompt_tokens:
             raise PayloadTooLargeError(
                 f"the prompt has {prompt_tokens} tokens; this server accepts at most {self.config.max_prompt_tokens}",
                 param="prompt",
             )
-        request = Request(prefix_ids=[], chunk_ids=[segment for segment in ids[:-1] if segment], question_ids=question_ids)
         tokenized_at = time.perf_counter()
         stream = self.pipeline.engine.stream(request, mode, params)
         try:

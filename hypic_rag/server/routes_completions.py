@@ -32,6 +32,7 @@ from hypic_rag.server.openai_schemas import (
     stop_strings,
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
+from hypic_rag.server.segments import split_segments
 from hypic_rag.server.service import EventStream, Service
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_at_most, checked_mode
@@ -56,7 +57,7 @@ def split_prompt(prompt: str | list[str], separator: str, max_chars: int) -> lis
         raise PayloadTooLargeError(
             f"prompt has {len(prompt)} characters; this server accepts at most {max_chars}", param="prompt"
         )
-    segments = prompt.split(separator)
+    segments = split_segments(prompt, separator)
     if not segments[-1].strip():
         raise BadRequestError("prompt: the last segment (the query) is empty", param="prompt")
     return segments
