@@ -86,6 +86,7 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     model = load_model(model_path, device=args.device)
     manifest.check_model(ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint))
     index = CorpusIndex.open(index_dir, embedder_path=args.embedder)
+    index.embedder.load()  # before the question is timed
     try:
         cache = SegmentCache.open(index.cache_dir)
     except BaseException:

@@ -148,6 +148,11 @@ class SentenceEmbedder:
             logger.info("embedder loaded from %s (%d dims)", self.path, loaded)
         return self._model
 
+    def load(self) -> SentenceEmbedder:
+        """Load the model now (so that the first query's timing does not include it)."""
+        _ = self.model
+        return self
+
     @property
     def dimension(self) -> int:
         return self.identity.dimension
