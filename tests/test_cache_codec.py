@@ -119,7 +119,7 @@ def test_lower_state_precision_touches_only_p_and_z_and_restores_float32(dtype: 
     entry = synthetic_entry(TINY_SHAPE, list(range(9)))
     lowered = lower_state_precision(entry, dtype)
     for name, tensor in lowered.items():
-        lowerable = name.endswith((".transition", ".suffix_state", ".chunk_state"))
+        lowerable = name.endswith((".transition", ".suffix_state"))
         assert tensor.dtype == (dtype if lowerable else entry[name].dtype), name
     sizes, lowered_sizes = entry_bytes(entry), entry_bytes(lowered)
     assert lowered_sizes.kv_bytes == sizes.kv_bytes and lowered_sizes.linear_bytes < sizes.linear_bytes

@@ -70,12 +70,24 @@ def test_prefix_mode_equals_full_and_reuses_checkpoints(tiny) -> None:
 
 @pytest.mark.parametrize("seam", [0, 2, 8])
 def test_hypic_recomputes_only_seams_and_question(tiny, seam: int) -> None:
+    """With a prefix at position 0, every chunk is not at position 0: recomputed = chunks x seam + question."""
     _, engine = tiny
-    request = random_request(torch.Generator().manual_seed(4), [10, 3, 25, 6], prefix=0)
+    request = random_request(torch.Generator().manual_seed(4), [10, 3, 25, 6], prefix=5)
     result = engine.prefill(request, "hypic", seam_tokens=seam)
-    expected = sum(min(seam, len(chunk)) for chunk in request.chunk_ids[1:]) + len(request.question_ids)
+    expected = sum(min(seam, len(chunk)) for chunk in request.chunk_ids) + len(request.question_ids)
     assert result.stats.recomputed_tokens == expected
     assert result.stats.cached_tokens == request.prompt_tokens - expected
+    # without a prefix the first chunk sits at position 0 and recomputes its seam from the zero start (exact)
+    bare = Request([], request.chunk_ids, request.question_ids)
+    assert engine.prefill(bare, "hypic", seam_tokens=seam).stats.recomputed_tokens == expected
+
+
+def test_chunk_at_position_zero_is_exact_without_prefix(tiny) -> None:
+    _, engine = tiny
+    request = random_request(torch.Generator().manual_seed(8), [14], prefix=0)
+    full = engine.prefill(request, "full").logits
+    for mode in ("transition", "transition_rope", "hypic", "addition"):
+        torch.testing.assert_close(engine.prefill(request, mode).logits, full, atol=1e-5, rtol=1e-5)
 
 
 def test_every_mode_runs_and_unknown_mode_is_rejected(tiny) -> None:

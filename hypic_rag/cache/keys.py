@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: entries no longer carry a chunk_state per linear layer
 """Version of the entry contents (tensor names and meaning, see docs/CONTRACTS.md). Bump when they change."""
 
 STATE_DTYPES: dict[str, torch.dtype] = {

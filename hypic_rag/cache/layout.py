@@ -1,7 +1,7 @@
 """What the tensors of a segment entry are, for byte accounting and the linear-state storage dtype.
 
 An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md): ``token_ids`` int64 [L]; per linear layer
-``layers.{i}.transition`` [H, K, K], ``layers.{i}.suffix_state`` [H, K, V], ``layers.{i}.chunk_state`` [H, K, V],
+``layers.{i}.transition`` [H, K, K], ``layers.{i}.suffix_state`` [H, K, V],
 ``layers.{i}.conv_tail`` [conv_dim, kernel-1]; per attention layer ``layers.{i}.key`` / ``layers.{i}.value``
 [H_kv, L, D]. Names ending ``.key`` / ``.value`` are K/V; every other tensor but ``token_ids`` is linear state.
 """
@@ -15,7 +15,7 @@ import torch
 
 TOKEN_IDS = "token_ids"
 KV_SUFFIXES = (".key", ".value")
-LOWERABLE_STATE_SUFFIXES = (".transition", ".suffix_state", ".chunk_state")
+LOWERABLE_STATE_SUFFIXES = (".transition", ".suffix_state")
 """The P/Z tensors whose storage dtype follows `CacheNamespace.state_dtype` (conv tails and K/V keep theirs)."""
 
 

@@ -63,7 +63,6 @@ def entry_shapes(shape: HybridShape, length: int) -> dict[str, tuple[int, ...]]:
         if kind == LINEAR_LAYER:
             shapes[f"layers.{index}.transition"] = (heads, key_dim, key_dim)
             shapes[f"layers.{index}.suffix_state"] = (heads, key_dim, value_dim)
-            shapes[f"layers.{index}.chunk_state"] = (heads, key_dim, value_dim)
             shapes[f"layers.{index}.conv_tail"] = (shape.conv_dim, shape.conv_kernel - 1)
         else:
             shapes[f"layers.{index}.key"] = (shape.kv_heads, length, shape.head_dim)

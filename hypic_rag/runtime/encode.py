@@ -1,8 +1,9 @@
 """Encode one segment standalone (positions 0..L-1, zero start) into a cache entry.
 
 Per linear layer the entry holds the affine map of the segment's suffix (tokens seam..L-1) — P [H, K, K] and
-Z [H, K, V] — plus the zero-start end state of the whole segment and its conv tail; per attention layer the
-pre-RoPE keys and the values. See docs/CONTRACTS.md.
+Z [H, K, V] — and its conv tail; per attention layer the pre-RoPE keys and the values. See docs/CONTRACTS.md.
+No zero-start end state of the whole chunk is stored (it would add half of Z+P's bytes): a segment at position 0
+either has a seam-0 entry (then Z is that state) or recomputes its seam from the zero start, which is exact.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ def encode_segment(model: HybridModel, token_ids: list[int], seam_tokens: int) -
             core = torch.cat([seam_output, suffix_output], dim=2)[0]
             entry[tensor_name(layer_index, "transition")] = suffix.transition[0]
             entry[tensor_name(layer_index, "suffix_state")] = suffix.state[0]
-            entry[tensor_name(layer_index, "chunk_state")] = suffix.apply(seam_state)[0]
             entry[tensor_name(layer_index, "conv_tail")] = L.advance_conv_tail(
                 L.empty_conv_tail(mixer, device), inputs.preconv
             )

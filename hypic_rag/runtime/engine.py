@@ -7,9 +7,9 @@ Modes (the comparison ladder of DESIGN.md section 5, all through the same stack 
 - addition: sum of zero-start states (no P), keys left at their standalone positions: the naive baseline.
 - transition: P composition, keys left at their standalone positions.
 - transition_rope: P composition, cached keys re-positioned with RoPE.
-- hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every segment not at
-  position 0.
-The first segment of a request sits at position 0 with a zero start, so its entry is exact in every mode.
+- hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk.
+The prefix sits at position 0 with a zero start, so its (seam-0) entry is exact in every mode; without a prefix the
+first chunk's seam is recomputed from the zero start, which is exact too.
 """
 
 from __future__ import annotations
@@ -209,14 +209,21 @@ class Engine:
         return PrefillResult(result.logits, result.state, stats)
 
     def _prefill_composed(self, request: Request, mode: str, seam: int, stats: PrefillStats):
-        entry_seam = seam if mode == "hypic" else 0
         segments = request.segments
-        entries = self.fetch_entries(segments, entry_seam, stats)
+        # the prefix always sits at position 0: its seam-0 entry is exact (Z is its state). In hypic every chunk
+        # recomputes its seam (the first one, when there is no prefix, from the zero start: exact as well).
+        has_prefix = bool(request.prefix_ids)
+        seams = [0 if mode != "hypic" or (has_prefix and number == 0) else seam for number in range(len(segments))]
+        entries: list[Entry | None] = [None] * len(segments)
+        for entry_seam in sorted(set(seams)):
+            numbers = [number for number, s in enumerate(seams) if s == entry_seam]
+            fetched = self.fetch_entries([segments[n] for n in numbers], entry_seam, stats)
+            for number, entry in zip(numbers, fetched):
+                entries[number] = entry
         spans: list[Span] = []
         position = 0
-        for number, (segment, entry) in enumerate(zip(segments, entries)):
-            recompute = 0 if number == 0 or mode != "hypic" else min(seam, len(segment))
-            spans.append(Span(segment, position, recompute, entry))
+        for segment, entry, entry_seam in zip(segments, entries, seams):
+            spans.append(Span(segment, position, min(entry_seam, len(segment)), entry))
             position += len(segment)
         spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
         options = StackOptions(

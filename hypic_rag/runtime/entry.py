@@ -6,7 +6,7 @@ import torch
 
 TOKEN_IDS = "token_ids"
 SEAM_TOKENS = "seam_tokens"
-LINEAR_STATE_SUFFIXES = (".transition", ".suffix_state", ".chunk_state", ".conv_tail")
+LINEAR_STATE_SUFFIXES = (".transition", ".suffix_state", ".conv_tail")
 KEY_VALUE_SUFFIXES = (".key", ".value")
 
 

@@ -29,8 +29,8 @@ from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLaye
 class Span:
     """token_ids [L] at sequence positions start..start+L-1; the first `recompute` tokens are recomputed.
 
-    entry: the span's cached entry (its suffix pair must start at `recompute`, or the span is the very first of the
-    sequence and uses the zero-start `chunk_state`); None when the whole span is recomputed.
+    entry: the span's cached entry, whose suffix pair must start at `recompute` (its `seam_tokens`); None when the
+    whole span is recomputed.
     """
 
     token_ids: list[int]
@@ -76,11 +76,9 @@ class StackResult:
 
 
 def _apply_cached_linear(
-    state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, first: bool, recompute: int, composition: str
+    state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, recompute: int, composition: str
 ) -> torch.Tensor:
     """Advance the recurrent state [H, K, V] over a span's cached remainder."""
-    if first and recompute == 0:
-        return entry[tensor_name(layer_index, "chunk_state")].float()
     if int(entry[SEAM_TOKENS]) != recompute:
         raise ValueError(f"entry was encoded with seam {int(entry[SEAM_TOKENS])}, span recomputes {recompute}")
     suffix_state = entry[tensor_name(layer_index, "suffix_state")].float()
@@ -272,7 +270,6 @@ def _linear_layer(
     )
     core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
     per_span: list[LinearLayerState] = []
-    first = previous is None
     for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
         if count:
             if span_number in batched:
@@ -289,9 +286,8 @@ def _linear_layer(
                 recurrent = final[0]
         if span.entry is not None and count < span.length:
             began = time.perf_counter()
-            recurrent = _apply_cached_linear(recurrent, span.entry, layer_index, first, count, options.composition)
+            recurrent = _apply_cached_linear(recurrent, span.entry, layer_index, count, options.composition)
             compose_seconds += time.perf_counter() - began
-        first = False
         if want_checkpoints:
             per_span.append(LinearLayerState(recurrent, tails_after[span_number]))
     mixed = L.linear_mixer_output(mixer, core, output_gate, dtype)
