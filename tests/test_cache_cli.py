@@ -46,7 +46,7 @@ def test_stats_reports_entries_sizes_and_lookups(tmp_path: Path, capsys) -> None
     stats = json.loads(capsys.readouterr().out)
     assert stats["entries"] == 5 and stats["hits"] == 1 and stats["misses"] == 5
     assert stats["kv_bytes_per_entry"] == 2 * 2 * 20 * 16 * 4
-    assert stats["linear_bytes_per_entry"] == 3 * (3 * 4 * 16 * 16 * 4 + 128 * 3 * 4) + 8  # + the seam scalar
+    assert stats["linear_bytes_per_entry"] == 3 * (2 * 4 * 16 * 16 * 4 + 128 * 3 * 4) + 8  # P, Z, conv tail + seam scalar
     assert main(["cache", "stats", "--cache", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "entries         5" in text and "1 hits, 5 misses" in text
