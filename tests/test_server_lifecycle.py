@@ -29,14 +29,6 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_index(tmp_path_factory.mktemp("server_lifecycle") / "index", model, SMALL_CORPUS)
 
 
-def store_entries(cache_dir: Path) -> int:
-    store = LmdbSegmentStore.open(cache_dir, readonly=True)
-    try:
-        return store.counters().entries
-    finally:
-        store.close()
-
-
 def test_serve_without_an_index_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--index", str(tmp_path / "missing")]) == 2
     stderr = capsys.readouterr().err
@@ -86,7 +78,6 @@ def test_sigterm_finishes_in_flight_requests_and_leaves_the_cache_consistent(ind
     """`hypic-rag serve` runs here in the main thread (where uvicorn takes SIGTERM); a driver thread sends
     requests, waits until the server holds them all, and sends SIGTERM to this process."""
     cache_dir = index / "segment_cache"
-    entries_before = store_entries(cache_dir)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     fresh_segments = [f"Fresh segment number {n} about harbour cranes." for n in range(3)]
@@ -95,6 +86,7 @@ def test_sigterm_finishes_in_flight_requests_and_leaves_the_cache_consistent(ind
     def drive() -> None:
         try:
             wait_until_ready(url)
+            outcome["entries_before"] = httpx.get(f"{url}/v1/cache/stats", timeout=60).json()["cache"]["entries"]
             calls = in_flight_requests(url, fresh_segments)
             with ThreadPoolExecutor(max_workers=len(calls)) as pool:
                 futures = [pool.submit(call) for call in calls]
@@ -132,6 +124,6 @@ def test_sigterm_finishes_in_flight_requests_and_leaves_the_cache_consistent(ind
     finally:
         store.close()
     assert report.problems == []
-    assert report.checked == entries_before + len(fresh_segments)
+    assert report.checked == outcome["entries_before"] + len(fresh_segments)
     with (index / "index.lock").open("a+") as lock:  # the writer lock is released
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -179,15 +179,21 @@ class HypicRuntime:
         )
 
     # ------------------------------------------------------------------------------------------- work
-    def precompute(self, segments: Sequence[Sequence[int]], *, seam_tokens: int | None = None) -> PrefillStats:
-        """Make sure the cache holds every segment's entry (encoding the missing ones); hits and misses counted."""
-        seam = self.engine.seam_tokens if seam_tokens is None else seam_tokens
+    def precompute(self, segments: Sequence[Sequence[int]], *, include_prefix: bool = False) -> PrefillStats:
+        """Make sure the cache holds the entries hypic mode will ask for: each chunk segment's (for the seam width)
+        and, with `include_prefix`, the prompt prefix's. Missing ones are encoded and stored; hits and misses are
+        counted."""
         stats = PrefillStats(mode="hypic")
+        prefix = self.tokenize(self.prompt_format.prefix) if include_prefix else []
         with self.lock:
+            if prefix:  # a prefill of the prefix alone fetches (or stores) exactly the entry queries will use
+                warmed = self.engine.prefill(Request(prefix, [], prefix[-1:]), "hypic").stats
+                stats.cache_hits += warmed.cache_hits
+                stats.cache_misses += warmed.cache_misses
             for start in range(0, len(segments), PRECOMPUTE_BATCH):
                 batch = [list(ids) for ids in segments[start : start + PRECOMPUTE_BATCH] if ids]
                 if batch:
-                    self.engine.fetch_entries(batch, seam, stats)
+                    self.engine.fetch_entries(batch, self.engine.seam_tokens, stats)
         return stats
 
     def generate(self, request: Request, mode: str, params: SamplingParams) -> Generation:
@@ -471,9 +477,8 @@ class HypicCacheTransformation(TransformComponent):
             for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
                 if self.metadata_key not in excluded:
                     excluded.append(self.metadata_key)
-        prefix = self._runtime.tokenize(self._runtime.prompt_format.prefix)
         began = time.perf_counter()
-        self._last_stats = self._runtime.precompute(([prefix] if prefix else []) + segments)
+        self._last_stats = self._runtime.precompute(segments, include_prefix=True)
         logger.info(
             "segment cache: %d nodes and the prompt prefix, %d already cached, %d encoded in %.2f s",
             len(segments), self._last_stats.cache_hits, self._last_stats.cache_misses, time.perf_counter() - began,

@@ -119,13 +119,25 @@ class ServiceBackend:
             cache.close()
             index.close()
             raise
-        index.embedder.embed_query("warm-up")  # loads the embedder now, not on the first request
         logger.info(
             "serving %s (%d documents, %d chunks) with %s%s",
             index_dir, pipeline.index.counts().documents, pipeline.index.counts().chunks, model_path,
             " read-only" if config.read_only else "",
         )
-        return cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
+        backend = cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
+        backend.warm_up()
+        return backend
+
+    def warm_up(self) -> None:
+        """Load the embedder and make sure the prompt prefix's cache entry exists, so the first request pays for
+        neither (an index built before the engine's current entry layout may lack it)."""
+        self.pipeline.index.embedder.embed_query("warm-up")
+        request = self.pipeline.request_for("warm-up", [])
+        if request.prefix_ids:
+            stats = self.pipeline.engine.prefill(request, "hypic").stats
+            if stats.cache_misses:
+                logger.info("encoded the prompt prefix's cache entry (missing from the index's cache)")
+        self.refresh_cache_snapshot()
 
     def close(self) -> None:
         """Close the cache (flushing pending access notes) and the index."""

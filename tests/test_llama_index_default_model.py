@@ -1,0 +1,68 @@
+"""LlamaIndex end to end on the bundled default model over the bundled example corpus: ingest with the cache
+transformation, retrieve with a VectorStoreIndex, answer; answers and source nodes must be right.
+
+Skipped while `hypic_rag/assets/default_model` is not installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("llama_index.core")
+
+from llama_index.core import Settings, SimpleDirectoryReader, VectorStoreIndex  # noqa: E402
+from llama_index.core.ingestion import IngestionPipeline  # noqa: E402
+from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
+
+from hypic_rag.data.synthetic_qa import read_questions  # noqa: E402
+from hypic_rag.default_model import default_model_path, example_corpus_path  # noqa: E402
+from hypic_rag.integrations.llama_index import (  # noqa: E402
+    HypicCacheTransformation,
+    HypicEmbedding,
+    HypicLLM,
+    HypicQueryEngine,
+)
+
+pytestmark = pytest.mark.skipif(
+    not (default_model_path() / "config.json").is_file(),
+    reason="waiting for the bundled default model (hypic_rag/assets/default_model)",
+)
+
+QUESTIONS = 8
+
+
+def normalised(text: str) -> str:
+    return " ".join(text.strip().rstrip(".").split()).casefold()
+
+
+@pytest.fixture(scope="module")
+def query_engine(tmp_path_factory: pytest.TempPathFactory):
+    llm = HypicLLM(cache_dir=str(tmp_path_factory.mktemp("llama_default") / "cache"), device="cpu",
+                   max_new_tokens=24)
+    previous = (Settings._llm, Settings._embed_model)
+    Settings.llm, Settings.embed_model = llm, HypicEmbedding()
+    documents = SimpleDirectoryReader(str(example_corpus_path() / "documents"), required_exts=[".md"]).load_data()
+    pipeline = IngestionPipeline(transformations=[
+        SentenceSplitter(chunk_size=256, chunk_overlap=0, tokenizer=llm.runtime.tokenize),
+        HypicCacheTransformation(runtime=llm.runtime),
+        Settings.embed_model,
+    ])
+    nodes = pipeline.run(documents=documents)
+    assert pipeline.transformations[1].last_stats.cache_misses == len(nodes) + 1
+    engine = HypicQueryEngine(retriever=VectorStoreIndex(nodes).as_retriever(similarity_top_k=8), llm=llm)
+    yield engine
+    Settings._llm, Settings._embed_model = previous
+    llm.runtime.close()
+
+
+def test_pipeline_answers_with_the_gold_document_as_a_source(query_engine: HypicQueryEngine) -> None:
+    questions = [q for q in read_questions(example_corpus_path() / "questions.jsonl") if q.hops == 1][:QUESTIONS]
+    wrong = []
+    for question in questions:
+        response = query_engine.query(question.text)
+        files = [item.node.metadata["file_name"] for item in response.source_nodes]
+        assert f"{question.gold_doc_ids[0]}.md" in files, f"gold document not retrieved for {question.text!r}"
+        assert response.metadata["usage"]["cache_misses"] == 0
+        if normalised(response.response) != normalised(question.answer):
+            wrong.append((question.text, question.answer, response.response))
+    assert not wrong, f"wrong answers: {wrong}"
