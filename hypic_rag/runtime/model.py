@@ -168,6 +168,9 @@ def load_model(
     device: defaults to CUDA when available, else CPU. dtype: defaults to float32 on CPU, bfloat16 on CUDA.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # loading is quick for our sizes; keep CLI output clean
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

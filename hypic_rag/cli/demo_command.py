@@ -1,0 +1,90 @@
+"""`hypic-rag demo`: the main job on the bundled default model.
+
+Builds the bundled example corpus into an index and segment cache under the user cache directory (once, with
+progress), then answers a handful of the corpus's questions, printing each answer with its sources and the time to
+first token under `full` and `hypic` side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from hypic_rag.cli.main import CliError
+from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_OK, positive_int
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("HYPIC_RAG_CACHE") or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / ("" if os.environ.get("HYPIC_RAG_CACHE") else "hypic-rag")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="build the example index and answer questions (full vs hypic)", description=__doc__)
+    parser.add_argument("--index", metavar="DIR", help="index directory (default: <user cache>/demo-index)")
+    parser.add_argument("--questions", type=positive_int, default=6, metavar="N", help="questions answered (6)")
+    parser.add_argument("--top-k", type=positive_int, default=8, metavar="K", help="chunks retrieved per question (8)")
+    parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the bundled model)")
+    parser.set_defaults(func=run_demo)
+
+
+def _load_questions(path: Path, count: int) -> list[dict]:
+    questions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    single = [q for q in questions if q.get("hops", 1) == 1]
+    double = [q for q in questions if q.get("hops", 1) == 2]
+    picked = single[: max(1, count - count // 3)] + double[: count // 3]
+    return picked[:count]
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from hypic_rag.cli.precompute_command import resolve_model_path
+    from hypic_rag.default_model import example_corpus_path
+    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+    from hypic_rag.runtime.engine import SamplingParams
+
+    model_path = resolve_model_path(args.model)
+    corpus = example_corpus_path()
+    if not (corpus / "documents").is_dir():
+        raise CliError(f"the bundled example corpus is missing at {corpus}; reinstall hypic-rag", EXIT_BAD_INPUT)
+    index_dir = Path(args.index).expanduser() if args.index else user_cache_dir() / "demo-index"
+    print(f"hypic-rag demo: model {model_path}")
+    print(f"index and segment cache: {index_dir} (built once; delete it to rebuild)")
+    summary = precompute(PrecomputeOptions(corpus=corpus / "documents", index_dir=index_dir, model_path=model_path))
+    if summary.did_work:
+        print(
+            f"precomputed {summary.chunks} chunks ({summary.tokens} tokens) of {summary.documents} documents "
+            f"in {summary.elapsed_seconds:.1f} s; cache {summary.cache_bytes / 2**20:.1f} MiB"
+        )
+    pipeline = RagPipeline.open(index_dir, model_path=model_path)
+    pipeline.index.embedder.load()
+    params = SamplingParams(max_new_tokens=24, stop_strings=(pipeline.prompt_format.answer_stop,))
+    correct = {"full": 0, "hypic": 0}
+    ttft = {"full": 0.0, "hypic": 0.0}
+    questions = _load_questions(corpus / "questions.jsonl", args.questions)
+    try:
+        for number, question in enumerate(questions, start=1):
+            answers = {mode: pipeline.answer(question["text"], top_k=args.top_k, mode=mode, params=params) for mode in ("full", "hypic")}
+            print(f"\n[{number}] {question['text']}  (gold: {question['answer']})")
+            for mode, answer in answers.items():
+                ok = answer.text.strip() == question["answer"]
+                correct[mode] += ok
+                ttft[mode] += answer.timings["time_to_first_token"]
+                print(
+                    f"  {mode:5s} -> {answer.text!r:32s} {'correct' if ok else 'wrong':7s} "
+                    f"TTFT {answer.timings['time_to_first_token'] * 1000:7.1f} ms, "
+                    f"{answer.usage['recomputed_tokens']}/{answer.usage['prompt_tokens']} tokens recomputed"
+                )
+            sources = answers["hypic"].sources[:3]
+            print("  sources: " + ", ".join(f"{s.doc_id} ({s.score:.2f})" for s in sources))
+    finally:
+        pipeline.close()
+    count = len(questions)
+    print(
+        f"\nexact match: full {correct['full']}/{count}, hypic {correct['hypic']}/{count}; "
+        f"mean TTFT full {ttft['full'] / count * 1000:.1f} ms vs hypic {ttft['hypic'] / count * 1000:.1f} ms "
+        f"({ttft['full'] / max(ttft['hypic'], 1e-9):.1f}x)"
+    )
+    return EXIT_OK
