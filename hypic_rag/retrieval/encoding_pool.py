@@ -28,7 +28,7 @@ _WORKER_ENGINE: Any = None
 
 @dataclass(frozen=True, slots=True)
 class EncoderSpec:
-    """How a worker rebuilds the parent's encoder: model path, device, dtype name, seam width, fingerprint."""
+    """How a worker rebuilds the parent's encoder: model path, device, dtype name, default seam, fingerprint."""
 
     model_path: str
     device: str
@@ -60,14 +60,22 @@ def _initialise_worker(spec: EncoderSpec) -> None:
     _WORKER_ENGINE = Engine(model, seam_tokens=spec.seam_tokens)
 
 
-def _encode_in_worker(task: tuple[int, list[int]]) -> tuple[int, Entry]:
-    position, token_ids = task
-    return position, _WORKER_ENGINE.encode_segment(token_ids, _WORKER_ENGINE.seam_tokens)
+def _encode_in_worker(task: tuple[int, list[int], int]) -> tuple[int, Entry]:
+    position, token_ids, seam_tokens = task
+    return position, _WORKER_ENGINE.encode_segment(token_ids, seam_tokens)
 
 
-def lpt_order(segments: Sequence[Sequence[int]]) -> list[int]:
-    """Positions of `segments`, longest first (ties in their given order)."""
-    return sorted(range(len(segments)), key=lambda position: -len(segments[position]))
+@dataclass(frozen=True, slots=True)
+class SegmentTask:
+    """One segment to encode and the seam width its entry is for."""
+
+    token_ids: tuple[int, ...]
+    seam_tokens: int
+
+
+def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
+    """Positions of `tasks`, longest segment first (ties in their given order)."""
+    return sorted(range(len(tasks)), key=lambda position: -len(tasks[position].token_ids))
 
 
 class SegmentEncoder:
@@ -102,15 +110,16 @@ class SegmentEncoder:
             self._pool.join()
             self._pool = None
 
-    def encode(self, segments: Sequence[Sequence[int]]) -> Iterator[tuple[int, Entry]]:
-        """Yield (position in `segments`, entry) for every segment, longest handed out first."""
-        order = lpt_order(segments)
+    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry]]:
+        """Yield (position in `tasks`, entry) for every task, longest segment handed out first."""
+        order = lpt_order(tasks)
         if self.workers == 1 or not order:
             for position in order:
-                yield position, self.engine.encode_segment(list(segments[position]), self.spec.seam_tokens)
+                task = tasks[position]
+                yield position, self.engine.encode_segment(list(task.token_ids), task.seam_tokens)
             return
-        tasks = [(position, list(segments[position])) for position in order]
-        yield from self._start_pool().imap_unordered(_encode_in_worker, tasks, chunksize=1)
+        work = [(position, list(tasks[position].token_ids), tasks[position].seam_tokens) for position in order]
+        yield from self._start_pool().imap_unordered(_encode_in_worker, work, chunksize=1)
 
 
 def threads_per_worker(workers: int) -> int:

@@ -6,14 +6,14 @@ Resumable at every step: documents are committed one by one (an unchanged docume
 digest), and the encode phase asks the cache which segments it already holds and encodes only the others,
 storing them in small transactions as they complete. Interrupted and rerun, it finishes what is left; rerun on an
 unchanged corpus it embeds, indexes and encodes nothing. Besides the chunks, the prompt prefix segment is encoded
-too, so the first `ask` finds every segment of its prompt in the cache.
+too (for seam 0, as the runtime composes it), so the first `ask` finds every segment of its prompt in the cache.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_text
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings, IngestReport
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
-from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, threads_per_worker
+from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, SegmentTask, threads_per_worker
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import ModelIdentity
@@ -112,12 +112,35 @@ def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]
     return [list(ids) for ids in seen]
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentPlan:
+    """Segments whose entries must be cached for one seam width."""
+
+    seam_tokens: int
+    segments: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if self.seam_tokens < 0:
+            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+
+
+PREFIX_ENTRY_SEAM = 0
+"""The runtime composes the prefix, always at position 0, from its seam-0 entry, and every chunk from its entry for
+the configured seam width (`Engine._prefill_composed`); precompute makes exactly those entries."""
+
+
+def plan_segments(prefix_ids: Sequence[int], chunk_segments: Sequence[Sequence[int]], seam_tokens: int) -> list[SegmentPlan]:
+    """The entries a `hypic` request over this index needs: the prefix's (seam 0) and each distinct chunk's."""
+    plans = [SegmentPlan(PREFIX_ENTRY_SEAM, [list(prefix_ids)])] if prefix_ids else []
+    return plans + [SegmentPlan(seam_tokens, distinct_segments(chunk_segments))]
+
+
 def _entry_nbytes(entry: dict[str, Any]) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in entry.values())
 
 
 def _store_batch(cache: Any, namespace: Any, entries: list[dict[str, Any]]) -> None:
-    """Store freshly encoded entries in one cache transaction."""
+    """Store freshly encoded entries of one namespace in one cache transaction."""
     by_ids = {tuple(entry["token_ids"].tolist()): entry for entry in entries}
     cache.get_or_encode_many(namespace, [list(ids) for ids in by_ids], lambda missing: [by_ids[tuple(m)] for m in missing])
 
@@ -132,47 +155,63 @@ def missing_segments(cache: Any, namespace: Any, segments: Sequence[Sequence[int
 
 def encode_into_cache(
     cache: Any,
-    namespace: Any,
-    segments: Sequence[Sequence[int]],
+    namespace_for: Callable[[int], Any],
+    plans: Sequence[SegmentPlan],
     encoder: SegmentEncoder,
     *,
     show_progress: bool = True,
 ) -> EncodeReport:
-    """Encode the segments missing from `cache` (longest first) and store them as they complete."""
+    """Encode the planned segments missing from `cache` (longest first) and store them as they complete.
+
+    namespace_for(seam_tokens) gives the cache namespace of entries encoded for that seam width.
+    """
     began = time.perf_counter()
-    todo = missing_segments(cache, namespace, segments)
-    total_tokens = sum(len(ids) for ids in todo)
-    logger.info("%d of %d segments missing from the cache (%d tokens)", len(todo), len(segments), total_tokens)
-    batch: list[dict[str, Any]] = []
-    batch_bytes = encoded = tokens = 0
+    tasks = [
+        SegmentTask(tuple(ids), plan.seam_tokens)
+        for plan in plans
+        for ids in missing_segments(cache, namespace_for(plan.seam_tokens), plan.segments)
+    ]
+    planned = sum(len(plan.segments) for plan in plans)
+    total_tokens = sum(len(task.token_ids) for task in tasks)
+    logger.info("%d of %d segments missing from the cache (%d tokens)", len(tasks), planned, total_tokens)
+    batches: dict[int, list[dict[str, Any]]] = {}
+    batch_entries = batch_bytes = encoded = tokens = 0
+
+    def flush() -> None:
+        nonlocal batch_entries, batch_bytes
+        for seam_tokens, entries in batches.items():
+            _store_batch(cache, namespace_for(seam_tokens), entries)
+        batches.clear()
+        batch_entries = batch_bytes = 0
+
     with tqdm(
-        total=total_tokens, unit="tok", unit_scale=True, desc="encoding", disable=not show_progress or not todo
+        total=total_tokens, unit="tok", unit_scale=True, desc="encoding", disable=not show_progress or not tasks
     ) as progress:
-        for position, entry in encoder.encode(todo):
-            batch.append(entry)
+        for position, entry in encoder.encode(tasks):
+            task = tasks[position]
+            batches.setdefault(task.seam_tokens, []).append(entry)
+            batch_entries += 1
             batch_bytes += _entry_nbytes(entry)
-            if len(batch) >= COMMIT_ENTRIES or batch_bytes >= COMMIT_BYTES:
-                _store_batch(cache, namespace, batch)
-                batch, batch_bytes = [], 0
+            if batch_entries >= COMMIT_ENTRIES or batch_bytes >= COMMIT_BYTES:
+                flush()
             encoded += 1
-            tokens += len(todo[position])
-            progress.update(len(todo[position]))
-            progress.set_postfix_str(f"segments {encoded}/{len(todo)}", refresh=False)
-        if batch:
-            _store_batch(cache, namespace, batch)
-    return EncodeReport(
-        segments=len(segments), encoded=encoded, tokens_encoded=tokens, seconds=time.perf_counter() - began
-    )
+            tokens += len(task.token_ids)
+            progress.update(len(task.token_ids))
+            progress.set_postfix_str(f"segments {encoded}/{len(tasks)}", refresh=False)
+        flush()
+    return EncodeReport(segments=planned, encoded=encoded, tokens_encoded=tokens, seconds=time.perf_counter() - began)
 
 
-def cache_bytes_of(cache: Any, namespace: Any, segments: Sequence[Sequence[int]]) -> int:
-    """Stored bytes of the given segments' cache entries."""
+def cache_bytes_of(cache: Any, namespace_for: Callable[[int], Any], plans: Sequence[SegmentPlan]) -> int:
+    """Stored bytes of the planned segments' cache entries."""
     from hypic_rag.cache.keys import segment_key
 
     total = 0
-    for ids in segments:
-        record = cache.store.record(segment_key(namespace, ids))
-        total += record.value_bytes if record is not None else 0
+    for plan in plans:
+        namespace = namespace_for(plan.seam_tokens)
+        for ids in plan.segments:
+            record = cache.store.record(segment_key(namespace, ids))
+            total += record.value_bytes if record is not None else 0
     return total
 
 
@@ -200,10 +239,10 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
         chunk_segments = [list(chunk.token_ids) for chunk in index.docstore.iter_chunks()]
-        prefix_ids = encode_segment_text(model.tokenizer, options.prompt_format.prefix)
-        segments = distinct_segments(([prefix_ids] if prefix_ids else []) + chunk_segments)
+        prefix = options.prompt_format.prefix
+        prefix_ids = encode_segment_text(model.tokenizer, prefix) if prefix else []
+        plans = plan_segments(prefix_ids, chunk_segments, options.seam_tokens)
         engine = Engine(model, seam_tokens=options.seam_tokens)
-        namespace = engine.cache_namespace(options.seam_tokens)
         spec = EncoderSpec(
             model_path=str(options.model_path),
             device=str(model.device),
@@ -220,8 +259,10 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         cache = SegmentCache.open(index.cache_dir)
         try:
             with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
-                encode = encode_into_cache(cache, namespace, segments, encoder, show_progress=options.show_progress)
-            cache_bytes = cache_bytes_of(cache, namespace, segments)
+                encode = encode_into_cache(
+                    cache, engine.cache_namespace, plans, encoder, show_progress=options.show_progress
+                )
+            cache_bytes = cache_bytes_of(cache, engine.cache_namespace, plans)
         finally:
             cache.close()
         counts = index.counts()
