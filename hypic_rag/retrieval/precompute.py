@@ -25,6 +25,7 @@ from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings, IngestReport
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
 from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, SegmentTask, threads_per_worker
+from hypic_rag.retrieval.errors import RetrievalError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import ModelIdentity
@@ -225,7 +226,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
     corpus = corpus if corpus is not None else load_corpus(options.corpus)
     model = load_model(options.model_path, device=options.device)
     if model.tokenizer is None:
-        raise ValueError(f"model {options.model_path} has no tokenizer; chunks cannot be tokenized")
+        raise RetrievalError(f"model {options.model_path} has no tokenizer; chunks cannot be tokenized")
     embedder = SentenceEmbedder(options.embedder_path, batch_size=options.embed_batch_size)
     settings = IndexSettings(
         model=ModelIdentity(str(Path(options.model_path).resolve()), model.fingerprint, model.tokenizer_fingerprint),
