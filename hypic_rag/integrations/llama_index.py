@@ -425,6 +425,8 @@ class HypicQueryEngine(CustomQueryEngine):
             return StreamingResponse(response_gen=generate(), source_nodes=nodes, metadata=metadata)
         generation = runtime.generate(request, mode, params)
         timings = {"retrieval": retrieval_seconds, **generation.timings}
+        timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
+        timings["total"] = time.perf_counter() - began
         return Response(
             response=generation.text.strip(),
             source_nodes=nodes,
