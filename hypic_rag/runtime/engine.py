@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from hypic_rag.lru import ByteBudgetLRU
 from hypic_rag.runtime.encode import encode_segment
-from hypic_rag.runtime.memory_cache import ByteBudgetLRU
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.request import Request, check_mode
 from hypic_rag.runtime.stack import Span, StackOptions, run_stack
