@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-TOKEN_IDS = "token_ids"
-KV_SUFFIXES = (".key", ".value")
+from hypic_rag.runtime.entry import KEY_VALUE_SUFFIXES as KV_SUFFIXES
+from hypic_rag.runtime.entry import TOKEN_IDS
+
 LOWERABLE_STATE_SUFFIXES = (".transition", ".suffix_state")
 """The P/Z tensors whose storage dtype follows `CacheNamespace.state_dtype` (conv tails and K/V keep theirs)."""
 
