@@ -130,6 +130,18 @@ def test_stream_frames_sources_tokens_done(client: httpx.Client) -> None:
     assert 0 < done["timings"]["time_to_first_token_ms"] <= done["timings"]["total_ms"]
 
 
+def test_a_stream_whose_client_goes_away_stops_generating(client: httpx.Client) -> None:
+    body = {"question": SMALL_CORPUS_QUESTIONS["astronomy.md"], "max_new_tokens": 1000, "stream": True}
+    with client.stream("POST", "/v1/ask", json=body) as response:
+        for line in response.iter_lines():
+            if '"type":"token"' in line:
+                break  # leave after the first token: the worker must not generate the other 999
+    began = time.perf_counter()
+    follow_up = ask(client, SMALL_CORPUS_QUESTIONS["chess.md"], top_k=1)
+    assert follow_up["timings"]["queue_ms"] < 2_000, "the abandoned stream kept the worker busy"
+    assert time.perf_counter() - began < 10
+
+
 def test_twenty_concurrent_asks_match_sequential_answers(client: httpx.Client, server: ServerThread) -> None:
     documents = list(SMALL_CORPUS_QUESTIONS)
     sequential = {doc: ask(client, SMALL_CORPUS_QUESTIONS[doc], top_k=2) for doc in documents}
