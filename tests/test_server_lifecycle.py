@@ -18,6 +18,8 @@ import pytest
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.maintenance import verify_store
 from hypic_rag.cli.main import main
+from hypic_rag.server import ServerConfig
+from hypic_rag.server.runner import ServerThread
 from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, free_port, tiny_model_checkpoint
 
 STARTUP_TIMEOUT_S = 240.0
@@ -127,3 +129,17 @@ def test_sigterm_finishes_in_flight_requests_and_leaves_the_cache_consistent(ind
     assert report.checked == outcome["entries_before"] + len(fresh_segments)
     with (index / "index.lock").open("a+") as lock:  # the writer lock is released
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_read_only_server_answers_but_refuses_document_changes(index: Path) -> None:
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", read_only=True)) as server:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            assert client.get("/healthz").json()["read_only"] is True
+            answer = client.post("/v1/ask", json={"question": SMALL_CORPUS_QUESTIONS["lavender.md"],
+                                                  "max_new_tokens": 3})
+            assert answer.status_code == 200 and answer.json()["sources"][0]["document"] == "lavender.md"
+            added = client.post("/v1/documents", json={"documents": [{"id": "x", "text": "Some text."}]})
+            assert added.status_code == 409 and "read-only" in added.json()["error"]["message"]
+            assert client.delete("/v1/documents/lavender.md").status_code == 409
+        with (index / "index.lock").open("a+") as lock:  # a read-only server leaves the writer lock free
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
