@@ -55,7 +55,8 @@ def main() -> int:
         usage, timings = response.metadata["usage"], response.metadata["timings"]
         print(f"Q: {question.text}\n  answer: {response.response!r}   (expected: {question.answer}); "
               f"top source {response.source_nodes[0].node.metadata['file_name']}; segments {usage['cache_hits']} "
-              f"hit / {usage['cache_misses']} encoded; time to first token {1000 * timings['time_to_first_token']:.0f} ms")
+              f"hit / {usage['cache_misses']} encoded; "
+              f"time to first token {1000 * timings['time_to_first_token']:.0f} ms")
     llm.runtime.close()
     return 0
 

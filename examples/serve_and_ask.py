@@ -77,7 +77,8 @@ def main() -> int:
     build_index(index, model, example_corpus_path() / "documents", chunk_tokens=256)
 
     questions = read_questions(example_corpus_path() / "questions.jsonl")
-    with ServerThread(ServerConfig(index_dir=index)) as server, httpx.Client(base_url=server.url, timeout=300) as client:
+    server = ServerThread(ServerConfig(index_dir=index))
+    with server, httpx.Client(base_url=server.url, timeout=300) as client:
         print(f"serving on {server.url} (OpenAPI page: {server.url}/docs)")
         print(f"health: {client.get('/healthz').json()}")
         question = questions[0]

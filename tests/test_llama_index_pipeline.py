@@ -98,7 +98,9 @@ def test_ingesting_again_finds_every_entry_cached(nodes, llm: HypicLLM) -> None:
 
 # ------------------------------------------------------------------------------------------------ query engine
 @pytest.mark.parametrize("document", list(SMALL_CORPUS_QUESTIONS))
-def test_query_engine_answers_with_the_right_source_nodes(index: VectorStoreIndex, llm: HypicLLM, document: str) -> None:
+def test_query_engine_answers_with_the_right_source_nodes(
+    index: VectorStoreIndex, llm: HypicLLM, document: str
+) -> None:
     engine = HypicQueryEngine(retriever=index.as_retriever(similarity_top_k=TOP_K), llm=llm)
     question = SMALL_CORPUS_QUESTIONS[document]
     response = engine.query(question)

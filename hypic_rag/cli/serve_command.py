@@ -85,7 +85,10 @@ def run_serve(args: argparse.Namespace) -> int:
             f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
             EXIT_BAD_INPUT,
         )
-    model_path = Path(args.model).expanduser() if args.model else Path(IndexManifest.load(index_dir.resolve()).model.path)
+    if args.model:
+        model_path = Path(args.model).expanduser()
+    else:
+        model_path = Path(IndexManifest.load(index_dir.resolve()).model.path)
     if not (model_path / "config.json").is_file():
         raise CliError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model",
                        EXIT_BAD_INPUT)

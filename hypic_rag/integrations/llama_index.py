@@ -79,7 +79,9 @@ class HypicRuntime:
     _shared: dict[tuple[str, str | None, int, str | None], HypicRuntime] = {}
     _shared_lock = threading.Lock()
 
-    def __init__(self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str = "") -> None:
+    def __init__(
+        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str = ""
+    ) -> None:
         if engine.model.tokenizer is None:
             raise ValueError("the model has no tokenizer; hypic-rag's LlamaIndex integration needs one")
         self.engine = engine

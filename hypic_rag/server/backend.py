@@ -94,7 +94,7 @@ class ServiceBackend:
         else:
             chunker_config = ChunkerConfig(
                 chunk_tokens=int(manifest.chunker["chunk_tokens"]),
-                paragraph_fill=float(manifest.chunker.get("paragraph_fill", ChunkerConfig.paragraph_fill)),
+                paragraph_fill=float(manifest.chunker.get("paragraph_fill", ChunkerConfig().paragraph_fill)),
             )
             settings = IndexSettings(
                 model=ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint),
@@ -125,7 +125,11 @@ class ServiceBackend:
             " read-only" if config.read_only else "",
         )
         backend = cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
-        backend.warm_up()
+        try:
+            backend.warm_up()
+        except BaseException:
+            backend.close()
+            raise
         return backend
 
     def warm_up(self) -> None:
@@ -171,7 +175,9 @@ class ServiceBackend:
             self.refresh_cache_snapshot()
         return answer
 
-    def complete(self, segments: Sequence[str], *, mode: str, params: SamplingParams, context: TaskContext) -> CompletionResult:
+    def complete(
+        self, segments: Sequence[str], *, mode: str, params: SamplingParams, context: TaskContext
+    ) -> CompletionResult:
         """Generate after `segments`: all but the last are cached segments, the last is the query.
 
         Each segment is tokenized on its own; empty ones (two separators in a row) are dropped.

@@ -128,7 +128,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_unexpected_error(request: Request, error: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(error).__name__}", "internal_error", 500), status_code=500)
+        body = error_body(f"internal error: {type(error).__name__}", "internal_error", 500)
+        return JSONResponse(body, status_code=500)
 
     app.add_exception_handler(ServiceError, on_service_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]

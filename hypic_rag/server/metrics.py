@@ -77,7 +77,9 @@ class ServiceMetrics:
         depth.set_function(lambda: float(queue_depth()))
         capacity = Gauge("hypic_queue_capacity", "Requests that may wait before new ones get 429.", registry=registry)
         capacity.set(queue_capacity)
-        self.rejections = Counter("hypic_queue_rejections", "Requests refused with 429 (queue full).", registry=registry)
+        self.rejections = Counter(
+            "hypic_queue_rejections", "Requests refused with 429 (queue full).", registry=registry
+        )
         self.cache_hits = Counter("hypic_segment_cache_hits", "Segments served from the cache.", registry=registry)
         self.cache_misses = Counter("hypic_segment_cache_misses", "Segments encoded on demand.", registry=registry)
         self.tokens = Counter("hypic_tokens", "Tokens by kind.", ["kind"], registry=registry)

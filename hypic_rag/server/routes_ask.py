@@ -133,6 +133,7 @@ async def _relay(stream: EventStream, service: Service, received: float) -> Asyn
         yield sse_event({"type": "error", **error.body()})
     except Exception as error:
         logger.exception("streamed ask failed")
-        yield sse_event({"type": "error", **error_body(f"internal error: {type(error).__name__}", "internal_error", 500)})
+        body = error_body(f"internal error: {type(error).__name__}", "internal_error", 500)
+        yield sse_event({"type": "error", **body})
     yield DONE
 

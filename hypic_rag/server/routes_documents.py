@@ -79,8 +79,13 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
     return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": status_url})
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobOut, name="get_job", responses={404: {"description": "No such job."}},
-            summary="A background job's status and progress")
+@router.get(
+    "/v1/jobs/{job_id}",
+    response_model=JobOut,
+    name="get_job",
+    responses={404: {"description": "No such job."}},
+    summary="A background job's status and progress",
+)
 async def get_job(job_id: str, request: Request) -> Any:
     snapshot = _service(request).jobs.snapshot(job_id)
     if snapshot is None:
