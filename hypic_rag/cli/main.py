@@ -65,4 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run through the imported module so command modules and this entry point share one `CliError` class
+    from hypic_rag.cli.main import main as imported_main
+
+    sys.exit(imported_main())
