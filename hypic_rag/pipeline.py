@@ -91,24 +91,39 @@ class RagPipeline:
         index_dir: str | Path,
         *,
         model_path: str | Path | None = None,
+        embedder_path: str | Path | None = None,
         seam_tokens: int | None = None,
         device: str | None = None,
         hot_budget_bytes: int | None = None,
         readonly_cache: bool = False,
     ) -> RagPipeline:
-        """Open an index, its model (the one recorded in the manifest unless `model_path`) and its segment cache."""
+        """Open an index, its model (the one recorded in the manifest unless `model_path`; checked against the
+        manifest: another model raises `IndexMismatchError`), its embedder (loaded now, so the first question's
+        timing is the question's) and its segment cache."""
         from hypic_rag.cache.segment_cache import SegmentCache
         from hypic_rag.retrieval.corpus_index import CorpusIndex
+        from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
         from hypic_rag.runtime.model import load_model
 
-        index = CorpusIndex.open(index_dir)
-        model = load_model(model_path or index.manifest.model.path, device=device)
-        options: dict[str, Any] = {"readonly": readonly_cache}
-        if hot_budget_bytes is not None:
-            options["hot_budget_bytes"] = hot_budget_bytes
-        cache = SegmentCache.open(index.cache_dir, **options)
-        engine = Engine(model, seam_tokens=index.manifest.seam_tokens if seam_tokens is None else seam_tokens, segment_cache=cache)
-        return cls(index, engine)
+        index_dir = Path(index_dir).expanduser()
+        manifest = IndexManifest.load(index_dir)
+        model_path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
+        if not (model_path / "config.json").is_file():
+            raise PipelineError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model")
+        model = load_model(model_path, device=device)
+        manifest.check_model(ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint))
+        index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
+        try:
+            index.embedder.load()
+            options: dict[str, Any] = {"readonly": readonly_cache}
+            if hot_budget_bytes is not None:
+                options["hot_budget_bytes"] = hot_budget_bytes
+            cache = SegmentCache.open(index.cache_dir, **options)
+        except BaseException:
+            index.close()
+            raise
+        seam = manifest.seam_tokens if seam_tokens is None else seam_tokens
+        return cls(index, Engine(model, seam_tokens=seam, segment_cache=cache))
 
     def close(self) -> None:
         if self.engine.segment_cache is not None:

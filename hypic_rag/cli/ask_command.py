@@ -9,7 +9,6 @@ another embedder or model; 1 any other failure.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypic_rag.cli.main import CliError
@@ -71,28 +70,9 @@ def print_answer(answer: Answer) -> None:
 
 def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     """The index (checked against the embedder and model), its model, its segment cache, as one pipeline."""
-    from hypic_rag.cache.segment_cache import SegmentCache
     from hypic_rag.pipeline import RagPipeline
-    from hypic_rag.retrieval.corpus_index import CorpusIndex
-    from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
-    from hypic_rag.runtime.engine import Engine
-    from hypic_rag.runtime.model import load_model
 
-    index_dir = Path(args.index).expanduser()
-    manifest = IndexManifest.load(index_dir)
-    model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
-    if not (model_path / "config.json").is_file():
-        raise CliError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model", EXIT_BAD_INPUT)
-    model = load_model(model_path, device=args.device)
-    manifest.check_model(ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint))
-    index = CorpusIndex.open(index_dir, embedder_path=args.embedder)
-    index.embedder.load()  # before the question is timed
-    try:
-        cache = SegmentCache.open(index.cache_dir)
-    except BaseException:
-        index.close()
-        raise
-    return RagPipeline(index, Engine(model, seam_tokens=manifest.seam_tokens, segment_cache=cache))
+    return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device)
 
 
 def run_ask(args: argparse.Namespace) -> int:

@@ -59,7 +59,6 @@ def run_demo(args: argparse.Namespace) -> int:
             f"in {summary.elapsed_seconds:.1f} s; cache {summary.cache_bytes / 2**20:.1f} MiB"
         )
     pipeline = RagPipeline.open(index_dir, model_path=model_path)
-    pipeline.index.embedder.load()
     params = SamplingParams(max_new_tokens=24, stop_strings=(pipeline.prompt_format.answer_stop,))
     correct = {"full": 0, "hypic": 0}
     ttft = {"full": 0.0, "hypic": 0.0}
