@@ -43,8 +43,12 @@ class BenchConfig:
     throughput_requests: int
     throughput_seconds: float
     quality_questions: int
+    workloads: tuple[str, ...] = ("rag_qa", "long_context", "agentic", "cold")
 
     def __post_init__(self) -> None:
+        unknown = set(self.workloads) - {"rag_qa", "long_context", "agentic", "cold"}
+        if unknown:
+            raise ValueError(f"unknown workloads {sorted(unknown)}")
         if self.timing_model not in TIMING_MODELS:
             raise ValueError(f"unknown timing model {self.timing_model!r}")
         if self.requests < 1 or self.pool_size < max(self.top_ks):
@@ -57,6 +61,13 @@ PROFILES: dict[str, BenchConfig] = {
         requests=5, warmup=4, long_chunks=12, long_chunk_tokens=128, long_requests=2, agentic_turns=4,
         cold_requests=2, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=3, clients=2, throughput_requests=4,
         throughput_seconds=15.0, quality_questions=0,
+    ),
+    # the timing model at realistic chunk sizes, workload 1 at k = 8 and cold requests: ~30 min on 2 CPU cores
+    "standard": BenchConfig(
+        profile="standard", timing_model="medium", seam_tokens=8, chunk_tokens=256, pool_size=24, top_ks=(8,),
+        requests=4, warmup=4, long_chunks=32, long_chunk_tokens=512, long_requests=1, agentic_turns=4,
+        cold_requests=1, sweep_seams=(0, 2, 8, 32), sweep_requests=2, clients=2, throughput_requests=4,
+        throughput_seconds=300.0, quality_questions=0, workloads=("rag_qa", "cold"),
     ),
     # what the test suite runs end to end: seconds, shape and sanity only
     "test": BenchConfig(
@@ -89,13 +100,18 @@ def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = Tr
     model = wrap_model(hf_model)
     parameters = sum(p.numel() for p in hf_model.parameters())
     tokens = W.TokenSource(hf_model.config.vocab_size, seed)
-    workloads = [
-        W.rag_qa(tokens, top_k=k, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens, requests=config.requests, warmup=config.warmup)
-        for k in config.top_ks
-    ]
-    workloads.append(W.long_context(tokens, chunks=config.long_chunks, chunk_tokens=config.long_chunk_tokens, requests=config.long_requests))
-    workloads.append(W.agentic(tokens, turns=config.agentic_turns, documents=12, document_tokens=config.chunk_tokens, tool_tokens=config.chunk_tokens // 2, per_turn=4))
-    workloads.append(W.cold(tokens, top_k=8, chunk_tokens=config.chunk_tokens, requests=config.cold_requests))
+    workloads: list[W.Workload] = []
+    if "rag_qa" in config.workloads:
+        workloads += [
+            W.rag_qa(tokens, top_k=k, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens, requests=config.requests, warmup=config.warmup)
+            for k in config.top_ks
+        ]
+    if "long_context" in config.workloads:
+        workloads.append(W.long_context(tokens, chunks=config.long_chunks, chunk_tokens=config.long_chunk_tokens, requests=config.long_requests))
+    if "agentic" in config.workloads:
+        workloads.append(W.agentic(tokens, turns=config.agentic_turns, documents=12, document_tokens=config.chunk_tokens, tool_tokens=config.chunk_tokens // 2, per_turn=4))
+    if "cold" in config.workloads:
+        workloads.append(W.cold(tokens, top_k=8, chunk_tokens=config.chunk_tokens, requests=config.cold_requests))
     results = []
     for workload in workloads:
         logger.info("workload %s", workload.name)

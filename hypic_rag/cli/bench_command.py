@@ -10,7 +10,7 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, quality)")
     parser.add_argument("--quick", action="store_true", help="the small profile: a few minutes on 2 CPU cores")
-    parser.add_argument("--profile", choices=("quick", "full", "test"), default=None, help="explicit profile (overrides --quick)")
+    parser.add_argument("--profile", choices=("quick", "standard", "full", "test"), default=None, help="explicit profile (overrides --quick)")
     parser.add_argument("--output", default="docs/benchmarks", help="directory for JSON, markdown and PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--skip-quality", action="store_true", help="skip exact-match quality on the default model")
