@@ -18,7 +18,7 @@ def test_bench_end_to_end(tmp_path) -> None:
     assert "| hypic |" in completed.stdout
     result = json.loads((tmp_path / "bench_test.json").read_text())
     assert (tmp_path / "bench_test.md").read_text().startswith("# hypic-rag benchmark")
-    assert (tmp_path / "ttft_by_mode.png").stat().st_size > 1000
+    assert (tmp_path / "ttft_by_mode_test.png").stat().st_size > 1000
     seam = result["config"]["seam_tokens"]
     names = [w["workload"] for w in result["workloads"]]
     assert names[0].startswith("rag_qa") and any(n.startswith("long_context") for n in names)

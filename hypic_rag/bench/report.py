@@ -80,7 +80,7 @@ def plots(result: dict[str, Any], directory: Path) -> list[Path]:
         axis.set_title(workload["workload"], fontsize=9)
         axis.set_ylabel("TTFT p50 (s)")
     figure.tight_layout()
-    path = directory / "ttft_by_mode.png"
+    path = directory / f"ttft_by_mode_{result['config']['profile']}.png"
     figure.savefig(path, dpi=110)
     plt.close(figure)
     written.append(path)
@@ -94,7 +94,7 @@ def plots(result: dict[str, Any], directory: Path) -> list[Path]:
         axis.set_ylabel("KL(full || hypic)")
         axis.set_title("seam window: quality vs time to first token", fontsize=9)
         figure.tight_layout()
-        path = directory / "seam_sweep.png"
+        path = directory / f"seam_sweep_{result['config']['profile']}.png"
         figure.savefig(path, dpi=110)
         plt.close(figure)
         written.append(path)
