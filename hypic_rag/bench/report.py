@@ -77,6 +77,7 @@ def plots(result: dict[str, Any], directory: Path) -> list[Path]:
         axis.bar(range(len(modes)), values, color="#4c72b0")
         axis.set_xticks(range(len(modes)), modes, rotation=40, ha="right", fontsize=8)
         axis.set_yscale("log")
+        axis.set_ylim(bottom=min(values) / 3, top=max(values) * 2)
         axis.set_title(workload["workload"], fontsize=9)
         axis.set_ylabel("TTFT p50 (s)")
     figure.tight_layout()
