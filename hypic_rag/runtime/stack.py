@@ -203,6 +203,15 @@ def run_stack(
     )
 
 
+def _gather_runs(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.Tensor:
+    """Rows (offset, count) of values [R, ...] as [n, longest, ...], each run zero-padded at its end."""
+    longest = max(count for _, count in windows)
+    out = values.new_zeros(len(windows), longest, *values.shape[1:])
+    for row, (offset, count) in enumerate(windows):
+        out[row, :count] = values[offset : offset + count]
+    return out
+
+
 def _linear_layer(
     mixer: torch.nn.Module,
     layer_index: int,
@@ -239,16 +248,11 @@ def _linear_layer(
         tails_after.append(tail)
 
     # conv + delta-rule inputs of every recomputed run in one batched call (runs zero-padded at the end)
-    lengths = [offsets[n][1] for n in run_numbers]
-    longest = max(lengths)
-    def padded(values: torch.Tensor) -> torch.Tensor:
-        out = values.new_zeros(len(run_numbers), longest, *values.shape[1:])
-        for row, number in enumerate(run_numbers):
-            offset, count = offsets[number]
-            out[row, :count] = values[offset : offset + count]
-        return out
+    windows = [offsets[n] for n in run_numbers]
+    lengths = [count for _, count in windows]
     query, key, value, log_decay, beta = L.batched_delta_rule_inputs(
-        mixer, padded(preconv), padded(b), padded(a), torch.stack(contexts), lengths
+        mixer, _gather_runs(preconv, windows), _gather_runs(b, windows), _gather_runs(a, windows),
+        torch.stack(contexts), lengths,
     )
     row_of = {number: row for row, number in enumerate(run_numbers)}
 
