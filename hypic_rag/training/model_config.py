@@ -10,17 +10,17 @@ class ModelShape:
     """Sizes of the default model. `linear_per_attention` linear layers precede each full-attention layer
     (3 gives the 3:1 pattern of the released Qwen3.5 models)."""
 
-    hidden_size: int = 160
+    hidden_size: int = 128
     num_hidden_layers: int = 8
     linear_per_attention: int = 3
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    head_dim: int = 40
+    head_dim: int = 32
     linear_num_key_heads: int = 4
     linear_num_value_heads: int = 4
     linear_key_head_dim: int = 32
-    linear_value_head_dim: int = 40
-    intermediate_size: int = 448
+    linear_value_head_dim: int = 32
+    intermediate_size: int = 384
 
     def layer_types(self) -> list[str]:
         period = self.linear_per_attention + 1

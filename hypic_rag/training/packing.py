@@ -73,8 +73,14 @@ def pack_example(
     *,
     answer_weight: float = 1.0,
     text_weight: float = 0.2,
+    recap: Sequence[Document] = (),
+    recap_weight: float = 1.0,
 ) -> PackedExample:
-    """Lay out prefix + chunks + (question, answer)* and the per-token loss weights."""
+    """Lay out prefix + chunks + (question, answer)* [+ recap chunks] and the per-token loss weights.
+
+    recap: context documents repeated after the questions; every repeated token can be predicted by copying
+    from the context, a dense signal that teaches the copy (induction) circuit that answering builds on.
+    """
     ids: list[int] = list(encoder.prefix())
     weights: list[float] = [0.0] * len(ids)
     for document in documents:
@@ -88,6 +94,10 @@ def pack_example(
         ids += question_ids + answer_ids
         weights += [text_weight] * len(question_ids) + [answer_weight] * len(answer_ids)
         num_answer_tokens += len(answer_ids)
+    for document in recap:
+        chunk_ids = encoder.chunk(document.text)
+        ids += chunk_ids
+        weights += [recap_weight] * len(chunk_ids)
     return PackedExample(torch.tensor(ids, dtype=torch.long), torch.tensor(weights, dtype=torch.float32), num_answer_tokens)
 
 

@@ -40,19 +40,27 @@ class TrainSettings:
     """Everything that defines a training run (saved as settings.json in the run directory)."""
 
     seed: int = 0
-    total_steps: int = 1200
+    total_steps: int = 1100
     batch_size: int = 8
-    learning_rate: float = 2e-3
-    warmup_steps: int = 50
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.05
     grad_clip: float = 1.0
     questions_per_context: int = 16
     two_hop_share: float = 0.25
     final_documents: int = 8
-    curriculum_steps: int = 400
+    curriculum_steps: int = 250
     answer_weight: float = 1.0
     text_weight: float = 0.2
+    recap_documents: int = 1
+    copy_warmup_steps: int = 180
+    qk_norm_gain: float = 2.0
+    qk_norm_lr_scale: float = 5.0
+    copy_length: int = 40
+    copy_batch_size: int = 16
+    recap_weight: float = 0.5
+    max_documents_override: int = 0
     eval_every: int = 100
     eval_questions: int = 48
     checkpoint_every: int = 25
@@ -74,22 +82,43 @@ class TrainSettings:
 def documents_at(settings: TrainSettings, step: int, rng: random.Random) -> int:
     """Curriculum: the most documents per context grows from 1 to `final_documents` over `curriculum_steps`;
     a context draws its count from the three values up to that maximum (afterwards from final-2 .. final+1)."""
+    if settings.max_documents_override:
+        return rng.randint(1, settings.max_documents_override)
     if step >= settings.curriculum_steps:
         return rng.randint(max(1, settings.final_documents - 2), settings.final_documents + 1)
     most = 1 + round((settings.final_documents - 1) * step / settings.curriculum_steps)
     return rng.randint(max(1, most - 2), most)
 
 
+def copy_batch_at(settings: TrainSettings, step: int, vocab_size: int, first_id: int) -> list[PackedExample]:
+    """A batch of the copy task: `copy_length` random tokens, then the same tokens again (loss on the repeat).
+
+    Every repeated token is predictable only by finding its earlier occurrence and copying the token after it,
+    so this dense signal builds the induction circuit that reading an answer out of a document needs."""
+    generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+    examples = []
+    for _ in range(settings.copy_batch_size):
+        tokens = torch.randint(first_id, vocab_size, (settings.copy_length,), generator=generator)
+        weights = torch.cat([torch.zeros(settings.copy_length), torch.ones(settings.copy_length)])
+        examples.append(PackedExample(torch.cat([tokens, tokens]), weights, settings.copy_length))
+    return examples
+
+
 def batch_at(settings: TrainSettings, step: int, encoder: SegmentEncoder) -> list[PackedExample]:
-    """The training batch of `step` (deterministic)."""
+    """The training batch of `step` (deterministic): the copy task during the copy warm-up, then QA contexts
+    (the document curriculum counts from the end of the warm-up)."""
+    if step < settings.copy_warmup_steps:
+        return copy_batch_at(settings, step, len(encoder.tokenizer), first_id=len(encoder.tokenizer.all_special_ids))
+    step -= settings.copy_warmup_steps
     rng = random.Random(f"batch-{settings.seed}-{step}")
     examples = []
     for index in range(settings.batch_size):
         world_seed = settings.seed * TRAIN_WORLD_SEED_STRIDE + 1 + step * settings.batch_size + index
         spec = ContextSpec(documents_at(settings, step, rng), settings.questions_per_context, settings.two_hop_share)
         documents, questions = sample_training_context(world_seed, spec)
+        recap = rng.sample(documents, min(settings.recap_documents, len(documents)))
         examples.append(pack_example(encoder, documents, questions, answer_weight=settings.answer_weight,
-                                     text_weight=settings.text_weight))
+                                     text_weight=settings.text_weight, recap=recap, recap_weight=settings.recap_weight))
     return examples
 
 
@@ -124,6 +153,19 @@ def slow_decay_init(model: torch.nn.Module, seed: int) -> None:
             if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
                 low, high = math.log(0.005), math.log(2.0)
                 module.A_log.copy_(torch.rand(module.A_log.shape, generator=generator) * (high - low) + low)
+
+
+def sharpen_attention_init(model: torch.nn.Module, gain: float) -> None:
+    """Start the attention layers' q/k norm gains at `gain` instead of 1.
+
+    q and k are RMS-normalised, so attention logits are bounded by the norm gains; from gain 1, Adam needs
+    hundreds of steps to grow them enough for attention to single out one token among hundreds, and no
+    lookup can be learned before that."""
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "q_norm") and hasattr(module, "k_norm"):
+                for norm in (module.q_norm, module.k_norm):
+                    norm.weight.fill_(gain - 1.0)  # zero-centred RMSNorm: the gain is 1 + weight
 
 
 @torch.no_grad()
@@ -165,11 +207,21 @@ class Trainer:
                               pad_token_id=self.tokenizer.pad_token_id)
         self.model = Qwen3_5ForCausalLM(config)
         slow_decay_init(self.model, self.settings.seed)
-        decay, no_decay = [], []
+        sharpen_attention_init(self.model, self.settings.qk_norm_gain)
+        decay, no_decay, qk_norms = [], [], []
         for name, parameter in self.model.named_parameters():
-            (no_decay if parameter.ndim < 2 or "norm" in name or "A_log" in name or "dt_bias" in name else decay).append(parameter)
+            if "q_norm" in name or "k_norm" in name:
+                qk_norms.append(parameter)
+            elif parameter.ndim < 2 or "norm" in name or "A_log" in name or "dt_bias" in name:
+                no_decay.append(parameter)
+            else:
+                decay.append(parameter)
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [
+                {"params": decay, "weight_decay": self.settings.weight_decay, "lr_scale": 1.0},
+                {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+                {"params": qk_norms, "weight_decay": 0.0, "lr_scale": self.settings.qk_norm_lr_scale},
+            ],
             lr=self.settings.learning_rate, betas=(0.9, 0.95),
         )
         self.step = 0
@@ -215,7 +267,7 @@ class Trainer:
             step_started = time.monotonic()
             token_ids, weights = collate(batch_at(settings, self.step, self.encoder), self.tokenizer.pad_token_id)
             for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate_at(settings, self.step)
+                group["lr"] = learning_rate_at(settings, self.step) * group.get("lr_scale", 1.0)
             logits = self.model(input_ids=token_ids, use_cache=False).logits
             loss, answer_loss = weighted_loss(logits, token_ids, weights, settings.answer_weight)
             self.optimizer.zero_grad(set_to_none=True)
