@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_OK, positive_int
+from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK, positive_int
 
 
 def user_cache_dir() -> Path:
@@ -42,6 +43,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from hypic_rag.cli.precompute_command import resolve_model_path
     from hypic_rag.default_model import example_corpus_path
     from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.retrieval.errors import IndexMismatchError
     from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
     from hypic_rag.runtime.engine import SamplingParams
 
@@ -52,7 +54,15 @@ def run_demo(args: argparse.Namespace) -> int:
     index_dir = Path(args.index).expanduser() if args.index else user_cache_dir() / "demo-index"
     print(f"hypic-rag demo: model {model_path}")
     print(f"index and segment cache: {index_dir} (built once; delete it to rebuild)")
-    summary = precompute(PrecomputeOptions(corpus=corpus / "documents", index_dir=index_dir, model_path=model_path))
+    options = PrecomputeOptions(corpus=corpus / "documents", index_dir=index_dir, model_path=model_path)
+    try:
+        summary = precompute(options)
+    except IndexMismatchError as error:
+        if args.index:
+            raise CliError(f"{error}; pass another --index or delete this one", EXIT_MISMATCH) from None
+        print(f"the demo index was built for another model or settings; rebuilding it ({error})")
+        shutil.rmtree(index_dir)
+        summary = precompute(options)
     if summary.did_work:
         print(
             f"precomputed {summary.chunks} chunks ({summary.tokens} tokens) of {summary.documents} documents "
