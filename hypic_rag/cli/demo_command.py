@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK, positive_int
+from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, positive_int
 
 
 def user_cache_dir() -> Path:
@@ -40,6 +40,22 @@ def _load_questions(path: Path, count: int) -> list[dict]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Errors of the index, cache or pipeline become one line (exit 2, 3 for a mismatched index, 1 otherwise)."""
+    from hypic_rag.cache.errors import CacheError
+    from hypic_rag.pipeline import PipelineError
+    from hypic_rag.retrieval.errors import IndexMismatchError, RetrievalError
+
+    try:
+        return _run_demo(args)
+    except IndexMismatchError as error:
+        raise CliError(str(error), EXIT_MISMATCH) from None
+    except (PipelineError, FileNotFoundError) as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    except (RetrievalError, CacheError) as error:
+        raise CliError(str(error), EXIT_FAILURE) from None
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     from hypic_rag.cli.precompute_command import resolve_model_path
     from hypic_rag.default_model import example_corpus_path
     from hypic_rag.pipeline import RagPipeline
@@ -74,6 +90,9 @@ def run_demo(args: argparse.Namespace) -> int:
     ttft = {"full": 0.0, "hypic": 0.0}
     questions = _load_questions(corpus / "questions.jsonl", args.questions)
     try:
+        # one untimed question first: lazy initialisation (embedder, kernels, allocator) is not time to first token
+        for mode in ("full", "hypic"):
+            pipeline.answer(questions[0]["text"], top_k=args.top_k, mode=mode, params=SamplingParams(max_new_tokens=1))
         for number, question in enumerate(questions, start=1):
             answers = {mode: pipeline.answer(question["text"], top_k=args.top_k, mode=mode, params=params) for mode in ("full", "hypic")}
             print(f"\n[{number}] {question['text']}  (gold: {question['answer']})")
