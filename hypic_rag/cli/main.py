@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+
+# Before torch loads OpenMP: spinning worker threads slow every step ~10x whenever another process shares the
+# cores (measured on 2-core machines). An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 COMMAND_MODULES = (
     "hypic_rag.cli.cache_command",
