@@ -46,3 +46,19 @@ def answers_reliably() -> tuple[bool, str]:
     if accuracy < ACCURACY_TARGET:
         return False, f"the bundled model's held-out exact match {accuracy:.1%} is below the {ACCURACY_TARGET:.0%} target"
     return True, ""
+
+
+def resolve_model_path(given: str | Path | None) -> Path:
+    """`given` (a local checkpoint directory), else the bundled default model.
+
+    Raises FileNotFoundError with a one-line message when the directory or the bundled model is missing.
+    """
+    if given is not None:
+        path = Path(given).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {str(given)!r} does not exist or has no config.json")
+        return path
+    default = default_model_path()
+    if not (default / "config.json").is_file():
+        raise FileNotFoundError("no model given and the bundled default model is not installed; pass a model directory")
+    return default

@@ -62,21 +62,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def resolve_model_path(given: str | None) -> Path:
-    """--model, else the bundled default model; a clear error when neither is there."""
-    if given is not None:
-        path = Path(given).expanduser()
-        if not (path / "config.json").is_file():
-            raise CliError(f"model directory {given!r} does not exist or has no config.json", EXIT_BAD_INPUT)
-        return path
+    """--model, else the bundled default model; a clear one-line error when neither is there."""
+    from hypic_rag.default_model import resolve_model_path as resolve
+
     try:
-        from hypic_rag.default_model import default_model_path
-    except ImportError:
-        default = None
-    else:
-        default = default_model_path()
-    if default is None or not (default / "config.json").is_file():
-        raise CliError("no --model given and the bundled default model is not installed; pass --model PATH", EXIT_BAD_INPUT)
-    return default
+        return resolve(given)
+    except FileNotFoundError as error:
+        raise CliError(f"{error} (--model PATH)", EXIT_BAD_INPUT) from None
 
 
 def print_summary(summary: PrecomputeSummary) -> None:

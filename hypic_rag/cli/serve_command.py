@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
+from hypic_rag.cli.precompute_command import positive_int
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -25,16 +26,6 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value:g}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
@@ -59,13 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
-    parser.add_argument("--queue-size", type=_positive_int, default=64, metavar="N",
+    parser.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                         help="requests that may wait for the model before new ones get 429 (64)")
     parser.add_argument("--request-timeout", type=_positive_float, default=120.0, metavar="S",
                         help="per-request deadline in seconds, queue wait included (120)")
     parser.add_argument("--separator", default="<<PIC_SEP>>", metavar="STR",
                         help="segment separator of /v1/completions prompts (<<PIC_SEP>>)")
-    parser.add_argument("--max-body-bytes", type=_positive_int, default=8 << 20, metavar="N",
+    parser.add_argument("--max-body-bytes", type=positive_int, default=8 << 20, metavar="N",
                         help="largest request body accepted; larger ones get 413 (8 MiB)")
     parser.add_argument("--shutdown-grace", type=_positive_float, default=30.0, metavar="S",
                         help="seconds in-flight requests get to finish on shutdown (30)")

@@ -216,21 +216,10 @@ class HypicRuntime:
 
 
 def resolve_model_path(model_path: str | Path | None) -> Path:
-    """`model_path`, or the bundled default model; a clear error when neither exists."""
-    if model_path is not None:
-        path = Path(model_path).expanduser()
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model directory {str(path)!r} does not exist or has no config.json")
-        return path
-    try:
-        from hypic_rag.default_model import default_model_path
-    except ImportError:
-        default = None
-    else:
-        default = default_model_path()
-    if default is None or not (default / "config.json").is_file():
-        raise FileNotFoundError("the bundled default model is not installed; pass model_path=<checkpoint directory>")
-    return default
+    """`model_path`, or the bundled default model; FileNotFoundError when neither exists."""
+    from hypic_rag.default_model import resolve_model_path as resolve
+
+    return resolve(model_path)
 
 
 def _checked_mode(mode: str) -> str:
