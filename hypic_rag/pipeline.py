@@ -16,6 +16,7 @@ from typing import Any
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.runtime.engine import Engine, Generation, SamplingParams
 from hypic_rag.runtime.request import Request, check_mode
+from hypic_rag.streaming import drain
 
 logger = logging.getLogger(__name__)
 
@@ -186,14 +187,12 @@ class RagPipeline:
         on_token: Callable[[str], None] | None = None,
     ) -> Answer:
         """Retrieve `top_k` chunks, assemble under `mode`, generate; the answer with sources, usage and timings."""
-        iterator = self.stream(question, top_k=top_k, mode=mode, params=params)
-        while True:
-            try:
-                kind, value = next(iterator)
-            except StopIteration as done:
-                return done.value
-            if kind == "token" and on_token is not None:
-                on_token(value)
+
+        def forward(item: tuple[str, Any]) -> None:
+            if item[0] == "token" and on_token is not None:
+                on_token(item[1])
+
+        return drain(self.stream(question, top_k=top_k, mode=mode, params=params), forward)
 
 
 def _source_of(hit: Any) -> Source:

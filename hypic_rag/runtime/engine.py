@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from hypic_rag.lru import ByteBudgetLRU
+from hypic_rag.streaming import drain
 from hypic_rag.runtime.encode import encode_segment
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.request import Request, check_mode
@@ -332,14 +333,8 @@ class Engine:
         on_token: Callable[[int, str], None] | None = None,
     ) -> Generation:
         """Prefill then decode until a stop token, a stop string or `max_new_tokens`."""
-        iterator = self.stream(request, mode, params, seam_tokens)
-        while True:
-            try:
-                token, delta = next(iterator)
-            except StopIteration as done:
-                return done.value
-            if on_token is not None:
-                on_token(token, delta)
+        callback = None if on_token is None else (lambda item: on_token(*item))
+        return drain(self.stream(request, mode, params, seam_tokens), callback)
 
 
 def _detach_checkpoint(state: DecodeState) -> DecodeState:
