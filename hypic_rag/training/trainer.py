@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,6 +67,9 @@ class TrainSettings:
     checkpoint_every: int = 25
     max_minutes: float | None = None
     threads: int = 1
+    init_from: str = ""
+    """A run directory whose checkpoint (weights and optimizer moments) starts this run: a second training stage
+    with its own seed (fresh worlds) and learning-rate schedule. Its tokenizer is reused."""
     shape: ModelShape = field(default_factory=ModelShape)
 
     @classmethod
@@ -200,7 +204,10 @@ class Trainer:
         torch.manual_seed(self.settings.seed)
         tokenizer_dir = self.run_dir / "tokenizer"
         if not tokenizer_dir.exists():
-            train_tokenizer().save_pretrained(tokenizer_dir)
+            if self.settings.init_from:
+                shutil.copytree(Path(self.settings.init_from) / "tokenizer", tokenizer_dir)
+            else:
+                train_tokenizer().save_pretrained(tokenizer_dir)
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
         self.encoder = SegmentEncoder(self.tokenizer)
         config = build_config(self.settings.shape, len(self.tokenizer), eos_token_id=self.tokenizer.eos_token_id,
@@ -234,6 +241,14 @@ class Trainer:
 
     def _load_checkpoint(self) -> None:
         if not self.checkpoint_path.exists():
+            if self.settings.init_from:
+                source = Path(self.settings.init_from) / "checkpoint.pt"
+                if not source.exists():
+                    raise FileNotFoundError(f"init_from run {self.settings.init_from} has no checkpoint.pt")
+                state = torch.load(source, map_location="cpu", weights_only=False)
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+                logger.info("initialised %s from %s (step %d of that run)", self.run_dir, source, state["step"])
             return
         state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
         self.model.load_state_dict(state["model"])
