@@ -44,7 +44,7 @@ def build_cases(args: argparse.Namespace, encoder: SegmentEncoder) -> list[tuple
             (case.question, case.chunk_token_ids, case.gold_retrieved)
             for case in tqdm(
                 retrieved_cases(args.seed, args.questions, encoder.tokenizer, num_chunks=args.k,
-                                two_hop_share=args.two_hop_share),
+                                two_hop_share=args.two_hop_share, hop_slots=args.hop_slots),
                 total=args.questions, desc="retrieve", file=sys.stderr,
             )
         ]
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
     parser.add_argument("--k", type=int, default=8, help="chunks per question")
     parser.add_argument("--two-hop-share", type=float, default=0.2)
+    parser.add_argument("--hop-slots", type=int, default=1, help="retriever places from one retrieval hop (as the pipeline)")
     parser.add_argument("--context", choices=("retriever", "distractors"), default="retriever")
     parser.add_argument("--modes", default="hf", help="comma-separated: hf,full,hypic,transition_rope,transition,addition")
     parser.add_argument("--seam-tokens", type=int, default=8)
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "questions": len(cases),
         "seed": args.seed,
         "k": args.k,
+        "hop_slots": args.hop_slots if args.context == "retriever" else None,
         "context": args.context,
         "two_hop_share": args.two_hop_share,
         "seam_tokens": args.seam_tokens,

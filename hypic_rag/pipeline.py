@@ -68,9 +68,14 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 class RagPipeline:
     """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; engine: an `Engine` whose model
-    is the one the index was built for (its tokenizer made the chunks' token ids)."""
+    is the one the index was built for (its tokenizer made the chunks' token ids); hop_slots: how many of the
+    top_k places go to one retrieval hop from the best hit (`CorpusIndex.search`; 0 turns the hop off)."""
 
-    def __init__(self, index: Any, engine: Engine, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT) -> None:
+    def __init__(
+        self, index: Any, engine: Engine, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, *, hop_slots: int = 1
+    ) -> None:
+        if hop_slots < 0:
+            raise PipelineError("hop_slots must be >= 0")
         tokenizer = engine.model.tokenizer
         if tokenizer is None:
             raise PipelineError("the model has no tokenizer; a RAG pipeline needs one")
@@ -83,6 +88,7 @@ class RagPipeline:
         self.index = index
         self.engine = engine
         self.prompt_format = prompt_format
+        self.hop_slots = hop_slots
         self.tokenizer = tokenizer
         self._prefix_ids = _encode(tokenizer, prompt_format.prefix)
 
@@ -97,6 +103,7 @@ class RagPipeline:
         device: str | None = None,
         hot_budget_bytes: int | None = None,
         readonly_cache: bool = False,
+        hop_slots: int = 1,
     ) -> RagPipeline:
         """Open an index, its model (the one recorded in the manifest unless `model_path`; checked against the
         manifest: another model raises `IndexMismatchError`), its embedder (loaded now, so the first question's
@@ -124,7 +131,7 @@ class RagPipeline:
             index.close()
             raise
         seam = manifest.seam_tokens if seam_tokens is None else seam_tokens
-        return cls(index, Engine(model, seam_tokens=seam, segment_cache=cache))
+        return cls(index, Engine(model, seam_tokens=seam, segment_cache=cache), hop_slots=hop_slots)
 
     def close(self) -> None:
         if self.engine.segment_cache is not None:
@@ -158,7 +165,7 @@ class RagPipeline:
             raise PipelineError("the question is empty")
         if top_k < 1:
             raise PipelineError("top_k must be >= 1")
-        hits = self.index.search(question, top_k)
+        hits = self.index.search(question, top_k, hop_slots=self.hop_slots)
         retrieval_seconds = time.perf_counter() - began
         sources = [_source_of(hit) for hit in hits]
         yield "sources", sources

@@ -12,7 +12,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, positive_int
+from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, non_negative_int, positive_int
 from hypic_rag.runtime.request import MODES
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("question", metavar="QUESTION", help="the question")
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--top-k", type=positive_int, default=4, metavar="K", help="chunks retrieved (4)")
+    parser.add_argument("--hop-slots", type=non_negative_int, default=1, metavar="N",
+                        help="of the top-k places, how many go to one retrieval hop from the best hit (1; 0: off)")
     parser.add_argument("--mode", choices=MODES, default="hypic", help="composition mode (hypic)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N", help="answer length cap (32)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
@@ -72,7 +74,8 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     """The index (checked against the embedder and model), its model, its segment cache, as one pipeline."""
     from hypic_rag.pipeline import RagPipeline
 
-    return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device)
+    return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device,
+                            hop_slots=args.hop_slots)
 
 
 def run_ask(args: argparse.Namespace) -> int:

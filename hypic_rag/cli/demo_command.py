@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, positive_int
+from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, non_negative_int, positive_int
 
 
 def user_cache_dir() -> Path:
@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--index", metavar="DIR", help="index directory (default: <user cache>/demo-index)")
     parser.add_argument("--questions", type=positive_int, default=6, metavar="N", help="questions answered (6)")
     parser.add_argument("--top-k", type=positive_int, default=8, metavar="K", help="chunks retrieved per question (8)")
+    parser.add_argument("--hop-slots", type=non_negative_int, default=1, metavar="N",
+                        help="of the top-k places, how many go to one retrieval hop from the best hit (1; 0: off)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the bundled model)")
     parser.set_defaults(func=run_demo)
 
@@ -84,7 +86,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             f"precomputed {summary.chunks} chunks ({summary.tokens} tokens) of {summary.documents} documents "
             f"in {summary.elapsed_seconds:.1f} s; cache {summary.cache_bytes / 2**20:.1f} MiB"
         )
-    pipeline = RagPipeline.open(index_dir, model_path=model_path)
+    pipeline = RagPipeline.open(index_dir, model_path=model_path, hop_slots=args.hop_slots)
     params = SamplingParams(max_new_tokens=24, stop_strings=(pipeline.prompt_format.answer_stop,))
     correct = {"full": 0, "hypic": 0}
     ttft = {"full": 0.0, "hypic": 0.0}

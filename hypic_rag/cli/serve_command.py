@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import positive_int
+from hypic_rag.cli.precompute_command import non_negative_int, positive_int
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=_port, default=8000, help="port to bind (8000; 0 picks a free one)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    parser.add_argument("--hop-slots", type=non_negative_int, default=1, metavar="N",
+                        help="of each question's top_k places, how many go to one retrieval hop from the best hit (1; 0: off)")
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
     parser.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                         help="requests that may wait for the model before new ones get 429 (64)")
@@ -89,6 +91,7 @@ def run_serve(args: argparse.Namespace) -> int:
             model_path=Path(args.model).expanduser() if args.model else None,
             device=args.device,
             read_only=args.read_only,
+            hop_slots=args.hop_slots,
             queue_size=args.queue_size,
             request_timeout_s=args.request_timeout,
             separator=args.separator,

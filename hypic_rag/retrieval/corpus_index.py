@@ -31,6 +31,7 @@ from hypic_rag.retrieval.errors import IndexCorruptError, RetrievalError
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
+from hypic_rag.retrieval.multi_hop import hop_query, merge_hop_hits
 
 logger = logging.getLogger(__name__)
 
@@ -316,9 +317,25 @@ class CorpusIndex:
     def counts(self) -> DocStoreCounts:
         return self.docstore.counts()
 
-    def search(self, query: str, k: int = 4) -> list[SearchHit]:
-        """The k chunks most similar to `query`, best first."""
-        scores, ids = self.vectors.search(self.embedder.embed_query(query)[None, :], k)
+    def search(self, query: str, k: int = 4, *, hop_slots: int = 0) -> list[SearchHit]:
+        """The k chunks most similar to `query`, best first.
+
+        hop_slots > 0 (and < k): the last `hop_slots` places go to chunks found by one retrieval hop, a query
+        built from the best hit's sentence most similar to `query` (see `multi_hop`), for questions whose second
+        document shares no words with the question; places the hop cannot fill keep the direct hits."""
+        if hop_slots < 0:
+            raise ValueError("hop_slots must be >= 0")
+        direct = self._search_vector(self.embedder.embed_query(query), k)
+        if hop_slots == 0 or hop_slots >= k or not direct:
+            return direct
+        follow = hop_query(query, direct[0].chunk.text, self.embedder.embed)
+        if follow is None:
+            return direct
+        hop = self._search_vector(self.embedder.embed_query(follow), k)
+        return merge_hop_hits(direct, hop, k, hop_slots, key=lambda hit: hit.chunk.vector_id)
+
+    def _search_vector(self, vector, k: int) -> list[SearchHit]:
+        scores, ids = self.vectors.search(vector[None, :], k)
         found = [(float(score), int(vector_id)) for score, vector_id in zip(scores[0], ids[0]) if vector_id >= 0]
         chunks = {chunk.vector_id: chunk for chunk in self.docstore.chunks([vector_id for _, vector_id in found])}
         return [SearchHit(score, chunks[vector_id]) for score, vector_id in found if vector_id in chunks]

@@ -114,7 +114,7 @@ class ServiceBackend:
             raise
         engine = Engine(model, seam_tokens=manifest.seam_tokens, segment_cache=cache)
         try:
-            pipeline = RagPipeline(index, engine, prompt_format)
+            pipeline = RagPipeline(index, engine, prompt_format, hop_slots=config.hop_slots)
         except BaseException:
             cache.close()
             index.close()

@@ -37,6 +37,7 @@ class ServerConfig:
     max_prompt_tokens: int = 16_384
     max_new_tokens: int = 1_024
     max_top_k: int = 64
+    hop_slots: int = 1
     max_documents: int = 1_000
     max_document_chars: int = 2_000_000
     max_pending_jobs: int = 32
@@ -67,6 +68,8 @@ class ServerConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
+        if self.hop_slots < 0:
+            raise ValueError(f"hop_slots must be >= 0, got {self.hop_slots!r}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
         if not self.separator:

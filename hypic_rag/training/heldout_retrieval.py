@@ -41,10 +41,12 @@ def retrieved_cases(
     num_chunks: int = 8,
     two_hop_share: float = 0.2,
     questions_per_world: int = 50,
+    hop_slots: int = 1,
     work_dir: str | Path | None = None,
 ) -> Iterator[RetrievedCase]:
     """Held-out cases of worlds `seed`, `seed + 1`, ... (the same questions as `evaluate.heldout_cases`), each
-    world indexed in its own corpus index under `work_dir` (a temporary directory by default)."""
+    world indexed in its own corpus index under `work_dir` (a temporary directory by default) and searched as the
+    product's pipeline searches it (`hop_slots` of the k places from one retrieval hop)."""
     from hypic_rag.retrieval.chunking import Chunker
     from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
     from hypic_rag.retrieval.embeddings import SentenceEmbedder
@@ -66,7 +68,7 @@ def retrieved_cases(
             with CorpusIndex.open_for_update(index_dir, embedder, IndexSettings(model=identity)) as index:
                 index.ingest(load_corpus(documents_dir), chunker)
                 for question in questions:
-                    hits = index.search(question.text, k=num_chunks)
+                    hits = index.search(question.text, k=num_chunks, hop_slots=hop_slots)
                     yield RetrievedCase(
                         world,
                         question,
