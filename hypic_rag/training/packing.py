@@ -108,6 +108,9 @@ class ContextSpec:
     num_documents: int
     num_questions: int
     two_hop_share: float = 0.25
+    hard_negative_share: float = 0.0
+    """Share of contexts whose other documents are the most confusable ones (see `confusable_first`) instead of
+    random ones: what a retriever returns around a gold document."""
 
 
 def sample_training_context(seed: int, spec: ContextSpec) -> tuple[list[Document], list[Question]]:
@@ -126,10 +129,29 @@ def sample_training_context(seed: int, spec: ContextSpec) -> tuple[list[Document
             if entity_id not in chosen and len(chosen) < spec.num_documents:
                 chosen.append(entity_id)
     others = [entity.entity_id for entity in world.entities if entity.entity_id not in chosen]
-    chosen += rng.sample(others, spec.num_documents - len(chosen))
+    if spec.hard_negative_share > 0 and rng.random() < spec.hard_negative_share:
+        chosen += confusable_first(world, chosen, others, rng)[: spec.num_documents - len(chosen)]
+    else:
+        chosen += rng.sample(others, spec.num_documents - len(chosen))
     rng.shuffle(chosen)
     documents = [world.document_of(entity_id) for entity_id in chosen]
     return documents, _questions_about(world, chosen, spec, rng, seed)
+
+
+def confusable_first(world: World, chosen: Sequence[str], others: Sequence[str], rng: random.Random) -> list[str]:
+    """`others` ordered most confusable with `chosen` first: same kind as the first chosen entity (same relations,
+    same sentence templates), then any chosen kind, then attribute values shared with the chosen entities, with
+    random tie-breaks. Retrieved neighbours of a question look like this; random distractors mostly do not."""
+    anchor_kind = world.entity(chosen[0]).kind
+    kinds = {world.entity(entity_id).kind for entity_id in chosen}
+    values = {value for entity_id in chosen for value in world.entity(entity_id).attributes.values()}
+
+    def score(entity_id: str) -> float:
+        entity = world.entity(entity_id)
+        shared = sum(value in values for value in entity.attributes.values())
+        return 2.0 * (entity.kind == anchor_kind) + (entity.kind in kinds) + shared + 1.5 * rng.random()
+
+    return sorted(others, key=score, reverse=True)
 
 
 def _questions_about(world: World, entity_ids: list[str], spec: ContextSpec, rng: random.Random, seed: int) -> list[Question]:

@@ -50,6 +50,7 @@ class TrainSettings:
     grad_clip: float = 1.0
     questions_per_context: int = 16
     two_hop_share: float = 0.25
+    hard_negative_share: float = 0.0
     final_documents: int = 8
     curriculum_steps: int = 250
     answer_weight: float = 1.0
@@ -66,6 +67,8 @@ class TrainSettings:
     eval_questions: int = 48
     checkpoint_every: int = 25
     max_minutes: float | None = None
+    stop_at_step: int = 0
+    """Stop at this step (0: at total_steps) without changing the schedule: how a stage cut short is replayed."""
     threads: int = 1
     init_from: str = ""
     """A run directory whose checkpoint (weights and optimizer moments) starts this run: a second training stage
@@ -118,7 +121,8 @@ def batch_at(settings: TrainSettings, step: int, encoder: SegmentEncoder) -> lis
     examples = []
     for index in range(settings.batch_size):
         world_seed = settings.seed * TRAIN_WORLD_SEED_STRIDE + 1 + step * settings.batch_size + index
-        spec = ContextSpec(documents_at(settings, step, rng), settings.questions_per_context, settings.two_hop_share)
+        spec = ContextSpec(documents_at(settings, step, rng), settings.questions_per_context, settings.two_hop_share,
+                           settings.hard_negative_share)
         documents, questions = sample_training_context(world_seed, spec)
         recap = rng.sample(documents, min(settings.recap_documents, len(documents)))
         examples.append(pack_example(encoder, documents, questions, answer_weight=settings.answer_weight,
@@ -197,9 +201,13 @@ class Trainer:
             stored = TrainSettings.from_json(settings_path.read_text())
             if settings is not None and settings.max_minutes is not None:
                 stored.max_minutes = settings.max_minutes
+            if settings is not None and settings.stop_at_step:
+                stored.stop_at_step = settings.stop_at_step
             self.settings = stored
         else:
             self.settings = settings or TrainSettings()
+            if self.settings.init_from and not (Path(self.settings.init_from) / "checkpoint.pt").is_file():
+                raise FileNotFoundError(f"init_from run {self.settings.init_from} has no checkpoint.pt")
             settings_path.write_text(self.settings.to_json())
         torch.manual_seed(self.settings.seed)
         tokenizer_dir = self.run_dir / "tokenizer"
@@ -243,8 +251,6 @@ class Trainer:
         if not self.checkpoint_path.exists():
             if self.settings.init_from:
                 source = Path(self.settings.init_from) / "checkpoint.pt"
-                if not source.exists():
-                    raise FileNotFoundError(f"init_from run {self.settings.init_from} has no checkpoint.pt")
                 state = torch.load(source, map_location="cpu", weights_only=False)
                 self.model.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
@@ -275,7 +281,8 @@ class Trainer:
         started = time.monotonic()
         progress = tqdm(total=settings.total_steps, initial=self.step, desc="train", dynamic_ncols=True, mininterval=10)
         running_loss, running_answer = None, None
-        while self.step < settings.total_steps:
+        last_step = min(settings.total_steps, settings.stop_at_step or settings.total_steps)
+        while self.step < last_step:
             if settings.max_minutes is not None and time.monotonic() - started > settings.max_minutes * 60:
                 logger.info("time budget of %.1f min reached at step %d", settings.max_minutes, self.step)
                 break
