@@ -1,7 +1,10 @@
 """Render MODEL_CARD.md for an exported default model from its training settings and benchmark JSON files.
 
-    python -m hypic_rag.training.model_card --model hypic_rag/assets/default_model --run-dir runs/default \
+    python -m hypic_rag.training.model_card --model hypic_rag/assets/default_model \
+        --run-dir runs/default/stage1 --run-dir runs/default/stage2 --run-dir runs/default/stage3 \
         --eval runs/eval_retriever.json --eval runs/eval_distractors.json --notes runs/card_notes.md
+
+Give every training stage's run directory, in order (a single-stage run: one --run-dir).
 """
 
 from __future__ import annotations
@@ -38,23 +41,34 @@ def _eval_table(report: dict) -> list[str]:
     return lines
 
 
-def render_card(model_dir: Path, run_dir: Path, eval_paths: list[Path], notes: str) -> str:
-    """The model card text."""
-    from safetensors import safe_open
-
-    config = json.loads((model_dir / "config.json").read_text())
+def _stage_summary(run_dir: Path) -> tuple[int, float, dict, float | None]:
+    """(last step, training minutes, settings, last validation exact match) of one stage's run directory."""
     settings = json.loads((run_dir / "settings.json").read_text())
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as weights:
-        parameters = sum(weights.get_slice(name).get_shape().numel() if hasattr(weights.get_slice(name).get_shape(), "numel")
-                         else _product(weights.get_slice(name).get_shape()) for name in weights.keys())
-    bundle_bytes = sum(path.stat().st_size for path in model_dir.rglob("*") if path.is_file() and path.name != "MODEL_CARD.md")
-    minutes = 0.0
-    last_step = 0
+    minutes, last_step, validation = 0.0, 0, None
     metrics_path = run_dir / "metrics.jsonl"
     if metrics_path.exists():
         for line in metrics_path.read_text().splitlines():
             record = json.loads(line)
+            if record["step"] > (settings.get("stop_at_step") or settings["total_steps"]):
+                break  # steps past a stage's recorded stop were discarded (the next stage started earlier)
             minutes, last_step = record.get("minutes", minutes), record["step"]
+            if "validation" in record:
+                validation = record["validation"]["exact_match"]
+    return last_step, minutes, settings, validation
+
+
+def render_card(model_dir: Path, run_dirs: list[Path], eval_paths: list[Path], notes: str) -> str:
+    """The model card text; run_dirs: the training stages' run directories, in order."""
+    from safetensors import safe_open
+
+    config = json.loads((model_dir / "config.json").read_text())
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as weights:
+        parameters = sum(weights.get_slice(name).get_shape().numel() if hasattr(weights.get_slice(name).get_shape(), "numel")
+                         else _product(weights.get_slice(name).get_shape()) for name in weights.keys())
+    bundle_bytes = sum(path.stat().st_size for path in model_dir.rglob("*") if path.is_file() and path.name != "MODEL_CARD.md")
+    stages = [(run_dir.name, *_stage_summary(run_dir)) for run_dir in run_dirs]
+    total_steps = sum(stage[1] for stage in stages)
+    total_minutes = sum(stage[2] for stage in stages)
     layer_types = config["layer_types"]
     pattern = "".join("L" if kind == "linear_attention" else "A" for kind in layer_types)
     lines = [
@@ -74,9 +88,18 @@ def render_card(model_dir: Path, run_dir: Path, eval_paths: list[Path], notes: s
         f"- Byte-level BPE tokenizer of {config['vocab_size']} tokens trained on the corpus; every invented name is one token.",
         "",
         "## Training",
-        f"- {last_step} steps, {minutes:.0f} minutes of training (steps only, evaluation excluded) on a shared 2-core CPU, seed {settings['seed']}.",
-        f"- Settings: `{json.dumps({k: v for k, v in settings.items() if k != 'shape'})}`",
-        "- Data: worlds of seeds below 20,000,000 (24 people, 10 organisations, 10 places, 10 products each);",
+        f"- {total_steps} steps in {len(stages)} stage(s), {total_minutes:.0f} minutes of training (steps only, evaluation "
+        "excluded) on a 2-core CPU (shared with other jobs during parts of stage 1).",
+        "",
+        "| stage | steps | minutes | seed | last validation EM (gold + random distractors) | settings |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *[
+            f"| {name} | {steps} | {minutes:.0f} | {settings['seed']} | {_percent(validation)} | "
+            f"`{json.dumps({k: v for k, v in settings.items() if k != 'shape'})}` |"
+            for name, steps, minutes, settings, validation in stages
+        ],
+        "",
+        "- Data: worlds of seeds below 30,000,000 (stage s uses [s x 10,000,000 + 1, (s + 1) x 10,000,000); 24 people, 10 organisations, 10 places, 10 products each);",
         "  validation worlds 500,000,000+; held-out benchmark worlds 900,000,000+; example corpus world 777,000,000.",
         "- Reproduce: `scripts/train_default_model.py` (see `docs/default_model.md`).",
         "",
@@ -100,7 +123,7 @@ def _product(shape) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, action="append", required=True, help="a stage's run directory (repeat, in order)")
     parser.add_argument("--eval", type=Path, action="append", default=[])
     parser.add_argument("--notes", type=Path, default=None)
     args = parser.parse_args(argv)
