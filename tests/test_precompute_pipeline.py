@@ -154,6 +154,10 @@ def test_ask_retrieves_the_answer_chunk_from_the_cache(built: dict[str, Path], c
     for label in ("retrieval", "cache load", "compose", "prefill", "time to first token"):
         assert re.search(rf"{label} [\d.]+ ms", timings), label
     assert re.search(r"^Cache: 4 segments hit, 0 encoded", out, flags=re.MULTILINE)  # prefix + 3 chunks, all cached
+    # without the retrieval hop the same chunk is found (the hop only takes the last place)
+    code, out, _ = run_cli(capsys, "ask", "--index", str(built["index"]), "Where does the ferry to Lune island depart from?",
+                           "--top-k", "3", "--hop-slots", "0")
+    assert code == 0 and "ferry" in sources_of(out)
 
 
 def test_reingest_edit_and_delete_encode_only_what_changed(built: dict[str, Path], tmp_path: Path, model_dir) -> None:
@@ -231,6 +235,11 @@ def test_bad_input_gives_one_clear_error(built: dict[str, Path], tmp_path: Path,
     assert code == 3 and "index was built for model" in err
     code, _, err = run_cli(capsys, "ask", "--index", index, "--model", str(other_model), "Where is the ferry?")
     assert code == 3 and "index was built for model" in err
+    for flag, value, why in (("--hop-slots", "-1", "must be at least 0"), ("--top-k", "0", "must be at least 1")):
+        with pytest.raises(SystemExit) as exited:  # argparse: usage line, then the error, exit 2
+            run_cli(capsys, "ask", "--index", index, flag, value, "Where is the ferry?")
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and f"argument {flag}: {why}" in err.splitlines()[-1], err
 
     other_embedder = tmp_path / "other-embedder"
     shutil.copytree(default_embedder_path(), other_embedder, ignore=shutil.ignore_patterns("model.safetensors"))
