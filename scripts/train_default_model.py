@@ -21,6 +21,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,8 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--export", type=Path, default=None, help="write the last stage's model here when it is done")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-    import time
 
     from hypic_rag.training.trainer import Trainer, TrainSettings
 

@@ -21,15 +21,17 @@ def test_sentences_and_novel_words() -> None:
 
 
 def test_hop_query_picks_the_sentence_closest_to_the_question() -> None:
-    sentences = {"Q": np.array([1.0, 0.0]), "Ada Lind lives in Orvath.": np.array([0.6, 0.8]),
-                 "Ada Lind works for Kestrel Works.": np.array([0.9, 0.1])}
+    sentences = {"Ada Lind lives in Orvath.": np.array([0.6, 0.8]), "Ada Lind works for Kestrel Works.": np.array([0.9, 0.1])}
 
     def embed(texts):
-        return np.stack([sentences["Q" if index == 0 else text] for index, text in enumerate(texts)])
+        return np.stack([sentences[text] for text in texts])
 
+    question_vector = np.array([1.0, 0.0])
     passage = "Ada Lind lives in Orvath. Ada Lind works for Kestrel Works."
-    assert hop_query("Who runs the employer of Ada Lind?", passage, embed) == "works for Kestrel Works."
-    assert hop_query("Who is Ada Lind?", "", embed) is None
+    assert hop_query("Who runs the employer of Ada Lind?", question_vector, passage, embed) == "works for Kestrel Works."
+    # a question closer to the other sentence follows that one
+    assert hop_query("Where does Ada Lind live?", np.array([0.0, 1.0]), passage, embed) == "lives in Orvath."
+    assert hop_query("Who is Ada Lind?", question_vector, "", embed) is None
 
 
 @dataclass(frozen=True)

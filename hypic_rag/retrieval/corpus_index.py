@@ -325,10 +325,11 @@ class CorpusIndex:
         document shares no words with the question; places the hop cannot fill keep the direct hits."""
         if hop_slots < 0:
             raise ValueError("hop_slots must be >= 0")
-        direct = self._search_vector(self.embedder.embed_query(query), k)
+        query_vector = self.embedder.embed_query(query)
+        direct = self._search_vector(query_vector, k)
         if hop_slots == 0 or hop_slots >= k or not direct:
             return direct
-        follow = hop_query(query, direct[0].chunk.text, self.embedder.embed)
+        follow = hop_query(query, query_vector, direct[0].chunk.text, self.embedder.embed)
         if follow is None:
             return direct
         hop = self._search_vector(self.embedder.embed_query(follow), k)

@@ -32,15 +32,16 @@ def novel_words(sentence: str, question: str) -> str:
     return " ".join(word for word in sentence.split() if word.strip(_WORD_EDGE).casefold() not in asked)
 
 
-def hop_query(question: str, passage: str, embed: Callable[[Sequence[str]], np.ndarray]) -> str | None:
-    """The follow-up query of `question` after retrieving `passage`: the passage's sentence most similar to the
-    question (cosine of `embed`'s normalised vectors, shape [n, d]) without the question's words; None when the
-    passage has no sentence or that sentence adds no word."""
+def hop_query(
+    question: str, question_vector: np.ndarray, passage: str, embed: Callable[[Sequence[str]], np.ndarray]
+) -> str | None:
+    """The follow-up query of `question` (embedded as `question_vector` [d]) after retrieving `passage`: the
+    passage's sentence most similar to the question (cosine of `embed`'s normalised vectors, shape [n, d]) without
+    the question's words; None when the passage has no sentence or that sentence adds no word."""
     sentences = sentences_of(passage)
     if not sentences:
         return None
-    vectors = embed([question, *sentences])
-    best = sentences[int(np.argmax(vectors[1:] @ vectors[0]))]
+    best = sentences[int(np.argmax(embed(sentences) @ question_vector))]
     follow = novel_words(best, question)
     return follow or None
 
@@ -53,7 +54,7 @@ def merge_hop_hits(direct: Sequence, hop: Sequence, k: int, hop_slots: int, key:
     taken = {key(hit) for hit in kept}
     added = 0
     for hit in hop:
-        if added >= hop_slots or len(kept) >= k:
+        if added == hop_slots:
             break
         if key(hit) not in taken:
             kept.append(hit)
