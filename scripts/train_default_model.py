@@ -13,6 +13,9 @@ learning-rate schedule. Re-running continues where it stopped; --max-minutes bou
 2. `stage2`: QA contexts of 6-9 random documents, lr 1e-3 (schedule of 2,300 steps, stopped at step 500).
 3. `stage3`: as stage 2 with 60% of contexts built from confusable documents (same kind, shared values: what a
    retriever returns around a gold document), 2,000 steps.
+4. `stage4`: the cached layout (`hypic_rag/training/block_layout.py`): 70% of contexts see their chunks as the
+   segment cache serves them under `hypic` (encoded standalone, composed, seam window of 4-16 tokens recomputed),
+   80% confusable contexts, lr 5e-4, 850 steps.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ STAGES: list[tuple[str, dict]] = [
                 "stop_at_step": 500, "learning_rate": 1e-3, "warmup_steps": 20, "eval_every": 200}),
     ("stage3", {"init_from": "stage2", "seed": 2, "copy_warmup_steps": 0, "curriculum_steps": 0, "total_steps": 2000,
                 "learning_rate": 1e-3, "warmup_steps": 20, "eval_every": 250, "hard_negative_share": 0.6}),
+    ("stage4", {"init_from": "stage3", "seed": 3, "copy_warmup_steps": 0, "curriculum_steps": 0, "total_steps": 850,
+                "learning_rate": 5e-4, "warmup_steps": 20, "eval_every": 100, "hard_negative_share": 0.8,
+                "block_layout_share": 0.7, "block_seams": (4, 8, 8, 16)}),
 ]
 
 

@@ -4,6 +4,8 @@ confusable documents than random ones."""
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import torch
 
 from hypic_rag.data.synthetic_qa import generate_world
 from hypic_rag.training.model_config import ModelShape
-from hypic_rag.training.packing import ContextSpec, sample_training_context
-from hypic_rag.training.trainer import Trainer, TrainSettings, batch_at
+from hypic_rag.training.packing import ContextSpec, collate, sample_training_context
+from hypic_rag.training.trainer import Trainer, TrainSettings, batch_at, layout_at, validation_exact_match_hypic
 
 TINY_SHAPE = ModelShape(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
@@ -104,3 +106,35 @@ def test_hard_negative_contexts_hold_more_documents_of_the_same_kind() -> None:
         return sum(shares) / len(shares)
 
     assert same_kind_share(1.0) > same_kind_share(0.0) + 0.2
+
+
+def test_cached_layout_stage_trains_and_resumes_exactly(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """A stage in the cached layout: chunks of some contexts are encoded standalone (`block_layout.py`); the layout
+    of a step is a function of (seed, step), so a split run still equals an unbroken one; settings round-trip."""
+    changes = dict(copy_warmup_steps=0, total_steps=3, block_layout_share=0.6, block_seams=(0, 2), final_documents=3)
+    trainer = new_run(tmp_path / "run", tokenizer_dir, tiny_settings(**changes))
+    examples = batch_at(trainer.settings, 1, trainer.encoder)
+    assert all(len(example.chunk_spans) >= 1 for example in examples)
+    token_ids, _ = collate(examples, trainer.tokenizer.pad_token_id)
+    layouts = [layout_at(trainer.settings, step, batch_at(trainer.settings, step, trainer.encoder),
+                         collate(batch_at(trainer.settings, step, trainer.encoder), 0)[0], 0) for step in range(6)]
+    assert any(layout is not None for layout in layouts)
+    again = layout_at(trainer.settings, 1, examples, token_ids, trainer.tokenizer.pad_token_id)
+    first = layout_at(trainer.settings, 1, examples, token_ids, trainer.tokenizer.pad_token_id)
+    assert (first is None) == (again is None)
+    if first is not None:
+        assert torch.equal(first.cached, again.cached) and torch.equal(first.documents, again.documents)
+    assert layout_at(tiny_settings(), 1, examples, token_ids, 0) is None  # share 0: the ordinary forward
+    trainer.train()
+    assert trainer.step == 3
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(record["loss"]) for record in records)
+    split = new_run(tmp_path / "split", tokenizer_dir, tiny_settings(**changes, stop_at_step=2))
+    split.train()
+    resumed = Trainer(tmp_path / "split", tiny_settings(**changes, stop_at_step=3))
+    assert resumed.settings.block_seams == (0, 2) and resumed.settings.block_layout_share == 0.6
+    resumed.train()
+    assert states_equal(trainer.model.state_dict(), resumed.model.state_dict())
+    summary = validation_exact_match_hypic(resumed.model, resumed.encoder, 3)  # answered by the runtime under hypic
+    assert summary["num_questions"] == 3 and 0.0 <= summary["exact_match"] <= 1.0
+    assert resumed.model.training  # back in training mode afterwards

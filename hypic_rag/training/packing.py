@@ -29,11 +29,13 @@ from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 
 @dataclass(frozen=True, slots=True)
 class PackedExample:
-    """token_ids [T] int64 and loss_weights [T] float32 (weight of predicting token t from tokens < t)."""
+    """token_ids [T] int64 and loss_weights [T] float32 (weight of predicting token t from tokens < t);
+    chunk_spans: (start, length) of each retrieved-chunk segment (what the segment cache would encode alone)."""
 
     token_ids: torch.Tensor
     loss_weights: torch.Tensor
     num_answer_tokens: int
+    chunk_spans: tuple[tuple[int, int], ...] = ()
 
 
 class SegmentEncoder:
@@ -83,8 +85,10 @@ def pack_example(
     """
     ids: list[int] = list(encoder.prefix())
     weights: list[float] = [0.0] * len(ids)
+    chunk_spans: list[tuple[int, int]] = []
     for document in documents:
         chunk_ids = encoder.chunk(document.text)
+        chunk_spans.append((len(ids), len(chunk_ids)))
         ids += chunk_ids
         weights += [text_weight] * len(chunk_ids)
     num_answer_tokens = 0
@@ -98,7 +102,8 @@ def pack_example(
         chunk_ids = encoder.chunk(document.text)
         ids += chunk_ids
         weights += [recap_weight] * len(chunk_ids)
-    return PackedExample(torch.tensor(ids, dtype=torch.long), torch.tensor(weights, dtype=torch.float32), num_answer_tokens)
+    return PackedExample(torch.tensor(ids, dtype=torch.long), torch.tensor(weights, dtype=torch.float32), num_answer_tokens,
+                         tuple(chunk_spans))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from hypic_rag.training.block_layout import BlockLayout, block_layout_logits, build_layout
 from hypic_rag.training.evaluate import EvalItem, greedy_answer, heldout_cases, prompt_ids, summarize
 from hypic_rag.training.model_config import ModelShape, build_config
 from hypic_rag.training.packing import ContextSpec, PackedExample, SegmentEncoder, collate, pack_example, sample_training_context
@@ -70,6 +71,11 @@ class TrainSettings:
     stop_at_step: int = 0
     """Stop at this step (0: at total_steps) without changing the schedule: how a stage cut short is replayed."""
     threads: int = 1
+    block_layout_share: float = 0.0
+    """Share of QA contexts trained in the cached layout (`block_layout.py`): chunk tokens after the seam window are
+    encoded standalone and composed, as `hypic` serves them; the rest are fully attended."""
+    block_seams: tuple[int, ...] = (8,)
+    """Seam windows a cached-layout context draws from (one per context)."""
     init_from: str = ""
     """A run directory whose checkpoint (weights and optimizer moments) starts this run: a second training stage
     with its own seed (fresh worlds) and learning-rate schedule. Its tokenizer is reused."""
@@ -79,6 +85,8 @@ class TrainSettings:
     def from_json(cls, text: str) -> "TrainSettings":
         data = json.loads(text)
         data["shape"] = ModelShape(**data["shape"])
+        if "block_seams" in data:
+            data["block_seams"] = tuple(data["block_seams"])
         return cls(**data)
 
     def to_json(self) -> str:
@@ -128,6 +136,19 @@ def batch_at(settings: TrainSettings, step: int, encoder: SegmentEncoder) -> lis
         examples.append(pack_example(encoder, documents, questions, answer_weight=settings.answer_weight,
                                      text_weight=settings.text_weight, recap=recap, recap_weight=settings.recap_weight))
     return examples
+
+
+def layout_at(settings: TrainSettings, step: int, examples: list[PackedExample], token_ids: torch.Tensor,
+              pad_token_id: int) -> BlockLayout | None:
+    """The cached layout of `step`'s batch (deterministic): each QA context is in the cached layout with probability
+    `block_layout_share`, with a seam window drawn from `block_seams`. None when nothing is cached."""
+    if settings.block_layout_share <= 0 or step < settings.copy_warmup_steps:
+        return None
+    rng = random.Random(f"layout-{settings.seed}-{step}")
+    seams = [
+        rng.choice(settings.block_seams) if rng.random() < settings.block_layout_share else None for _ in examples
+    ]
+    return build_layout(token_ids, [example.chunk_spans for example in examples], seams, pad_token_id)
 
 
 def learning_rate_at(settings: TrainSettings, step: int) -> float:
@@ -184,6 +205,24 @@ def validation_exact_match(model, encoder: SegmentEncoder, num_questions: int, n
         EvalItem(question, greedy_answer(model, encoder, prompt_ids(encoder, documents, question.text)))
         for _, question, documents in heldout_cases(VALIDATION_SEED, num_questions, num_chunks)
     ]
+    model.train()
+    return summarize(items)
+
+
+@torch.no_grad()
+def validation_exact_match_hypic(model, encoder: SegmentEncoder, num_questions: int, seam_tokens: int = 8,
+                                 num_chunks: int = 8) -> dict:
+    """As `validation_exact_match`, answered by the runtime under `hypic` (standalone chunk entries, composed)."""
+    from hypic_rag.runtime.engine import Engine, SamplingParams
+    from hypic_rag.runtime.model import wrap_model
+    from hypic_rag.runtime.request import Request
+
+    engine = Engine(wrap_model(model, encoder.tokenizer), seam_tokens=seam_tokens)  # sets eval mode
+    params = SamplingParams(max_new_tokens=16, stop_strings=(encoder.prompt_format.answer_stop,))
+    items = []
+    for _, question, documents in heldout_cases(VALIDATION_SEED, num_questions, num_chunks):
+        request = Request(list(encoder.prefix()), [encoder.chunk(d.text) for d in documents], encoder.question(question.text))
+        items.append(EvalItem(question, engine.generate(request, mode="hypic", params=params).text.strip()))
     model.train()
     return summarize(items)
 
@@ -287,10 +326,17 @@ class Trainer:
                 logger.info("time budget of %.1f min reached at step %d", settings.max_minutes, self.step)
                 break
             step_started = time.monotonic()
-            token_ids, weights = collate(batch_at(settings, self.step, self.encoder), self.tokenizer.pad_token_id)
+            examples = batch_at(settings, self.step, self.encoder)
+            token_ids, weights = collate(examples, self.tokenizer.pad_token_id)
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate_at(settings, self.step) * group.get("lr_scale", 1.0)
-            logits = self.model(input_ids=token_ids, use_cache=False).logits
+            layout = layout_at(settings, self.step, examples, token_ids, self.tokenizer.pad_token_id)
+            if layout is None:
+                logits = self.model(input_ids=token_ids, use_cache=False).logits
+            else:
+                logits = block_layout_logits(self.model, token_ids, layout)
+                # a cached token's own prediction is made standalone: no loss on what it predicts here
+                weights[:, 1:] = weights[:, 1:] * (~layout.cached[:, :-1]).float()
             loss, answer_loss = weighted_loss(logits, token_ids, weights, settings.answer_weight)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -308,8 +354,10 @@ class Trainer:
                       "lr": learning_rate_at(settings, self.step - 1), "minutes": self.elapsed_seconds / 60}
             if self.step % settings.eval_every == 0 or self.step == settings.total_steps:
                 record["validation"] = validation_exact_match(self.model, self.encoder, settings.eval_questions)
-                logger.info("step %d: loss %.3f answer %.3f validation %s", self.step, running_loss, running_answer or 0,
-                            record["validation"])
+                if settings.block_layout_share > 0:
+                    record["validation_hypic"] = validation_exact_match_hypic(self.model, self.encoder, settings.eval_questions)
+                logger.info("step %d: loss %.3f answer %.3f validation %s hypic %s", self.step, running_loss,
+                            running_answer or 0, record["validation"], record.get("validation_hypic"))
             elif self.step % 10 == 0:
                 logger.info("step %d: loss %.3f answer %.3f (%.1f min)", self.step, running_loss, running_answer or 0,
                             self.elapsed_seconds / 60)
