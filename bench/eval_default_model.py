@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
     parser.add_argument("--k", type=int, default=8, help="chunks per question")
     parser.add_argument("--two-hop-share", type=float, default=0.2)
-    parser.add_argument("--hop-slots", type=int, default=1, help="retriever places from one retrieval hop (as the pipeline)")
+    parser.add_argument("--hop-slots", type=int, default=2, help="retriever places from one retrieval hop (as the pipeline)")
     parser.add_argument("--context", choices=("retriever", "distractors"), default="retriever")
     parser.add_argument("--modes", default="hf", help="comma-separated: hf,full,hypic,transition_rope,transition,addition")
     parser.add_argument("--seam-tokens", type=int, default=8)

@@ -72,7 +72,7 @@ class RagPipeline:
     top_k places go to one retrieval hop from the best hit (`CorpusIndex.search`; 0 turns the hop off)."""
 
     def __init__(
-        self, index: Any, engine: Engine, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, *, hop_slots: int = 1
+        self, index: Any, engine: Engine, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, *, hop_slots: int = 2
     ) -> None:
         if hop_slots < 0:
             raise PipelineError("hop_slots must be >= 0")
@@ -103,7 +103,7 @@ class RagPipeline:
         device: str | None = None,
         hot_budget_bytes: int | None = None,
         readonly_cache: bool = False,
-        hop_slots: int = 1,
+        hop_slots: int = 2,
     ) -> RagPipeline:
         """Open an index, its model (the one recorded in the manifest unless `model_path`; checked against the
         manifest: another model raises `IndexMismatchError`), its embedder (loaded now, so the first question's

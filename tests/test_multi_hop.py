@@ -1,6 +1,6 @@
 """One retrieval hop (`hypic_rag.retrieval.multi_hop`, `CorpusIndex.search(hop_slots=...)`): the pure helpers, and on
-real indexes (shipped MiniLM, FAISS) of two synthetic held-out worlds, that the hop finds more two-hop gold pairs
-while every single-hop gold document stays retrieved."""
+real indexes (shipped MiniLM, FAISS) of two synthetic held-out worlds, that two hop places find most two-hop gold
+pairs (the direct search alone finds about a third) while every single-hop gold document stays retrieved."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from hypic_rag.retrieval.multi_hop import hop_query, merge_hop_hits, novel_words, sentences_of
+from hypic_rag.retrieval.multi_hop import hop_queries, introduces_name, merge_hop_hits, novel_words, sentences_of
 
 
 def test_sentences_and_novel_words() -> None:
@@ -20,18 +20,28 @@ def test_sentences_and_novel_words() -> None:
     assert novel_words("Ada Lind.", "Who is Ada Lind?") == ""
 
 
-def test_hop_query_picks_the_sentence_closest_to_the_question() -> None:
-    sentences = {"Ada Lind lives in Orvath.": np.array([0.6, 0.8]), "Ada Lind works for Kestrel Works.": np.array([0.9, 0.1])}
+def test_introduces_name() -> None:
+    assert introduces_name("She works for Kestrel Works.", "Where is the employer of Ada Lind based?")
+    assert not introduces_name("Ada Lind was born in 1970.", "When was Ada Lind born?")  # first word and asked names
+    assert not introduces_name("She likes rowing.", "What does Ada Lind like?")
+
+
+def test_hop_queries_put_name_sentences_first_then_the_closest() -> None:
+    vectors = {"lives in Orvath.": np.array([0.6, 0.8]), "works for Kestrel Works.": np.array([0.9, 0.1]),
+               "was born in 1970.": np.array([1.0, 0.0]), "She likes rowing.": np.array([0.0, 1.0])}
 
     def embed(texts):
-        return np.stack([sentences[text] for text in texts])
+        return np.stack([vectors[text] for text in texts])
 
-    question_vector = np.array([1.0, 0.0])
-    passage = "Ada Lind lives in Orvath. Ada Lind works for Kestrel Works."
-    assert hop_query("Who runs the employer of Ada Lind?", question_vector, passage, embed) == "works for Kestrel Works."
-    # a question closer to the other sentence follows that one
-    assert hop_query("Where does Ada Lind live?", np.array([0.0, 1.0]), passage, embed) == "lives in Orvath."
-    assert hop_query("Who is Ada Lind?", question_vector, "", embed) is None
+    passage = "Ada Lind was born in 1970. Ada Lind lives in Orvath. Ada Lind works for Kestrel Works. She likes rowing."
+    question = "Who runs the employer of Ada Lind?"
+    # name-bearing sentences first (closest to the question first), then the others by similarity
+    assert hop_queries(question, np.array([1.0, 0.0]), passage, embed, 4) == [
+        "works for Kestrel Works.", "lives in Orvath.", "was born in 1970.", "She likes rowing."]
+    assert hop_queries(question, np.array([0.0, 1.0]), passage, embed, 2) == ["lives in Orvath.", "works for Kestrel Works."]
+    assert hop_queries(question, np.array([1.0, 0.0]), passage, embed, 0) == []
+    assert hop_queries("Who is Ada Lind?", np.array([1.0, 0.0]), "", embed, 2) == []
+    assert hop_queries("Who is Ada Lind?", np.array([1.0, 0.0]), "Ada Lind.", embed, 2) == []
 
 
 @dataclass(frozen=True)
@@ -43,13 +53,17 @@ def test_merge_keeps_direct_prefix_then_new_hop_hits_then_direct_tail() -> None:
     direct = [Hit(x) for x in "abcdef"]
     key = lambda hit: hit.name  # noqa: E731
     names = lambda hits: "".join(hit.name for hit in hits)  # noqa: E731
-    assert names(merge_hop_hits(direct, [Hit("a"), Hit("x"), Hit("y")], 4, 1, key)) == "abcx"
-    assert names(merge_hop_hits(direct, [Hit("a"), Hit("x"), Hit("y")], 4, 2, key)) == "abxy"
+    hop = [Hit("a"), Hit("x"), Hit("y")]
+    assert names(merge_hop_hits(direct, [hop], 4, 1, key)) == "abcx"
+    assert names(merge_hop_hits(direct, [hop], 4, 2, key)) == "abxy"  # one list fills two places in turn
+    # one new hit from each follow-up query, in query order
+    assert names(merge_hop_hits(direct, [hop, [Hit("x"), Hit("z")]], 4, 2, key)) == "abxz"
     # a hop that finds nothing new leaves the direct hits
-    assert names(merge_hop_hits(direct, [Hit("a"), Hit("b")], 4, 1, key)) == "abcd"
+    assert names(merge_hop_hits(direct, [[Hit("a"), Hit("b")]], 4, 1, key)) == "abcd"
+    assert names(merge_hop_hits(direct, [], 4, 2, key)) == "abcd"
     # the hop's hit already further down the direct list moves up, no duplicates
-    assert names(merge_hop_hits(direct, [Hit("e")], 4, 2, key)) == "abec"
-    assert names(merge_hop_hits(direct[:2], [Hit("x")], 4, 1, key)) == "abx"
+    assert names(merge_hop_hits(direct, [[Hit("e")]], 4, 2, key)) == "abec"
+    assert names(merge_hop_hits(direct[:2], [[Hit("x")]], 4, 1, key)) == "abx"
 
 
 @pytest.mark.slow
@@ -71,7 +85,8 @@ def test_hop_raises_two_hop_recall_on_real_indexes(tmp_path) -> None:
         return sum(single) / len(single), sum(double) / len(double), len(double)
 
     single_direct, double_direct, count = recall(0)
-    single_hop, double_hop, _ = recall(1)
+    single_hop, double_hop, _ = recall(2)
     assert count >= 15
     assert single_hop == single_direct == 1.0
-    assert double_hop >= double_direct + 0.15, (double_direct, double_hop)
+    assert double_hop >= double_direct + 0.3, (double_direct, double_hop)
+    assert double_hop >= 0.85, double_hop

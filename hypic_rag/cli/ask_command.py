@@ -26,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("question", metavar="QUESTION", help="the question")
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--top-k", type=positive_int, default=4, metavar="K", help="chunks retrieved (4)")
-    parser.add_argument("--hop-slots", type=non_negative_int, default=1, metavar="N",
-                        help="of the top-k places, how many go to one retrieval hop from the best hit (1; 0: off)")
+    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+                        help="of the top-k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--mode", choices=MODES, default="hypic", help="composition mode (hypic)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N", help="answer length cap (32)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")

@@ -27,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--index", metavar="DIR", help="index directory (default: <user cache>/demo-index)")
     parser.add_argument("--questions", type=positive_int, default=6, metavar="N", help="questions answered (6)")
     parser.add_argument("--top-k", type=positive_int, default=8, metavar="K", help="chunks retrieved per question (8)")
-    parser.add_argument("--hop-slots", type=non_negative_int, default=1, metavar="N",
-                        help="of the top-k places, how many go to one retrieval hop from the best hit (1; 0: off)")
+    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+                        help="of the top-k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the bundled model)")
     parser.set_defaults(func=run_demo)
 

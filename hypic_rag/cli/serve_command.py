@@ -49,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=_port, default=8000, help="port to bind (8000; 0 picks a free one)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
-    parser.add_argument("--hop-slots", type=non_negative_int, default=1, metavar="N",
-                        help="of each question's top_k places, how many go to one retrieval hop from the best hit (1; 0: off)")
+    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+                        help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
     parser.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                         help="requests that may wait for the model before new ones get 429 (64)")

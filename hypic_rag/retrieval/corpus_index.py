@@ -31,7 +31,7 @@ from hypic_rag.retrieval.errors import IndexCorruptError, RetrievalError
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
-from hypic_rag.retrieval.multi_hop import hop_query, merge_hop_hits
+from hypic_rag.retrieval.multi_hop import hop_queries, merge_hop_hits
 
 logger = logging.getLogger(__name__)
 
@@ -320,20 +320,20 @@ class CorpusIndex:
     def search(self, query: str, k: int = 4, *, hop_slots: int = 0) -> list[SearchHit]:
         """The k chunks most similar to `query`, best first.
 
-        hop_slots > 0 (and < k): the last `hop_slots` places go to chunks found by one retrieval hop, a query
-        built from the best hit's sentence most similar to `query` (see `multi_hop`), for questions whose second
-        document shares no words with the question; places the hop cannot fill keep the direct hits."""
+        hop_slots > 0 (and < k): the last `hop_slots` places go to chunks found by one retrieval hop, one follow-up
+        query per place built from the best hit's sentences (see `multi_hop`), for questions whose second document
+        shares no words with the question; places the hop cannot fill keep the direct hits."""
         if hop_slots < 0:
             raise ValueError("hop_slots must be >= 0")
         query_vector = self.embedder.embed_query(query)
         direct = self._search_vector(query_vector, k)
         if hop_slots == 0 or hop_slots >= k or not direct:
             return direct
-        follow = hop_query(query, query_vector, direct[0].chunk.text, self.embedder.embed)
-        if follow is None:
+        follows = hop_queries(query, query_vector, direct[0].chunk.text, self.embedder.embed, hop_slots)
+        if not follows:
             return direct
-        hop = self._search_vector(self.embedder.embed_query(follow), k)
-        return merge_hop_hits(direct, hop, k, hop_slots, key=lambda hit: hit.chunk.vector_id)
+        hops = [self._search_vector(vector, k) for vector in self.embedder.embed(follows)]
+        return merge_hop_hits(direct, hops, k, hop_slots, key=lambda hit: hit.chunk.vector_id)
 
     def _search_vector(self, vector, k: int) -> list[SearchHit]:
         scores, ids = self.vectors.search(vector[None, :], k)

@@ -37,7 +37,7 @@ class ServerConfig:
     max_prompt_tokens: int = 16_384
     max_new_tokens: int = 1_024
     max_top_k: int = 64
-    hop_slots: int = 1
+    hop_slots: int = 2
     max_documents: int = 1_000
     max_document_chars: int = 2_000_000
     max_pending_jobs: int = 32

@@ -41,7 +41,7 @@ def retrieved_cases(
     num_chunks: int = 8,
     two_hop_share: float = 0.2,
     questions_per_world: int = 50,
-    hop_slots: int = 1,
+    hop_slots: int = 2,
     work_dir: str | Path | None = None,
 ) -> Iterator[RetrievedCase]:
     """Held-out cases of worlds `seed`, `seed + 1`, ... (the same questions as `evaluate.heldout_cases`), each
