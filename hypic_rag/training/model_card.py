@@ -41,10 +41,11 @@ def _eval_table(report: dict) -> list[str]:
     return lines
 
 
-def _stage_summary(run_dir: Path) -> tuple[int, float, dict, float | None]:
-    """(last step, training minutes, settings, last validation exact match) of one stage's run directory."""
+def _stage_summary(run_dir: Path) -> tuple[int, float, dict, str]:
+    """(last step, training minutes, settings, last validation exact match: `full`, and `/ hypic` when the stage
+    measured it) of one stage's run directory."""
     settings = json.loads((run_dir / "settings.json").read_text())
-    minutes, last_step, validation = 0.0, 0, None
+    minutes, last_step, validation, validation_hypic = 0.0, 0, None, None
     metrics_path = run_dir / "metrics.jsonl"
     if metrics_path.exists():
         for line in metrics_path.read_text().splitlines():
@@ -54,7 +55,9 @@ def _stage_summary(run_dir: Path) -> tuple[int, float, dict, float | None]:
             minutes, last_step = record.get("minutes", minutes), record["step"]
             if "validation" in record:
                 validation = record["validation"]["exact_match"]
-    return last_step, minutes, settings, validation
+                validation_hypic = record.get("validation_hypic", {}).get("exact_match")
+    shown = _percent(validation) + (f" / {_percent(validation_hypic)}" if validation_hypic is not None else "")
+    return last_step, minutes, settings, shown
 
 
 def render_card(model_dir: Path, run_dirs: list[Path], eval_paths: list[Path], notes: str) -> str:
@@ -69,6 +72,7 @@ def render_card(model_dir: Path, run_dirs: list[Path], eval_paths: list[Path], n
     stages = [(run_dir.name, *_stage_summary(run_dir)) for run_dir in run_dirs]
     total_steps = sum(stage[1] for stage in stages)
     total_minutes = sum(stage[2] for stage in stages)
+    seed_limit = (max(stage[3]["seed"] for stage in stages) + 1) * 10_000_000
     layer_types = config["layer_types"]
     pattern = "".join("L" if kind == "linear_attention" else "A" for kind in layer_types)
     lines = [
@@ -89,17 +93,18 @@ def render_card(model_dir: Path, run_dirs: list[Path], eval_paths: list[Path], n
         "",
         "## Training",
         f"- {total_steps} steps in {len(stages)} stage(s), {total_minutes:.0f} minutes of training (steps only, evaluation "
-        "excluded) on a 2-core CPU (shared with other jobs during parts of stage 1).",
+        "excluded) on a 2-core CPU (shared at times with evaluation jobs, which slowed some steps).",
         "",
-        "| stage | steps | minutes | seed | last validation EM (gold + random distractors) | settings |",
+        "| stage | steps | minutes | seed | last validation EM, gold + random distractors (`full` / `hypic`) | settings |",
         "| --- | --- | --- | --- | --- | --- |",
         *[
-            f"| {name} | {steps} | {minutes:.0f} | {settings['seed']} | {_percent(validation)} | "
+            f"| {name} | {steps} | {minutes:.0f} | {settings['seed']} | {validation} | "
             f"`{json.dumps({k: v for k, v in settings.items() if k != 'shape'})}` |"
             for name, steps, minutes, settings, validation in stages
         ],
         "",
-        "- Data: worlds of seeds below 30,000,000 (stage s uses [s x 10,000,000 + 1, (s + 1) x 10,000,000); 24 people, 10 organisations, 10 places, 10 products each);",
+        f"- Data: worlds of seeds below {seed_limit:,} (a stage of seed s uses [s x 10,000,000 + 1, (s + 1) x 10,000,000); "
+        "24 people, 10 organisations, 10 places, 10 products each);",
         "  validation worlds 500,000,000+; held-out benchmark worlds 900,000,000+; example corpus world 777,000,000.",
         "- Reproduce: `scripts/train_default_model.py` (see `docs/default_model.md`).",
         "",
