@@ -33,12 +33,16 @@ def test_hop_queries_put_name_sentences_first_then_the_closest() -> None:
     def embed(texts):
         return np.stack([vectors[text] for text in texts])
 
+    def texts(queries):
+        return [text for text, _ in queries]
+
     passage = "Ada Lind was born in 1970. Ada Lind lives in Orvath. Ada Lind works for Kestrel Works. She likes rowing."
     question = "Who runs the employer of Ada Lind?"
     # name-bearing sentences first (closest to the question first), then the others by similarity
-    assert hop_queries(question, np.array([1.0, 0.0]), passage, embed, 4) == [
-        "works for Kestrel Works.", "lives in Orvath.", "was born in 1970.", "She likes rowing."]
-    assert hop_queries(question, np.array([0.0, 1.0]), passage, embed, 2) == ["lives in Orvath.", "works for Kestrel Works."]
+    ranked = hop_queries(question, np.array([1.0, 0.0]), passage, embed, 4)
+    assert texts(ranked) == ["works for Kestrel Works.", "lives in Orvath.", "was born in 1970.", "She likes rowing."]
+    assert all(np.array_equal(vector, vectors[text]) for text, vector in ranked)  # each query's own embedding
+    assert texts(hop_queries(question, np.array([0.0, 1.0]), passage, embed, 2)) == ["lives in Orvath.", "works for Kestrel Works."]
     assert hop_queries(question, np.array([1.0, 0.0]), passage, embed, 0) == []
     assert hop_queries("Who is Ada Lind?", np.array([1.0, 0.0]), "", embed, 2) == []
     assert hop_queries("Who is Ada Lind?", np.array([1.0, 0.0]), "Ada Lind.", embed, 2) == []

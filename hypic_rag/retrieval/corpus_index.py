@@ -332,7 +332,7 @@ class CorpusIndex:
         follows = hop_queries(query, query_vector, direct[0].chunk.text, self.embedder.embed, hop_slots)
         if not follows:
             return direct
-        hops = [self._search_vector(vector, k) for vector in self.embedder.embed(follows)]
+        hops = [self._search_vector(vector, k) for _, vector in follows]  # embedded once, while ranking
         return merge_hop_hits(direct, hops, k, hop_slots, key=lambda hit: hit.chunk.vector_id)
 
     def _search_vector(self, vector, k: int) -> list[SearchHit]:

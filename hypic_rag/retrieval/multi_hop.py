@@ -49,24 +49,25 @@ def hop_queries(
     passage: str,
     embed: Callable[[Sequence[str]], np.ndarray],
     limit: int,
-) -> list[str]:
-    """Up to `limit` follow-up queries of `question` (embedded as `question_vector` [d]) after retrieving `passage`:
-    the new words (`novel_words`) of the passage's sentences, those introducing a name first, each group ordered by
-    cosine similarity to the question (`embed` returns normalised vectors [n, d]). Empty when nothing is new."""
+) -> list[tuple[str, np.ndarray]]:
+    """Up to `limit` follow-up queries of `question` (embedded as `question_vector` [d]) after retrieving `passage`,
+    each with its embedding [d] (ready to search): the new words (`novel_words`) of the passage's sentences, those
+    introducing a name first, each group ordered by cosine similarity to the question (`embed` returns normalised
+    vectors [n, d]). Empty when nothing is new."""
     if limit <= 0:
         return []
-    candidates = [(sentence, novel_words(sentence, question)) for sentence in sentences_of(passage)]
-    candidates = [(sentence, follow) for sentence, follow in candidates if follow]
+    candidates: list[tuple[str, str]] = []
+    for sentence in sentences_of(passage):
+        follow = novel_words(sentence, question)
+        if follow and follow not in (known for _, known in candidates):
+            candidates.append((sentence, follow))
     if not candidates:
         return []
-    similarity = embed([follow for _, follow in candidates]) @ question_vector
+    vectors = embed([follow for _, follow in candidates])
+    similarity = vectors @ question_vector
     order = sorted(range(len(candidates)),
                    key=lambda i: (not introduces_name(candidates[i][0], question), -float(similarity[i])))
-    queries: list[str] = []
-    for index in order:
-        if candidates[index][1] not in queries:
-            queries.append(candidates[index][1])
-    return queries[:limit]
+    return [(candidates[i][1], vectors[i]) for i in order[:limit]]
 
 
 def merge_hop_hits(direct: Sequence, hops: Sequence[Sequence], k: int, hop_slots: int, key: Callable) -> list:
