@@ -1,6 +1,8 @@
 """Mixer paths re-implemented over the model's own modules, exposing what composition needs.
 
-Shapes drop the batch dimension (one request at a time): T tokens, H heads.
+Shapes drop the batch dimension (one request at a time): T tokens, H heads. The projections, the convolution and
+the output paths also take leading batch dimensions ([..., T, hidden]); the training forward of
+`hypic_rag/training/block_layout.py` runs them batched.
 - Gated DeltaNet (linear_attention): pre-conv projections, short causal conv with an explicit left context
   (the conv tail), gated-delta-rule inputs, and the gated output norm + projection.
 - Gated full attention: pre-RoPE (k-normed) keys, rotary for arbitrary positions (partial rotary and M-RoPE
@@ -51,13 +53,14 @@ def advance_conv_tail(tail: torch.Tensor, preconv: torch.Tensor) -> torch.Tensor
 
 
 def _project(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, hidden] -> preconv [T, C], z [T, H, V], b [T, H], a [T, H] for either projection layout."""
-    if hasattr(mixer, "in_proj_qkvz"):  # Qwen3-Next: grouped qkvz / ba layout
-        query, key, value, z, b, a = mixer.fix_query_key_value_ordering(mixer.in_proj_qkvz(x[None]), mixer.in_proj_ba(x[None]))
-        preconv = torch.cat([t.reshape(1, t.shape[1], -1) for t in (query, key, value)], dim=-1)[0]
-        return preconv, z[0], b[0], a[0]
+    """x [..., T, hidden] -> preconv [..., T, C], z [..., T, H, V], b [..., T, H], a [..., T, H] for either layout."""
+    if hasattr(mixer, "in_proj_qkvz"):  # Qwen3-Next: grouped qkvz / ba layout (its own code wants a batch dim)
+        batched = x if x.dim() == 3 else x[None]
+        query, key, value, z, b, a = mixer.fix_query_key_value_ordering(mixer.in_proj_qkvz(batched), mixer.in_proj_ba(batched))
+        preconv = torch.cat([t.reshape(*t.shape[:2], -1) for t in (query, key, value)], dim=-1)
+        return (preconv, z, b, a) if x.dim() == 3 else (preconv[0], z[0], b[0], a[0])
     preconv = mixer.in_proj_qkv(x)
-    z = mixer.in_proj_z(x).reshape(x.shape[0], -1, mixer.head_v_dim)
+    z = mixer.in_proj_z(x).reshape(*x.shape[:-1], -1, mixer.head_v_dim)
     return preconv, z, mixer.in_proj_b(x), mixer.in_proj_a(x)
 
 
@@ -66,9 +69,49 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def linear_projections(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token-local projections of x [T, hidden] (no context needed, so done once for all recomputed tokens):
-    preconv [T, C], output gate z [T, H, V], b [T, H], a [T, H]."""
+    """Token-local projections of x [..., T, hidden] (no context needed, so done once for all recomputed tokens):
+    preconv [..., T, C], output gate z [..., T, H, V], b [..., T, H], a [..., T, H]."""
     return _project(mixer, x)
+
+
+def short_convolution(mixer: nn.Module, preconv: torch.Tensor, conv_context: torch.Tensor) -> torch.Tensor:
+    """The short causal conv and its SiLU over n runs: preconv [n, T, C], each run with its own left context
+    conv_context [n, C, kernel-1]. Returns the convolved q/k/v channels [n, T, C]."""
+    weight = mixer.conv1d.weight  # [C, 1, kernel]
+    conv_input = torch.cat([conv_context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
+    return F.silu(F.conv1d(conv_input, weight, mixer.conv1d.bias, groups=conv_input.shape[1])).transpose(1, 2)
+
+
+def split_delta_rule_inputs(
+    mixer: nn.Module, convolved: torch.Tensor, b: torch.Tensor, a: torch.Tensor, lengths: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Delta-rule inputs from convolved channels [n, T, C] and b, a [n, T, H]: query, key [n, H, T, K]
+    (l2-normalised, query scaled by K^-1/2), value [n, H, T, V], log_decay, beta [n, H, T]. Positions at or past a
+    run's length (when `lengths` is given) get log_decay = 0 and beta = 0: identity steps that leave the state alone."""
+    runs, length, _ = convolved.shape
+    query, key, value = torch.split(convolved, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+    heads_v, heads_k = mixer.num_v_heads, mixer.num_k_heads
+    query = query.reshape(runs, length, heads_k, mixer.head_k_dim).float()
+    key = key.reshape(runs, length, heads_k, mixer.head_k_dim).float()
+    value = value.reshape(runs, length, heads_v, mixer.head_v_dim).float()
+    if heads_v != heads_k:
+        query = query.repeat_interleave(heads_v // heads_k, dim=2)
+        key = key.repeat_interleave(heads_v // heads_k, dim=2)
+    query = _l2norm(query) * (mixer.head_k_dim**-0.5)
+    key = _l2norm(key)
+    beta = b.float().sigmoid()
+    log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias)
+    if lengths is not None:
+        valid = (torch.arange(length, device=convolved.device)[None, :] < torch.tensor(lengths, device=convolved.device)[:, None]).float()
+        beta = beta * valid[..., None]
+        log_decay = log_decay * valid[..., None]
+    return (
+        query.transpose(1, 2).contiguous(),
+        key.transpose(1, 2).contiguous(),
+        value.transpose(1, 2).contiguous(),
+        log_decay.transpose(1, 2).contiguous(),
+        beta.transpose(1, 2).contiguous(),
+    )
 
 
 def batched_delta_rule_inputs(
@@ -82,36 +125,9 @@ def batched_delta_rule_inputs(
     """Short causal conv and delta-rule inputs of n runs at once, each with its own left context.
 
     preconv [n, T, C] (runs zero-padded at the end), b, a [n, T, H], conv_context [n, C, kernel-1].
-    Returns query, key [n, H, T, K], value [n, H, T, V], log_decay, beta [n, H, T]. Positions at or past a run's
-    length (when `lengths` is given) get log_decay = 0 and beta = 0: identity steps that leave the state alone.
+    Returns query, key [n, H, T, K], value [n, H, T, V], log_decay, beta [n, H, T] (see `split_delta_rule_inputs`).
     """
-    runs, length, _ = preconv.shape
-    weight = mixer.conv1d.weight  # [C, 1, kernel]
-    conv_input = torch.cat([conv_context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
-    mixed = F.silu(F.conv1d(conv_input, weight, mixer.conv1d.bias, groups=conv_input.shape[1])).transpose(1, 2)
-    query, key, value = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
-    heads_v, heads_k = mixer.num_v_heads, mixer.num_k_heads
-    query = query.reshape(runs, length, heads_k, mixer.head_k_dim).float()
-    key = key.reshape(runs, length, heads_k, mixer.head_k_dim).float()
-    value = value.reshape(runs, length, heads_v, mixer.head_v_dim).float()
-    if heads_v != heads_k:
-        query = query.repeat_interleave(heads_v // heads_k, dim=2)
-        key = key.repeat_interleave(heads_v // heads_k, dim=2)
-    query = _l2norm(query) * (mixer.head_k_dim**-0.5)
-    key = _l2norm(key)
-    beta = b.float().sigmoid()
-    log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias)
-    if lengths is not None:
-        valid = (torch.arange(length, device=preconv.device)[None, :] < torch.tensor(lengths, device=preconv.device)[:, None]).float()
-        beta = beta * valid[..., None]
-        log_decay = log_decay * valid[..., None]
-    return (
-        query.transpose(1, 2).contiguous(),
-        key.transpose(1, 2).contiguous(),
-        value.transpose(1, 2).contiguous(),
-        log_decay.transpose(1, 2).contiguous(),
-        beta.transpose(1, 2).contiguous(),
-    )
+    return split_delta_rule_inputs(mixer, short_convolution(mixer, preconv, conv_context), b, a, lengths)
 
 
 def delta_rule_inputs(
@@ -136,30 +152,30 @@ def linear_mixer_inputs(mixer: nn.Module, x: torch.Tensor, conv_context: torch.T
 
 
 def linear_mixer_output(mixer: nn.Module, core: torch.Tensor, output_gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Gated RMS norm and output projection: core [H, T, V], output_gate [T, H, V] -> [T, hidden]."""
-    heads, length, value_dim = core.shape
-    core = core.transpose(0, 1).reshape(-1, value_dim).to(dtype)
+    """Gated RMS norm and output projection: core [..., H, T, V], output_gate [..., T, H, V] -> [..., T, hidden]."""
+    *lead, heads, length, value_dim = core.shape
+    core = core.transpose(-3, -2).reshape(-1, value_dim).to(dtype)
     normed = mixer.norm(core, output_gate.reshape(-1, value_dim))
-    return mixer.out_proj(normed.reshape(length, heads * value_dim))
+    return mixer.out_proj(normed.reshape(*lead, length, heads * value_dim))
 
 
 # ---------------------------------------------------------------------------------------------- attention
 
 
 def attention_inputs(attention: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, hidden] -> query [Hq, T, D] (normed, pre-RoPE), key [Hkv, T, D] (normed, pre-RoPE),
-    value [Hkv, T, D], output gate [T, Hq*D] (or an empty tensor when the layer has no gate)."""
-    length, head_dim = x.shape[0], attention.head_dim
+    """x [..., T, hidden] -> query [..., Hq, T, D] (normed, pre-RoPE), key [..., Hkv, T, D] (normed, pre-RoPE),
+    value [..., Hkv, T, D], output gate [..., T, Hq*D] (or an empty tensor when the layer has no gate)."""
+    tokens, head_dim = x.shape[:-1], attention.head_dim
     projected = attention.q_proj(x)
     heads_q = attention.config.num_attention_heads
     if projected.shape[-1] == heads_q * head_dim * 2:  # gated attention (Qwen3.5 / Qwen3-Next)
-        query, gate = torch.chunk(projected.view(length, heads_q, head_dim * 2), 2, dim=-1)
-        gate = gate.reshape(length, -1)
+        query, gate = torch.chunk(projected.view(*tokens, heads_q, head_dim * 2), 2, dim=-1)
+        gate = gate.reshape(*tokens, -1)
     else:
-        query, gate = projected.view(length, heads_q, head_dim), projected.new_empty(0)
-    query = attention.q_norm(query).transpose(0, 1)
-    key = attention.k_norm(attention.k_proj(x).view(length, -1, head_dim)).transpose(0, 1)
-    value = attention.v_proj(x).view(length, -1, head_dim).transpose(0, 1)
+        query, gate = projected.view(*tokens, heads_q, head_dim), projected.new_empty(0)
+    query = attention.q_norm(query).transpose(-3, -2)
+    key = attention.k_norm(attention.k_proj(x).view(*tokens, -1, head_dim)).transpose(-3, -2)
+    value = attention.v_proj(x).view(*tokens, -1, head_dim).transpose(-3, -2)
     return query, key, value, gate
 
 

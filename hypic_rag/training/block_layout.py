@@ -28,6 +28,7 @@ from torch import nn
 
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.model import LINEAR_LAYER
+from hypic_rag.runtime.ops.gated_delta_rule import chunk_gated_delta_rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,62 +97,32 @@ def _linear_mixer(
     layout: BlockLayout | None = None,
     standalone_convolved: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated DeltaNet over x [B, T, hidden] (input-normalised), zero start.
+    """Gated DeltaNet over x [B, T, hidden] (input-normalised), zero start, through the runtime's own mixer paths
+    (`runtime/layers.py`) and chunked delta rule (differentiable; fla's kernel on CUDA).
 
     With a layout, the convolved q/k/v channels [N, L, C] of the standalone documents replace those of the cached
     tokens (whose gate and beta already match: they are token-local and x equals the standalone input there).
     Returns (output [B, T, hidden], convolved channels [B, T, C]).
     """
-    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
-
-    batch, length, _ = x.shape
-    preconv = mixer.in_proj_qkv(x)  # [B, T, C]
-    kernel = mixer.conv_kernel_size
-    convolved = F.conv1d(F.pad(preconv.transpose(1, 2), (kernel - 1, 0)), mixer.conv1d.weight, mixer.conv1d.bias,
-                         groups=preconv.shape[-1])
-    convolved = F.silu(convolved).transpose(1, 2)  # [B, T, C]
+    preconv, output_gate, b, a = L.linear_projections(mixer, x)
+    zero_context = L.empty_conv_tail(mixer, x.device)[None].expand(x.shape[0], -1, -1)
+    convolved = L.short_convolution(mixer, preconv, zero_context)
     if layout is not None and standalone_convolved is not None:
         convolved = torch.where(layout.cached[..., None], _gather(standalone_convolved, layout), convolved)
-    query, key, value = torch.split(convolved, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
-    query = query.reshape(batch, length, -1, mixer.head_k_dim)
-    key = key.reshape(batch, length, -1, mixer.head_k_dim)
-    value = value.reshape(batch, length, -1, mixer.head_v_dim)
-    if mixer.num_v_heads != mixer.num_k_heads:
-        repeat = mixer.num_v_heads // mixer.num_k_heads
-        query = query.repeat_interleave(repeat, dim=2)
-        key = key.repeat_interleave(repeat, dim=2)
-    beta = mixer.in_proj_b(x).sigmoid()
-    log_decay = -mixer.A_log.float().exp() * F.softplus(mixer.in_proj_a(x).float() + mixer.dt_bias)
-    core, _ = torch_chunk_gated_delta_rule(query, key, value, g=log_decay, beta=beta, initial_state=None,
-                                           output_final_state=False, use_qk_l2norm_in_kernel=True)
-    gate = mixer.in_proj_z(x).reshape(-1, mixer.head_v_dim)
-    core = mixer.norm(core.reshape(-1, mixer.head_v_dim).to(x.dtype), gate).reshape(batch, length, -1)
-    return mixer.out_proj(core), convolved
+    core, _ = chunk_gated_delta_rule(*L.split_delta_rule_inputs(mixer, convolved, b, a))
+    return L.linear_mixer_output(mixer, core, output_gate, x.dtype), convolved
 
 
 def _attention(attention: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Causal gated attention over x [B, T, hidden] at positions 0..T-1 (cos, sin [T, R])."""
-    batch, length, _ = x.shape
-    head_dim = attention.head_dim
-    projected = attention.q_proj(x)
-    heads = attention.config.num_attention_heads
-    if projected.shape[-1] == heads * head_dim * 2:
-        query, gate = torch.chunk(projected.view(batch, length, heads, head_dim * 2), 2, dim=-1)
-        gate = gate.reshape(batch, length, -1)
-    else:
-        query, gate = projected.view(batch, length, heads, head_dim), None
-    query = L.apply_rotary(attention.q_norm(query).transpose(1, 2), cos, sin)
-    key = L.apply_rotary(attention.k_norm(attention.k_proj(x).view(batch, length, -1, head_dim)).transpose(1, 2), cos, sin)
-    value = attention.v_proj(x).view(batch, length, -1, head_dim).transpose(1, 2)
+    query, key, value, gate = L.attention_inputs(attention, x)
+    query, key = L.apply_rotary(query, cos, sin), L.apply_rotary(key, cos, sin)
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     core = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=attention.scaling)
-    core = core.transpose(1, 2).reshape(batch, length, -1)
-    if gate is not None:
-        core = core * torch.sigmoid(gate)
-    return attention.o_proj(core)
+    return L.attention_output(attention, core.transpose(1, 2).reshape(*x.shape[:-1], -1), gate)
 
 
 def _mlp(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
