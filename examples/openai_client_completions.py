@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from hypic_rag.data.synthetic_qa import read_questions
+from hypic_rag.example_corpus import read_questions
 from hypic_rag.default_model import default_model_path, example_corpus_path
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig

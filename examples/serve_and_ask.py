@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from hypic_rag.data.synthetic_qa import read_questions
+from hypic_rag.example_corpus import read_questions
 from hypic_rag.default_model import default_model_path, example_corpus_path
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread

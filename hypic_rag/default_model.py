@@ -23,7 +23,7 @@ ACCURACY_TARGET = 0.9
 
 def measured_accuracy() -> float | None:
     """The bundled model's held-out exact match under `full` (k = 8, real retriever), as recorded in
-    `evaluation.json` beside the weights by `bench/eval_default_model.py`; None when not recorded."""
+    `evaluation.json` beside the weights by `evals/eval_default_model.py`; None when not recorded."""
     import json
 
     path = default_model_path() / "evaluation.json"

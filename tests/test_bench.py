@@ -43,3 +43,11 @@ def test_bench_end_to_end(tmp_path) -> None:
             assert rows["hypic"]["throughput"]["completed"] >= 1
     sweep = {row["seam_tokens"]: row for row in result["seam_sweep"]}
     assert sweep[0]["recomputed_fraction"] < sweep[4]["recomputed_fraction"]
+
+
+def test_bench_defaults_to_the_quick_profile_under_the_current_directory() -> None:
+    from hypic_rag.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench"])
+    assert args.profile is None and not args.quick  # run() maps "no profile" to quick
+    assert args.output == "hypic-rag-bench"

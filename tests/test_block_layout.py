@@ -11,8 +11,8 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.stack import Span, run_stack
-from hypic_rag.training.block_layout import block_layout_logits, build_layout
-from hypic_rag.training.model_config import ModelShape, build_config
+from training.block_layout import block_layout_logits, build_layout
+from training.model_config import ModelShape, build_config
 
 SHAPE = ModelShape(hidden_size=48, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=24,
                    linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=24,

@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from hypic_rag.data.name_pools import name_pools
-from hypic_rag.data.synthetic_qa import distractor_context, generate_world, read_questions, EXAMPLE_CORPUS_SEED
+from training.data.name_pools import name_pools
+from training.data.synthetic_qa import distractor_context, generate_world, read_questions, EXAMPLE_CORPUS_SEED
 from hypic_rag.default_model import default_model_path, example_corpus_path
-from hypic_rag.training.evaluate import greedy_answer, prompt_ids
-from hypic_rag.training.packing import SegmentEncoder, pack_example
+from training.evaluate import greedy_answer, prompt_ids
+from training.packing import SegmentEncoder, pack_example
 
 MODEL_DIR = default_model_path()
 MAX_BUNDLE_BYTES = 30 * 1024 * 1024

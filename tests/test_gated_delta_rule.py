@@ -7,8 +7,11 @@ import torch
 
 from hypic_rag.runtime.ops.gated_delta_rule import (
     chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule,
+    gated_delta_rule,
     gated_delta_rule_with_transition,
     naive_recurrent_gated_delta_rule,
+    select_backend,
 )
 
 
@@ -72,3 +75,27 @@ def test_empty_span_is_identity() -> None:
     query, key, value, log_decay, beta, start = random_inputs(1, 2, 0, 4, 3, seed=0)
     _, _, span = gated_delta_rule_with_transition(query, key, value, log_decay, beta)
     torch.testing.assert_close(span.apply(start), start)
+
+
+@pytest.mark.parametrize("length", [0, 1, 3, 9])
+def test_recurrent_matches_naive_and_keeps_its_input_state(length: int) -> None:
+    query, key, value, log_decay, beta, start = random_inputs(2, 3, length, 16, 8, seed=20 + length)
+    start_copy = start.clone()
+    expected_output, expected_state = naive_recurrent_gated_delta_rule(query, key, value, log_decay, beta, start)
+    output, state = fused_recurrent_gated_delta_rule(query, key, value, log_decay, beta, start)
+    torch.testing.assert_close(output, expected_output, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-5)
+    assert torch.equal(start, start_copy)
+    zero_output, zero_state = fused_recurrent_gated_delta_rule(query, key, value, log_decay, beta, None)
+    torch.testing.assert_close(zero_state, naive_recurrent_gated_delta_rule(query, key, value, log_decay, beta)[1],
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length, backend", [(1, "recurrent"), (4, "recurrent"), (5, "chunk"), (70, "chunk")])
+def test_dispatch_picks_a_backend_by_length_and_matches_naive(length: int, backend: str) -> None:
+    query, key, value, log_decay, beta, start = random_inputs(1, 2, length, 8, 8, seed=40 + length)
+    assert select_backend(query) == backend
+    expected_output, expected_state = naive_recurrent_gated_delta_rule(query, key, value, log_decay, beta, start)
+    output, state = gated_delta_rule(query, key, value, log_decay, beta, start)
+    torch.testing.assert_close(output, expected_output, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-5)

@@ -10,7 +10,7 @@ from hypic_rag.runtime.ops.gated_delta_rule import (
     gated_delta_rule_with_transition,
     naive_recurrent_gated_delta_rule,
 )
-from kernels.gated_delta_rule import fla_available
+from hypic_rag.kernels.gated_delta_rule import fla_available
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not fla_available(), reason="needs CUDA and flash-linear-attention")]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hypic_rag.default_model import default_model_path
-from hypic_rag.training.model_card import render_card
-from hypic_rag.training.trainer import TrainSettings
+from training.model_card import render_card
+from training.trainer import TrainSettings
 
 
 def write_run(directory: Path, settings: TrainSettings, records: list[dict]) -> Path:

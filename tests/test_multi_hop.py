@@ -75,8 +75,8 @@ def test_hop_raises_two_hop_recall_on_real_indexes(tmp_path) -> None:
     from transformers import AutoTokenizer
 
     from hypic_rag.default_model import default_model_path
-    from hypic_rag.training.heldout_retrieval import retrieved_cases
-    from hypic_rag.training.trainer import HELDOUT_SEED
+    from training.heldout_retrieval import retrieved_cases
+    from training.data.synthetic_qa import HELDOUT_SEED
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path(), local_files_only=True)
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from hypic_rag.data.synthetic_qa import Question, read_questions
+from hypic_rag.example_corpus import Question, read_questions
 from hypic_rag.default_model import answers_reliably, default_model_path, example_corpus_path
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread

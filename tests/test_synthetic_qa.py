@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from hypic_rag.data.name_pools import name_pools
-from hypic_rag.data.synthetic_qa import (
+from training.data.name_pools import name_pools
+from training.data.synthetic_qa import (
     TWO_HOP_SEPARATOR,
     distractor_context,
     generate_questions,

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_rag.data.synthetic_qa import generate_world
-from hypic_rag.training.model_config import ModelShape
-from hypic_rag.training.packing import ContextSpec, collate, sample_training_context
-from hypic_rag.training.trainer import Trainer, TrainSettings, batch_at, layout_at, validation_exact_match_hypic
+from training.data.synthetic_qa import generate_world
+from training.model_config import ModelShape
+from training.packing import ContextSpec, collate, sample_training_context
+from training.trainer import Trainer, TrainSettings, batch_at, layout_at, validation_exact_match_hypic
 
 TINY_SHAPE = ModelShape(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
@@ -33,7 +33,7 @@ def tiny_settings(**changes) -> TrainSettings:
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One trained tokenizer shared by every run of this module (training it is the slow part)."""
-    from hypic_rag.training.tokenizer import train_tokenizer
+    from training.tokenizer import train_tokenizer
 
     directory = tmp_path_factory.mktemp("tokenizer") / "tokenizer"
     train_tokenizer(vocab_size=600, num_worlds=20).save_pretrained(directory)

@@ -47,13 +47,6 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "## Seam sweep (hypic, workload rag_qa k=8)", "", "| seam | TTFT p50 (s) | recomputed | KL vs full | greedy agree |", "| --- | --- | --- | --- | --- |"]
         for row in result["seam_sweep"]:
             lines.append(f"| {row['seam_tokens']} | {_format(row['ttft_p50'])} | {row['recomputed_fraction']:.3f} | {_format(row['kl_vs_full'])} | {row['greedy_agreement_vs_full']:.2f} |")
-    if result.get("quality"):
-        quality = result["quality"]
-        lines += ["", f"## Answer quality on the default model ({quality['questions']} questions, k={quality['top_k']})", ""]
-        lines.append("| mode | exact match | two-hop exact match |")
-        lines.append("| --- | --- | --- |")
-        for mode, row in quality["modes"].items():
-            lines.append(f"| {mode} | {row['exact_match']:.3f} | {_format(row.get('two_hop_exact_match'))} |")
     lines += ["", f"Reproduce: `{result['command']}` ({result['seconds']:.0f} s)."]
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,7 @@
-"""`hypic-rag bench`: all six modes side by side; JSON, markdown and PNG under docs/benchmarks/."""
+"""`hypic-rag bench`: all six modes side by side on a random timing model; JSON, markdown and PNG.
+
+With no flags it runs the quick profile (a few minutes on 2 CPU cores) and writes into `./hypic-rag-bench/`.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +9,17 @@ import argparse
 import sys
 from pathlib import Path
 
+DEFAULT_OUTPUT = "hypic-rag-bench"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, quality)")
-    parser.add_argument("--quick", action="store_true", help="the small profile: a few minutes on 2 CPU cores")
-    parser.add_argument("--profile", choices=("quick", "standard", "full", "test"), default=None, help="explicit profile (overrides --quick)")
-    parser.add_argument("--output", default="docs/benchmarks", help="directory for JSON, markdown and PNG")
+    parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, deviation)")
+    parser.add_argument("--quick", action="store_true", help="the small profile (the default): a few minutes on 2 CPU cores")
+    parser.add_argument("--profile", choices=("quick", "standard", "full", "test"), default=None,
+                        help="explicit profile (overrides --quick; default quick)")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT,
+                        help=f"directory for JSON, markdown and PNG (default ./{DEFAULT_OUTPUT}, created)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--skip-quality", action="store_true", help="skip exact-match quality on the default model")
     parser.set_defaults(func=run)
 
 
@@ -25,15 +31,11 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise CliError(f"--output {output} is a file, not a directory")
-    profile = args.profile or ("quick" if args.quick else "full")
+    profile = args.profile or "quick"
     config = PROFILES[profile]
-    quality = None
-    if not args.skip_quality and config.quality_questions > 0:
-        from hypic_rag.bench.quality import default_model_quality
-
-        quality = default_model_quality
-    command = "hypic-rag bench" + (f" --profile {profile}" if args.profile else " --quick" if args.quick else "")
-    result = run_benchmark(config, command=command, show_progress=not args.no_progress and sys.stderr.isatty(), quality=quality)
+    command = f"hypic-rag bench --profile {profile}"
+    print(f"benchmark profile {profile}; results go to {output.resolve()}", file=sys.stderr)
+    result = run_benchmark(config, command=command, show_progress=not args.no_progress and sys.stderr.isatty())
     written = write_report(result, output)
     print(markdown(result))
     print("written: " + ", ".join(str(path) for path in written))

@@ -13,7 +13,7 @@ import torch
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.entry import SEAM_TOKENS, TOKEN_IDS, tensor_name
 from hypic_rag.runtime.model import LINEAR_LAYER, HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import chunk_gated_delta_rule, gated_delta_rule_with_transition
+from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 
 
 @torch.no_grad()
@@ -40,7 +40,7 @@ def encode_segment(model: HybridModel, token_ids: list[int], seam_tokens: int) -
             mixer = layer.linear_attn
             inputs = L.linear_mixer_inputs(mixer, x, L.empty_conv_tail(mixer, device))
             parts = (inputs.query, inputs.key, inputs.value, inputs.log_decay, inputs.beta)
-            seam_output, seam_state = chunk_gated_delta_rule(*(p[None, :, :seam] for p in parts))
+            seam_output, seam_state = gated_delta_rule(*(p[None, :, :seam] for p in parts))
             suffix_zero, suffix_transition, suffix = gated_delta_rule_with_transition(*(p[None, :, seam:] for p in parts))
             suffix_output = suffix_zero + suffix_transition @ seam_state
             core = torch.cat([seam_output, suffix_output], dim=2)[0]

@@ -2,7 +2,7 @@
 
 Shapes drop the batch dimension (one request at a time): T tokens, H heads. The projections, the convolution and
 the output paths also take leading batch dimensions ([..., T, hidden]); the training forward of
-`hypic_rag/training/block_layout.py` runs them batched.
+`training/block_layout.py` runs them batched.
 - Gated DeltaNet (linear_attention): pre-conv projections, short causal conv with an explicit left context
   (the conv tail), gated-delta-rule inputs, and the gated output norm + projection.
 - Gated full attention: pre-RoPE (k-normed) keys, rotary for arbitrary positions (partial rotary and M-RoPE

@@ -21,7 +21,7 @@ import torch
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.entry import SEAM_TOKENS, tensor_name
 from hypic_rag.runtime.model import LINEAR_LAYER, HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import chunk_gated_delta_rule, gated_delta_rule_with_transition
+from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 
 
@@ -282,7 +282,7 @@ def _linear_layer(
                 recurrent = transition @ recurrent + state
             else:
                 row = row_of[span_number]
-                output, final = chunk_gated_delta_rule(
+                output, final = gated_delta_rule(
                     query[row : row + 1, :, :count], key[row : row + 1, :, :count], value[row : row + 1, :, :count],
                     log_decay[row : row + 1, :, :count], beta[row : row + 1, :, :count], recurrent[None],
                 )

@@ -34,11 +34,6 @@ def chunk_gated_delta_rule(
     Returns:
         output [B, H, T, V] and final state [B, H, K, V], float32.
     """
-    if query.is_cuda and query.shape[2] > 0:
-        from kernels.gated_delta_rule import fla_available, fla_chunk_gated_delta_rule
-
-        if fla_available():
-            return fla_chunk_gated_delta_rule(query, key, value, log_decay, beta, initial_state)
     query, key, value, log_decay, beta = (x.float() for x in (query, key, value, log_decay, beta))
     batch, heads, length, key_dim = key.shape
     value_dim = value.shape[-1]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from hypic_rag.data.name_pools import name_pools
-from hypic_rag.data.synthetic_qa import generate_questions, generate_world
+from training.data.name_pools import name_pools
+from training.data.synthetic_qa import generate_questions, generate_world
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 
 logger = logging.getLogger(__name__)

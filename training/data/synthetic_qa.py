@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hypic_rag.data.name_pools import (
+from training.data.name_pools import (
     COLOURS,
     HOBBIES,
     INDUSTRIES,
@@ -29,8 +29,7 @@ from hypic_rag.data.name_pools import (
     name_pools,
 )
 
-TWO_HOP_SEPARATOR = " -> "
-"""Two-hop answers are written `bridge -> answer` so the model names the bridge entity before the answer."""
+from hypic_rag.example_corpus import TWO_HOP_SEPARATOR, Question, read_questions  # noqa: F401 (re-exported)
 
 KINDS = ("person", "organisation", "place", "product")
 
@@ -56,23 +55,6 @@ class Document:
     entity_id: str
     title: str
     text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Question:
-    """A question with its gold answer text and the documents that hold the answer (two for two-hop)."""
-
-    question_id: str
-    text: str
-    answer: str
-    gold_doc_ids: tuple[str, ...]
-    hops: int
-    relations: tuple[str, ...]
-
-    @property
-    def final_answer(self) -> str:
-        """The answer without the two-hop bridge (`bridge -> answer` -> `answer`)."""
-        return self.answer.split(TWO_HOP_SEPARATOR)[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,16 +358,8 @@ def write_corpus(world: World, questions: Sequence[Question], directory: str | P
     return documents_dir
 
 
-def read_questions(path: str | Path) -> list[Question]:
-    """Questions written by `write_corpus`."""
-    questions = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        data = json.loads(line)
-        data["gold_doc_ids"] = tuple(data["gold_doc_ids"])
-        data["relations"] = tuple(data["relations"])
-        questions.append(Question(**data))
-    return questions
-
+HELDOUT_SEED = 900_000_000
+"""Seed of the held-out evaluation worlds (never used in training or validation)."""
 
 EXAMPLE_CORPUS_SEED = 777_000_000
 """The world of the bundled example corpus (never used in training, validation or the held-out benchmark)."""

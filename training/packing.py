@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hypic_rag.data.synthetic_qa import (
+from training.data.synthetic_qa import (
     RELATIONS_OF_KIND,
     Document,
     Question,

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hypic_rag.training.block_layout import BlockLayout, block_layout_logits, build_layout
-from hypic_rag.training.evaluate import EvalItem, greedy_answer, heldout_cases, prompt_ids, summarize
-from hypic_rag.training.model_config import ModelShape, build_config
-from hypic_rag.training.packing import ContextSpec, PackedExample, SegmentEncoder, collate, pack_example, sample_training_context
-from hypic_rag.training.tokenizer import train_tokenizer
+from training.block_layout import BlockLayout, block_layout_logits, build_layout
+from training.evaluate import EvalItem, greedy_answer, heldout_cases, prompt_ids, summarize
+from training.model_config import ModelShape, build_config
+from training.packing import ContextSpec, PackedExample, SegmentEncoder, collate, pack_example, sample_training_context
+from training.tokenizer import train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +33,6 @@ TRAIN_WORLD_SEED_STRIDE = 10_000_000
 """Training worlds of run seed r use world seeds in [r * stride + 1, (r + 1) * stride)."""
 VALIDATION_SEED = 500_000_000
 """Worlds used for the validation exact match printed during training."""
-HELDOUT_SEED = 900_000_000
-"""Worlds of the final held-out evaluation (never used in training or validation)."""
 
 
 @dataclass

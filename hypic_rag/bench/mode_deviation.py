@@ -1,9 +1,9 @@
-"""Deviation of every mode from `full` on tiny random qwen3_5 models (issue 2's quality ladder).
+"""Deviation of every mode from `full` on tiny random qwen3_5 models (the quality ladder of docs/runtime.md).
 
 Mean KL(full || mode) of next-token distributions and greedy next-token agreement over N random requests,
 for seam windows 2 and 8, on models with slow and with default decays. JSON to stdout (or --output).
 
-    OMP_WAIT_POLICY=PASSIVE python bench/mode_deviation.py --requests 20
+    OMP_WAIT_POLICY=PASSIVE python -m hypic_rag.bench.mode_deviation --requests 20
 """
 
 from __future__ import annotations

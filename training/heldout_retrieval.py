@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypic_rag.data.synthetic_qa import Question, World, generate_questions, generate_world, write_corpus
+from training.data.synthetic_qa import Question, World, generate_questions, generate_world, write_corpus
 
 logger = logging.getLogger(__name__)
 

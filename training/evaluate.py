@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hypic_rag.data.synthetic_qa import Document, Question, World, distractor_context, generate_questions, generate_world
-from hypic_rag.training.packing import SegmentEncoder
+from training.data.synthetic_qa import Document, Question, World, distractor_context, generate_questions, generate_world
+from training.packing import SegmentEncoder
 
 
 def prompt_ids(encoder: SegmentEncoder, documents: Sequence[Document], question_text: str) -> list[int]:

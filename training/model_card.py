@@ -1,6 +1,6 @@
 """Render MODEL_CARD.md for an exported default model from its training settings and benchmark JSON files.
 
-    python -m hypic_rag.training.model_card --model hypic_rag/assets/default_model \
+    python -m training.model_card --model hypic_rag/assets/default_model \
         --run-dir runs/default/stage1 --run-dir runs/default/stage2 --run-dir runs/default/stage3 \
         --eval runs/eval_retriever.json --eval runs/eval_distractors.json --notes runs/card_notes.md
 
@@ -79,7 +79,7 @@ def render_card(model_dir: Path, run_dirs: list[Path], eval_paths: list[Path], n
         "# hypic-rag default model",
         "",
         "A small `qwen3_5` text model (gated-DeltaNet linear-attention layers and full-attention layers) trained from",
-        "scratch on CPU on the synthetic multi-document QA corpus of `hypic_rag/data/synthetic_qa.py`, in the",
+        "scratch on CPU on the synthetic multi-document QA corpus of `training/data/synthetic_qa.py`, in the",
         "query-time layout (prefix, k chunks, question, answer). It answers questions about the fictional entities of",
         "that corpus (see `hypic_rag/assets/example_corpus/`); it knows nothing else and is not a general language model.",
         "",
@@ -106,7 +106,7 @@ def render_card(model_dir: Path, run_dirs: list[Path], eval_paths: list[Path], n
         f"- Data: worlds of seeds below {seed_limit:,} (a stage of seed s uses [s x 10,000,000 + 1, (s + 1) x 10,000,000); "
         "24 people, 10 organisations, 10 places, 10 products each);",
         "  validation worlds 500,000,000+; held-out benchmark worlds 900,000,000+; example corpus world 777,000,000.",
-        "- Reproduce: `scripts/train_default_model.py` (see `docs/default_model.md`).",
+        "- Reproduce: `training/train_default_model.py` (see `docs/default_model.md`).",
         "",
         "## Measured accuracy (held-out, exact match, greedy)",
         "`hf` is transformers' own forward; the other rows are the runtime's modes (`Engine.generate`).",

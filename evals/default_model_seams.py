@@ -1,10 +1,10 @@
 """Why a mode's accuracy differs from `full` on the bundled default model: seam size and per-mode deviation.
 
-Over N held-out questions with the real retriever's top-k chunks (as `bench/eval_default_model.py`), for each
+Over N held-out questions with the real retriever's top-k chunks (as `evals/eval_default_model.py`), for each
 mode and seam window: exact match, agreement of the greedy answer with `full`'s, and mean KL(full || mode) of
 the first answer token's distribution. JSON to stdout (or --out).
 
-    OMP_WAIT_POLICY=PASSIVE python bench/default_model_seams.py --questions 200 --seams 0,2,4,8,16,32
+    OMP_WAIT_POLICY=PASSIVE python -m evals.default_model_seams --questions 200 --seams 0,2,4,8,16,32
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 from tqdm import tqdm
 
 from hypic_rag.default_model import default_model_path
-from hypic_rag.training.evaluate import EvalItem, summarize
-from hypic_rag.training.trainer import HELDOUT_SEED
+from training.evaluate import EvalItem, summarize
+from training.data.synthetic_qa import HELDOUT_SEED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from hypic_rag.runtime.model import load_model
     from hypic_rag.runtime.quality import kl_divergence
     from hypic_rag.runtime.request import Request
-    from hypic_rag.training.heldout_retrieval import retrieved_cases
-    from hypic_rag.training.packing import SegmentEncoder
+    from training.heldout_retrieval import retrieved_cases
+    from training.packing import SegmentEncoder
 
     model = load_model(args.model, device="cpu")
     encoder = SegmentEncoder(model.tokenizer)

@@ -10,7 +10,7 @@ Modes: `hf` runs transformers' own forward (greedy, its own cache); the others r
 `Engine.generate` under that mode (`full`, `hypic`, `transition_rope`, `transition`, `addition`, `prefix`).
 Every mode sees the same token ids. Output: one JSON object (stdout and `--out`).
 
-    OMP_WAIT_POLICY=PASSIVE python bench/eval_default_model.py --context retriever --modes hf,full,hypic
+    OMP_WAIT_POLICY=PASSIVE python -m evals.eval_default_model --context retriever --modes hf,full,hypic
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from hypic_rag.data.synthetic_qa import Question
+from training.data.synthetic_qa import Question
 from hypic_rag.default_model import default_model_path
-from hypic_rag.training.evaluate import EvalItem, greedy_answer, heldout_cases, summarize
-from hypic_rag.training.packing import SegmentEncoder
-from hypic_rag.training.trainer import HELDOUT_SEED
+from training.evaluate import EvalItem, greedy_answer, heldout_cases, summarize
+from training.packing import SegmentEncoder
+from training.data.synthetic_qa import HELDOUT_SEED
 
 logger = logging.getLogger("eval_default_model")
 
@@ -38,7 +38,7 @@ logger = logging.getLogger("eval_default_model")
 def build_cases(args: argparse.Namespace, encoder: SegmentEncoder) -> list[tuple[Question, list[list[int]], bool]]:
     """(question, chunk segment ids in prompt order, whether all gold documents are in the context)."""
     if args.context == "retriever":
-        from hypic_rag.training.heldout_retrieval import retrieved_cases
+        from training.heldout_retrieval import retrieved_cases
 
         return [
             (case.question, case.chunk_token_ids, case.gold_retrieved)

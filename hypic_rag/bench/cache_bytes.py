@@ -15,7 +15,7 @@ effect of storing P/Z in float16 / bfloat16 instead of float32. Output: one JSON
 - quality: tiny random `qwen3_5` models (slow decays), `hypic` mode through a `SegmentCache` per storage dtype;
   KL to `full` and to the float32-state run, top-1 agreement and max |logit difference|.
 
-    OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 python bench/bench_cache.py --out runs/bench_cache.json
+    OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 python -m hypic_rag.bench.cache_bytes --out runs/bench_cache.json
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Train the bundled default model: the three stages of its recipe, in order, each resumable; see docs/default_model.md.
 
-    OMP_WAIT_POLICY=PASSIVE python scripts/train_default_model.py --run-root runs/default [--max-minutes 60]
-    OMP_WAIT_POLICY=PASSIVE python scripts/train_default_model.py --run-root runs/default --export hypic_rag/assets/default_model
+    OMP_WAIT_POLICY=PASSIVE python -m training.train_default_model --run-root runs/default [--max-minutes 60]
+    OMP_WAIT_POLICY=PASSIVE python -m training.train_default_model --run-root runs/default --export hypic_rag/assets/default_model
 
-Each stage is a run directory under --run-root (`python -m hypic_rag.training` trains one run); a later stage
+Each stage is a run directory under --run-root (`python -m training` trains one run); a later stage
 starts from the previous stage's checkpoint (weights and optimizer moments) with its own seed (fresh worlds) and
 learning-rate schedule. Re-running continues where it stopped; --max-minutes bounds one invocation.
 
@@ -13,7 +13,7 @@ learning-rate schedule. Re-running continues where it stopped; --max-minutes bou
 2. `stage2`: QA contexts of 6-9 random documents, lr 1e-3 (schedule of 2,300 steps, stopped at step 500).
 3. `stage3`: as stage 2 with 60% of contexts built from confusable documents (same kind, shared values: what a
    retriever returns around a gold document), 2,000 steps.
-4. `stage4`: the cached layout (`hypic_rag/training/block_layout.py`): 70% of contexts see their chunks as the
+4. `stage4`: the cached layout (`training/block_layout.py`): 70% of contexts see their chunks as the
    segment cache serves them under `hypic` (encoded standalone, composed, seam window of 4-16 tokens recomputed),
    80% confusable contexts, lr 5e-4, 850 steps.
 """
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
-    from hypic_rag.training.trainer import Trainer, TrainSettings
+    from training.trainer import Trainer, TrainSettings
 
     began = time.monotonic()
     trainer = None

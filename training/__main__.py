@@ -1,7 +1,7 @@
-"""`python -m hypic_rag.training`: train the default model (resumable) and export it.
+"""`python -m training`: train the default model (resumable) and export it.
 
-    python -m hypic_rag.training train --run-dir runs/default --total-steps 1200
-    python -m hypic_rag.training export --run-dir runs/default --out hypic_rag/assets/default_model
+    python -m training train --run-dir runs/default --total-steps 1200
+    python -m training export --run-dir runs/default --out hypic_rag/assets/default_model
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import os
 import sys
 from pathlib import Path
 
-from hypic_rag.training.model_config import ModelShape
-from hypic_rag.training.trainer import Trainer, TrainSettings
+from training.model_config import ModelShape
+from training.trainer import Trainer, TrainSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hypic_rag.training", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train (or resume) a run")
     train.add_argument("--run-dir", type=Path, required=True)

@@ -1,0 +1,64 @@
+"""What the installed package contains: the kernels under `hypic_rag.kernels`, no training or synthetic-data code,
+and nothing installed under the import name `kernels` (Hugging Face's kernels library owns it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    source = tmp_path_factory.mktemp("source")  # setuptools writes build/ into the tree it builds: use a copy
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("hypic_rag", "kernels", "training", "evals"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    completed = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )
+    if completed.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {completed.stderr.strip().splitlines()[-1:]}")
+    return next(out.glob("hypic_rag-*.whl"))
+
+
+def test_wheel_holds_the_product_only(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top_levels = {name.split("/")[0] for name in names if not name.startswith("hypic_rag-")}
+    assert top_levels == {"hypic_rag"}, top_levels
+    assert "hypic_rag/kernels/gated_delta_rule.py" in names
+    assert "hypic_rag/runtime/ops/gated_delta_rule/dispatch.py" in names
+    assert "hypic_rag/assets/default_model/model.safetensors" in names
+    assert not [name for name in names if "/training/" in name or "synthetic_qa" in name or "/data/" in name]
+
+
+def test_every_source_package_is_listed_for_the_wheel() -> None:
+    """pyproject lists packages explicitly (for the kernels mapping): a new subpackage must be added there."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "hypic_rag").rglob("__init__.py")
+    } | {"hypic_rag.kernels"}
+    assert on_disk == listed
+
+
+def test_kernels_import_name_is_not_ours() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", "import importlib.util, hypic_rag.kernels as k; "
+         "s = importlib.util.find_spec('kernels'); print(k.__name__, s and s.origin)"],
+        capture_output=True, text=True, cwd="/", timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    name, origin = completed.stdout.split()
+    assert name == "hypic_rag.kernels"
+    assert origin == "None" or str(ROOT / "kernels") not in origin
