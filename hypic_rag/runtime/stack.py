@@ -22,6 +22,7 @@ from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.entry import SEAM_TOKENS, tensor_name
 from hypic_rag.runtime.model import LINEAR_LAYER, HybridModel
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
+from hypic_rag.runtime.segment_state import SegmentState
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 
 
@@ -81,10 +82,10 @@ def _apply_cached_linear(
     """Advance the recurrent state [H, K, V] over a span's cached remainder."""
     if int(entry[SEAM_TOKENS]) != recompute:
         raise ValueError(f"entry was encoded with seam {int(entry[SEAM_TOKENS])}, span recomputes {recompute}")
-    suffix_state = entry[tensor_name(layer_index, "suffix_state")].float()
+    suffix_state = entry[tensor_name(layer_index, "suffix_state")]
     if composition == "addition":
-        return state + suffix_state
-    return entry[tensor_name(layer_index, "transition")].float() @ state + suffix_state
+        return state + suffix_state.float()
+    return SegmentState(entry[tensor_name(layer_index, "transition")], suffix_state).apply(state)
 
 
 def _advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_length: int) -> torch.Tensor:

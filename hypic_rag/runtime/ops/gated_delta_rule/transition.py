@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from hypic_rag.runtime.ops.gated_delta_rule.dispatch import gated_delta_rule
-from hypic_rag.runtime.segment_state import SegmentState, TransitionKind
+from hypic_rag.runtime.segment_state import SegmentState
 
 
 def gated_delta_rule_with_transition(
@@ -29,7 +29,7 @@ def gated_delta_rule_with_transition(
     Returns:
         output_zero_start [B, H, T, V]: outputs when the span starts from S_0 = 0;
         output_transition [B, H, T, K]: P_t^T q_t, so outputs for start S_0 add output_transition @ S_0;
-        SegmentState with transition P [B, H, K, K] and state Z [B, H, K, V] (matrix kind).
+        SegmentState with transition P [B, H, K, K] and state Z [B, H, K, V] .
     """
     batch, heads, length, key_dim = key.shape
     value_dim = value.shape[-1]
@@ -40,6 +40,5 @@ def gated_delta_rule_with_transition(
     segment = SegmentState(
         transition=end[..., value_dim:].contiguous(),
         state=end[..., :value_dim].contiguous(),
-        kind=TransitionKind.MATRIX,
     )
     return output[..., :value_dim], output[..., value_dim:], segment
