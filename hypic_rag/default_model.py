@@ -18,7 +18,7 @@ def example_corpus_path() -> Path:
 
 
 ACCURACY_TARGET = 0.9
-"""Held-out exact match under `full` that makes the bundled model answer-grade (issue 5's target)."""
+"""Held-out exact match under `full` that makes the bundled model answer-grade."""
 
 
 def measured_accuracy() -> float | None:

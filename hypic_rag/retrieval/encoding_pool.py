@@ -1,4 +1,4 @@
-"""Encode segment entries in-process or in N worker processes (segment parallelism, DESIGN.md section 6).
+"""Encode segment entries in-process or in N worker processes (segment parallelism, docs/design.md).
 
 Each worker loads the model once (same path, device and dtype as the parent) and checks that its fingerprint is
 the parent's, then encodes the segments it is handed with `Engine.encode_segment`. Workers are forked from a

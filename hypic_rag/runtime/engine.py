@@ -1,6 +1,6 @@
 """The engine: fetch or encode segment entries, assemble a request under one of six modes, generate.
 
-Modes (the comparison ladder of DESIGN.md section 5, all through the same stack pass):
+Modes (the comparison ladder of docs/design.md, all through the same stack pass):
 - full: recompute every token.
 - prefix: exact reuse of the longest chunk-prefix whose boundary state was checkpointed; the rest recomputed
   (and checkpointed at each chunk boundary for later requests).
