@@ -203,20 +203,21 @@ def attention_core(
     query_index: torch.Tensor,
     key_index: torch.Tensor,
 ) -> torch.Tensor:
-    """Causal attention by sequence index.
+    """Causal attention by sequence index, through `scaled_dot_product_attention` (flash kernels where they apply).
 
     query [Hq, Tq, D] (rotated), keys/values [Hkv, Tk, D] (rotated keys), query_index [Tq], key_index [Tk]:
-    query i sees key j iff key_index[j] <= query_index[i]. Returns [Tq, Hq*D] in the query dtype.
+    query i sees key j iff key_index[j] <= query_index[i]. Returns [Tq, Hq*D] in the query dtype. When the queries
+    are exactly the keys' positions (a plain prefill) the causal flag replaces the mask; when every query sees every
+    key (a decode step) there is no mask.
     """
     groups = query.shape[0] // keys.shape[0]
-    if groups > 1:
-        keys = keys.repeat_interleave(groups, dim=0)
-        values = values.repeat_interleave(groups, dim=0)
-    scores = (query.float() @ keys.float().transpose(-1, -2)) * attention.scaling
-    visible = key_index[None, :] <= query_index[:, None]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    out = (weights @ values.float()).to(query.dtype)  # [Hq, Tq, D]
+    plain_causal = query.shape[1] == keys.shape[1] and bool(torch.equal(query_index, key_index))
+    sees_everything = bool(key_index.max() <= query_index.min())  # e.g. a decode step
+    mask = None if plain_causal or sees_everything else key_index[None, :] <= query_index[:, None]
+    out = F.scaled_dot_product_attention(
+        query[None], keys[None].to(query.dtype), values[None].to(query.dtype), attn_mask=mask,
+        is_causal=plain_causal, scale=attention.scaling, enable_gqa=groups > 1,
+    )[0]  # [Hq, Tq, D]
     return out.transpose(0, 1).reshape(query.shape[1], -1)
 
 

@@ -88,6 +88,19 @@ def _apply_cached_linear(
     return SegmentState(entry[tensor_name(layer_index, "transition")], suffix_state).apply(state)
 
 
+def _merge_recomputed_spans(spans: list[Span]) -> list[Span]:
+    """Neighbouring spans recomputed whole run as one span (one delta-rule call instead of one per span); exact,
+    since nothing cached sits between them. Only when no per-span checkpoints are wanted."""
+    merged: list[Span] = []
+    for span in spans:
+        if merged and span.entry is None and merged[-1].entry is None:
+            last = merged[-1]
+            merged[-1] = Span(last.token_ids + span.token_ids, last.start, last.recompute + span.recompute)
+        else:
+            merged.append(span)
+    return merged
+
+
 def _advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_length: int) -> torch.Tensor:
     """Conv tail after a cached suffix of `suffix_length` tokens whose own last inputs are `cached_tail`."""
     width = tail.shape[-1]
@@ -111,6 +124,8 @@ def run_stack(
     """Run the stack over `spans` (contiguous, starting at `initial.length` or 0) and return the next-token logits."""
     options = options or StackOptions()
     device, dtype = model.device, model.dtype
+    if not want_checkpoints:
+        spans = _merge_recomputed_spans(spans)
     start = initial.length if initial is not None else 0
     position = start
     for span in spans:

@@ -79,10 +79,18 @@ def chunk_gated_delta_rule(
     key_to_end = key * (gamma[..., -1:] - gamma).exp()[..., None]
     chunk_decay = gamma[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
 
-    output = torch.empty(batch, heads, num_chunks, chunk, value_dim, dtype=torch.float32, device=device)
+    # the scan over chunks reads one chunk of each tensor per step: lay them out chunk-major so each read is contiguous
+    def chunk_major(x: torch.Tensor) -> torch.Tensor:
+        return x.permute(2, 0, 1, *range(3, x.dim())).contiguous()
+
+    corrected_values, state_read_weights, query_decayed, intra_attention, chunk_decay = map(
+        chunk_major, (corrected_values, state_read_weights, query_decayed, intra_attention, chunk_decay)
+    )
+    key_to_end_transposed = chunk_major(key_to_end.transpose(-1, -2))  # [N, B, H, K, C]
+    outputs = []
     for index in range(num_chunks):
-        updates = corrected_values[:, :, index] - state_read_weights[:, :, index] @ state
-        output[:, :, index] = query_decayed[:, :, index] @ state + intra_attention[:, :, index] @ updates
-        state = state * chunk_decay[:, :, index] + key_to_end[:, :, index].transpose(-1, -2) @ updates
-    output = output.reshape(batch, heads, padded, value_dim)[:, :, :length]
+        updates = corrected_values[index] - state_read_weights[index] @ state
+        outputs.append(query_decayed[index] @ state + intra_attention[index] @ updates)
+        state = state * chunk_decay[index] + key_to_end_transposed[index] @ updates
+    output = torch.stack(outputs, dim=2).reshape(batch, heads, padded, value_dim)[:, :, :length]
     return output, state
