@@ -12,6 +12,7 @@ stop it or pass --read-only, unreadable index or cache). Each failure prints one
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         sock = bind_socket(args.host, args.port)
     except AddressInUseError as error:
-        raise CliError(f"{error.strerror}; stop the other server or pass another --port", EXIT_FAILURE) from None
+        hint = "stop the other server or pass another --port" if error.errno == errno.EADDRINUSE else "check --host"
+        raise CliError(f"{error.strerror}; {hint}", EXIT_FAILURE) from None
     logging.getLogger("hypic_rag").setLevel(getattr(logging, args.log_level.upper()))
     port = sock.getsockname()[1]
 
