@@ -118,3 +118,47 @@ def test_config_is_checked(tokenizer) -> None:
         ChunkerConfig(paragraph_fill=1.5)
     with pytest.raises(ValueError, match="leaves no room"):
         Chunker(tokenizer, ChunkerConfig(chunk_tokens=8), PromptFormat(chunk_template="x y z w v u t s r q p {text}"))
+
+
+class _CallSizes:
+    """The real tokenizer, recording how many characters each call is given."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.largest = 0
+
+    def __call__(self, texts, **options):
+        size = len(texts) if isinstance(texts, str) else sum(len(text) for text in texts)
+        self.largest = max(self.largest, size)
+        return self.tokenizer(texts, **options)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\n\n".join(make_paragraphs(7, 400)) * 20,  # ~1.7 M characters of ordinary prose
+        "alpha beta gamma " * 120_000,  # ~2 M characters: one "sentence", no newline, no sentence end
+    ],
+    ids=["prose", "one-unit"],
+)
+def test_chunk_steps_bound_the_work_behind_each_chunk(tokenizer, text: str) -> None:
+    """A service advances an ingestion job a step at a time: cutting one chunk of a huge document must not
+    tokenize the whole document (before, every unit of it was counted in one call)."""
+    spy = _CallSizes(tokenizer)
+    chunker = Chunker(spy, ChunkerConfig(chunk_tokens=48))
+    bound = 2 * chunker.content_budget * 64  # a batch of units stops once it holds one window of text
+    steps = chunker.chunk_steps(Document("huge", text, "huge"))
+    produced = [next(steps) for _ in range(300)]
+    assert spy.largest <= bound, f"one tokenizer call was given {spy.largest} characters"
+    assert any(chunk is not None for chunk in produced)
+    assert all(chunk is None or chunk.n_tokens <= 48 for chunk in produced)
+
+
+def test_chunk_steps_give_the_chunks_of_chunk_document(tokenizer) -> None:
+    paragraphs = make_paragraphs(8, 30)
+    text = "\n\n".join(paragraphs + [paragraphs[3]])
+    chunker = Chunker(tokenizer, ChunkerConfig(chunk_tokens=256, paragraph_fill=0.0))
+    document = Document("doc", text, "doc")
+    steps = list(chunker.chunk_steps(document))
+    assert None in steps  # the repeated chunk text is a step of its own, kept once
+    assert [chunk for chunk in steps if chunk is not None] == chunker.chunk_document(document)

@@ -232,3 +232,35 @@ def test_one_writer_at_a_time(tmp_path, embedder) -> None:
         assert index.counts().chunks == 0
         scores, ids = index.vectors.search(np.zeros((1, embedder.dimension), np.float32) + 0.05, 2)
         assert ids.tolist() == [[-1, -1]]
+
+
+def test_ingest_steps_bound_each_step_and_give_what_ingest_gives(tmp_path, embedder, chunker) -> None:
+    """The stepwise ingest (the service's document jobs) yields between bounded pieces of work and leaves the
+    same documents, chunks and search results as `ingest`; closed between steps, the index stays consistent."""
+    corpus = load_corpus(write_corpus(tmp_path / "corpus"))
+    with CorpusIndex.open_for_update(tmp_path / "whole", embedder, settings()) as whole:
+        expected = whole.ingest(corpus, chunker)
+        expected_chunks = sorted((c.chunk_id, c.token_ids) for c in whole.docstore.iter_chunks())
+    with CorpusIndex.open_for_update(tmp_path / "stepped", embedder, settings()) as index:
+        steps = index.ingest_steps(corpus, chunker, step_chunks=2)
+        yields = []
+        while True:
+            try:
+                yields.append(next(steps))
+            except StopIteration as done:
+                report = done.value
+                break
+        assert len(yields) >= expected.chunks_added // 2  # at least one yield per 2 chunks embedded
+        assert yields == sorted(yields) and yields[-1] == len(corpus.documents)
+        assert report == expected
+        assert sorted((c.chunk_id, c.token_ids) for c in index.docstore.iter_chunks()) == expected_chunks
+        assert top_doc(index, "Who is the keeper of the lighthouse?") == "lighthouse.md"
+        assert_index_consistent(index)
+    with CorpusIndex.open_for_update(tmp_path / "stopped", embedder, settings()) as index:
+        steps = index.ingest_steps(corpus, chunker, step_chunks=2)
+        while next(steps) < 2:  # two documents stored, the rest not yet
+            pass
+        steps.close()
+    with CorpusIndex.open(tmp_path / "stopped", embedder) as reopened:  # FAISS catches up with the docstore
+        assert reopened.counts().documents == 2
+        assert_index_consistent(reopened)

@@ -3,20 +3,25 @@
 Endpoints: POST /v1/ask, POST /v1/completions (OpenAI-compatible; segments separated by <<PIC_SEP>>),
 POST /v1/documents, GET /v1/jobs/{id}, DELETE /v1/documents/{id}, GET /v1/cache/stats, GET /healthz,
 GET /metrics, and the OpenAPI page at /docs. SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
-the cache is closed cleanly). Exit codes: 0 after a clean shutdown; 2 bad input (no index, missing model, bad
-option); 1 the server failed to start (e.g. another process is writing the index: try --read-only).
+the cache is closed cleanly). Start-up binds the port first, then loads the model, so a port in use fails at once.
+Exit codes: 0 after a clean shutdown; 2 bad input (no index, missing model, bad option); 3 the index was built
+for another model or tokenizer; 1 the server could not start (port in use, another process writes the index:
+stop it or pass --read-only, unreadable index or cache). Each failure prints one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
 from hypic_rag.cli.precompute_command import non_negative_int, positive_int
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_MISMATCH = 0, 1, 2, 3
+
+logger = logging.getLogger(__name__)
 
 
 def _positive_float(text: str) -> float:
@@ -58,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="per-request deadline in seconds, queue wait included (120)")
     parser.add_argument("--separator", default="<<PIC_SEP>>", metavar="STR",
                         help="segment separator of /v1/completions prompts (<<PIC_SEP>>)")
+    parser.add_argument("--max-segments", type=positive_int, default=256, metavar="N",
+                        help="separated segments of one completion prompt, the query included; more get 413 (256)")
+    parser.add_argument("--max-document-tokens", type=positive_int, default=500_000, metavar="N",
+                        help="tokens of one document added through POST /v1/documents; more get 413 (500000)")
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 << 20, metavar="N",
                         help="largest request body accepted; larger ones get 413 (8 MiB)")
     parser.add_argument("--shutdown-grace", type=_positive_float, default=30.0, metavar="S",
@@ -68,9 +77,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from hypic_rag.retrieval.corpus_index import check_not_locked
+    from hypic_rag.retrieval.errors import IndexLockedError, RetrievalError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
     from hypic_rag.server.config import ServerConfig
-    from hypic_rag.server.runner import serve
+    from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
     index_dir = Path(args.index).expanduser()
     if not (index_dir / MANIFEST_FILE).is_file():
@@ -78,10 +89,11 @@ def run_serve(args: argparse.Namespace) -> int:
             f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
             EXIT_BAD_INPUT,
         )
-    if args.model:
-        model_path = Path(args.model).expanduser()
-    else:
-        model_path = Path(IndexManifest.load(index_dir.resolve()).model.path)
+    try:
+        manifest = IndexManifest.load(index_dir.resolve())
+    except RetrievalError as error:
+        raise CliError(str(error), EXIT_FAILURE) from None
+    model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
     if not (model_path / "config.json").is_file():
         raise CliError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model",
                        EXIT_BAD_INPUT)
@@ -95,14 +107,56 @@ def run_serve(args: argparse.Namespace) -> int:
             queue_size=args.queue_size,
             request_timeout_s=args.request_timeout,
             separator=args.separator,
+            max_segments=args.max_segments,
+            max_document_tokens=args.max_document_tokens,
             max_body_bytes=args.max_body_bytes,
             shutdown_grace_s=args.shutdown_grace,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
+    if not args.read_only:
+        try:
+            check_not_locked(index_dir)
+        except IndexLockedError as error:
+            raise CliError(f"{error}; stop it or pass --read-only", EXIT_FAILURE) from None
+        except OSError as error:
+            raise CliError(f"cannot open the index for writing ({error}); pass --read-only", EXIT_FAILURE) from None
+    try:
+        sock = bind_socket(args.host, args.port)
+    except AddressInUseError as error:
+        hint = "stop the other server or pass another --port" if error.errno == errno.EADDRINUSE else "check --host"
+        raise CliError(f"{error.strerror}; {hint}", EXIT_FAILURE) from None
     logging.getLogger("hypic_rag").setLevel(getattr(logging, args.log_level.upper()))
-    print(f"hypic-rag: serving {index_dir} on http://{args.host}:{args.port} (OpenAPI page: /docs)", flush=True)
-    if not serve(config, args.host, args.port, log_level=args.log_level):
-        raise CliError("the server failed to start (reason logged above); if another process writes the index, "
-                       "stop it or pass --read-only", EXIT_FAILURE)
+    port = sock.getsockname()[1]
+
+    def announce() -> None:
+        print(f"hypic-rag: serving {index_dir} on http://{args.host}:{port} (OpenAPI page: /docs)", flush=True)
+
+    try:
+        started = serve(config, args.host, port, log_level=args.log_level, sock=sock, on_ready=announce)
+    except Exception as error:  # noqa: BLE001 - every start-up failure becomes one line
+        raise _startup_error(error) from None
+    finally:
+        sock.close()
+    if not started:
+        raise CliError("the server failed to start (reason logged above)", EXIT_FAILURE)
     return EXIT_OK
+
+
+def _startup_error(error: Exception) -> CliError:
+    """One line and an exit code for an error raised while the backend opened."""
+    from hypic_rag.cache.errors import CacheError
+    from hypic_rag.pipeline import PipelineError
+    from hypic_rag.retrieval.errors import IndexLockedError, IndexMismatchError, IndexNotFoundError, RetrievalError
+
+    logger.debug("start-up failed", exc_info=error)
+    if isinstance(error, IndexMismatchError):
+        return CliError(str(error), EXIT_MISMATCH)
+    if isinstance(error, (IndexNotFoundError, PipelineError, FileNotFoundError)):
+        return CliError(str(error), EXIT_BAD_INPUT)
+    if isinstance(error, IndexLockedError):
+        return CliError(f"{error}; stop it or pass --read-only", EXIT_FAILURE)
+    if isinstance(error, (RetrievalError, CacheError)):
+        return CliError(str(error), EXIT_FAILURE)
+    return CliError(f"the server failed to start: {type(error).__name__}: {error} (--log-level debug shows the "
+                    "traceback)", EXIT_FAILURE)

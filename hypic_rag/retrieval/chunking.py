@@ -13,6 +13,12 @@ paragraph usually changes only the chunks around it.
 Chunk ids are derived from content: sha256 of the document id and the chunk text. Re-ingesting the same text gives
 the same ids (and the same token ids, hence the same cache entries); identical text repeated inside one document
 is kept once.
+
+`Chunker.iter_chunks` produces the chunks lazily, so a very large document is chunked in bounded pieces of work
+(the service advances ingestion jobs one step at a time between requests): units are found and counted a batch at
+a time, as the packing reaches them, and a unit longer than `LONG_UNIT_CHARS_PER_TOKEN` characters per token of
+the content budget (a "sentence" of thousands of characters without a sentence end or a newline) is first cut at
+whitespace into windows of that size, so no single tokenizer call covers more than one window.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 CHUNKER_VERSION = 1
 MIN_CHUNK_TOKENS = 8
+UNIT_BATCH = 64
+"""Units found and token-counted together when the packing needs more (fewer when they are long)."""
+LONG_UNIT_CHARS_PER_TOKEN = 64
+"""A unit longer than this many characters per token of the content budget is cut into windows of that size."""
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 _SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f]+[\"'\u201d\u2019)\]]*(?=\s)")
@@ -107,37 +117,120 @@ def _trimmed(text: str, start: int, end: int) -> tuple[int, int] | None:
     return (start, end) if start < end else None
 
 
-def _paragraph_spans(text: str) -> list[tuple[int, int]]:
-    spans, start = [], 0
+def _paragraph_spans(text: str) -> Iterator[tuple[int, int]]:
+    start = 0
     for match in _PARAGRAPH_BREAK.finditer(text):
-        spans.append((start, match.start()))
+        yield start, match.start()
         start = match.end()
-    spans.append((start, len(text)))
-    return spans
+    yield start, len(text)
+
+
+def _unit_spans(text: str, paragraph_start: int, paragraph_end: int) -> Iterator[tuple[int, int]]:
+    """Sentences and lines of one paragraph, trimmed, in order."""
+    line_start = paragraph_start
+    while line_start < paragraph_end:
+        newline = text.find("\n", line_start, paragraph_end)
+        line_end = paragraph_end if newline < 0 else newline + 1
+        cut = line_start
+        for match in _SENTENCE_END.finditer(text, line_start, line_end):
+            span = _trimmed(text, cut, match.end())
+            if span:
+                yield span
+            cut = match.end()
+        span = _trimmed(text, cut, line_end)
+        if span:
+            yield span
+        line_start = line_end
+
+
+def iter_units(text: str) -> Iterator[_Unit]:
+    """Sentences and lines of `text` in order, with paragraph ends marked; found as they are consumed."""
+    for paragraph_start, paragraph_end in _paragraph_spans(text):
+        previous: tuple[int, int] | None = None
+        for span in _unit_spans(text, paragraph_start, paragraph_end):
+            if previous is not None:
+                yield _Unit(previous[0], previous[1], paragraph_end=False)
+            previous = span
+        if previous is not None:
+            yield _Unit(previous[0], previous[1], paragraph_end=True)
 
 
 def split_units(text: str) -> list[_Unit]:
     """Sentences and lines of `text` in order, with paragraph ends marked."""
-    units: list[_Unit] = []
-    for paragraph_start, paragraph_end in _paragraph_spans(text):
-        paragraph_units: list[tuple[int, int]] = []
-        line_start = paragraph_start
-        while line_start < paragraph_end:
-            newline = text.find("\n", line_start, paragraph_end)
-            line_end = paragraph_end if newline < 0 else newline + 1
-            cut = line_start
-            for match in _SENTENCE_END.finditer(text, line_start, line_end):
-                span = _trimmed(text, cut, match.end())
-                if span:
-                    paragraph_units.append(span)
-                cut = match.end()
-            span = _trimmed(text, cut, line_end)
-            if span:
-                paragraph_units.append(span)
-            line_start = line_end
-        for index, (start, end) in enumerate(paragraph_units):
-            units.append(_Unit(start, end, paragraph_end=index == len(paragraph_units) - 1))
-    return units
+    return list(iter_units(text))
+
+
+def _char_windows(text: str, unit: _Unit, max_chars: int) -> Iterator[_Unit]:
+    """`unit` cut into pieces of at most `max_chars` characters, at the last whitespace of each window when it
+    lies in the window's second half; the last piece keeps the unit's paragraph end."""
+    previous: tuple[int, int] | None = None
+    start = unit.start
+    while start < unit.end:
+        end = min(unit.end, start + max_chars)
+        if end < unit.end:
+            space = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
+            if space > start + max_chars // 2:
+                end = space
+        span = _trimmed(text, start, end)
+        if span:
+            if previous is not None:
+                yield _Unit(previous[0], previous[1], paragraph_end=False)
+            previous = span
+        start = end
+    if previous is not None:
+        yield _Unit(previous[0], previous[1], paragraph_end=unit.paragraph_end)
+
+
+class _FittedUnits:
+    """A document's units, each within the content budget, with their token counts, produced on demand.
+
+    `units` and `counts` grow a batch at a time when `has(index)` asks beyond them; the chunker may replace a
+    unit by tighter pieces in place.
+    """
+
+    def __init__(self, chunker: Chunker, text: str) -> None:
+        self._chunker = chunker
+        self._text = text
+        self._max_chars = max(1, chunker.content_budget * LONG_UNIT_CHARS_PER_TOKEN)
+        self._source = self._bounded_units()
+        self.units: list[_Unit] = []
+        self.counts: list[int] = []
+
+    def _bounded_units(self) -> Iterator[_Unit]:
+        for unit in iter_units(self._text):
+            if unit.end - unit.start > self._max_chars:
+                yield from _char_windows(self._text, unit, self._max_chars)
+            else:
+                yield unit
+
+    def has(self, index: int) -> bool:
+        """Whether the document has a unit at `index` (producing units up to it if needed)."""
+        while index >= len(self.units):
+            if not self._extend():
+                return False
+        return True
+
+    def _extend(self) -> bool:
+        raw: list[_Unit] = []
+        chars = 0
+        for unit in self._source:  # a batch: UNIT_BATCH units, or fewer holding a long unit's window of text
+            raw.append(unit)
+            chars += unit.end - unit.start
+            if len(raw) >= UNIT_BATCH or chars >= self._max_chars:
+                break
+        if not raw:
+            return False
+        text, chunker = self._text, self._chunker
+        counts = chunker._count_tokens([text[unit.start : unit.end] for unit in raw])
+        for unit, count in zip(raw, counts, strict=True):
+            if count <= chunker.content_budget:
+                self.units.append(unit)
+                self.counts.append(count)
+            else:
+                pieces = chunker._split_long_unit(text, unit, chunker.content_budget)
+                self.units.extend(pieces)
+                self.counts.extend(chunker._count_tokens([text[piece.start : piece.end] for piece in pieces]))
+        return True
 
 
 class Chunker:
@@ -193,29 +286,18 @@ class Chunker:
             pieces[-1] = _Unit(last.start, last.end, paragraph_end=unit.paragraph_end)
         return pieces
 
-    def _fitting_units(self, text: str) -> tuple[list[_Unit], list[int]]:
-        """The document's units, long ones split, with their token counts."""
-        units = split_units(text)
-        counts = self._count_tokens([text[unit.start : unit.end] for unit in units])
-        fitted: list[_Unit] = []
-        for unit, count in zip(units, counts, strict=True):
-            if count <= self.content_budget:
-                fitted.append(unit)
-            else:
-                fitted.extend(self._split_long_unit(text, unit, self.content_budget))
-        return fitted, self._count_tokens([text[unit.start : unit.end] for unit in fitted])
-
-    def _greedy_end(self, units: list[_Unit], counts: list[int], first: int) -> int:
+    def _greedy_end(self, fitted: _FittedUnits, first: int) -> int:
         """One past the last unit of the chunk that starts at unit `first` (by approximate token counts).
 
         The chunk closes at the first paragraph end once `paragraph_fill` full; when the next unit does not fit,
         it closes at its last paragraph end if that is at least half of `paragraph_fill` full, else at the last
         sentence that fits.
         """
+        units, counts = fitted.units, fitted.counts
         total, end = 0, first
         close_at = self.config.paragraph_fill * self.content_budget
         fallback_end = None
-        while end < len(units) and total + counts[end] <= self.content_budget:
+        while fitted.has(end) and total + counts[end] <= self.content_budget:
             total += counts[end]
             end += 1
             if units[end - 1].paragraph_end:
@@ -223,19 +305,26 @@ class Chunker:
                     return end
                 if total >= close_at / 2:
                     fallback_end = end
-        if end < len(units) and fallback_end is not None:
+        if fitted.has(end) and fallback_end is not None:
             return fallback_end
         return max(end, first + 1)
 
     def chunk_document(self, document: Document) -> list[Chunk]:
         """The document's chunks in order (identical chunk texts kept once)."""
+        return [chunk for chunk in self.chunk_steps(document) if chunk is not None]
+
+    def chunk_steps(self, document: Document) -> Iterator[Chunk | None]:
+        """The document's chunks in order, produced lazily, one item per chunk cut: the chunk, or None where its
+        text repeats an earlier chunk's (kept once). The work behind one item is bounded (a batch of units
+        counted, one chunk tokenized) whatever the document's size."""
         text = document.text
-        units, counts = self._fitting_units(text)
-        chunks: list[Chunk] = []
+        fitted = _FittedUnits(self, text)
+        units, counts = fitted.units, fitted.counts
         seen_ids: set[str] = set()
+        position = 0
         first = 0
-        while first < len(units):
-            end = self._greedy_end(units, counts, first)
+        while fitted.has(first):
+            end = self._greedy_end(fitted, first)
             while True:
                 start_char, end_char = units[first].start, units[end - 1].end
                 chunk_text = text[start_char:end_char]
@@ -257,18 +346,17 @@ class Chunker:
             chunk_id = chunk_id_for(document.doc_id, chunk_text)
             if chunk_id in seen_ids:
                 logger.debug("document %s: repeated chunk text at char %d kept once", document.doc_id, start_char)
+                yield None
             else:
                 seen_ids.add(chunk_id)
-                chunks.append(
-                    Chunk(
-                        chunk_id=chunk_id,
-                        doc_id=document.doc_id,
-                        position=len(chunks),
-                        text=chunk_text,
-                        token_ids=tuple(token_ids),
-                        char_start=start_char,
-                        char_end=end_char,
-                    )
+                yield Chunk(
+                    chunk_id=chunk_id,
+                    doc_id=document.doc_id,
+                    position=position,
+                    text=chunk_text,
+                    token_ids=tuple(token_ids),
+                    char_start=start_char,
+                    char_end=end_char,
                 )
+                position += 1
             first = end
-        return chunks

@@ -17,21 +17,24 @@ from __future__ import annotations
 
 import fcntl
 import logging
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import numpy as np
 from tqdm import tqdm
 
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
-from hypic_rag.retrieval.errors import IndexCorruptError, RetrievalError
+from hypic_rag.retrieval.errors import IndexCorruptError, IndexLockedError, RetrievalError
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.retrieval.multi_hop import hop_queries, merge_hop_hits
+from hypic_rag.streaming import drain
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +117,14 @@ def _acquire_lock(index_dir: Path) -> IO[str]:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise RetrievalError(f"index {str(index_dir)!r} is being written by another process") from None
+        raise IndexLockedError(f"index {str(index_dir)!r} is being written by another process") from None
     return handle
+
+
+def check_not_locked(directory: str | Path) -> None:
+    """RetrievalError when another process holds the index's writer lock (checked now, not kept: a caller that
+    goes on to `open_for_update` may still lose a race, and gets the same error then)."""
+    _acquire_lock(Path(directory).expanduser().resolve()).close()
 
 
 class CorpusIndex:
@@ -224,6 +233,29 @@ class CorpusIndex:
         self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False
     ) -> IngestReport:
         """Bring the index in line with `corpus` (see the module docstring) and save it if anything changed."""
+        return drain(self.ingest_steps(corpus, chunker, delete_missing=delete_missing, show_progress=show_progress))
+
+    def ingest_steps(
+        self,
+        corpus: LoadedCorpus,
+        chunker: Chunker,
+        *,
+        delete_missing: bool = True,
+        show_progress: bool = False,
+        step_chunks: int | None = None,
+    ) -> Generator[int, None, IngestReport]:
+        """`ingest` as a generator of bounded steps, for callers that interleave other work between them (the
+        service's document jobs); its return value is the report.
+
+        With `step_chunks`, each `next` does one piece of work: cutting up to `step_chunks` chunks, embedding up to
+        `step_chunks` chunks, storing one document (its own transaction, so bounded by the document's size), or the
+        final save. Each yield says how many of the corpus's documents are done (stored or found unchanged).
+        Without it, the steps are whole batches of `embed_batch_chunks` new chunks (what `ingest` does). Closed
+        between steps, the index holds the documents stored so far and stays consistent (the FAISS file catches
+        up with the docstore on the next save or open).
+        """
+        if step_chunks is not None and step_chunks < 1:
+            raise ValueError(f"step_chunks must be positive, got {step_chunks}")
         self._require_writer()
         self._check_chunker(chunker)
         stored = self.docstore.document_digests()
@@ -232,22 +264,29 @@ class CorpusIndex:
         pending: list[_PendingDocument] = []
         pending_chunks = 0
         moved: list[str] = []
+        done = 0
         for document in tqdm(corpus.documents, desc="indexing", unit="doc", disable=not show_progress):
             digest, root = stored.get(document.doc_id, (None, None))
             if digest == document.content_sha256:
                 counts["unchanged"] += 1
+                done += 1
                 if root != source_root:
                     moved.append(document.doc_id)
                 continue
-            chunks = chunker.chunk_document(document)
+            chunks: list[Chunk] = []
+            for number, chunk in enumerate(chunker.chunk_steps(document), 1):
+                if chunk is not None:
+                    chunks.append(chunk)
+                if step_chunks is not None and number % step_chunks == 0:
+                    yield done
             stored_chunk_ids = self.docstore.chunk_ids_of(document.doc_id)
             new_chunks = [chunk for chunk in chunks if chunk.chunk_id not in stored_chunk_ids]
             pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in stored))
             pending_chunks += len(new_chunks)
             if pending_chunks >= self.embed_batch_chunks:
-                self._commit(pending, source_root, counts)
+                done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done)
                 pending, pending_chunks = [], 0
-        self._commit(pending, source_root, counts)
+        done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done)
         if moved:
             self.docstore.move_documents(moved, source_root)
         deleted = 0
@@ -272,10 +311,28 @@ class CorpusIndex:
         logger.info("ingest: %s", report)
         return report
 
-    def _commit(self, pending: list[_PendingDocument], source_root: str, counts: dict[str, int]) -> None:
-        """Embed the pending documents' new chunks and store each document in its own transaction."""
+    def _commit_steps(
+        self,
+        pending: list[_PendingDocument],
+        source_root: str,
+        counts: dict[str, int],
+        step_chunks: int | None,
+        done: int,
+    ) -> Generator[int, None, int]:
+        """Embed the pending documents' new chunks (`step_chunks` at a time, or all at once) and store each
+        document in its own transaction; yields and returns the number of documents done."""
+        if not pending:
+            return done
         new_chunks = [chunk for item in pending for chunk in item.new_chunks]
-        vectors = self.embedder.embed([chunk.text for chunk in new_chunks])
+        texts = [chunk.text for chunk in new_chunks]
+        if step_chunks is None:
+            vectors = self.embedder.embed(texts)
+        else:
+            parts = []
+            for start in range(0, len(texts), step_chunks):
+                parts.append(self.embedder.embed(texts[start : start + step_chunks]))
+                yield done
+            vectors = np.concatenate(parts) if parts else self.embedder.embed([])
         embeddings = {chunk.chunk_id: vector for chunk, vector in zip(new_chunks, vectors, strict=True)}
         for item in pending:
             added, removed = self.docstore.replace_document(item.document, source_root, item.chunks, embeddings)
@@ -283,6 +340,9 @@ class CorpusIndex:
             counts["updated" if item.existed else "added"] += 1
             counts["chunks_added"] += added
             counts["chunks_removed"] += removed
+            done += 1
+            yield done
+        return done
 
     def delete_document(self, doc_id: str) -> int:
         """Remove one document and its chunks from the index; returns how many chunks went."""

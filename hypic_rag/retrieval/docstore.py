@@ -107,6 +107,11 @@ class DocStore:
     def chunk_ids_of(self, doc_id: str) -> set[str]:
         return {row[0] for row in self._db.execute("SELECT chunk_id FROM chunks WHERE doc_id = ?", (doc_id,))}
 
+    def token_ids_of(self, doc_id: str) -> list[tuple[int, ...]]:
+        """The stored token ids of a document's chunks, in order (empty for an unknown document)."""
+        rows = self._db.execute("SELECT token_ids FROM chunks WHERE doc_id = ? ORDER BY position", (doc_id,))
+        return [_tokens_from_blob(row[0]) for row in rows]
+
     def live_vector_ids(self) -> np.ndarray:
         rows = self._db.execute("SELECT vector_id FROM chunks ORDER BY vector_id").fetchall()
         return np.asarray([row[0] for row in rows], dtype=np.int64)

@@ -25,3 +25,7 @@ class IndexNotFoundError(RetrievalError):
 
 class IndexCorruptError(RetrievalError):
     """The index directory exists but its files cannot be read back."""
+
+
+class IndexLockedError(RetrievalError):
+    """Another process holds the index's writer lock (a precompute, or a server that is not --read-only)."""

@@ -128,6 +128,9 @@ class Engine:
         self.state_dtype = state_dtype
         self._memory_entries: ByteBudgetLRU[Entry] = ByteBudgetLRU(memory_cache_bytes, _entry_bytes)
         self._prefix_checkpoints: ByteBudgetLRU[DecodeState] = ByteBudgetLRU(prefix_cache_bytes, DecodeState.nbytes)
+        self.segment_check: Callable[[], None] | None = None
+        """Called before each segment is encoded (a service sets it per request); raising stops the encoding
+        there, and none of that call's entries are stored."""
 
     # ------------------------------------------------------------------ entries
 
@@ -136,7 +139,12 @@ class Engine:
         return encode_segment(self.model, list(token_ids), self.seam_tokens if seam_tokens is None else seam_tokens)
 
     def encode_segments(self, segments: list[list[int]], seam_tokens: int | None = None) -> list[Entry]:
-        return [self.encode_segment(segment, seam_tokens) for segment in segments]
+        entries = []
+        for segment in segments:
+            if self.segment_check is not None:
+                self.segment_check()
+            entries.append(self.encode_segment(segment, seam_tokens))
+        return entries
 
     def cache_namespace(self, seam_tokens: int) -> Any:
         from hypic_rag.cache.keys import CacheNamespace

@@ -34,13 +34,16 @@ DESCRIPTION = (
 )
 
 
-def create_app(config: ServerConfig) -> FastAPI:
-    """The application for `config`; its lifespan starts and stops the model worker."""
-    service = Service(config, lambda: ServiceBackend.open(config))
+def create_app(config: ServerConfig, *, service: Service | None = None) -> FastAPI:
+    """The application for `config`; its lifespan starts (unless `service` was started already, as `serve`
+    does so that start-up errors surface before uvicorn runs) and stops the model worker."""
+    if service is None:
+        service = Service(config, lambda: ServiceBackend.open(config))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await asyncio.to_thread(service.start)
+        if not service.started:
+            await asyncio.to_thread(service.start)
         logger.info("hypic-rag service ready (index %s)", config.index_dir)
         try:
             yield

@@ -7,14 +7,16 @@ one's cached entry is reused wherever it lands in a prompt.
 
 from __future__ import annotations
 
+import copy
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.pipeline import Answer, RagPipeline
+from hypic_rag.pipeline import Answer, PipelineError, RagPipeline
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.runtime.engine import Generation, SamplingParams
 from hypic_rag.server.accounting import usage_of
@@ -29,6 +31,19 @@ logger = logging.getLogger(__name__)
 API_SOURCE_ROOT = "<hypic-rag api>"
 """The `source_root` recorded for documents added through the API (precompute never deletes them)."""
 INGEST_BATCH_DOCUMENTS = 16
+"""Documents indexed per ingest batch (searchable together, once the batch is saved)."""
+INGEST_STEP_CHUNKS = 32
+"""Chunks cut or embedded in one step of a document job (the most a request waits for, with one chunk's encoding)."""
+
+
+def check_segment_count(segments: Sequence[str], limit: int) -> None:
+    """413 when a completion prompt has more separated parts (the query included) than the server accepts."""
+    if len(segments) > limit:
+        raise PayloadTooLargeError(
+            f"prompt has {len(segments)} separated segments (the query included); this server accepts at most "
+            f"{limit} per request (merge segments, or raise --max-segments)",
+            param="prompt",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +65,20 @@ class CompletionResult:
     timings: dict[str, float]
 
 
+class TokenCounter:
+    """Counts a text's tokens from any thread: its own copy of the model's tokenizer, used under a lock (the
+    worker's tokenizer belongs to the worker thread). Fast tokenizers release the GIL while counting."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = copy.deepcopy(tokenizer)
+        self._lock = threading.Lock()
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` tokenized on its own, without special tokens."""
+        with self._lock:
+            return len(self._tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
 class ServiceBackend:
     """An opened index, its model, engine and segment cache. Not thread-safe: the worker thread owns it."""
 
@@ -60,13 +89,18 @@ class ServiceBackend:
         self.chunker = chunker
         self.model_name = config.model_name or Path(str(pipeline.index.manifest.model.path)).name or "hypic-rag"
         self.counts = pipeline.index.counts()
+        self.token_counter = TokenCounter(pipeline.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
         self.refresh_cache_snapshot()
 
     # ------------------------------------------------------------------------------------------- opening
     @classmethod
     def open(cls, config: ServerConfig) -> ServiceBackend:
-        """Open the index (as its writer unless `config.read_only`), its model and its segment cache."""
+        """Open the index (as its writer unless `config.read_only`), its model and its segment cache.
+
+        Raises IndexNotFoundError / IndexCorruptError for a missing or unreadable manifest, IndexMismatchError when
+        the index was built for another model (or tokenizer), RetrievalError when another process holds the
+        index's writer lock, PipelineError for a model without a tokenizer."""
         from hypic_rag.cache.segment_cache import SegmentCache
         from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
         from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
@@ -86,7 +120,8 @@ class ServiceBackend:
         model_path = config.model_path or Path(manifest.model.path)
         model = load_model(model_path, device=config.device)
         if model.tokenizer is None:
-            raise ValueError(f"model {model_path} has no tokenizer")
+            raise PipelineError(f"model {model_path} has no tokenizer; a RAG service needs one")
+        manifest.check_model(ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint))
         embedder = SentenceEmbedder(manifest.embedder_path)
         chunker = None
         if config.read_only:
@@ -160,6 +195,7 @@ class ServiceBackend:
     def ask(self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext) -> Answer:
         """Retrieve, assemble and generate; emits ("sources", [Source]) then ("token", text) events."""
         stream = self.pipeline.stream(question, top_k=top_k, mode=mode, params=params)
+        self.pipeline.engine.segment_check = context.check  # stops a request between segment encodings too
         try:
             while True:
                 context.check()
@@ -171,6 +207,7 @@ class ServiceBackend:
                 if value or kind != "token":  # a token ending inside a character brings no text yet
                     context.emit((kind, value))
         finally:
+            self.pipeline.engine.segment_check = None
             stream.close()
             self.refresh_cache_snapshot()
         return answer
@@ -180,8 +217,10 @@ class ServiceBackend:
     ) -> CompletionResult:
         """Generate after `segments`: all but the last are cached segments, the last is the query.
 
-        Each segment is tokenized on its own; empty ones (two separators in a row) are dropped.
+        Each segment is tokenized on its own; empty ones (two separators in a row) are dropped. The request is
+        checked (deadline, client gone) between tokens and before each segment it encodes.
         """
+        check_segment_count(segments, self.config.max_segments)
         began = time.perf_counter()
         try:
             request = segmented_request(self.pipeline.tokenizer, segments)
@@ -195,6 +234,7 @@ class ServiceBackend:
             )
         tokenized_at = time.perf_counter()
         stream = self.pipeline.engine.stream(request, mode, params)
+        self.pipeline.engine.segment_check = context.check  # stops a request between segment encodings too
         try:
             while True:
                 context.check()
@@ -206,6 +246,7 @@ class ServiceBackend:
                 if delta:
                     context.emit(("token", delta))
         finally:
+            self.pipeline.engine.segment_check = None
             stream.close()
             self.refresh_cache_snapshot()
         timings = dict(generation.timings)
@@ -216,11 +257,14 @@ class ServiceBackend:
 
     # ------------------------------------------------------------------------------------------- documents
     def add_documents(self, documents: Sequence[NewDocument], job: Job, jobs: JobRegistry) -> Iterator[None]:
-        """A background job in steps: index the documents a batch at a time, then encode each new chunk.
+        """A background job in bounded steps: index the documents (`INGEST_BATCH_DOCUMENTS` at a time), then
+        encode each of their chunks missing from the cache.
 
-        Every step commits on its own (docstore transaction and FAISS save; one cache put per chunk), so a job
-        stopped between steps leaves index and cache consistent. A document is searchable once indexed; its
-        chunks' cache entries follow (a query before then encodes the missing entries itself).
+        One step (one `next`) cuts or embeds at most `INGEST_STEP_CHUNKS` chunks, stores one document (its own
+        docstore transaction), saves the FAISS index after a batch, or encodes one chunk, so a request waits for
+        at most one step whatever the documents' sizes. Every write commits on its own, so a job stopped between
+        steps leaves index and cache consistent. A document is searchable once its batch is saved; its chunks'
+        cache entries follow (a query before then encodes the missing entries itself).
         """
         from hypic_rag.retrieval.loading import Document, LoadedCorpus
         from hypic_rag.retrieval.precompute import missing_segments
@@ -228,26 +272,31 @@ class ServiceBackend:
         self._require_writable()
         index, engine = self.pipeline.index, self.pipeline.engine
         totals = {"documents_added": 0, "documents_updated": 0, "documents_unchanged": 0, "chunks_added": 0}
-        segments: list[list[int]] = []
+        segments: list[tuple[int, ...]] = []
         for start in range(0, len(documents), INGEST_BATCH_DOCUMENTS):
             batch = [
                 Document(doc_id=item.doc_id, text=item.text, source=f"api:{item.doc_id}", metadata=dict(item.metadata))
                 for item in documents[start : start + INGEST_BATCH_DOCUMENTS]
             ]
-            report = index.ingest(LoadedCorpus(Path(API_SOURCE_ROOT), batch, []), self.chunker, delete_missing=False)
+            steps = index.ingest_steps(
+                LoadedCorpus(Path(API_SOURCE_ROOT), batch, []), self.chunker, delete_missing=False,
+                step_chunks=INGEST_STEP_CHUNKS,
+            )
+            report = yield from steps  # a document counts as indexed once its batch is saved (searchable)
             totals["documents_added"] += report.documents_added
             totals["documents_updated"] += report.documents_updated
             totals["documents_unchanged"] += report.documents_unchanged
             totals["chunks_added"] += report.chunks_added
             for document in batch:
-                segments.extend(list(chunk.token_ids) for chunk in self.chunker.chunk_document(document))
+                segments.extend(index.docstore.token_ids_of(document.doc_id))
             self.counts = index.counts()
-            jobs.update(job, documents_indexed=min(len(documents), start + len(batch)))
+            jobs.update(job, documents_indexed=start + len(batch))
             yield
         namespace = engine.cache_namespace(engine.seam_tokens)
-        unique = list({tuple(ids): None for ids in segments})
+        unique = list(dict.fromkeys(segments))
         todo = missing_segments(self.cache, namespace, [list(ids) for ids in unique])
         jobs.update(job, chunks_total=len(unique), chunks_encoded=len(unique) - len(todo))
+        yield
         encoded = 0
         for ids in todo:
             self.cache.put(namespace, engine.encode_segment(ids, engine.seam_tokens))

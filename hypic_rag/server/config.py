@@ -18,8 +18,9 @@ class ServerConfig:
     processes may write the index. queue_size: requests waiting for the model worker before new ones get 429.
     request_timeout_s: default deadline of a request, queue wait included (a request may ask for less).
     separator: what splits an OpenAI-style completion prompt into cached segments.
-    max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_documents /
-    max_document_chars: sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
+    max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_segments (separated parts of
+    one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
+    document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
     new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish.
     """
 
@@ -35,11 +36,13 @@ class ServerConfig:
     max_question_chars: int = 4_000
     max_prompt_chars: int = 200_000
     max_prompt_tokens: int = 16_384
+    max_segments: int = 256
     max_new_tokens: int = 1_024
     max_top_k: int = 64
     hop_slots: int = 2
     max_documents: int = 1_000
     max_document_chars: int = 2_000_000
+    max_document_tokens: int = 500_000
     max_pending_jobs: int = 32
     finished_jobs_kept: int = 1_000
     hot_cache_bytes: int | None = None
@@ -57,10 +60,12 @@ class ServerConfig:
             "max_question_chars": self.max_question_chars,
             "max_prompt_chars": self.max_prompt_chars,
             "max_prompt_tokens": self.max_prompt_tokens,
+            "max_segments": self.max_segments,
             "max_new_tokens": self.max_new_tokens,
             "max_top_k": self.max_top_k,
             "max_documents": self.max_documents,
             "max_document_chars": self.max_document_chars,
+            "max_document_tokens": self.max_document_tokens,
             "max_pending_jobs": self.max_pending_jobs,
             "finished_jobs_kept": self.finished_jobs_kept,
             "startup_timeout_s": self.startup_timeout_s,

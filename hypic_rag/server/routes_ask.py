@@ -104,7 +104,7 @@ async def ask(body: AskRequest, request: Request) -> Any:
     if body.stream:
         stream = service.open_stream(run, timeout_s=timeout_s)
         return sse_response(_relay(stream, service, time.perf_counter()))
-    answer, context = await service.call(run, timeout_s=timeout_s)
+    answer, context = await service.call(run, timeout_s=timeout_s, request=request)
     response = ask_response(answer, context.queue_seconds)
     service.metrics.observe_generation(ROUTE, answer.usage, response.timings.time_to_first_token_ms / 1000.0)
     return response

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from hypic_rag.runtime.engine import SamplingParams
-from hypic_rag.server.backend import CompletionResult
+from hypic_rag.server.backend import CompletionResult, check_segment_count
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, error_body
 from hypic_rag.server.openai_schemas import (
     CompletionChoice,
@@ -115,6 +115,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     mode = checked_mode(body.mode)
     checked_at_most("max_tokens", body.max_tokens, config.max_new_tokens)
     segments = split_prompt(body.prompt, body.separator or config.separator, config.max_prompt_chars)
+    check_segment_count(segments, config.max_segments)
     params = SamplingParams(
         max_new_tokens=body.max_tokens,
         temperature=body.temperature,
@@ -135,7 +136,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         relay = _relay(stream, service, completion_id, created, model, mode, len(segments), include_usage)
         return sse_response(relay)
-    result, context = await service.call(run, timeout_s=timeout_s)
+    result, context = await service.call(run, timeout_s=timeout_s, request=request)
     response = completion_response(result, completion_id, created, model, mode, len(segments), context.queue_seconds)
     ttft = context.queue_seconds + result.timings.get("time_to_first_token", 0.0)
     service.metrics.observe_generation(ROUTE, result.usage, ttft)

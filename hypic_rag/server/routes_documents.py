@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -49,11 +50,37 @@ def checked_documents(body: AddDocumentsRequest, service: Service) -> list[NewDo
     return documents
 
 
+async def check_document_tokens(documents: list[NewDocument], service: Service) -> None:
+    """413 for a document over the server's `max_document_tokens`.
+
+    A text of fewer UTF-8 bytes than the limit cannot exceed it (a byte-level tokenizer makes at most one token
+    per byte; one more for a leading word marker), so only longer texts are counted, in a thread (the counter has
+    its own tokenizer), never on the model worker.
+    """
+    limit = service.config.max_document_tokens
+    counter = service.backend.token_counter
+    for number, document in enumerate(documents):
+        if len(document.text.encode("utf-8", "surrogatepass")) + 1 <= limit:
+            continue
+        field = f"documents[{number}].text"
+        try:
+            tokens = await asyncio.to_thread(counter.count, document.text)
+        except (TypeError, ValueError) as error:
+            raise BadRequestError(f"{field} cannot be tokenized: {error}", param=field) from None
+        if tokens > limit:
+            raise PayloadTooLargeError(
+                f"{field} has {tokens} tokens; this server accepts at most {limit} per document "
+                "(split it, or raise --max-document-tokens)",
+                param=field,
+            )
+
+
 @router.post(
     "/v1/documents",
     status_code=202,
     response_model=JobAccepted,
-    responses={409: {"description": "The index is read-only."}, 413: {"description": "Too many or too long."},
+    responses={409: {"description": "The index is read-only."},
+               413: {"description": "Too many documents, or one too long (characters or tokens)."},
                429: {"description": "Too many document jobs pending."}},
     summary="Add or replace documents (indexed and encoded in the background)",
 )
@@ -65,6 +92,7 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
     if service.config.read_only:
         raise ConflictError("the server opened its index read-only (--read-only); documents cannot be added")
     documents = checked_documents(body, service)
+    await check_document_tokens(documents, service)
     job = service.jobs.create(
         "add_documents", progress={"documents_total": len(documents), "documents_indexed": 0}
     )

@@ -14,6 +14,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from starlette.requests import Request
+
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import RequestTimeoutError
 from hypic_rag.server.jobs import JobRegistry
@@ -25,6 +27,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DEADLINE_SLACK_S = 2.0
 """How long past a deadline a waiter keeps waiting for the worker to report the timeout itself."""
+DISCONNECT_POLL_S = 0.25
+"""How often a waiting (non-streaming) request checks whether its client went away."""
 
 
 class EventStream:
@@ -62,6 +66,16 @@ class EventStream:
                 task.cancel()  # the client went away: stop generating
 
 
+async def _cancel_on_disconnect(request: Request, task: Task[Any]) -> None:
+    """Cancel `task` once the client of `request` has disconnected (polled; ends when the task does)."""
+    while not task.future.done():
+        if await request.is_disconnected():
+            logger.info("client went away: cancelling its request")
+            task.cancel()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
 class Service:
     """Owns the model worker, the job registry and the metrics of one app."""
 
@@ -79,8 +93,13 @@ class Service:
         )
         self.started_at = time.time()
 
+    @property
+    def started(self) -> bool:
+        """Whether `start` was called (the worker thread was started)."""
+        return self.worker.started
+
     def start(self) -> None:
-        """Build the backend in the worker thread (loads the model) and wait for it."""
+        """Build the backend in the worker thread (loads the model) and wait for it; raises the backend's error."""
         self.worker.start(self.config.startup_timeout_s)
         self.started_at = time.time()
 
@@ -102,12 +121,22 @@ class Service:
         return min(requested, limit) if requested is not None else limit
 
     async def call(
-        self, fn: Callable[[Any, TaskContext], T], *, timeout_s: float | None = None, kind: str = REQUEST
+        self,
+        fn: Callable[[Any, TaskContext], T],
+        *,
+        timeout_s: float | None = None,
+        kind: str = REQUEST,
+        request: Request | None = None,
     ) -> tuple[T, TaskContext]:
-        """Run `fn(backend, context)` on the worker; returns its result and context (for queue timing)."""
+        """Run `fn(backend, context)` on the worker; returns its result and context (for queue timing).
+
+        With `request`, a client that goes away cancels the task (skipped if queued, stopped at its next check if
+        running), as a deadline does.
+        """
         timeout_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
         task = self.worker.submit(fn, timeout_s=timeout_s, kind=kind)
         waiter = asyncio.wrap_future(task.future)
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task)) if request is not None else None
         try:
             result = await asyncio.wait_for(asyncio.shield(waiter), timeout=timeout_s + DEADLINE_SLACK_S)
         except TimeoutError:
@@ -116,6 +145,9 @@ class Service:
         except asyncio.CancelledError:
             task.cancel()
             raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
         return result, task.context
 
     async def control(self, fn: Callable[[Any, TaskContext], T]) -> T:

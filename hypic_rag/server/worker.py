@@ -145,6 +145,11 @@ class ModelWorker:
             raise self._startup_error
 
     @property
+    def started(self) -> bool:
+        """Whether `start` was called."""
+        return self._thread.ident is not None
+
+    @property
     def ready(self) -> bool:
         return self._ready.is_set() and self._startup_error is None and not self._stopping
 
@@ -240,8 +245,8 @@ class ModelWorker:
     def _run(self) -> None:
         try:
             self.backend = self._factory()
-        except BaseException as error:  # reported to start()
-            logger.exception("the model worker could not build its backend")
+        except BaseException as error:  # raised again by start(), whose caller reports it
+            logger.debug("the model worker could not build its backend", exc_info=True)
             self._startup_error = error
             self._ready.set()
             return
