@@ -25,3 +25,7 @@ class IndexNotFoundError(RetrievalError):
 
 class IndexCorruptError(RetrievalError):
     """The index directory exists but its files cannot be read back."""
+
+
+class IndexWriteError(RetrievalError):
+    """Writing the index failed (disk full, I/O error); what was stored before is intact."""

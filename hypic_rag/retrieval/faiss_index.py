@@ -135,8 +135,12 @@ class VectorIndex:
             path.unlink(missing_ok=True)
             return
         temporary = path.with_name(path.name + ".tmp")
-        faiss.write_index(self._index, str(temporary))
-        os.replace(temporary, path)
+        try:
+            faiss.write_index(self._index, str(temporary))
+            os.replace(temporary, path)
+        except BaseException:  # disk full: leave the old file, and no partial temporary one
+            temporary.unlink(missing_ok=True)
+            raise
 
     # ----------------------------------------------------------------------------- contents
     def stored_ids(self) -> np.ndarray:
