@@ -91,9 +91,9 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    store = _open(args.cache, readonly=True)  # first: a bad directory is reported before torch loads
     from hypic_rag.cache.maintenance import verify_store  # imports torch; only this action needs it
 
-    store = _open(args.cache, readonly=True)
     try:
         report = verify_store(store)
     finally:
