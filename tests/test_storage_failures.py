@@ -42,7 +42,9 @@ from hypic_rag.retrieval.chunking import ChunkerConfig
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
 from hypic_rag.retrieval.errors import IndexWriteError
 from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, tiny_model_checkpoint, write_corpus
+from hypic_rag.server.testing import (
+    SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, tiny_model_checkpoint, write_corpus,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SIGBUS_EXITS = (-signal.SIGBUS, 128 + signal.SIGBUS)

@@ -124,18 +124,20 @@ def run_gc(args: argparse.Namespace) -> int:
 
 def run_clear(args: argparse.Namespace) -> int:
     """Remove every entry; a damaged store (truncated data.mdb) is deleted and an empty one created instead."""
+    _refuse_read_only(Path(args.cache))
     try:
-        store = _open(args.cache, readonly=False)
-    except CliError as error:
-        if error.exit_code != EXIT_BAD_ENTRIES:
-            raise
+        store = LmdbSegmentStore.open(args.cache, create=False)
+    except CacheDamagedError:
         try:
             removed_bytes = discard_damaged_store(args.cache)
             LmdbSegmentStore.open(args.cache, create=True).close()
-        except CacheError as reason:
-            raise CliError(str(reason), EXIT_BAD_INPUT) from None
-        print(f"removed the damaged store in {args.cache} ({human_bytes(removed_bytes)}); the cache is empty now")
+        except CacheError as error:
+            raise CliError(str(error), EXIT_BAD_INPUT) from None
+        print(f"removed the damaged store in {args.cache} ({human_bytes(removed_bytes)}); the cache is empty now, "
+              "with the default budget (set another with `hypic-rag cache gc --budget SIZE`)")
         return EXIT_OK
+    except CacheError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
     try:
         removed = store.clear()
     finally:
