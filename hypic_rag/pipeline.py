@@ -123,7 +123,8 @@ class RagPipeline:
         index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
         try:
             index.embedder.load()
-            options: dict[str, Any] = {"readonly": readonly_cache}
+            # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
+            options: dict[str, Any] = {"readonly": readonly_cache, "best_effort": True}
             if hot_budget_bytes is not None:
                 options["hot_budget_bytes"] = hot_budget_bytes
             cache = SegmentCache.open(index.cache_dir, **options)

@@ -12,6 +12,11 @@
   copy-on-write pages held by old readers); past that the put evicts a quarter of what is stored and retries,
   and as a last resort grows past the cap with a warning. A value larger than the whole budget is skipped
   (logged, counted), never an exception.
+- Damage: a data file shorter than its meta pages say (a cut or truncated copy) would make LMDB touch pages past
+  the end of the file, which kills the process with SIGBUS. `open` reads the two meta pages first and refuses
+  such a file with `CacheDamagedError`; `discard_damaged_store` removes it (``hypic-rag cache clear``).
+- Failed writes (disk full, I/O error) raise `CacheWriteError`; LMDB rolls the transaction back, so what was
+  stored before stays intact and readable.
 - LRU: reads note their access time in memory; the notes are written with the next write transaction, after
   `TOUCH_FLUSH_COUNT` notes or `TOUCH_FLUSH_SECONDS`, and on close (a crash loses only recency hints).
 """
@@ -19,8 +24,10 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,7 +37,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from hypic_rag.cache.errors import CacheError, CacheOpenError
+from hypic_rag.cache.errors import CacheDamagedError, CacheError, CacheOpenError, CacheWriteError, free_space_note
 from hypic_rag.cache.lmdb_records import (
     BUDGET_KEY,
     SCHEMA,
@@ -61,6 +68,12 @@ MAX_WRITE_ATTEMPTS = 24
 _T = TypeVar("_T")
 _LMDB_MAGIC = (0xBEEFC0DE).to_bytes(4, "little")
 _LMDB_MAGIC_OFFSET = 16  # after the 16-byte page header of meta page 0
+# An LMDB 0.9 meta page on a 64-bit build: page header (16 bytes), then MDB_meta: magic, data version, fixed map
+# address, map size, the free DB's record (its first field holds the page size) and the main DB's record (48 bytes
+# each), last used page number, transaction id.
+_LMDB_META = struct.Struct("<16xIIQQI92xQQ")
+_LMDB_DATA_VERSION = 1
+_LMDB_PAGE_SIZES = tuple(1 << shift for shift in range(9, 17))  # 512 .. 64 KiB
 
 
 @dataclass(slots=True)
@@ -100,6 +113,14 @@ def _check_directory(path: Path, *, readonly: bool, create: bool) -> None:
         raise CacheOpenError(f"{data_file} is not a file")
     elif not _has_lmdb_magic(data_file):
         raise CacheOpenError(f"{data_file} is not an LMDB store")
+    elif readonly and data_file.stat().st_size == 0:  # created, never initialised: a write open initialises it
+        raise CacheOpenError(f"{data_file} is empty: no cache was ever written there")
+    else:
+        problem = data_file_problem(data_file)
+        if problem is not None:
+            raise CacheDamagedError(
+                f"{data_file} {problem}; `hypic-rag cache clear --cache {path}` replaces it with an empty cache"
+            )
 
 
 def _has_lmdb_magic(data_file: Path) -> bool:
@@ -110,6 +131,78 @@ def _has_lmdb_magic(data_file: Path) -> bool:
     except OSError as error:
         raise CacheOpenError(f"cannot read {data_file}: {error.strerror}") from None
     return len(head) == 0 or head[_LMDB_MAGIC_OFFSET:] == _LMDB_MAGIC
+
+
+def data_file_problem(data_file: Path) -> str | None:
+    """Why LMDB cannot safely map `data_file` (e.g. 'is truncated: ...'), or None when it can (or when it is
+    empty, another LMDB version, or not LMDB at all: LMDB itself refuses those cleanly).
+
+    Reads both meta pages; the file must hold every page up to the last page number of the newer one (the one
+    LMDB uses). The size is taken after the meta pages are read: a live writer only ever grows the file before
+    it writes a meta page, so a file shorter than its meta says is damaged, not in the middle of a commit.
+    """
+    try:
+        with data_file.open("rb") as handle:
+            first = handle.read(_LMDB_META.size)
+            if not first or first[_LMDB_MAGIC_OFFSET:_LMDB_MAGIC_OFFSET + 4] != _LMDB_MAGIC:
+                return None
+            if len(first) < _LMDB_META.size:
+                return f"is truncated: {len(first)} bytes, less than its first LMDB meta page"
+            magic, version, _, _, page_size, last_page, txnid = _LMDB_META.unpack(first)
+            if version != _LMDB_DATA_VERSION:
+                return None
+            if page_size not in _LMDB_PAGE_SIZES:
+                return f"is damaged: its first LMDB meta page records a page size of {page_size} bytes"
+            handle.seek(page_size)
+            second = handle.read(_LMDB_META.size)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError as error:
+        raise CacheOpenError(f"cannot read {data_file}: {error.strerror}") from None
+    needed = 2 * page_size
+    if len(second) == _LMDB_META.size:
+        magic2, version2, _, _, page_size2, last_page2, txnid2 = _LMDB_META.unpack(second)
+        if (magic2, version2, page_size2) != (magic, version, page_size):
+            return "is damaged: its second LMDB meta page does not match the first"
+        if txnid2 > txnid:
+            last_page = last_page2
+    needed = max(needed, (last_page + 1) * page_size)
+    if size < needed:
+        return (f"is truncated: {size} bytes, but its LMDB meta pages record {needed} "
+                f"({last_page + 1} pages of {page_size} bytes)")
+    return None
+
+
+def discard_damaged_store(directory: str | os.PathLike[str]) -> int:
+    """Delete the data and lock files of a store that `open` refuses with `CacheDamagedError`; returns the size of
+    the data file removed. Refused (`CacheOpenError`) when the store is not damaged, or while another process has
+    it open (every LMDB process holds a shared lock on the first byte of lock.mdb).
+    """
+    path = Path(directory)
+    data_file, lock_file = path / "data.mdb", path / "lock.mdb"
+    try:
+        _check_directory(path, readonly=True, create=False)
+    except CacheDamagedError:
+        pass
+    else:
+        raise CacheOpenError(f"{data_file} is not damaged; nothing to discard")
+    lock_fd: int | None = None
+    try:
+        if lock_file.exists():
+            lock_fd = os.open(lock_file, os.O_RDWR)
+            try:
+                fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            except OSError:
+                raise CacheOpenError(f"{path} is open in another process; stop it, then clear the cache") from None
+        size = data_file.stat().st_size
+        data_file.unlink()
+        lock_file.unlink(missing_ok=True)
+    except OSError as error:
+        raise CacheOpenError(f"cannot remove the damaged store in {path}: {error.strerror}") from None
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+    log.info("removed the damaged cache store %s (%d bytes)", data_file, size)
+    return size
 
 
 def _open_environment(path: Path, *, readonly: bool, map_size: int) -> lmdb.Environment:
@@ -421,6 +514,12 @@ class LmdbSegmentStore(SegmentStore):
                 except lmdb.MapFullError:
                     self._restore_pending(pending)
                     self._make_room(attempt)
+                except lmdb.Error as error:  # disk full, I/O error: LMDB rolled the transaction back
+                    self._restore_pending(pending)
+                    raise CacheWriteError(
+                        f"cannot write to the cache at {self.path}: {error}{free_space_note(self.path)}"
+                        "; the entries stored before are intact"
+                    ) from None
                 except BaseException:
                     self._restore_pending(pending)
                     raise
@@ -483,7 +582,11 @@ class LmdbSegmentStore(SegmentStore):
         if self.readonly or pending.is_empty():
             return
         if len(pending.touches) >= TOUCH_FLUSH_COUNT or time.monotonic() - pending.since >= TOUCH_FLUSH_SECONDS:
-            self.flush()
+            try:
+                self.flush()
+            except CacheWriteError as error:  # notes and counters are hints: keep them, try again later
+                self._pending.since = time.monotonic()
+                log.warning("%s (access notes kept in memory)", error)
 
     def _put_in(self, txn: lmdb.Transaction, counters: StoreCounters, request: PutRequest) -> bool:
         key, size = bytes(request.key), len(request.value)

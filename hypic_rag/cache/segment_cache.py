@@ -10,25 +10,30 @@ equal the request; a corrupt entry (checksum, truncation, undecodable) or a mism
 removed and recomputed, never returned. With a lower ``state_dtype`` the P/Z tensors are stored in it and handed
 back in float32; a miss returns the same rounded values a later hit would, so answers do not depend on whether
 the cache was warm.
+
+With ``best_effort=True`` (ask, serve: the cache only saves work) a damaged store is replaced by a `NullStore`
+(the cache is disabled, with a warning) and a failed write (disk full) is logged instead of raised; without it
+(precompute, whose job is to fill the cache) both raise `CacheDamagedError` / `CacheWriteError`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from hypic_rag.cache.codec import decode_entry, encode_entry
-from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
+from hypic_rag.cache.errors import CacheDamagedError, CacheWriteError, CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.hot_tier import HotTier
 from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.layout import TOKEN_IDS, entry_bytes, lower_state_precision, restore_state_precision
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.stats import CacheStats
-from hypic_rag.cache.store import PutRequest
+from hypic_rag.cache.store import NullStore, PutRequest
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +52,10 @@ class _LookupTally:
 class SegmentCache:
     """Hot tier (in-process LRU by bytes) over an `LmdbSegmentStore`. Use `open`; close when done."""
 
-    def __init__(self, store: LmdbSegmentStore, hot_tier: HotTier) -> None:
+    def __init__(self, store: LmdbSegmentStore | NullStore, hot_tier: HotTier, *, best_effort: bool = False) -> None:
         self.store = store
         self.hot_tier = hot_tier
+        self.best_effort = best_effort
         self._hot_hits = 0
         self._disk_hits = 0
 
@@ -61,13 +67,28 @@ class SegmentCache:
         disk_budget_bytes: int | None = None,
         hot_budget_bytes: int = DEFAULT_HOT_BUDGET_BYTES,
         readonly: bool = False,
+        best_effort: bool = False,
     ) -> SegmentCache:
         """Open or create the cache in `directory` (read-only: must exist; misses are computed, not stored).
 
-        Raises `CacheOpenError` with a one-line reason for a missing, foreign, unwritable or busy directory.
+        Raises `CacheOpenError` with a one-line reason for a missing, foreign, unwritable or busy directory, and
+        its subclass `CacheDamagedError` for a damaged store, unless `best_effort`: then the cache runs without
+        its disk tier (a `NullStore`; logged as a warning) and failed writes are logged, not raised.
         """
-        store = LmdbSegmentStore.open(directory, budget_bytes=disk_budget_bytes, readonly=readonly)
-        return cls(store, HotTier(hot_budget_bytes))
+        store: LmdbSegmentStore | NullStore
+        try:
+            store = LmdbSegmentStore.open(directory, budget_bytes=disk_budget_bytes, readonly=readonly)
+        except CacheDamagedError as error:
+            if not best_effort:
+                raise
+            log.warning("segment cache disabled, answers are computed without it: %s", error)
+            store = NullStore(Path(directory), str(error))
+        return cls(store, HotTier(hot_budget_bytes), best_effort=best_effort)
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why the disk tier is off (a damaged store opened with ``best_effort``), else None."""
+        return self.store.reason if isinstance(self.store, NullStore) else None
 
     # ------------------------------------------------------------------------------------------- lookups
     def get(self, namespace: CacheNamespace, token_ids: Sequence[int]) -> Entry | None:
@@ -161,7 +182,7 @@ class SegmentCache:
                 found[position] = dict(entry)
                 self._disk_hits += 1
         if bad_keys and not self.store.readonly:
-            self.store.batched_remove(bad_keys)
+            self._tolerate_write_failure(lambda: self.store.batched_remove(bad_keys))
         return found
 
     def _decode_checked(
@@ -206,8 +227,18 @@ class SegmentCache:
             self.hot_tier.put(key, as_hit)
             returned.append(as_hit)
         if not self.store.readonly:
-            self.store.batched_put(requests)
+            self._tolerate_write_failure(lambda: self.store.batched_put(requests))
         return returned
+
+    def _tolerate_write_failure(self, write: Callable[[], object]) -> None:
+        """Run a store write; with ``best_effort`` a `CacheWriteError` (disk full) is logged, not raised: the
+        entries were computed and are returned anyway, only not kept on disk."""
+        try:
+            write()
+        except CacheWriteError as error:
+            if not self.best_effort:
+                raise
+            log.warning("%s; going on without storing these entries", error)
 
     # ------------------------------------------------------------------------------------------- admin
     def stats(self) -> dict[str, int | float | str]:
@@ -221,7 +252,10 @@ class SegmentCache:
             hot_hits=self._hot_hits,
             disk_hits=self._disk_hits,
         )
-        return stats.as_dict()
+        result = stats.as_dict()
+        if self.disabled_reason is not None:
+            result["disabled"] = self.disabled_reason
+        return result
 
     def close(self) -> None:
         """Write pending access notes and close the store (idempotent)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -106,3 +107,65 @@ class SegmentStore(ABC):
     @abstractmethod
     def close(self) -> None:
         """Write pending access records and release the store."""
+
+
+class NullStore(SegmentStore):
+    """A store that holds nothing: every lookup misses and writes are dropped (it is read-only).
+
+    `SegmentCache.open(..., best_effort=True)` puts it in place of a disk store that cannot be used safely
+    (`CacheDamagedError`), so answers go on, computed without the disk tier. `reason` says why; lookup
+    outcomes are counted in memory.
+    """
+
+    readonly = True
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        self.budget_bytes = 0
+        self._counters = StoreCounters()
+
+    def contains(self, key: bytes) -> bool:
+        return False
+
+    def get(self, key: bytes, *, touch: bool = True) -> bytearray | None:
+        return None
+
+    def put(self, request: PutRequest) -> bool:
+        return False
+
+    def remove(self, key: bytes) -> bool:
+        return False
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(())
+
+    def record(self, key: bytes) -> None:
+        """No bookkeeping record: nothing is stored."""
+        return None
+
+    def record_lookups(self, *, hits: int = 0, misses: int = 0, corrupt: int = 0, mismatched: int = 0) -> None:
+        self._counters.hits += hits
+        self._counters.misses += misses
+        self._counters.corrupt += corrupt
+        self._counters.mismatched += mismatched
+
+    def counters(self) -> StoreCounters:
+        return replace(self._counters)
+
+    def info(self) -> dict[str, int | str | bool]:
+        """The fields `LmdbSegmentStore.info` gives, all zero: no file is mapped."""
+        return {"path": str(self.path), "readonly": True, "budget_bytes": 0, "map_bytes": 0, "max_map_bytes": 0,
+                "file_bytes": 0, "used_bytes": 0, "readers": 0}
+
+    def evict_to(self, budget_bytes: int) -> int:
+        return 0
+
+    def clear(self) -> int:
+        return 0
+
+    def flush(self) -> None:
+        """Nothing to write."""
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,17 +1,21 @@
 """`hypic-rag cache stats | verify | gc | clear --cache DIR`: inspect and maintain a segment cache.
 
-Exit codes: 0 success; 1 `verify` found bad entries (corrupt, stale or mismatched); 2 bad input (missing
-directory, not a cache, unwritable directory, bad size), printed as one line.
+Exit codes: 0 success; 1 the cache is damaged: `verify` found bad entries (corrupt, stale or mismatched), or
+its data.mdb is truncated (stats, verify and gc say so in one line; `clear` replaces it with an empty cache);
+2 bad input (missing directory, not a cache, read-only directory or data.mdb for gc/clear, bad size), one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import stat
+from pathlib import Path
 
-from hypic_rag.cache.errors import CacheError
-from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+from hypic_rag.cache.errors import CacheDamagedError, CacheError
+from hypic_rag.cache.lmdb_store import LmdbSegmentStore, discard_damaged_store
 from hypic_rag.cache.stats import CacheStats, format_stats, human_bytes
 from hypic_rag.cli.main import CliError
 
@@ -53,10 +57,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _open(directory: str, *, readonly: bool) -> LmdbSegmentStore:
+    if not readonly:
+        _refuse_read_only(Path(directory))
     try:
         return LmdbSegmentStore.open(directory, readonly=readonly, create=False)
+    except CacheDamagedError as error:
+        raise CliError(str(error), EXIT_BAD_ENTRIES) from None
     except CacheError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
+
+
+def _refuse_read_only(directory: Path) -> None:
+    """gc and clear change the cache: refuse a directory or data.mdb that is read-only, by its permissions for
+    this user or, also for root (who may write anyway), by having no write bit at all (chmod a-w)."""
+    for path in (directory, directory / "data.mdb"):
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except OSError:
+            continue  # missing: `open` names the problem
+        if not os.access(path, os.W_OK) or not mode & 0o222:
+            raise CliError(f"cannot write to {path}: it is read-only (mode {mode:o}); make it writable to change "
+                           "the cache (stats and verify work read-only)", EXIT_BAD_INPUT)
 
 
 def run_stats(args: argparse.Namespace) -> int:
@@ -70,9 +91,9 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    store = _open(args.cache, readonly=True)  # first: a bad directory is reported before torch loads
     from hypic_rag.cache.maintenance import verify_store  # imports torch; only this action needs it
 
-    store = _open(args.cache, readonly=True)
     try:
         report = verify_store(store)
     finally:
@@ -102,7 +123,21 @@ def run_gc(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    store = _open(args.cache, readonly=False)
+    """Remove every entry; a damaged store (truncated data.mdb) is deleted and an empty one created instead."""
+    _refuse_read_only(Path(args.cache))
+    try:
+        store = LmdbSegmentStore.open(args.cache, create=False)
+    except CacheDamagedError:
+        try:
+            removed_bytes = discard_damaged_store(args.cache)
+            LmdbSegmentStore.open(args.cache, create=True).close()
+        except CacheError as error:
+            raise CliError(str(error), EXIT_BAD_INPUT) from None
+        print(f"removed the damaged store in {args.cache} ({human_bytes(removed_bytes)}); the cache is empty now, "
+              "with the default budget (set another with `hypic-rag cache gc --budget SIZE`)")
+        return EXIT_OK
+    except CacheError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
     try:
         removed = store.clear()
     finally:

@@ -1,7 +1,9 @@
 """`hypic-rag` entry point. Each command lives in its own module with `register(subparsers)`.
 
 A command module registers a sub-parser and sets `func` on it; `func(args) -> int` returns the exit code.
-User errors raise `CliError`, which prints one line and exits with its code (never a traceback).
+User errors raise `CliError`, which prints one line and exits with its code (never a traceback); a cache or
+retrieval error a command does not map itself prints one line and exits 1. Output cut short by its reader
+(`hypic-rag cache stats --json | head`) ends the command quietly with 141, as a tool killed by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ COMMAND_MODULES = (
     "hypic_rag.cli.serve_command",
     "hypic_rag.cli.bench_command",
 )
+
+
+EXIT_FAILURE = 1
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 
 
 class CliError(Exception):
@@ -59,11 +65,23 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from hypic_rag.cache.errors import CacheError
+    from hypic_rag.retrieval.errors import RetrievalError
+
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is noticed while it can still be handled
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head`): print nothing more, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except CliError as error:
         print(f"hypic-rag {args.command}: error: {error}", file=sys.stderr)
         return error.exit_code
+    except (CacheError, RetrievalError) as error:
+        print(f"hypic-rag {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"hypic-rag {args.command}: interrupted", file=sys.stderr)
         return 130

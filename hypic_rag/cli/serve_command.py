@@ -76,6 +76,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_serve)
 
 
+def _check_docstore(index_dir: Path) -> None:
+    """Open the index's docstore once before anything loads: a damaged one is one line (exit 1), not a failed
+    application start-up with a traceback."""
+    from hypic_rag.retrieval.corpus_index import DOCSTORE_FILE
+    from hypic_rag.retrieval.docstore import DocStore
+    from hypic_rag.retrieval.errors import RetrievalError
+
+    try:
+        DocStore(index_dir / DOCSTORE_FILE).close()
+    except RetrievalError as error:
+        raise CliError(str(error), EXIT_FAILURE) from None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.retrieval.corpus_index import check_not_locked
     from hypic_rag.retrieval.errors import IndexLockedError, RetrievalError
@@ -89,6 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
             f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
             EXIT_BAD_INPUT,
         )
+    _check_docstore(index_dir)
     try:
         manifest = IndexManifest.load(index_dir.resolve())
     except RetrievalError as error:

@@ -25,11 +25,12 @@ from typing import IO
 import numpy as np
 from tqdm import tqdm
 
+from hypic_rag.cache.errors import free_space_note
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
-from hypic_rag.retrieval.errors import IndexCorruptError, IndexLockedError, RetrievalError
+from hypic_rag.retrieval.errors import IndexCorruptError, IndexLockedError, IndexWriteError, RetrievalError
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
@@ -359,10 +360,17 @@ class CorpusIndex:
         """Sync and write the FAISS index, then the manifest with fresh counts."""
         self._require_writer()
         self.sync_vectors()
-        self.vectors.save(self.directory / VECTORS_FILE)
-        counts = self.docstore.counts()
-        self.manifest.counts = {"documents": counts.documents, "chunks": counts.chunks, "tokens": counts.tokens}
-        self.manifest.save(self.directory)
+        try:
+            self.vectors.save(self.directory / VECTORS_FILE)
+            counts = self.docstore.counts()
+            self.manifest.counts = {"documents": counts.documents, "chunks": counts.chunks, "tokens": counts.tokens}
+            self.manifest.save(self.directory)
+        except (OSError, RuntimeError) as error:  # disk full; FAISS says so in a RuntimeError
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise IndexWriteError(
+                f"cannot write the index in {self.directory}: {reason.splitlines()[-1].rsplit(' failed: ', 1)[-1]}"
+                f"{free_space_note(self.directory)}; the files written before are intact"
+            ) from None
         self._unsaved_changes = False
 
     def _require_writer(self) -> None:

@@ -4,21 +4,30 @@ SQLite in WAL mode gives crash-safe transactions: a document's chunks are replac
 precompute leaves every document either fully old or fully new. Each chunk row has a `vector_id`, its id in the
 FAISS index, allocated with AUTOINCREMENT so an id is never reused after a delete. Embeddings are kept here too,
 which lets the FAISS index be repaired or rebuilt without re-embedding.
+
+SQLite errors leave as one-line retrieval errors naming the file: a file that is not a database or is damaged
+raises `IndexCorruptError`; a failed write (disk full) raises `IndexWriteError`, after the transaction was rolled
+back, so the stored documents stay as they were.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from hypic_rag.cache.errors import free_space_note
 from hypic_rag.retrieval.chunking import Chunk
+from hypic_rag.retrieval.errors import IndexCorruptError, IndexWriteError, RetrievalError
 from hypic_rag.retrieval.loading import Document
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -80,48 +89,86 @@ def _tokens_from_blob(blob: bytes) -> tuple[int, ...]:
     return tuple(np.frombuffer(blob, dtype=TOKEN_DTYPE).tolist())
 
 
+def sqlite_failure(path: Path, error: sqlite3.Error) -> RetrievalError:
+    """The one-line error for an SQLite failure on the docstore at `path`."""
+    reason = str(error) or type(error).__name__
+    if isinstance(error, sqlite3.OperationalError) and any(
+        word in reason for word in ("full", "I/O", "readonly", "read-only", "unable to open")
+    ):
+        return IndexWriteError(f"cannot write {path}: {reason}{free_space_note(path)}; the index is as it was")
+    return IndexCorruptError(f"cannot read {path}: {reason}; build the index again with `hypic-rag precompute` "
+                             "into a new directory")
+
+
+def _sqlite_errors(method: _F) -> _F:
+    """Raise SQLite errors of `method` as `sqlite_failure` errors."""
+
+    @functools.wraps(method)
+    def wrapper(self: DocStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as error:
+            raise sqlite_failure(self.path, error) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 class DocStore:
     """Documents and chunks of one index (see the module docstring)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._db = sqlite3.connect(str(path), isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None)
+        except sqlite3.Error as error:
+            raise sqlite_failure(path, error) from None
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.Error as error:
+            self._db.close()
+            raise sqlite_failure(path, error) from None
 
     def close(self) -> None:
         self._db.close()
 
     # ------------------------------------------------------------------------------- reads
+    @_sqlite_errors
     def document_digests(self) -> dict[str, tuple[str, str]]:
         """doc_id -> (content digest, corpus root it was ingested from) of every stored document."""
         rows = self._db.execute("SELECT doc_id, content_sha256, source_root FROM documents")
         return {doc_id: (digest, root) for doc_id, digest, root in rows}
 
+    @_sqlite_errors
     def document_ids_from_root(self, source_root: str) -> list[str]:
         """Ids of the documents ingested from one corpus root."""
         rows = self._db.execute("SELECT doc_id FROM documents WHERE source_root = ? ORDER BY doc_id", (source_root,))
         return [row[0] for row in rows]
 
+    @_sqlite_errors
     def chunk_ids_of(self, doc_id: str) -> set[str]:
         return {row[0] for row in self._db.execute("SELECT chunk_id FROM chunks WHERE doc_id = ?", (doc_id,))}
 
+    @_sqlite_errors
     def token_ids_of(self, doc_id: str) -> list[tuple[int, ...]]:
         """The stored token ids of a document's chunks, in order (empty for an unknown document)."""
         rows = self._db.execute("SELECT token_ids FROM chunks WHERE doc_id = ? ORDER BY position", (doc_id,))
         return [_tokens_from_blob(row[0]) for row in rows]
 
+    @_sqlite_errors
     def live_vector_ids(self) -> np.ndarray:
         rows = self._db.execute("SELECT vector_id FROM chunks ORDER BY vector_id").fetchall()
         return np.asarray([row[0] for row in rows], dtype=np.int64)
 
+    @_sqlite_errors
     def embeddings(self, vector_ids: Iterable[int]) -> np.ndarray:
         """Stored embeddings of `vector_ids`, in that order."""
         ids = [int(i) for i in vector_ids]
         blobs = self._fetch_by_ids("SELECT vector_id, embedding FROM chunks WHERE vector_id IN ({})", ids)
         return np.stack([np.frombuffer(blobs[i], dtype=EMBEDDING_DTYPE) for i in ids]) if ids else np.zeros((0, 0))
 
+    @_sqlite_errors
     def chunks(self, vector_ids: Iterable[int]) -> list[StoredChunk]:
         """Chunks by vector id, in the given order (ids no longer stored are left out)."""
         ids = [int(i) for i in vector_ids]
@@ -134,13 +181,17 @@ class DocStore:
 
     def iter_chunks(self) -> Iterator[StoredChunk]:
         """Every chunk, by document then position."""
-        rows = self._db.execute(
-            "SELECT c.vector_id, c.chunk_id, c.doc_id, c.position, c.text, c.token_ids, d.source, d.metadata "
-            "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id ORDER BY c.doc_id, c.position"
-        )
-        for row in rows:
-            yield self._stored_chunk(row)
+        try:
+            rows = self._db.execute(
+                "SELECT c.vector_id, c.chunk_id, c.doc_id, c.position, c.text, c.token_ids, d.source, d.metadata "
+                "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id ORDER BY c.doc_id, c.position"
+            )
+            for row in rows:
+                yield self._stored_chunk(row)
+        except sqlite3.Error as error:
+            raise sqlite_failure(self.path, error) from None
 
+    @_sqlite_errors
     def counts(self) -> DocStoreCounts:
         documents = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
         chunks, tokens = self._db.execute("SELECT COUNT(*), COALESCE(SUM(n_tokens), 0) FROM chunks").fetchone()
@@ -169,6 +220,7 @@ class DocStore:
         )
 
     # ------------------------------------------------------------------------------ writes
+    @_sqlite_errors
     def replace_document(
         self, document: Document, source_root: str, chunks: Sequence[Chunk], new_embeddings: dict[str, np.ndarray]
     ) -> tuple[int, int]:
@@ -222,6 +274,7 @@ class DocStore:
                 )
         return len(wanted - kept), len(removed)
 
+    @_sqlite_errors
     def move_documents(self, doc_ids: Sequence[str], source_root: str) -> None:
         """Record that unchanged documents now come from another corpus root (the corpus was moved)."""
         with self._transaction():
@@ -229,6 +282,7 @@ class DocStore:
                 "UPDATE documents SET source_root = ? WHERE doc_id = ?", [(source_root, doc_id) for doc_id in doc_ids]
             )
 
+    @_sqlite_errors
     def delete_document(self, doc_id: str) -> int:
         """Remove a document and its chunks; returns how many chunks went."""
         with self._transaction():
@@ -250,4 +304,15 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:  # SQLite rolls back by itself after some errors (disk full, I/O)
+            self._db.execute("ROLLBACK")

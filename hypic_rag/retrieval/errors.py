@@ -29,3 +29,7 @@ class IndexCorruptError(RetrievalError):
 
 class IndexLockedError(RetrievalError):
     """Another process holds the index's writer lock (a precompute, or a server that is not --read-only)."""
+
+
+class IndexWriteError(RetrievalError):
+    """Writing the index failed (disk full, I/O error); what was stored before is intact."""

@@ -130,13 +130,24 @@ class VectorIndex:
         return cls(dimension, config, faiss.read_index(str(path)))
 
     def save(self, path: Path) -> None:
-        """Write the index atomically (temporary file, then rename)."""
+        """Write the index atomically (temporary file, fsync, then rename).
+
+        Serialised in memory and written by Python, not by `faiss.write_index`: FAISS only prints a failed close
+        (a full disk shows there) and returns, which would rename a cut file over the good one.
+        """
         if self._index is None:
             path.unlink(missing_ok=True)
             return
         temporary = path.with_name(path.name + ".tmp")
-        faiss.write_index(self._index, str(temporary))
-        os.replace(temporary, path)
+        try:
+            with temporary.open("wb") as handle:
+                handle.write(memoryview(faiss.serialize_index(self._index)))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+        except BaseException:  # disk full: leave the old file, and no partial temporary one
+            temporary.unlink(missing_ok=True)
+            raise
 
     # ----------------------------------------------------------------------------- contents
     def stored_ids(self) -> np.ndarray:

@@ -135,8 +135,12 @@ class IndexManifest:
         self.updated_at = time.time()
         path = index_dir / MANIFEST_FILE
         temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
+        try:
+            temporary.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            os.replace(temporary, path)
+        except BaseException:  # disk full: leave the old file, and no partial temporary one
+            temporary.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, index_dir: Path) -> IndexManifest:

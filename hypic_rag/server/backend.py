@@ -140,7 +140,7 @@ class ServiceBackend:
             index = CorpusIndex.open_for_update(index_dir, embedder, settings)
             chunker = Chunker(model.tokenizer, chunker_config, prompt_format)
         try:
-            options: dict[str, Any] = {}
+            options: dict[str, Any] = {"best_effort": True}  # a damaged cache: serve without it
             if config.hot_cache_bytes is not None:
                 options["hot_budget_bytes"] = config.hot_cache_bytes
             cache = SegmentCache.open(index.cache_dir, **options)
