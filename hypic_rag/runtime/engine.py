@@ -418,7 +418,7 @@ def sampling_probabilities(logits: torch.Tensor, temperature: float, top_p: floa
     Logits are shifted so the largest is exactly 0 before scaling, and the top ones stay 0 whatever the
     temperature: a temperature so small that every other logit scales to -inf leaves the top token(s) alone,
     so no inf - inf or 0 / 0 can make a NaN and sampling is greedy (up to exact ties). The top token always
-    stays in the nucleus.
+    stays in the nucleus, which is renormalised.
     """
     shifted = logits.detach().to("cpu", torch.float64)
     shifted = shifted - shifted.max()
@@ -428,7 +428,8 @@ def sampling_probabilities(logits: torch.Tensor, temperature: float, top_p: floa
         sorted_probabilities, order = torch.sort(probabilities, descending=True)
         keep = sorted_probabilities.cumsum(-1) - sorted_probabilities < top_p
         keep[0] = True
-        probabilities = torch.zeros_like(probabilities).scatter(0, order, sorted_probabilities * keep)
+        kept = sorted_probabilities * keep
+        probabilities = torch.zeros_like(probabilities).scatter(0, order, kept / kept.sum())
     return probabilities
 
 
