@@ -121,8 +121,9 @@ def test_query_engine_answers_with_the_right_source_nodes(
     assert response.metadata["mode"] == "hypic"
 
 
-def test_query_engine_streams_the_same_answer(index: VectorStoreIndex, llm: HypicLLM) -> None:
-    question = SMALL_CORPUS_QUESTIONS["bicycles.md"]
+@pytest.mark.parametrize("document", ["bicycles.md", "volcano.md", "astronomy.md"])
+def test_query_engine_streams_the_same_answer(index: VectorStoreIndex, llm: HypicLLM, document: str) -> None:
+    question = SMALL_CORPUS_QUESTIONS[document]
     retriever = index.as_retriever(similarity_top_k=TOP_K)
     plain = HypicQueryEngine(retriever=retriever, llm=llm).query(question)
     streamed = HypicQueryEngine(retriever=retriever, llm=llm, streaming=True).query(question)
