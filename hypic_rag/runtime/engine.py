@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import numbers
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -134,9 +135,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not 0 <= self.seed <= SEED_MAX):
-            raise ValueError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed <= SEED_MAX:
+                raise ValueError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
+            self.seed = int(self.seed)
 
 
 class Engine:
