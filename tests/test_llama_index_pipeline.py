@@ -141,7 +141,8 @@ def test_query_engine_stream_adds_up_to_the_answer_when_sampling(
     sampler = HypicLLM(runtime=llm.runtime, temperature=1.3, seed=11, max_new_tokens=10)
     retriever = index.as_retriever(similarity_top_k=TOP_K)
     plain = HypicQueryEngine(retriever=retriever, llm=sampler).query(SMALL_CORPUS_QUESTIONS[document])
-    streamed = HypicQueryEngine(retriever=retriever, llm=sampler, streaming=True).query(SMALL_CORPUS_QUESTIONS[document])
+    question = SMALL_CORPUS_QUESTIONS[document]
+    streamed = HypicQueryEngine(retriever=retriever, llm=sampler, streaming=True).query(question)
     deltas = list(streamed.response_gen)
     assert "".join(deltas) == plain.response and all(deltas)
 

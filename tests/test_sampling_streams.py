@@ -125,4 +125,5 @@ def test_stripped_deltas_add_up_to_the_stripped_text() -> None:
         stripper = StrippedDeltas()
         assert "".join(stripper.feed(delta) for delta in deltas) == "".join(deltas).strip(), deltas
     stripper = StrippedDeltas()
-    assert [stripper.feed(d) for d in [" ", " Naikeaton", " ", "Lebrios", "\n "]] == ["", "Naikeaton", "", " Lebrios", ""]
+    pieces = [stripper.feed(d) for d in [" ", " Naikeaton", " ", "Lebrios", "\n "]]
+    assert pieces == ["", "Naikeaton", "", " Lebrios", ""]

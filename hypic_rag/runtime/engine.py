@@ -136,7 +136,8 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed <= SEED_MAX:
+            integral = isinstance(self.seed, numbers.Integral) and not isinstance(self.seed, bool)
+            if not integral or not 0 <= self.seed <= SEED_MAX:
                 raise ValueError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
             self.seed = int(self.seed)
 
