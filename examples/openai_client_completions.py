@@ -74,7 +74,8 @@ def main() -> int:
             result = complete(base_url, DEFAULT_SEPARATOR.join(segments))
             hypic, usage = result.get("hypic") or {}, result["usage"]
             print(f"request {attempt + 1}: {result['choices'][0]['text'].strip()!r}; prompt {usage['prompt_tokens']} "
-                  f"tokens, {usage['prompt_tokens_details']['cached_tokens']} from cache; segments "
+                  f"tokens, {usage['prompt_tokens_details']['cached_tokens']} from cache, "
+                  f"{hypic.get('encoded_tokens')} newly encoded; segments "
                   f"{hypic.get('cache_hits')} hit / {hypic.get('cache_misses')} encoded; time to first token "
                   f"{hypic.get('timings', {}).get('time_to_first_token_ms', float('nan')):.0f} ms")
     return 0

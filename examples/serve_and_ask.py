@@ -38,8 +38,8 @@ def print_answer(answer: dict) -> None:
         print(f"    source {source['document']} #{source['position']} score {source['score']:.3f}")
     usage, timings = answer["usage"], answer["timings"]
     print(f"  tokens: {usage['prompt_tokens']} prompt, {usage['cached_tokens']} from cache, "
-          f"{usage['recomputed_tokens']} recomputed; segments {usage['cache_hits']} hit / {usage['cache_misses']} "
-          f"encoded")
+          f"{usage['encoded_tokens']} newly encoded, {usage['recomputed_tokens']} recomputed; "
+          f"segments {usage['cache_hits']} hit / {usage['cache_misses']} encoded")
     print(f"  time to first token {timings['time_to_first_token_ms']:.0f} ms (retrieval {timings['retrieval_ms']:.0f}, "
           f"cache load {timings['cache_load_ms']:.0f}, compose {timings['compose_ms']:.0f}, prefill "
           f"{timings['prefill_ms']:.0f}), total {timings['total_ms']:.0f} ms")

@@ -16,7 +16,8 @@ from typing import Any
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.runtime.engine import Engine, Generation, SamplingParams
 from hypic_rag.runtime.request import Request, check_mode
-from hypic_rag.streaming import drain
+from hypic_rag.streaming import StrippedDeltas, drain
+from hypic_rag.text import unencodable_message
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +63,16 @@ class Answer:
         }
 
 
+def check_encodable(text: str, what: str) -> str:
+    """`text` unchanged; `PipelineError` naming `what` when it holds a lone surrogate (no tokenizer takes one)."""
+    message = unencodable_message(text, what)
+    if message is not None:
+        raise PipelineError(message)
+    return text
+
+
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+    return list(tokenizer(check_encodable(text, "the text"), add_special_tokens=False)["input_ids"]) if text else []
 
 
 class RagPipeline:
@@ -143,7 +152,7 @@ class RagPipeline:
 
     def request_for(self, question: str, chunk_token_ids: list[list[int]]) -> Request:
         """The request of `question` over chunks given as token ids of their formatted segments."""
-        question = question.strip()
+        question = check_encodable(question, "the question").strip()
         if not question:
             raise PipelineError("the question is empty")
         return Request(list(self._prefix_ids), chunk_token_ids, _encode(self.tokenizer, self.prompt_format.question(question)))
@@ -157,11 +166,16 @@ class RagPipeline:
         mode: str = "hypic",
         params: SamplingParams | None = None,
     ) -> Iterator[tuple[str, Any]]:
-        """Yield ("sources", [Source]) first, then ("token", text_delta) items; returns the final `Answer`."""
+        """Yield ("sources", [Source]) first, then ("token", text_delta) items; returns the final `Answer`.
+
+        The answer is the generated text stripped of surrounding whitespace, and so is the stream: its deltas
+        add up exactly to `Answer.text` (leading whitespace is dropped, trailing whitespace held until more text
+        follows; a delta may be "").
+        """
         check_mode(mode)
         params = params or SamplingParams(max_new_tokens=48, stop_strings=(self.prompt_format.answer_stop,))
         began = time.perf_counter()
-        question = question.strip()
+        question = check_encodable(question, "the question").strip()
         if not question:
             raise PipelineError("the question is empty")
         if top_k < 1:
@@ -175,15 +189,8 @@ class RagPipeline:
         timings = {"retrieval": retrieval_seconds, **generation.timings}
         timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
         timings["total"] = time.perf_counter() - began
-        usage = {
-            "prompt_tokens": generation.prefill.prompt_tokens,
-            "cached_tokens": generation.prefill.cached_tokens + generation.prefill.prefix_reused_tokens,
-            "recomputed_tokens": generation.prefill.recomputed_tokens,
-            "completion_tokens": len(generation.token_ids),
-            "cache_hits": generation.prefill.cache_hits,
-            "cache_misses": generation.prefill.cache_misses,
-        }
-        return Answer(generation.text.strip(), sources, mode, generation.finish_reason, usage, timings, generation.token_ids)
+        return Answer(generation.text.strip(), sources, mode, generation.finish_reason, generation.usage(), timings,
+                      generation.token_ids)
 
     def answer(
         self,
@@ -209,10 +216,12 @@ def _source_of(hit: Any) -> Source:
 
 
 def _relay(inner: Iterator[tuple[int, str]]):
-    """Re-yield an engine stream as ("token", delta) items and return its `Generation`."""
+    """Re-yield an engine stream as ("token", delta) items, stripped as the answer is (`StrippedDeltas`), and
+    return its `Generation`."""
+    stripped = StrippedDeltas()
     while True:
         try:
             _, delta = next(inner)
         except StopIteration as done:
             return done.value
-        yield "token", delta
+        yield "token", stripped.feed(delta)

@@ -18,3 +18,28 @@ def drain(stream: Generator[Item, None, Result], on_item: Callable[[Item], None]
             return done.value
         if on_item is not None:
             on_item(item)
+
+
+class StrippedDeltas:
+    """Re-cut a stream of text deltas so that they add up to the stripped text, as the deltas arrive.
+
+    Leading whitespace is dropped; trailing whitespace is held until more text follows (and dropped if none
+    does). `"".join(map(stripped.feed, deltas)) == "".join(deltas).strip()` for any deltas: a stream whose
+    final text is `text.strip()` (a RAG answer) thus streams exactly its final text.
+    """
+
+    def __init__(self) -> None:
+        self._started = False
+        self._held = ""
+
+    def feed(self, delta: str) -> str:
+        """The part of `delta` (with whitespace held from before) that belongs to the stripped text now."""
+        if not self._started:
+            delta = delta.lstrip()
+            if not delta:
+                return ""
+            self._started = True
+        text = self._held + delta
+        settled = text.rstrip()
+        self._held = text[len(settled) :]
+        return settled

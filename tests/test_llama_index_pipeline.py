@@ -121,16 +121,46 @@ def test_query_engine_answers_with_the_right_source_nodes(
     assert response.metadata["mode"] == "hypic"
 
 
-def test_query_engine_streams_the_same_answer(index: VectorStoreIndex, llm: HypicLLM) -> None:
-    question = SMALL_CORPUS_QUESTIONS["bicycles.md"]
+@pytest.mark.parametrize("document", ["bicycles.md", "volcano.md", "astronomy.md"])
+def test_query_engine_streams_the_same_answer(index: VectorStoreIndex, llm: HypicLLM, document: str) -> None:
+    question = SMALL_CORPUS_QUESTIONS[document]
     retriever = index.as_retriever(similarity_top_k=TOP_K)
     plain = HypicQueryEngine(retriever=retriever, llm=llm).query(question)
     streamed = HypicQueryEngine(retriever=retriever, llm=llm, streaming=True).query(question)
     assert isinstance(streamed, StreamingResponse)
     text = "".join(streamed.response_gen)
-    assert text.strip() == plain.response
+    assert text == plain.response  # the deltas are stripped as the answer is
     assert [n.node.node_id for n in streamed.source_nodes] == [n.node.node_id for n in plain.source_nodes]
     assert streamed.metadata["usage"] == plain.metadata["usage"]
+
+
+@pytest.mark.parametrize("document", ["volcano.md", "astronomy.md", "lavender.md"])
+def test_query_engine_stream_adds_up_to_the_answer_when_sampling(
+    index: VectorStoreIndex, llm: HypicLLM, document: str
+) -> None:
+    sampler = HypicLLM(runtime=llm.runtime, temperature=1.3, seed=11, max_new_tokens=10)
+    retriever = index.as_retriever(similarity_top_k=TOP_K)
+    plain = HypicQueryEngine(retriever=retriever, llm=sampler).query(SMALL_CORPUS_QUESTIONS[document])
+    question = SMALL_CORPUS_QUESTIONS[document]
+    streamed = HypicQueryEngine(retriever=retriever, llm=sampler, streaming=True).query(question)
+    deltas = list(streamed.response_gen)
+    assert "".join(deltas) == plain.response and all(deltas)
+
+
+def test_llm_sampling_is_fresh_without_a_seed_and_reproducible_with_one(llm: HypicLLM) -> None:
+    prompt = "<<PIC_SEP>>".join(["Ines keeps bees on the hill.", "Who keeps bees?"])
+    unseeded = [llm.complete(prompt, temperature=1.0, max_new_tokens=8).text for _ in range(5)]
+    assert len(set(unseeded)) > 1, unseeded
+    seeded = [llm.complete(prompt, temperature=1.0, max_new_tokens=8, seed=9).text for _ in range(3)]
+    assert len(set(seeded)) == 1, seeded
+    sampler = HypicLLM(runtime=llm.runtime, temperature=1.0, seed=9, max_new_tokens=8)
+    assert sampler.complete(prompt).text == seeded[0]
+    streamed = list(sampler.stream_complete(prompt))
+    assert "".join(item.delta for item in streamed) == streamed[-1].text == seeded[0]
+    assert len({HypicLLM(runtime=llm.runtime, temperature=1.0, max_new_tokens=8).complete(prompt).text
+                for _ in range(5)}) > 1
+    with pytest.raises(ValueError):
+        HypicLLM(runtime=llm.runtime, seed=2**64)
 
 
 def test_query_engine_takes_any_retriever(nodes, llm: HypicLLM) -> None:

@@ -76,7 +76,10 @@ def test_hypic_recomputes_only_seams_and_question(tiny, seam: int) -> None:
     result = engine.prefill(request, "hypic", seam_tokens=seam)
     expected = sum(min(seam, len(chunk)) for chunk in request.chunk_ids) + len(request.question_ids)
     assert result.stats.recomputed_tokens == expected
-    assert result.stats.cached_tokens == request.prompt_tokens - expected
+    # entries come from the cache (reused: cached_tokens) or are encoded by this prefill (encoded_tokens)
+    assert result.stats.cached_tokens + result.stats.encoded_tokens == request.prompt_tokens - expected
+    again = engine.prefill(request, "hypic", seam_tokens=seam).stats
+    assert (again.cached_tokens, again.encoded_tokens, again.cache_misses) == (request.prompt_tokens - expected, 0, 0)
     # without a prefix the first chunk sits at position 0 and recomputes its seam from the zero start (exact)
     bare = Request([], request.chunk_ids, request.question_ids)
     assert engine.prefill(bare, "hypic", seam_tokens=seam).stats.recomputed_tokens == expected

@@ -92,6 +92,7 @@ def test_streamed_answer_is_right(client: httpx.Client) -> None:
     assert frames[-1] == "data: [DONE]"
     text = "".join(event["text"] for event in events if event["type"] == "token")
     assert normalised(text) == normalised(question.answer) == normalised(events[-1]["answer"])
+    assert text == events[-1]["answer"]  # the deltas add up exactly to the (stripped) answer
     print(f"\ndefault model, streamed ask: TTFT {events[-1]['timings']['time_to_first_token_ms']:.0f} ms")
 
 

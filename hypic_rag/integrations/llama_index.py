@@ -58,11 +58,13 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
-from hypic_rag.runtime.engine import Engine, Generation, PrefillStats, SamplingParams
+from hypic_rag.runtime.engine import SEED_MAX, Engine, Generation, PrefillStats, SamplingParams
 from hypic_rag.runtime.request import MODES, Request
 from hypic_rag.server.accounting import usage_of
 from hypic_rag.server.config import DEFAULT_SEPARATOR
 from hypic_rag.server.segments import segmented_request, split_segments
+from hypic_rag.streaming import StrippedDeltas
+from hypic_rag.text import unencodable_message
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +164,11 @@ class HypicRuntime:
         return int(getattr(text_config, "max_position_embeddings", 4096))
 
     def tokenize(self, text: str) -> list[int]:
-        """Token ids of `text` alone (no special tokens); usable as a LlamaIndex splitter's `tokenizer`."""
+        """Token ids of `text` alone (no special tokens); usable as a LlamaIndex splitter's `tokenizer`.
+        ValueError when `text` holds a lone surrogate."""
+        message = unencodable_message(text, "the text")
+        if message is not None:
+            raise ValueError(message)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
     def chunk_ids(self, text: str) -> list[int]:
@@ -297,7 +303,11 @@ class HypicLLM(CustomLLM):
     device: str | None = Field(default=None, description="cpu or cuda (None: cuda when available).")
     mode: str = Field(default="hypic", description="Assembly mode: hypic, transition_rope, ..., full.")
     max_new_tokens: int = Field(default=64, gt=0, description="Most tokens generated per call.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy.")
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="0 is greedy.")
+    seed: int | None = Field(
+        default=None, ge=0, le=SEED_MAX,
+        description="Makes sampling reproducible (0 to 2**64 - 1); None: every call samples afresh.",
+    )
     separator: str = Field(default=DEFAULT_SEPARATOR, min_length=1, description="What separates prompt segments.")
     _runtime: HypicRuntime = PrivateAttr()
 
@@ -326,12 +336,13 @@ class HypicLLM(CustomLLM):
         )
 
     def sampling(self, **kwargs: Any) -> SamplingParams:
-        """Sampling for one call: `max_new_tokens` (or `max_tokens`), `temperature`, `stop` override the fields."""
+        """Sampling for one call: `max_new_tokens` (or `max_tokens`), `temperature`, `seed`, `stop` override the
+        fields. Without a seed, sampling (temperature > 0) draws fresh randomness on every call."""
         stop = kwargs.get("stop") or ()
         return SamplingParams(
             max_new_tokens=int(kwargs.get("max_new_tokens", kwargs.get("max_tokens", self.max_new_tokens))),
             temperature=float(kwargs.get("temperature", self.temperature)),
-            seed=kwargs.get("seed"),
+            seed=kwargs.get("seed", self.seed),
             stop_strings=(stop,) if isinstance(stop, str) else tuple(stop),
         )
 
@@ -372,6 +383,7 @@ class HypicQueryEngine(CustomQueryEngine):
     The prompt is hypic-rag's RAG layout: the fixed prefix, one segment per retrieved node (its text, metadata
     left out, in retrieval order), then the question. Returns a `Response` (or `StreamingResponse` with
     `streaming=True`) whose `source_nodes` are the retrieved nodes and whose `metadata` holds usage and timings.
+    The answer is stripped of surrounding whitespace, and so is the stream: its deltas add up to the answer.
     """
 
     retriever: BaseRetriever = Field(description="Any retriever, e.g. VectorStoreIndex.as_retriever().")
@@ -404,13 +416,26 @@ class HypicQueryEngine(CustomQueryEngine):
         params = SamplingParams(
             max_new_tokens=self.max_new_tokens or self.llm.max_new_tokens,
             temperature=self.llm.temperature,
+            seed=self.llm.seed,
             stop_strings=(runtime.prompt_format.answer_stop,) if runtime.prompt_format.answer_stop else (),
         )
         if self.streaming:
             metadata: dict[str, Any] = {"mode": mode, "retrieval_seconds": retrieval_seconds}
 
             def generate() -> Iterator[str]:
-                generation = yield from runtime.stream(request, mode, params)
+                stripped = StrippedDeltas()
+                deltas = runtime.stream(request, mode, params)
+                try:
+                    while True:
+                        try:
+                            delta = stripped.feed(next(deltas))
+                        except StopIteration as done:
+                            generation: Generation = done.value
+                            break
+                        if delta:
+                            yield delta
+                finally:
+                    deltas.close()  # a consumer that stops early releases the runtime's lock now
                 metadata.update(usage=usage_of(generation), timings=dict(generation.timings))
 
             return StreamingResponse(response_gen=generate(), source_nodes=nodes, metadata=metadata)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import numbers
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,12 +45,19 @@ def _entry_bytes(entry: Entry) -> int:
 
 @dataclass(slots=True)
 class PrefillStats:
-    """Token accounting and timings (seconds) of one prefill."""
+    """Token accounting and timings (seconds) of one prefill.
+
+    prompt_tokens = cached_tokens + encoded_tokens + recomputed_tokens + prefix_reused_tokens, where
+    cached_tokens come from segment entries that existed before this prefill (cache hits), encoded_tokens from
+    entries this prefill had to encode (cache misses), recomputed_tokens ran through the model in the assembly
+    pass (seams, question, full/prefix mode) and prefix_reused_tokens came from a prefix-mode checkpoint.
+    """
 
     mode: str
     prompt_tokens: int = 0
     recomputed_tokens: int = 0
     cached_tokens: int = 0
+    encoded_tokens: int = 0
     prefix_reused_tokens: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
@@ -82,10 +91,35 @@ class Generation:
     total_seconds: float
     timings: dict[str, float] = field(default_factory=dict)
 
+    def usage(self) -> dict[str, int]:
+        """Token accounting as the service and the integrations report it.
+
+        cached_tokens: reused from before this request (segment-cache hits and prefix checkpoints);
+        encoded_tokens: from segment entries encoded during this request (and stored for later ones);
+        recomputed_tokens: run through the model while assembling (seams, question, misses in prefix mode).
+        The three add up to prompt_tokens. cache_hits / cache_misses count segments.
+        """
+        prefill = self.prefill
+        return {
+            "prompt_tokens": prefill.prompt_tokens,
+            "cached_tokens": prefill.cached_tokens + prefill.prefix_reused_tokens,
+            "encoded_tokens": prefill.encoded_tokens,
+            "recomputed_tokens": prefill.recomputed_tokens,
+            "completion_tokens": len(self.token_ids),
+            "cache_hits": prefill.cache_hits,
+            "cache_misses": prefill.cache_misses,
+        }
+
+
+SEED_MAX = 2**64 - 1
+"""Seeds are unsigned 64-bit integers (what `torch.Generator.manual_seed` takes without wrapping)."""
+
 
 @dataclass(slots=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_p in (0, 1]; seed makes sampling reproducible."""
+    """temperature 0 means greedy (finite, >= 0; a temperature so small that only the top token keeps any
+    probability samples greedily); top_p in (0, 1]; seed in [0, 2**64 - 1] makes sampling reproducible, and
+    without one every generation draws fresh randomness."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -97,10 +131,15 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None:
+            integral = isinstance(self.seed, numbers.Integral) and not isinstance(self.seed, bool)
+            if not integral or not 0 <= self.seed <= SEED_MAX:
+                raise ValueError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
+            self.seed = int(self.seed)
 
 
 class Engine:
@@ -158,6 +197,12 @@ class Engine:
 
     def fetch_entries(self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats) -> list[Entry]:
         """Entries for `segments`: from the cache on a hit, encoded (and stored) on a miss."""
+        return self._fetch_entries(segments, seam_tokens, stats)[0]
+
+    def _fetch_entries(
+        self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats
+    ) -> tuple[list[Entry], list[bool]]:
+        """(entries, hit per segment): a segment missing from the cache is encoded and stored."""
         began = time.perf_counter()
         encode_seconds = 0.0
 
@@ -170,20 +215,20 @@ class Engine:
 
         if self.segment_cache is not None:
             entries, hits = self.segment_cache.get_or_encode_many(self.cache_namespace(seam_tokens), segments, encode_many)
-            hit_count = sum(bool(hit) for hit in hits)
+            hits = [bool(hit) for hit in hits]
         else:
-            entries, hit_count = [], 0
+            entries, hits = [], []
             keys = [(seam_tokens, tuple(segment)) for segment in segments]
             found = [self._memory_entries.get(key) for key in keys]
             missing = [segment for segment, entry in zip(segments, found) if entry is None]
             encoded = iter(encode_many(missing)) if missing else iter(())
             for key, entry in zip(keys, found):
+                hits.append(entry is not None)
                 if entry is None:
                     entry = next(encoded)
                     self._memory_entries.put(key, entry)
-                else:
-                    hit_count += 1
                 entries.append(entry)
+        hit_count = sum(hits)
         device = self.model.device
         stats.cache_bytes_loaded += sum(_entry_bytes(entry) for entry in entries)
         entries = [{name: tensor.to(device, non_blocking=True) for name, tensor in e.items()} for e in entries]
@@ -191,7 +236,7 @@ class Engine:
         stats.cache_misses += len(segments) - hit_count
         stats.encode_seconds += encode_seconds
         stats.load_seconds += time.perf_counter() - began - encode_seconds
-        return entries
+        return entries, hits
 
     # ------------------------------------------------------------------ prefill
 
@@ -211,7 +256,9 @@ class Engine:
         else:
             result = self._prefill_composed(request, mode, seam, stats)
         stats.recomputed_tokens = result.recomputed_tokens
-        stats.cached_tokens = request.prompt_tokens - result.recomputed_tokens - stats.prefix_reused_tokens
+        stats.cached_tokens = (
+            request.prompt_tokens - result.recomputed_tokens - stats.prefix_reused_tokens - stats.encoded_tokens
+        )
         stats.compose_seconds = result.compose_seconds
         stats.total_seconds = time.perf_counter() - began
         stats.prefill_seconds = stats.total_seconds - stats.load_seconds - stats.encode_seconds - stats.compose_seconds
@@ -226,9 +273,11 @@ class Engine:
         entries: list[Entry | None] = [None] * len(segments)
         for entry_seam in sorted(set(seams)):
             numbers = [number for number, s in enumerate(seams) if s == entry_seam]
-            fetched = self.fetch_entries([segments[n] for n in numbers], entry_seam, stats)
-            for number, entry in zip(numbers, fetched):
+            fetched, hits = self._fetch_entries([segments[n] for n in numbers], entry_seam, stats)
+            for number, entry, hit in zip(numbers, fetched, hits):
                 entries[number] = entry
+                if not hit:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
+                    stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
         spans: list[Span] = []
         position = 0
         for segment, entry, entry_seam in zip(segments, entries, seams):
@@ -278,17 +327,21 @@ class Engine:
     def stream(
         self, request: Request, mode: str = "hypic", params: SamplingParams | None = None, seam_tokens: int | None = None
     ) -> Iterator[tuple[int, str]]:
-        """Yield (token_id, text_delta) as tokens are chosen; the final `Generation` is the generator's return value."""
+        """Yield (token_id, text_delta) as tokens are chosen; the final `Generation` is the generator's return value.
+
+        The deltas add up exactly to `Generation.text` (the decoded tokens, cut before the first stop string).
+        Text that might be the start of a stop string, or ends inside a multi-byte character, is held back until
+        the next token settles it (its delta is then ""); text still held when an end-of-sequence token stops
+        generation comes with that token's id as the last item.
+        """
         params = params or SamplingParams()
         began = time.perf_counter()
         prefill = self.prefill(request, mode, seam_tokens)
-        generator = torch.Generator(device="cpu")
-        if params.seed is not None:
-            generator.manual_seed(params.seed)
+        generator = sampling_generator(params.seed)
         stop_ids = set(params.stop_token_ids) | self.model.eos_token_ids
         tokenizer = self.model.tokenizer
         generated: list[int] = []
-        text, finish_reason, first_token_at = "", "length", None
+        text, decoded, finish_reason, first_token_at = "", "", "length", None
         logits, state = prefill.logits, prefill.state
         for step in range(params.max_new_tokens):
             token = _choose_token(logits, params, generator)
@@ -296,23 +349,27 @@ class Engine:
                 first_token_at = time.perf_counter() - began
             if token in stop_ids:
                 finish_reason = "stop"
+                if len(decoded) > len(text):  # text held back for a stop string that never came
+                    delta = decoded[len(text) :]
+                    text += delta
+                    yield token, delta
                 break
             generated.append(token)
-            new_text = tokenizer.decode(generated, skip_special_tokens=True) if tokenizer is not None else ""
-            hit = _first_stop(new_text, params.stop_strings)
+            decoded = tokenizer.decode(generated, skip_special_tokens=True) if tokenizer is not None else ""
+            hit = _first_stop(decoded, params.stop_strings)
             if hit is not None:
-                delta = new_text[len(text) : hit]
-                text = new_text[:hit]
+                delta = decoded[len(text) : hit]  # text was held back from where a stop string may start
+                text += delta
                 if delta:
                     yield token, delta
                 finish_reason = "stop"
                 break
-            if new_text.endswith("\ufffd") and step + 1 < params.max_new_tokens:
-                yield token, ""  # ends inside a multi-byte character: its text comes with a later token
-            else:
-                delta, text = new_text[len(text) :], new_text
-                yield token, delta
-            if step + 1 < params.max_new_tokens:
+            last = step + 1 == params.max_new_tokens
+            ready = len(decoded) if last else _settled_length(decoded, len(text), params.stop_strings)
+            delta = decoded[len(text) : ready]
+            text += delta
+            yield token, delta
+            if not last:
                 logits, state = self.decode_step(state, token)
         total = time.perf_counter() - began
         return Generation(
@@ -355,16 +412,57 @@ def _detach_checkpoint(state: DecodeState) -> DecodeState:
     return copy
 
 
+def sampling_generator(seed: int | None) -> torch.Generator:
+    """The CPU generator of one generation: seeded (reproducible) or, without a seed, seeded from the operating
+    system's entropy so that every unseeded generation draws fresh randomness."""
+    generator = torch.Generator(device="cpu")
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def sampling_probabilities(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Next-token probabilities [vocab] (float64) of `logits` [vocab] at `temperature` > 0 under nucleus `top_p`.
+
+    Logits are shifted so the largest is exactly 0 before scaling, and the top ones stay 0 whatever the
+    temperature: a temperature so small that every other logit scales to -inf leaves the top token(s) alone,
+    so no inf - inf or 0 / 0 can make a NaN and sampling is greedy (up to exact ties). The top token always
+    stays in the nucleus, which is renormalised.
+    """
+    shifted = logits.detach().to("cpu", torch.float64)
+    shifted = shifted - shifted.max()
+    scaled = torch.where(shifted == 0, torch.zeros_like(shifted), shifted / temperature)
+    probabilities = torch.softmax(scaled, dim=-1)
+    if top_p < 1:
+        sorted_probabilities, order = torch.sort(probabilities, descending=True)
+        keep = sorted_probabilities.cumsum(-1) - sorted_probabilities < top_p
+        keep[0] = True
+        kept = sorted_probabilities * keep
+        probabilities = torch.zeros_like(probabilities).scatter(0, order, kept / kept.sum())
+    return probabilities
+
+
 def _choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    probabilities = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
-    if params.top_p < 1:
-        sorted_probabilities, order = torch.sort(probabilities, descending=True)
-        keep = sorted_probabilities.cumsum(-1) - sorted_probabilities < params.top_p
-        sorted_probabilities = sorted_probabilities * keep
-        probabilities = torch.zeros_like(probabilities).scatter(0, order, sorted_probabilities)
+    probabilities = sampling_probabilities(logits, params.temperature, params.top_p)
     return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+def _settled_length(text: str, emitted: int, stop_strings: tuple[str, ...]) -> int:
+    """How much of `text` (already `emitted` characters out) can be streamed now: not a trailing incomplete
+    character (decoded as U+FFFD) nor a trailing part that may grow into a stop string."""
+    end = len(text)
+    while end > emitted and text[end - 1] == "\ufffd":
+        end -= 1
+    for stop in stop_strings:
+        for size in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:size]):
+                end = min(end, len(text) - size)
+                break
+    return max(end, emitted)
 
 
 def _first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:

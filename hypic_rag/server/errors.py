@@ -77,6 +77,11 @@ def error_body(message: str, kind: str, status: int, param: str | None = None, *
     return {"error": {"message": message, "type": kind, "param": param, "code": status, **extra}}
 
 
+def internal_error_body(error: BaseException) -> dict[str, Any]:
+    """The body of a 500: the exception's type only (the traceback goes to the log)."""
+    return error_body(f"internal error: {type(error).__name__}", "internal_error", 500)
+
+
 def error_response(error: ServiceError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
@@ -110,7 +115,12 @@ def validation_response(error: RequestValidationError) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves the service in the JSON shape above, never as a bare traceback."""
+    """Every error leaves the service in the JSON shape above, never as a bare traceback.
+
+    Exceptions no handler takes are answered by the `UnexpectedErrors` middleware (a JSON 500 that keeps the
+    connection open), not by a handler here: Starlette re-raises after its own 500, and uvicorn then drops the
+    kept-alive connection without `Connection: close`.
+    """
 
     async def on_service_error(request: Request, error: ServiceError) -> JSONResponse:
         return error_response(error)
@@ -126,12 +136,6 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=getattr(error, "headers", None),
         )
 
-    async def on_unexpected_error(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        body = error_body(f"internal error: {type(error).__name__}", "internal_error", 500)
-        return JSONResponse(body, status_code=500)
-
     app.add_exception_handler(ServiceError, on_service_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, on_unexpected_error)

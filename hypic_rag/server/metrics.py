@@ -7,7 +7,9 @@ Exported (text format at `GET /metrics`):
     hypic_queue_depth / hypic_queue_capacity            requests waiting or running in the model worker
     hypic_queue_rejections_total                        requests refused with 429
     hypic_segment_cache_hits_total / _misses_total      segment lookups by this server's requests
-    hypic_tokens_total{kind}                            prompt, cached, recomputed and completion tokens
+    hypic_tokens_total{kind}                            prompt, cached (reused from before the request),
+                                                        encoded (entries encoded during it), recomputed and
+                                                        completion tokens
     hypic_segment_cache_bytes / _entries                what the persistent cache holds (store-wide)
     hypic_segment_cache_hot_bytes                       this process's in-memory tier
     hypic_jobs{status}                                  document jobs by status
@@ -85,7 +87,7 @@ class ServiceMetrics:
         self.tokens = Counter("hypic_tokens", "Tokens by kind.", ["kind"], registry=registry)
         registry.register(_SnapshotCollector(cache_snapshot, job_counts))
         self._lookups = {"cache_hits": 0, "cache_misses": 0}
-        self._tokens = {"prompt": 0, "cached": 0, "recomputed": 0, "completion": 0}
+        self._tokens = {"prompt": 0, "cached": 0, "encoded": 0, "recomputed": 0, "completion": 0}
 
     def observe_generation(self, route: str, usage: dict[str, int], ttft_seconds: float) -> None:
         """Record one finished generation: its segment lookups, tokens and time to first token."""

@@ -1,13 +1,17 @@
-"""ASGI middleware: a request-body size limit (413) and per-request metrics (status, duration)."""
+"""ASGI middleware: a request-body size limit (413), per-request metrics (status, duration), and a JSON 500 for
+exceptions no handler took that leaves the kept-alive connection usable."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
-from hypic_rag.server.errors import error_body
+from hypic_rag.server.errors import error_body, internal_error_body
 from hypic_rag.server.metrics import ServiceMetrics
+
+logger = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -110,3 +114,36 @@ class RequestMetrics:
             self.metrics.duration.labels(template).observe(time.perf_counter() - began)
             if status == 429:
                 self.metrics.rejections.inc()
+
+
+class UnexpectedErrors:
+    """Answer an exception that reached no handler with the JSON 500 of `internal_error_body`, logged with its
+    traceback, and return normally so that uvicorn keeps the connection open for the client's next request.
+
+    (Starlette's own last resort sends its 500 and then re-raises; uvicorn then closes the kept-alive connection
+    without `Connection: close`, and a client that reuses it gets a reset.) An exception after the response
+    started cannot be answered any more: it is re-raised, and the connection closes as it must.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            logger.exception("unhandled error on %s %s", scope.get("method", ""), scope.get("path", ""))
+            if started:
+                raise
+            await _send_json(send, 500, internal_error_body(error))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hypic_rag.server.schemas import SEED_DESCRIPTION, SEED_MAX, valid_unicode
 
 
 class StreamOptions(BaseModel):
@@ -24,13 +26,13 @@ class CompletionRequest(BaseModel):
         description="Segments separated by the separator (default <<PIC_SEP>>); the last segment is the query."
     )
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description=SEED_DESCRIPTION)
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -38,6 +40,8 @@ class CompletionRequest(BaseModel):
     user: str | None = None
     mode: str = Field("hypic", description="hypic-rag extension: the assembly mode.")
     separator: str | None = Field(None, min_length=1, description="hypic-rag extension: the segment separator.")
+
+    _valid_unicode = field_validator("prompt", "stop", "mode", "separator")(valid_unicode)
 
 
 class CompletionChoice(BaseModel):
@@ -48,7 +52,7 @@ class CompletionChoice(BaseModel):
 
 
 class PromptTokensDetails(BaseModel):
-    cached_tokens: int
+    cached_tokens: int = Field(description="Prompt tokens reused from before this request (segment-cache hits).")
 
 
 class CompletionUsage(BaseModel):
@@ -63,7 +67,8 @@ class HypicDetails(BaseModel):
 
     mode: str
     segments: int
-    recomputed_tokens: int
+    encoded_tokens: int = Field(description="Prompt tokens from segment entries encoded during this request.")
+    recomputed_tokens: int = Field(description="Prompt tokens run through the model while assembling.")
     cache_hits: int
     cache_misses: int
     timings: dict[str, float]

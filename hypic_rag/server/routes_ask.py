@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 
 from hypic_rag.pipeline import Answer, Source
 from hypic_rag.runtime.engine import SamplingParams
-from hypic_rag.server.errors import ServiceError, error_body
+from hypic_rag.server.errors import ServiceError, internal_error_body
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
 from hypic_rag.server.service import EventStream, Service
 from hypic_rag.server.sse import DONE, sse_event, sse_response
@@ -133,7 +133,6 @@ async def _relay(stream: EventStream, service: Service, received: float) -> Asyn
         yield sse_event({"type": "error", **error.body()})
     except Exception as error:
         logger.exception("streamed ask failed")
-        body = error_body(f"internal error: {type(error).__name__}", "internal_error", 500)
-        yield sse_event({"type": "error", **body})
+        yield sse_event({"type": "error", **internal_error_body(error)})
     yield DONE
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 
 from hypic_rag.runtime.engine import SamplingParams
 from hypic_rag.server.backend import CompletionResult, check_segment_count
-from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, error_body
+from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, internal_error_body
 from hypic_rag.server.openai_schemas import (
     CompletionChoice,
     CompletionRequest,
@@ -94,6 +94,7 @@ def completion_response(
         hypic=HypicDetails(
             mode=mode,
             segments=segments,
+            encoded_tokens=usage["encoded_tokens"],
             recomputed_tokens=usage["recomputed_tokens"],
             cache_hits=usage["cache_hits"],
             cache_misses=usage["cache_misses"],
@@ -172,7 +173,7 @@ async def _relay(
         yield sse_event(error.body())
     except Exception as error:
         logger.exception("streamed completion failed")
-        yield sse_event(error_body(f"internal error: {type(error).__name__}", "internal_error", 500))
+        yield sse_event(internal_error_body(error))
     yield DONE
 
 

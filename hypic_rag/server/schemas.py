@@ -1,14 +1,40 @@
 """Request and response bodies of the hypic-rag endpoints (`/v1/ask`, documents, jobs, cache, health).
 
-Validation here gives 422 naming the field; checks that need the server's settings (sizes: 413; mode and empty
-question: 400) are made by the handlers.
+Validation here gives 422 naming the field (text holding a lone surrogate such as `"\\ud800"` included: no
+tokenizer takes it); checks that need the server's settings (sizes: 413; mode and empty question: 400) are made
+by the handlers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hypic_rag.runtime.engine import SEED_MAX
+from hypic_rag.text import unencodable_message
+
+SEED_DESCRIPTION = (
+    "Makes sampling reproducible: an unsigned 64-bit integer, 0 to 2**64 - 1 (422 outside). Without one, every "
+    "request samples afresh."
+)
+
+
+def valid_unicode(value: Any) -> Any:
+    """`value` unchanged; ValueError when a string in it (in lists and dicts too, keys included) holds a lone
+    surrogate, which UTF-8 cannot encode."""
+    if isinstance(value, str):
+        message = unencodable_message(value, "text")
+        if message is not None:
+            raise ValueError(message)
+    elif isinstance(value, list):
+        for item in value:
+            valid_unicode(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            valid_unicode(key)
+            valid_unicode(item)
+    return value
 
 
 class _Strict(BaseModel):
@@ -21,17 +47,24 @@ class AskRequest(_Strict):
     question: str = Field(description="The question; answered from the top_k retrieved chunks.")
     top_k: int = Field(4, ge=1, le=256, description="Chunks retrieved (each one a cached segment).")
     max_new_tokens: int = Field(48, ge=1, description="Most tokens generated.")
-    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 is greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (with temperature > 0).")
-    seed: int | None = Field(None, description="Makes sampling reproducible.")
+    temperature: float = Field(
+        0.0, ge=0.0, le=5.0, allow_inf_nan=False,
+        description="0 is greedy (so is a temperature too small for any but the top token to keep probability).",
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False,
+                         description="Nucleus sampling mass (with temperature > 0).")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description=SEED_DESCRIPTION)
     mode: str = Field(
         "hypic",
         description="Assembly mode: hypic (default), transition_rope, transition, addition, prefix or full.",
     )
     stream: bool = Field(False, description="Answer as server-sent events (text/event-stream).")
     timeout_s: float | None = Field(
-        None, gt=0.0, description="Deadline in seconds, queue wait included (at most the server's own)."
+        None, gt=0.0, allow_inf_nan=False,
+        description="Deadline in seconds, queue wait included (at most the server's own).",
     )
+
+    _valid_unicode = field_validator("question", "mode")(valid_unicode)
 
 
 class SourceOut(BaseModel):
@@ -46,8 +79,16 @@ class SourceOut(BaseModel):
 
 class Usage(BaseModel):
     prompt_tokens: int
-    cached_tokens: int = Field(description="Prompt tokens served from cached segment entries.")
-    recomputed_tokens: int = Field(description="Prompt tokens run through the model (seams, question, misses).")
+    cached_tokens: int = Field(
+        description="Prompt tokens reused from before this request (cached segment entries that were hits)."
+    )
+    encoded_tokens: int = Field(
+        description="Prompt tokens from segment entries encoded during this request (misses, stored for later ones)."
+    )
+    recomputed_tokens: int = Field(
+        description="Prompt tokens run through the model while assembling (seams, question); "
+        "cached + encoded + recomputed = prompt."
+    )
     completion_tokens: int
     cache_hits: int = Field(description="Segments found in the cache.")
     cache_misses: int = Field(description="Segments encoded for this request (and stored).")
@@ -79,6 +120,8 @@ class DocumentIn(_Strict):
     id: str = Field(min_length=1, max_length=512, description="Stable document id; re-adding an id replaces it.")
     text: str = Field(description="The document's text.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="JSON fields kept with every chunk.")
+
+    _valid_unicode = field_validator("id", "text", "metadata")(valid_unicode)
 
 
 class AddDocumentsRequest(_Strict):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hypic_rag.runtime.request import Request
+from hypic_rag.text import unencodable_message
 
 
 def split_segments(prompt: str, separator: str) -> list[str]:
@@ -23,10 +24,14 @@ def split_segments(prompt: str, separator: str) -> list[str]:
 def segmented_request(tokenizer: Any, segments: Sequence[str]) -> Request:
     """A request whose cached segments are `segments[:-1]` (empty ones dropped) and whose query is the last one.
 
-    Raises ValueError when the query segment has no tokens.
+    Raises ValueError when the query segment has no tokens or a segment holds a lone surrogate.
     """
     if not segments:
         raise ValueError("no segments given")
+    for number, text in enumerate(segments):
+        message = unencodable_message(text, f"segment {number}")
+        if message is not None:
+            raise ValueError(message)
     ids = [_token_ids(tokenizer, text) for text in segments]
     if not ids[-1]:
         raise ValueError("the last segment (the query) is empty")

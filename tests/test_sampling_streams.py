@@ -1,0 +1,129 @@
+"""Sampling and streaming in the engine, on a tiny random model with a real tokenizer: probabilities stay finite
+at any valid temperature / top_p (a tiny temperature is greedy), seeds are unsigned 64-bit and reproduce, an
+unseeded generation draws fresh randomness, and streamed deltas add up exactly to the final text (stop strings
+that start inside an earlier token included; a stripped RAG answer streams stripped)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hypic_rag.runtime.engine import Engine, SamplingParams, sampling_probabilities
+from hypic_rag.runtime.model import load_model
+from hypic_rag.runtime.request import Request
+from hypic_rag.server.testing import tiny_model_checkpoint
+from hypic_rag.streaming import StrippedDeltas, drain
+
+TEMPERATURES = [5e-324, 1e-45, 1e-30, 1e-6, 0.01, 0.7, 1.0, 5.0, 1e6, 1e300]
+TOP_PS = [1e-12, 0.1, 0.5, 0.999, 1.0]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    model = load_model(tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model"), device="cpu")
+    return Engine(model, seam_tokens=4)
+
+
+def request_of(engine: Engine, *texts: str) -> Request:
+    """Segments `texts[:-1]` and the query `texts[-1]`, each tokenized on its own."""
+    tokenizer = engine.model.tokenizer
+    ids = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    return Request([], ids[:-1], ids[-1])
+
+
+def streamed(engine: Engine, request: Request, params: SamplingParams) -> tuple[list[str], object]:
+    deltas: list[str] = []
+    generation = drain(engine.stream(request, "hypic", params), lambda item: deltas.append(item[1]))
+    return deltas, generation
+
+
+# ------------------------------------------------------------------------------------------------ probabilities
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_probabilities_are_finite_at_any_valid_temperature_and_top_p(temperature: float) -> None:
+    """Logits [vocab] with huge, near-tied and -inf entries: never inf/nan, sums to 1, -inf stays impossible."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(256, generator=generator) * 30
+    logits[3] = logits.max() + 1e-3  # a near tie with the top
+    logits[7] = float("-inf")  # a masked token
+    logits[11] = -3e38
+    for top_p in TOP_PS:
+        probabilities = sampling_probabilities(logits, temperature, top_p)
+        assert torch.isfinite(probabilities).all(), (temperature, top_p)
+        assert (probabilities >= 0).all() and abs(float(probabilities.sum()) - 1.0) < 1e-9
+        assert probabilities[7] == 0 and (probabilities[3] > 0 or top_p < 1)
+        torch.multinomial(probabilities, 1, generator=generator)  # raised on inf/nan before
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-45, 1e-30])
+def test_a_tiny_temperature_is_greedy(engine: Engine, temperature: float) -> None:
+    request = request_of(engine, "Bob Tanaka is an astronomer.", "Who is an astronomer?")
+    greedy = engine.generate(request, "hypic", SamplingParams(max_new_tokens=8))
+    tiny = engine.generate(request, "hypic", SamplingParams(max_new_tokens=8, temperature=temperature))
+    assert tiny.token_ids == greedy.token_ids
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"seed": 2**64}, {"seed": -1}, {"seed": -(2**70)}, {"seed": 1.5}, {"temperature": float("nan")},
+     {"temperature": float("inf")}, {"top_p": float("nan")}, {"top_p": 0.0}],
+)
+def test_out_of_range_sampling_params_are_refused(options: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(options))):
+        SamplingParams(**options)
+
+
+# ------------------------------------------------------------------------------------------------ randomness
+def test_unseeded_sampling_is_fresh_and_a_seed_reproduces(engine: Engine) -> None:
+    request = request_of(engine, "Carol grows lavender near the river Vell.", "Who grows lavender?")
+
+    def sample(seed: int | None) -> tuple[int, ...]:
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=seed)
+        return tuple(engine.generate(request, "hypic", params).token_ids)
+
+    unseeded = {sample(None) for _ in range(5)}
+    assert len(unseeded) > 1, "five unseeded samples were all the same"
+    for seed in (0, 123, 2**64 - 1):
+        assert len({sample(seed) for _ in range(3)}) == 1, seed
+    assert sample(1) != sample(2)
+
+
+# ------------------------------------------------------------------------------------------------ streamed text
+def test_deltas_add_up_to_the_text_when_a_stop_string_starts_inside_an_earlier_token(engine: Engine) -> None:
+    request = request_of(engine, "Dmitri repairs vintage bicycles in Harrow Cove.", "Who repairs bicycles?")
+    free = engine.generate(request, "hypic", SamplingParams(max_new_tokens=24))
+    tokenizer = engine.model.tokenizer
+    text = free.text
+    # token boundaries in the text: where the decoded prefix of the first n tokens ends
+    boundaries = sorted({len(tokenizer.decode(free.token_ids[:n], skip_special_tokens=True))
+                         for n in range(1, len(free.token_ids))})
+    stops = [text[b - 1 : b + 1] for b in boundaries
+             if 0 < b < len(text) and text.find(text[b - 1 : b + 1]) == b - 1 and "\ufffd" not in text[b - 1 : b + 1]]
+    assert stops, f"no stop string spans a token boundary in {text!r}"
+    for stop in stops[:4]:
+        deltas, generation = streamed(engine, request, SamplingParams(max_new_tokens=24, stop_strings=(stop,)))
+        assert generation.finish_reason == "stop"
+        assert generation.text == text[: text.find(stop)], stop
+        assert "".join(deltas) == generation.text, (stop, deltas)
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_sampled_deltas_add_up_to_the_text(engine: Engine, seed: int | None) -> None:
+    request = request_of(engine, "Mount Keral is a dormant volcano.", "When did it erupt?")
+    params = SamplingParams(max_new_tokens=16, temperature=1.5, top_p=0.9, seed=seed, stop_strings=("ol", "\n"))
+    for _ in range(3):
+        deltas, generation = streamed(engine, request, params)
+        assert "".join(deltas) == generation.text
+
+
+def test_stripped_deltas_add_up_to_the_stripped_text() -> None:
+    rng = random.Random(5)
+    alphabet = [" ", "\n", "\t", "a", "b", "\u00a0", "\u3000", "é"]
+    for _ in range(500):
+        deltas = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 8))]
+        stripper = StrippedDeltas()
+        assert "".join(stripper.feed(delta) for delta in deltas) == "".join(deltas).strip(), deltas
+    stripper = StrippedDeltas()
+    pieces = [stripper.feed(d) for d in [" ", " Naikeaton", " ", "Lebrios", "\n "]]
+    assert pieces == ["", "Naikeaton", "", " Lebrios", ""]
