@@ -221,6 +221,17 @@ def attention_core(
     return out.transpose(0, 1).reshape(query.shape[1], -1)
 
 
+def causal_attention(attention: nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Plain causal attention of sequences that each start at position 0: query [n, Hq, T, D] (rotated), keys /
+    values [n, Hkv, T, D]. Returns [n, T, Hq*D] in the query dtype."""
+    groups = query.shape[1] // keys.shape[1]
+    out = F.scaled_dot_product_attention(
+        query, keys.to(query.dtype), values.to(query.dtype), is_causal=True, scale=attention.scaling,
+        enable_gqa=groups > 1,
+    )  # [n, Hq, T, D]
+    return out.transpose(1, 2).reshape(query.shape[0], query.shape[2], -1)
+
+
 def attention_output(attention: nn.Module, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """Output gate and projection: core [T, Hq*D] -> [T, hidden]."""
     if gate.numel():
@@ -229,8 +240,9 @@ def attention_output(attention: nn.Module, core: torch.Tensor, gate: torch.Tenso
 
 
 def mlp_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's MLP or MoE block on x [T, hidden] (MoE blocks may return (out, router_logits))."""
-    out = layer.mlp(x[None])
+    """The layer's MLP or MoE block on x [T, hidden] or [n, T, hidden] (MoE blocks may return (out, router_logits))."""
+    batched = x.dim() == 3
+    out = layer.mlp(x if batched else x[None])
     if isinstance(out, tuple):
         out = out[0]
-    return out[0]
+    return out if batched else out[0]
