@@ -21,7 +21,7 @@ from hypic_rag.cli.precompute_command import DTYPE_CHOICES
 from hypic_rag.default_model import default_model_path
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.runtime.engine import Engine
-from hypic_rag.runtime.model import DTYPES, ModelLoadError, load_model, text_stack_tensors, weights_digest
+from hypic_rag.runtime.model import DTYPES, ModelLoadError, load_model, wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
 from hypic_rag.testing import PUBLISHED_KINDS, build_tiny_model, save_published_checkpoint
@@ -48,20 +48,19 @@ def a_request(vocab: int) -> Request:
 @pytest.mark.skipif(not (default_model_path() / "config.json").is_file(), reason="bundled model missing")
 def test_fingerprint_is_exact_at_any_thread_count() -> None:
     """The bundled model is large enough that a float sum of its tensors differs between 1 and 2 threads (the old
-    digest added it: fingerprints 0ae09ca3924c vs 85344772a5f7); the digest does not."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(default_model_path() / "model.safetensors")
+    digest added it: fingerprints 0ae09ca3924c with 1 thread, 85344772a5f7 with 2); the fingerprint does not."""
+    hf_model = load_model(default_model_path(), device="cpu").hf_model
+    tensors = list(hf_model.state_dict().values())
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        sums_one, digest_one = [float(t.float().sum()) for t in tensors.values()], weights_digest(tensors)
+        sums_one, fingerprint_one = [float(t.float().sum()) for t in tensors], wrap_model(hf_model).fingerprint
         torch.set_num_threads(2)
-        sums_two, digest_two = [float(t.float().sum()) for t in tensors.values()], weights_digest(tensors)
+        sums_two, fingerprint_two = [float(t.float().sum()) for t in tensors], wrap_model(hf_model).fingerprint
     finally:
         torch.set_num_threads(threads)
     assert sums_one != sums_two  # the premise: float reductions depend on the thread count here
-    assert digest_one == digest_two
+    assert fingerprint_one == fingerprint_two
 
 
 def test_any_changed_weight_changes_the_fingerprint() -> None:
