@@ -73,6 +73,8 @@ def test_two_workers_write_the_same_entries_as_one_at_any_thread_count(tmp_path:
 
 WORKER_SCRIPT = textwrap.dedent(
     """
+    import os
+    import signal
     import sys
 
     from hypic_rag.retrieval.encoding_pool import EncoderSpec, EncodingPoolError, SegmentEncoder, SegmentTask
@@ -90,24 +92,40 @@ WORKER_SCRIPT = textwrap.dedent(
             return f"error: {error}"
 
 
+    def encode_and_kill_a_worker(model, model_path: str) -> str:
+        spec = EncoderSpec(model_path=model_path, device="cpu", dtype="float32", seam_tokens=4,
+                           fingerprint=model.fingerprint)
+        tasks = [SegmentTask(tuple(range(3, 200)), 4) for _ in range(40)]
+        try:
+            with SegmentEncoder(Engine(model, seam_tokens=4), spec, workers=2) as encoder:
+                for count, _ in enumerate(encoder.encode(tasks)):
+                    if count == 0:
+                        os.kill(next(iter(encoder._pool._processes)), signal.SIGKILL)
+                return f"finished {count + 1}"
+        except EncodingPoolError as error:
+            return f"error: {error}"
+
+
     if __name__ == "__main__":
         model = load_model(sys.argv[1], device="cpu")
         print(encode(model, sys.argv[1], model.fingerprint))
         print(encode(model, sys.argv[1], "f" * 64))  # workers load another fingerprint than the parent's
+        print(encode_and_kill_a_worker(model, sys.argv[1]))
     """
 )
 
 
-def test_a_worker_that_cannot_start_stops_the_encode_with_one_error(tmp_path: Path) -> None:
+def test_a_worker_that_cannot_start_or_dies_stops_the_encode_with_one_error(tmp_path: Path) -> None:
     model = save_tiny_checkpoint(tmp_path / "model", ["a few words to train a tokenizer on"] * 8)
     script = tmp_path / "encode.py"
     script.write_text(WORKER_SCRIPT)
     done = subprocess.run([sys.executable, str(script), str(model)], capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S, env=environment(2))
     assert done.returncode == 0, done.stderr
-    healthy, failing = done.stdout.strip().splitlines()
+    healthy, failing, killed = done.stdout.strip().splitlines()
     assert healthy == "[0, 1, 2, 3]"
     # each worker fails to start: the encode stops with one error (was: restarted forever, a traceback per attempt,
     # the encode never finished)
     assert failing.startswith("error: an encoding worker could not start: it loaded ") and "parent has ffffffffffff" in failing
+    assert killed == "error: an encoding worker process died (killed or out of memory?); try fewer --workers"
     assert "Traceback" not in done.stderr, done.stderr

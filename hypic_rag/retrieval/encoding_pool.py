@@ -4,7 +4,7 @@ Each worker loads the model once (same path, device and dtype as the parent) and
 the parent's, then encodes the segments it is handed with `Engine.encode_segment`. Workers are forked from a
 fork server that has already imported torch, the runtime and the model's transformers module, so starting N of
 them costs one import, not N (and no CUDA state is ever forked: the server never touches the device). Segments are handed out
-longest first (LPT), one at a time, so the workers finish together; results come back as they complete.
+longest first (LPT), a couple per worker at a time, so the workers finish together; results come back as they complete.
 Encoding is deterministic, so an entry is the same whichever process computed it. Workers never touch the cache:
 the parent stores what they return.
 
@@ -15,6 +15,7 @@ memory) stops the whole encode with one `EncodingPoolError` naming the reason; i
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,12 @@ Entry = dict[str, torch.Tensor]
 
 _WORKER_ENGINE: Any = None
 _WORKER_START_ERROR: str | None = None
+
+WORKER_DIED = "an encoding worker process died (killed or out of memory?); try fewer --workers"
+
+IN_FLIGHT_PER_WORKER = 2
+"""Segments handed out per worker at a time: enough to keep each busy, few enough that results never pile up and
+each wait looks at a handful of futures (not all N, which would make the loop O(N^2))."""
 
 
 class EncodingPoolError(RetrievalError):
@@ -161,15 +168,26 @@ class SegmentEncoder:
                 yield position, self.engine.encode_segment(list(task.token_ids), task.seam_tokens)
             return
         pool = self._start_pool()
+        queue = iter(order)
         pending: set[Future] = set()
-        try:
-            for position in order:
+
+        def submit(count: int) -> None:
+            for position in itertools.islice(queue, count):
                 task = tasks[position]
                 pending.add(pool.submit(_encode_in_worker, (position, list(task.token_ids), task.seam_tokens)))
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    yield self._result(future)
+
+        try:
+            try:
+                submit(self.workers * IN_FLIGHT_PER_WORKER)
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    pending.difference_update(done)
+                    submit(len(done))  # keep the workers fed while this process stores what came back
+                    for future in done:
+                        yield self._result(future)
+                    del done
+            except BrokenProcessPool:  # from submit or a result: a worker process died
+                raise EncodingPoolError(WORKER_DIED) from None
         except BaseException:
             for future in pending:
                 future.cancel()
@@ -183,9 +201,7 @@ class SegmentEncoder:
         except WorkerStartError as error:
             raise EncodingPoolError(f"an encoding worker could not start: {error}") from None
         except BrokenProcessPool:
-            raise EncodingPoolError(
-                "an encoding worker process died (killed or out of memory?); try fewer --workers"
-            ) from None
+            raise
         except Exception as error:
             logger.debug("encoding worker failed", exc_info=error)
             raise EncodingPoolError(f"an encoding worker failed: {type(error).__name__}: {error}") from None

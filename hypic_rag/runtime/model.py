@@ -43,7 +43,7 @@ class UnsupportedModelError(ModelLoadError):
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """"float32" for torch.float32 (the names of `DTYPES`)."""
+    """The name of `dtype` as in `DTYPES` ("float32" for torch.float32)."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -170,7 +170,7 @@ def weights_digest(weights: nn.Module | dict[str, torch.Tensor], samples_per_ten
     Exact: it depends on the bytes only, never on torch's thread count or device (an earlier float sum did, so the
     same model got different fingerprints in processes with different thread counts). The sample catches moved
     values, the checksum a change anywhere; hashing every byte of a 70 GB checkpoint would cost minutes, the
-    checksum costs one pass at memory speed (about 10 GB/s on one CPU core).
+    checksum costs one pass at memory speed.
     """
     tensors = weights.state_dict() if isinstance(weights, nn.Module) else weights
     digest = hashlib.sha256()
