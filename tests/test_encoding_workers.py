@@ -43,13 +43,25 @@ def test_two_workers_write_the_same_entries_as_one_at_any_thread_count(tmp_path:
         )
         for run, index in runs.items()
     }
+    asked: subprocess.Popen[str] | None = None
     try:
-        outputs = {run: process.communicate(timeout=RUN_TIMEOUT_S) for run, process in processes.items()}
+        outputs = {(1, 2): processes[(1, 2)].communicate(timeout=RUN_TIMEOUT_S)}
+        # an index built with 2 threads, asked with 1 (was exit 3: another fingerprint), while the others run
+        asked = subprocess.Popen(
+            [sys.executable, "-m", "hypic_rag", "ask", "--index", str(runs[(1, 2)]), "--device", "cpu",
+             "What is the hobby of Gramux Mastem?"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(1),
+        )
+        outputs.update({run: process.communicate(timeout=RUN_TIMEOUT_S) for run, process in processes.items()
+                        if run != (1, 2)})
+        answer, answer_errors = asked.communicate(timeout=RUN_TIMEOUT_S)
     finally:
-        for process in processes.values():
+        for process in [*processes.values(), *([asked] if asked else [])]:
             if process.poll() is None:  # was: two workers never finished (restarted forever)
                 process.kill()
                 process.wait()
+    assert asked.returncode == 0, answer_errors
+    assert ", 0 encoded" in answer
     for run, process in processes.items():
         assert process.returncode == 0, (run, outputs[run][1][-2000:])
         assert "encoded: 55 of 55 segments" in outputs[run][0], (run, outputs[run][0])
@@ -61,14 +73,6 @@ def test_two_workers_write_the_same_entries_as_one_at_any_thread_count(tmp_path:
     assert len(reference) == 55
     for run, index in runs.items():
         assert cache_contents(index) == reference, run  # byte-identical entries under the same keys
-
-    done = subprocess.run(  # an index built with 2 threads, asked with 1 (was exit 3: another fingerprint)
-        [sys.executable, "-m", "hypic_rag", "ask", "--index", str(runs[(2, 2)]), "--device", "cpu",
-         "What is the hobby of Gramux Mastem?"],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment(1),
-    )
-    assert done.returncode == 0, done.stderr
-    assert "0 encoded" in done.stdout
 
 
 WORKER_SCRIPT = textwrap.dedent(
