@@ -102,7 +102,7 @@ def test_stand_in_has_the_published_layout(published) -> None:
 
 
 def test_directory_and_conditional_generation_instance_load_the_same_text_stack(published) -> None:
-    kind, directory, instance = published
+    _, directory, instance = published
     from_directory = load_model(directory, device="cpu")
     # the instance: a multimodal model whose decoder is model.language_model (failed with "'Qwen3_5Model' object
     # has no attribute 'embed_tokens'")
@@ -292,10 +292,10 @@ def test_a_model_without_tokenizer_files_fails_in_a_real_process(tmp_path: Path,
     done = subprocess.run(
         [sys.executable, "-m", "hypic_rag", "precompute", str(bf16_index.with_name("corpus")), "--index",
          str(tmp_path / "index"), "--model", str(model), "--no-progress"],
-        capture_output=True, text=True, timeout=300, env=environment,
+        check=False, capture_output=True, text=True, timeout=300, env=environment,
     )
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        f"hypic-rag precompute: error: model directory '{model}' has no tokenizer files (tokenizer.json, or "
-        "vocab.json and merges.txt); copy the checkpoint's tokenizer files into it"
+        (f"hypic-rag precompute: error: model directory '{model}' has no tokenizer files (tokenizer.json, or "
+         "vocab.json and merges.txt); copy the checkpoint's tokenizer files into it")
     ]

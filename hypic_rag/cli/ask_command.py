@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 
 from hypic_rag.cli.main import CliError
 from hypic_rag.cli.precompute_command import (
-    EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, add_dtype_argument, non_negative_int, positive_int,
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_MISMATCH,
+    EXIT_OK,
+    add_dtype_argument,
+    non_negative_int,
+    positive_int,
 )
 from hypic_rag.runtime.request import MODES
 
