@@ -88,12 +88,14 @@ class RagPipeline:
         tokenizer = engine.model.tokenizer
         if tokenizer is None:
             raise PipelineError("the model has no tokenizer; a RAG pipeline needs one")
+        from hypic_rag.retrieval.errors import IndexMismatchError
+        from hypic_rag.retrieval.manifest import ModelIdentity
+
         identity = index.manifest.model
-        if identity.fingerprint != engine.model.fingerprint or identity.tokenizer_fingerprint != engine.model.tokenizer_fingerprint:
-            raise PipelineError(
-                f"index {index.directory} was built for another model ({identity.path}); "
-                "run `hypic-rag precompute` with this model or pass the index's --model"
-            )
+        try:
+            index.manifest.check_model(ModelIdentity.of(identity.path, engine.model))
+        except IndexMismatchError as error:
+            raise PipelineError(f"index {index.directory}: {error}") from None
         self.index = index
         self.engine = engine
         self.prompt_format = prompt_format
@@ -113,10 +115,12 @@ class RagPipeline:
         hot_budget_bytes: int | None = None,
         readonly_cache: bool = False,
         hop_slots: int = 2,
+        dtype: str | None = None,
     ) -> RagPipeline:
-        """Open an index, its model (the one recorded in the manifest unless `model_path`; checked against the
-        manifest: another model raises `IndexMismatchError`), its embedder (loaded now, so the first question's
-        timing is the question's) and its segment cache."""
+        """Open an index, its model (the one recorded in the manifest unless `model_path`, in the dtype recorded
+        there unless `dtype`; checked against the manifest: another model or dtype raises `IndexMismatchError`),
+        its embedder (loaded now, so the first question's timing is the question's) and its segment cache.
+        A model directory that cannot be loaded raises `ModelLoadError`."""
         from hypic_rag.cache.segment_cache import SegmentCache
         from hypic_rag.retrieval.corpus_index import CorpusIndex
         from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
@@ -127,8 +131,8 @@ class RagPipeline:
         model_path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
         if not (model_path / "config.json").is_file():
             raise PipelineError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model")
-        model = load_model(model_path, device=device)
-        manifest.check_model(ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint))
+        model = load_model(model_path, device=device, dtype=dtype or manifest.model.dtype, require_tokenizer=True)
+        manifest.check_model(ModelIdentity.of(model_path, model))
         index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
         try:
             index.embedder.load()

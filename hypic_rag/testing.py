@@ -3,11 +3,15 @@
 `tiny_config` gives a small transformers config of a supported hybrid family; `build_tiny_model` instantiates it
 with seeded random weights, optionally with slow linear-attention decays (so composition bugs cannot hide behind
 fast forgetting) and sharpened q/k norms (so attention is not uniform and position errors show);
-`save_tiny_checkpoint` writes a loadable local checkpoint directory with a trained byte-level BPE tokenizer.
+`save_tiny_checkpoint` writes a loadable local checkpoint directory with a trained byte-level BPE tokenizer;
+`save_published_checkpoint` writes a shrunken stand-in of a Qwen3.5 hub checkpoint in its published layout
+(multimodal config, `model.language_model.*` weights, a vision tower, `mtp.*` weights, fused MoE experts, sharded
+safetensors with an index file).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -135,3 +139,167 @@ def save_tiny_checkpoint(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+PUBLISHED_KINDS = ("qwen3_5", "qwen3_5_moe")
+"""Families of `save_published_checkpoint`: the dense Qwen3.5 and the Qwen3.5-MoE hub checkpoints."""
+
+
+def published_config(kind: str = "qwen3_5", *, vocab_size: int = 512) -> dict[str, Any]:
+    """The config.json of a Qwen3.5 hub checkpoint of `kind`, with its keys as published and its sizes shrunk.
+
+    Published quirks kept: the architecture is `...ForConditionalGeneration`, the text model sits in
+    `text_config` (with its multi-token-prediction keys and multimodal RoPE sections), and `vision_config` carries
+    the outer model type (`qwen3_5` / `qwen3_5_moe`), which transformers rewrites on load.
+    """
+    if kind not in PUBLISHED_KINDS:
+        raise ValueError(f"unknown published kind {kind!r}; choose one of {PUBLISHED_KINDS}")
+    moe = kind == "qwen3_5_moe"
+    text: dict[str, Any] = {
+        "model_type": f"{kind}_text",
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        "full_attention_interval": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "attn_output_gate": True,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.02,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_interleaved": True,
+            "mrope_section": [11, 11, 10],
+        },
+        "dtype": "bfloat16",
+        "eos_token_id": 0,
+    }
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                    shared_expert_intermediate_size=48, router_aux_loss_coef=0.001, output_router_logits=False)
+    else:
+        text.update(intermediate_size=96)
+    vision = {
+        "model_type": kind,  # as published (transformers maps it to the vision model type)
+        "depth": 1,
+        "hidden_size": 32,
+        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+        "num_position_embeddings": 16,
+        "initializer_range": 0.02,
+        "deepstack_visual_indexes": [],
+    }
+    return {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+        "model_type": kind,
+        "text_config": text,
+        "vision_config": vision,
+        "image_token_id": 248056,
+        "video_token_id": 248057,
+        "vision_start_token_id": 248053,
+        "vision_end_token_id": 248054,
+        "tie_word_embeddings": False,
+        "transformers_version": "4.57.0.dev0",
+    }
+
+
+@torch.no_grad()
+def build_published_model(config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
+    """A seeded `Qwen3_5(Moe)ForConditionalGeneration` of `config` (a `published_config`), eval mode, fp32, whose
+    weights are rounded to `dtype` (so it equals what its checkpoint saved in `dtype` loads in fp32)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    torch.manual_seed(seed)
+    hf_config = AutoConfig.for_model(**json.loads(json.dumps(config)))
+    model = AutoModelForImageTextToText.from_config(hf_config, dtype=torch.float32)
+    for tensor in model.state_dict().values():
+        if tensor.is_floating_point():
+            tensor.copy_(tensor.to(dtype))
+    return model.eval()
+
+
+def _mtp_tensors(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Stand-in multi-token-prediction weights under the published `mtp.*` names: the fusion projection, its norms
+    and one decoder layer shaped like the model's attention layer (transformers ignores them on load)."""
+    text = model.config.text_config
+    hidden = text.hidden_size
+    generator = torch.Generator().manual_seed(7)
+    tensors = {
+        "mtp.fc.weight": torch.randn(hidden, 2 * hidden, generator=generator),
+        "mtp.pre_fc_norm_embedding.weight": torch.zeros(hidden),
+        "mtp.pre_fc_norm_hidden.weight": torch.zeros(hidden),
+        "mtp.norm.weight": torch.zeros(hidden),
+    }
+    attention_layer = text.layer_types.index("full_attention")
+    prefix = f"model.language_model.layers.{attention_layer}."
+    for name, tensor in model.state_dict().items():
+        if name.startswith(prefix):
+            tensors["mtp.layers.0." + name[len(prefix):]] = torch.randn(tensor.shape, generator=generator)
+    return {name: tensor.to(dtype).contiguous() for name, tensor in tensors.items()}
+
+
+def save_published_checkpoint(
+    path: str | Path,
+    texts: Iterable[str],
+    *,
+    kind: str = "qwen3_5",
+    seed: int = 0,
+    shards: int = 2,
+    dtype: torch.dtype = torch.bfloat16,
+    tokenizer_vocab_size: int = 512,
+) -> tuple[Path, Any]:
+    """Write a shrunken stand-in of a Qwen3.5 hub checkpoint of `kind` in its published layout; returns the
+    directory and the `...ForConditionalGeneration` instance whose weights it holds (rounded to `dtype`).
+
+    Layout: config.json as `published_config`; weights in `dtype` under their published names
+    (`model.language_model.*`, `model.visual.*`, `lm_head.weight`, `mtp.*`; the MoE experts fused per layer as
+    `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I]) split over `shards`
+    `model-0000i-of-0000n.safetensors` files with a `model.safetensors.index.json`; a byte-level BPE tokenizer.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
+    config = published_config(kind, vocab_size=len(tokenizer))
+    config["text_config"]["eos_token_id"] = tokenizer.eos_token_id
+    model = build_published_model(config, seed=seed, dtype=dtype)
+    tensors = {name: tensor.to(dtype).contiguous() for name, tensor in model.state_dict().items()}
+    tensors.update(_mtp_tensors(model, dtype))
+    names = sorted(tensors)
+    per_shard = math.ceil(len(names) / shards)
+    weight_map: dict[str, str] = {}
+    for number in range(shards):
+        file_name = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[number * per_shard : (number + 1) * per_shard]
+        save_file({name: tensors[name] for name in part}, str(path / file_name), metadata={"format": "pt"})
+        weight_map.update({name: file_name for name in part})
+    total = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save_pretrained(path)
+    return path, model

@@ -20,6 +20,7 @@ BASE = CacheNamespace(model_fingerprint="model-a", tokenizer_fingerprint="tok-a"
         {"seam_tokens": 4},
         {"state_dtype": "bfloat16"},
         {"format_version": FORMAT_VERSION + 1},
+        {"model_dtype": "bfloat16"},
     ],
 )
 def test_each_namespace_field_changes_the_key(change: dict) -> None:
@@ -50,6 +51,7 @@ def test_key_layout_and_token_digest() -> None:
         {"seam_tokens": 2.0},
         {"state_dtype": "float8"},
         {"format_version": 0},
+        {"model_dtype": "int8"},
     ],
 )
 def test_bad_namespaces_are_refused(fields: dict) -> None:

@@ -1,8 +1,9 @@
 """Cache namespaces and key derivation.
 
 A key must never let one model's state be served to another, so it is derived from everything that changes what
-an entry contains: the model fingerprint (config plus a digest of the weights), the tokenizer fingerprint, the seam
-window, the storage dtype of the linear state, the entry format version, and the sha256 of the chunk's token ids.
+an entry contains: the model fingerprint (config plus a digest of the weights), the dtype the model ran in, the
+tokenizer fingerprint, the seam window, the storage dtype of the linear state, the entry format version, and the
+sha256 of the chunk's token ids.
 
 Key layout (48 bytes): ``namespace_digest (16) | token_ids_digest (32)``. The namespace comes first so that all
 entries of one namespace are contiguous in the store. A hit additionally compares the namespace recorded in the
@@ -43,6 +44,9 @@ class CacheNamespace:
     seam_tokens: the seam window w; the cached suffix pair covers tokens w..L-1, so each w has its own entries.
     state_dtype: storage dtype of the linear-state tensors, one of `STATE_DTYPES`.
     format_version: entry contents version, `FORMAT_VERSION` unless reading a store written by another release.
+    model_dtype: the dtype the model's weights were loaded in (`--dtype`), one of `STATE_DTYPES`'s names: the
+    same checkpoint run in bfloat16 encodes other states than in float32. (The fingerprint, a digest of the loaded
+    weights, differs too; the field says so explicitly.)
     """
 
     model_fingerprint: str
@@ -50,6 +54,7 @@ class CacheNamespace:
     seam_tokens: int
     state_dtype: str = "float32"
     format_version: int = FORMAT_VERSION
+    model_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for field_name in ("model_fingerprint", "tokenizer_fingerprint"):
@@ -58,8 +63,10 @@ class CacheNamespace:
                 raise ValueError(f"CacheNamespace.{field_name} must be a non-empty string, got {value!r}")
         if isinstance(self.seam_tokens, bool) or not isinstance(self.seam_tokens, int) or self.seam_tokens < 0:
             raise ValueError(f"CacheNamespace.seam_tokens must be an int >= 0, got {self.seam_tokens!r}")
-        if self.state_dtype not in STATE_DTYPES:
-            raise ValueError(f"CacheNamespace.state_dtype must be one of {sorted(STATE_DTYPES)}, got {self.state_dtype!r}")
+        for field_name in ("state_dtype", "model_dtype"):
+            value = getattr(self, field_name)
+            if value not in STATE_DTYPES:
+                raise ValueError(f"CacheNamespace.{field_name} must be one of {sorted(STATE_DTYPES)}, got {value!r}")
         if isinstance(self.format_version, bool) or not isinstance(self.format_version, int) or self.format_version < 1:
             raise ValueError(f"CacheNamespace.format_version must be an int >= 1, got {self.format_version!r}")
 

@@ -12,7 +12,15 @@ import argparse
 from typing import TYPE_CHECKING
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, non_negative_int, positive_int
+from hypic_rag.cli.precompute_command import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_MISMATCH,
+    EXIT_OK,
+    add_dtype_argument,
+    non_negative_int,
+    positive_int,
+)
 from hypic_rag.runtime.request import MODES
 
 if TYPE_CHECKING:
@@ -33,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
     parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    add_dtype_argument(parser, "default: the one the index was built with")
     parser.set_defaults(func=run_ask)
 
 
@@ -75,7 +84,7 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     from hypic_rag.pipeline import RagPipeline
 
     return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device,
-                            hop_slots=args.hop_slots)
+                            hop_slots=args.hop_slots, dtype=args.dtype)
 
 
 def run_ask(args: argparse.Namespace) -> int:
@@ -83,6 +92,7 @@ def run_ask(args: argparse.Namespace) -> int:
     from hypic_rag.pipeline import PipelineError
     from hypic_rag.retrieval.errors import IndexMismatchError, IndexNotFoundError, RetrievalError
     from hypic_rag.runtime.engine import SamplingParams
+    from hypic_rag.runtime.model import ModelLoadError
 
     if not args.question.strip():
         raise CliError("the question is empty", EXIT_BAD_INPUT)
@@ -97,7 +107,7 @@ def run_ask(args: argparse.Namespace) -> int:
             pipeline.close()
     except IndexMismatchError as error:
         raise CliError(str(error), EXIT_MISMATCH) from None
-    except (IndexNotFoundError, PipelineError, FileNotFoundError) as error:
+    except (IndexNotFoundError, PipelineError, FileNotFoundError, ModelLoadError) as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     except (RetrievalError, CacheError) as error:
         raise CliError(str(error), EXIT_FAILURE) from None

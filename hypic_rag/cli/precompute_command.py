@@ -21,6 +21,8 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_MISMATCH = 3
 VECTOR_INDEX_KINDS = ("flat", "hnsw", "ivf")
+DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+"""`--dtype` values: the names of `hypic_rag.runtime.model.DTYPES` (not imported here: it loads torch)."""
 
 
 def positive_int(text: str) -> int:
@@ -43,6 +45,11 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> None:
+    """The `--dtype` option shared by precompute, ask and serve."""
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, help=f"dtype the model runs in ({default_help})")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "precompute", help="index a corpus and encode every chunk into the segment cache", description=__doc__
@@ -57,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cache", metavar="DIR", help="segment cache directory (default: DIR/segment_cache)")
     parser.add_argument("--embedder", metavar="PATH", help="local sentence-transformers directory (default: bundled)")
     parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    add_dtype_argument(parser, "default: the index's; for a new one float32 on CPU, bfloat16 on CUDA")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_precompute)
 
@@ -110,7 +118,7 @@ def run_precompute(args: argparse.Namespace) -> int:
     from hypic_rag.cache.errors import CacheError
     from hypic_rag.retrieval.faiss_index import VectorIndexConfig
     from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
-    from hypic_rag.runtime.model import UnsupportedModelError
+    from hypic_rag.runtime.model import ModelLoadError
 
     try:
         options = PrecomputeOptions(
@@ -124,6 +132,7 @@ def run_precompute(args: argparse.Namespace) -> int:
             cache_dir=Path(args.cache) if args.cache else None,
             embedder_path=Path(args.embedder) if args.embedder else None,
             device=args.device,
+            dtype=args.dtype,
             show_progress=not args.no_progress,
         )
     except ValueError as error:
@@ -134,7 +143,7 @@ def run_precompute(args: argparse.Namespace) -> int:
         raise CliError(str(error), EXIT_MISMATCH) from None
     except (RetrievalError, CacheError) as error:
         raise CliError(str(error), EXIT_FAILURE) from None
-    except (FileNotFoundError, UnsupportedModelError) as error:
+    except (FileNotFoundError, ModelLoadError) as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     print_summary(summary)
     return EXIT_OK

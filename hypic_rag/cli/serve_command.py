@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import non_negative_int, positive_int
+from hypic_rag.cli.precompute_command import add_dtype_argument, non_negative_int, positive_int
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_MISMATCH = 0, 1, 2, 3
 
@@ -54,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=_port, default=8000, help="port to bind (8000; 0 picks a free one)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    add_dtype_argument(parser, "default: the one the index was built with")
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
@@ -93,6 +94,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.retrieval.corpus_index import check_not_locked
     from hypic_rag.retrieval.errors import IndexLockedError, RetrievalError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
+    from hypic_rag.runtime.model import ModelLoadError, check_model_directory
     from hypic_rag.server.config import ServerConfig
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
@@ -108,14 +110,16 @@ def run_serve(args: argparse.Namespace) -> int:
     except RetrievalError as error:
         raise CliError(str(error), EXIT_FAILURE) from None
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
-    if not (model_path / "config.json").is_file():
-        raise CliError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model",
-                       EXIT_BAD_INPUT)
+    try:
+        check_model_directory(model_path, require_tokenizer=True)  # before the port is bound or the model loaded
+    except ModelLoadError as error:
+        raise CliError(f"{error}{'' if args.model else '; pass --model'}", EXIT_BAD_INPUT) from None
     try:
         config = ServerConfig(
             index_dir=index_dir,
             model_path=Path(args.model).expanduser() if args.model else None,
             device=args.device,
+            dtype=args.dtype,
             read_only=args.read_only,
             hop_slots=args.hop_slots,
             queue_size=args.queue_size,

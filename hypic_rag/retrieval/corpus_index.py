@@ -164,10 +164,12 @@ class CorpusIndex:
             if (directory / MANIFEST_FILE).exists():
                 manifest = IndexManifest.load(directory)
                 manifest.check_embedder(embedder.identity)
-                manifest.check_model(settings.model)
+                adopted = manifest.adopt_model(settings.model)
                 manifest.check_chunking(chunker_settings, template, settings.seam_tokens)
                 if settings.vector_index is not None:
                     manifest.check_vector_index(settings.vector_index)
+                if adopted:
+                    manifest.save(directory)
             else:
                 manifest = IndexManifest(
                     embedder=embedder.identity,

@@ -4,26 +4,50 @@ Each worker loads the model once (same path, device and dtype as the parent) and
 the parent's, then encodes the segments it is handed with `Engine.encode_segment`. Workers are forked from a
 fork server that has already imported torch, the runtime and the model's transformers module, so starting N of
 them costs one import, not N (and no CUDA state is ever forked: the server never touches the device). Segments are handed out
-longest first (LPT), one at a time, so the workers finish together; results come back as they complete.
+longest first (LPT), a couple per worker at a time, so the workers finish together; results come back as they complete.
 Encoding is deterministic, so an entry is the same whichever process computed it. Workers never touch the cache:
 the parent stores what they return.
+
+A worker that cannot start (its model fails to load or has another fingerprint) or that dies (killed, out of
+memory) stops the whole encode with one `EncodingPoolError` naming the reason; it is never restarted (a
+`multiprocessing.Pool` restarts a worker whose initializer raised, forever).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from hypic_rag.retrieval.errors import RetrievalError
 
 logger = logging.getLogger(__name__)
 
 Entry = dict[str, torch.Tensor]
 
 _WORKER_ENGINE: Any = None
+_WORKER_START_ERROR: str | None = None
+
+WORKER_DIED = "an encoding worker process died (killed or out of memory?); try fewer --workers"
+
+IN_FLIGHT_PER_WORKER = 2
+"""Segments handed out per worker at a time: enough to keep each busy, few enough that results never pile up and
+each wait looks at a handful of futures (not all N, which would make the loop O(N^2))."""
+
+
+class EncodingPoolError(RetrievalError):
+    """An encoding worker could not start, died, or failed a segment; the encode stopped (one-line message)."""
+
+
+class WorkerStartError(RuntimeError):
+    """Raised by a worker's tasks when the worker could not start (carries the reason as its message)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,21 +70,31 @@ class EncoderSpec:
 
 
 def _initialise_worker(spec: EncoderSpec) -> None:
-    """Load the model in a worker process (runs once per worker)."""
-    global _WORKER_ENGINE
-    from hypic_rag.runtime.engine import Engine
-    from hypic_rag.runtime.model import load_model
+    """Load the model in a worker process (runs once per worker).
 
-    torch.set_num_threads(spec.threads_per_worker)
-    model = load_model(spec.model_path, device=spec.device, dtype=getattr(torch, spec.dtype))
-    if model.fingerprint != spec.fingerprint:
-        raise RuntimeError(
-            f"worker loaded {spec.model_path} with fingerprint {model.fingerprint[:12]}, parent has {spec.fingerprint[:12]}"
-        )
-    _WORKER_ENGINE = Engine(model, seam_tokens=spec.seam_tokens)
+    Never raises: a failure is kept and raised by every task this worker is given (`WorkerStartError`), so the
+    parent sees it as the result of its first task instead of the worker being restarted.
+    """
+    global _WORKER_ENGINE, _WORKER_START_ERROR
+    try:
+        from hypic_rag.runtime.engine import Engine
+        from hypic_rag.runtime.model import load_model
+
+        torch.set_num_threads(spec.threads_per_worker)
+        model = load_model(spec.model_path, device=spec.device, dtype=spec.dtype)
+        if model.fingerprint != spec.fingerprint:
+            raise RuntimeError(
+                f"it loaded {spec.model_path} with fingerprint {model.fingerprint[:12]}, the parent has "
+                f"{spec.fingerprint[:12]} (was the model changed on disk?)"
+            )
+        _WORKER_ENGINE = Engine(model, seam_tokens=spec.seam_tokens)
+    except BaseException as error:  # noqa: BLE001 - reported through the tasks, see the docstring
+        _WORKER_START_ERROR = " ".join(str(error).split()) or type(error).__name__
 
 
 def _encode_in_worker(task: tuple[int, list[int], int]) -> tuple[int, Entry]:
+    if _WORKER_START_ERROR is not None:
+        raise WorkerStartError(_WORKER_START_ERROR)
     position, token_ids, seam_tokens = task
     return position, _WORKER_ENGINE.encode_segment(token_ids, seam_tokens)
 
@@ -87,39 +121,90 @@ class SegmentEncoder:
         self.engine = engine
         self.spec = spec
         self.workers = workers
-        self._pool: Any = None
+        self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> SegmentEncoder:
         return self
 
-    def _start_pool(self) -> Any:
+    def _start_pool(self) -> ProcessPoolExecutor:
         """The worker pool, started on first use (never when there is nothing to encode)."""
         if self._pool is None:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(list(self.spec.preload_modules))  # effective when the server starts
-            self._pool = context.Pool(self.workers, initializer=_initialise_worker, initargs=(self.spec,))
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=_initialise_worker, initargs=(self.spec,)
+            )
             logger.info("started %d encoding workers", self.workers)
         return self._pool
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
-        if self._pool is not None:
-            if exc_type is None:
-                self._pool.close()
-            else:
-                self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        self.close(wait=exc_type is None)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers: after their current segments when `wait`, else at once (pending segments dropped)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if wait:
+            pool.shutdown(wait=True)
+            return
+        workers = list((getattr(pool, "_processes", None) or {}).values())  # no public handle on them (3.11)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in workers:
+            if process.is_alive():
+                process.terminate()
+        for process in workers:
+            process.join()
 
     def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry]]:
-        """Yield (position in `tasks`, entry) for every task, longest segment handed out first."""
+        """Yield (position in `tasks`, entry) for every task, longest segment handed out first.
+
+        Raises `EncodingPoolError` (workers stopped) when a worker cannot start, dies, or fails a segment.
+        """
         order = lpt_order(tasks)
         if self.workers == 1 or not order:
             for position in order:
                 task = tasks[position]
                 yield position, self.engine.encode_segment(list(task.token_ids), task.seam_tokens)
             return
-        work = [(position, list(tasks[position].token_ids), tasks[position].seam_tokens) for position in order]
-        yield from self._start_pool().imap_unordered(_encode_in_worker, work, chunksize=1)
+        pool = self._start_pool()
+        queue = iter(order)
+        pending: set[Future] = set()
+
+        def submit(count: int) -> None:
+            for position in itertools.islice(queue, count):
+                task = tasks[position]
+                pending.add(pool.submit(_encode_in_worker, (position, list(task.token_ids), task.seam_tokens)))
+
+        try:
+            try:
+                submit(self.workers * IN_FLIGHT_PER_WORKER)
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    pending.difference_update(done)
+                    submit(len(done))  # keep the workers fed while this process stores what came back
+                    for future in done:
+                        yield self._result(future)
+                    del done
+            except BrokenProcessPool:  # from submit or a result: a worker process died
+                raise EncodingPoolError(WORKER_DIED) from None
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            self.close(wait=False)
+            raise
+
+    @staticmethod
+    def _result(future: Future) -> tuple[int, Entry]:
+        try:
+            return future.result()
+        except WorkerStartError as error:
+            raise EncodingPoolError(f"an encoding worker could not start: {error}") from None
+        except BrokenProcessPool:
+            raise
+        except Exception as error:
+            logger.debug("encoding worker failed", exc_info=error)
+            raise EncodingPoolError(f"an encoding worker failed: {type(error).__name__}: {error}") from None
 
 
 def threads_per_worker(workers: int) -> int:

@@ -1,7 +1,8 @@
 """The index manifest: what built an index and what it holds, in `manifest.json`.
 
 It records the embedder identity (and the embedder's directory unless it is the shipped default), the chunker settings and chunk template (which decide the stored token ids),
-the model and tokenizer fingerprints (which decide the cache entries), the seam width the cache was encoded with,
+the model and tokenizer fingerprints and the dtype the model ran in (which decide the cache entries), the seam
+width the cache was encoded with,
 the FAISS settings, where the segment cache lives, and counts. Opening an index with another embedder, model,
 tokenizer or chunker setting is refused with an `IndexMismatchError` that names the difference.
 """
@@ -9,6 +10,7 @@ tokenizer or chunker setting is refused with an `IndexMismatchError` that names 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,21 +21,39 @@ from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 
+logger = logging.getLogger(__name__)
+
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
 class ModelIdentity:
-    """The generation model an index's token ids and cache entries belong to."""
+    """The generation model an index's token ids and cache entries belong to.
+
+    dtype: the dtype the model was loaded in ("float32", "bfloat16", "float16"); `ask` and `serve` load it so
+    again unless told otherwise. None in a manifest written before fingerprints were exact (hypic-rag < 0.2 hashed
+    a float sum that changed with the thread count): such a fingerprint cannot be checked, see `check_model`.
+    """
 
     path: str
     fingerprint: str
     tokenizer_fingerprint: str
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if not self.fingerprint or not self.tokenizer_fingerprint:
             raise ValueError("model and tokenizer fingerprints must be non-empty")
+
+    @classmethod
+    def of(cls, path: str | Path, model: Any) -> ModelIdentity:
+        """The identity of a loaded `HybridModel` read from `path`."""
+        return cls(str(path), model.fingerprint, model.tokenizer_fingerprint, model.dtype_name)
+
+    @property
+    def legacy(self) -> bool:
+        """Recorded before fingerprints were exact (no dtype recorded): its fingerprint cannot be compared."""
+        return self.dtype is None
 
 
 @dataclass(slots=True)
@@ -75,16 +95,43 @@ class IndexManifest:
             )
 
     def check_model(self, model: ModelIdentity) -> None:
+        """Refuse another model, tokenizer or dtype with an `IndexMismatchError` naming the difference.
+
+        A legacy identity (see `ModelIdentity`) of the same checkpoint directory and tokenizer is accepted: its
+        fingerprint cannot be checked, its cache entries are keyed by the old fingerprint and simply no longer hit
+        (invalidated once), and the token ids stay valid. `adopt_model` records the new identity.
+        """
+        same_tokenizer = model.tokenizer_fingerprint == self.model.tokenizer_fingerprint
+        if same_tokenizer and self.model.legacy and not model.legacy and _same_path(self.model.path, model.path):
+            return
+        if self.model.dtype is not None and model.dtype is not None and model.dtype != self.model.dtype:
+            raise IndexMismatchError(
+                f"index was built for model {self.model.path} in {self.model.dtype}, not {model.dtype}; "
+                f"pass --dtype {self.model.dtype} (or leave --dtype out) or use a new index directory"
+            )
         if model.fingerprint != self.model.fingerprint:
             raise IndexMismatchError(
                 f"index was built for model {self.model.path} (fingerprint {self.model.fingerprint[:12]}), not "
                 f"{model.path} (fingerprint {model.fingerprint[:12]}); use that model or a new index directory"
             )
-        if model.tokenizer_fingerprint != self.model.tokenizer_fingerprint:
+        if not same_tokenizer:
             raise IndexMismatchError(
                 f"index was built with another tokenizer (fingerprint {self.model.tokenizer_fingerprint[:12]}, "
                 f"given {model.tokenizer_fingerprint[:12]}); use the same model or a new index directory"
             )
+
+    def adopt_model(self, model: ModelIdentity) -> bool:
+        """`check_model`, then record `model` in place of a legacy identity; True when the manifest changed
+        (the caller saves it)."""
+        self.check_model(model)
+        if not self.model.legacy or model.legacy:
+            return False
+        logger.warning(
+            "the index manifest predates exact model fingerprints: recording %s (%s); its cache entries are "
+            "encoded again once", model.path, model.dtype,
+        )
+        self.model = model
+        return True
 
     def check_chunking(self, chunker: dict[str, Any], chunk_template: str, seam_tokens: int) -> None:
         if chunker != self.chunker:
@@ -152,3 +199,10 @@ class IndexManifest:
             return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise IndexCorruptError(f"cannot read {path}: {error}") from error
+
+
+def _same_path(first: str, second: str) -> bool:
+    try:
+        return Path(first).expanduser().resolve() == Path(second).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return first == second

@@ -25,7 +25,6 @@ from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings, IngestReport
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
 from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, SegmentTask, threads_per_worker
-from hypic_rag.retrieval.errors import RetrievalError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import ModelIdentity
@@ -45,7 +44,9 @@ class PrecomputeOptions:
     encode cache misses (1: in this process). seam_tokens: seam width w the cache entries are encoded for.
     vector_index: FAISS settings (None: keep the index's, flat for a new one). cache_dir: segment cache directory
     (None: `<index_dir>/segment_cache`). embedder_path: a local sentence-transformers directory (None: shipped
-    default). device: model device (None: CUDA when available, else CPU).
+    default). device: model device (None: CUDA when available, else CPU). dtype: "float32", "bfloat16" or
+    "float16", the dtype the model runs in (None: the one an existing index recorded, else float32 on CPU and
+    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype.
     """
 
     corpus: Path
@@ -58,6 +59,7 @@ class PrecomputeOptions:
     cache_dir: Path | None = None
     embedder_path: Path | None = None
     device: str | None = None
+    dtype: str | None = None
     embed_batch_size: int = 64
     prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
     show_progress: bool = True
@@ -70,6 +72,10 @@ class PrecomputeOptions:
             raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
         if self.embed_batch_size < 1:
             raise ValueError(f"embed_batch_size must be positive, got {self.embed_batch_size}")
+        if self.dtype is not None:
+            from hypic_rag.runtime.model import resolve_dtype
+
+            resolve_dtype(self.dtype)  # validates the name
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +222,14 @@ def cache_bytes_of(cache: Any, namespace_for: Callable[[int], Any], plans: Seque
     return total
 
 
+def recorded_dtype(index_dir: Path) -> str | None:
+    """The model dtype an existing index at `index_dir` was built with (None: no index, or none recorded)."""
+    from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
+
+    index_dir = Path(index_dir).expanduser()
+    return IndexManifest.load(index_dir).model.dtype if (index_dir / MANIFEST_FILE).is_file() else None
+
+
 def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -> PrecomputeSummary:
     """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode."""
     from hypic_rag.cache.segment_cache import SegmentCache
@@ -224,12 +238,13 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
 
     began = time.perf_counter()
     corpus = corpus if corpus is not None else load_corpus(options.corpus)
-    model = load_model(options.model_path, device=options.device)
-    if model.tokenizer is None:
-        raise RetrievalError(f"model {options.model_path} has no tokenizer; chunks cannot be tokenized")
+    model = load_model(
+        options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
+        require_tokenizer=True,
+    )
     embedder = SentenceEmbedder(options.embedder_path, batch_size=options.embed_batch_size)
     settings = IndexSettings(
-        model=ModelIdentity(str(Path(options.model_path).resolve()), model.fingerprint, model.tokenizer_fingerprint),
+        model=ModelIdentity.of(Path(options.model_path).resolve(), model),
         chunker=ChunkerConfig(chunk_tokens=options.chunk_tokens),
         prompt_format=options.prompt_format,
         seam_tokens=options.seam_tokens,
@@ -247,7 +262,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         spec = EncoderSpec(
             model_path=str(options.model_path),
             device=str(model.device),
-            dtype=str(model.dtype).removeprefix("torch."),
+            dtype=model.dtype_name,
             seam_tokens=options.seam_tokens,
             fingerprint=model.fingerprint,
             threads_per_worker=threads_per_worker(options.workers),

@@ -193,6 +193,7 @@ class Engine:
             tokenizer_fingerprint=self.model.tokenizer_fingerprint,
             seam_tokens=seam_tokens,
             state_dtype=self.state_dtype,
+            model_dtype=self.model.dtype_name,
         )
 
     def fetch_entries(self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats) -> list[Entry]:

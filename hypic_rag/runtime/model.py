@@ -24,8 +24,39 @@ LINEAR_LAYER = "linear_attention"
 ATTENTION_LAYER = "full_attention"
 
 
-class UnsupportedModelError(ValueError):
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Weight dtypes a model may be loaded in (`--dtype`), by name."""
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+"""Weight files `from_pretrained` reads, single-file or sharded with an index."""
+
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",), ("vocab.txt",))
+"""File sets any one of which holds a tokenizer's vocabulary."""
+
+
+class ModelLoadError(ValueError):
+    """A model that cannot be loaded: the message is one line saying what is wrong and what to fix."""
+
+
+class UnsupportedModelError(ModelLoadError):
     """The checkpoint is not a hybrid family this runtime knows."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name of `dtype` as in `DTYPES` ("float32" for torch.float32)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """A torch dtype from a name of `DTYPES` (or a dtype); None stays None. ValueError for any other."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        if isinstance(dtype, torch.dtype) and dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype_name(dtype)} is not supported; choose one of {', '.join(DTYPES)}")
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}") from None
 
 
 @dataclass(slots=True)
@@ -48,7 +79,8 @@ class HybridModel:
 
     @property
     def backbone(self) -> nn.Module:
-        return self.hf_model.model
+        """The decoder stack (embed_tokens, layers, norm, rotary_emb); the language model of a multimodal model."""
+        return text_backbone(self.hf_model)
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -61,6 +93,11 @@ class HybridModel:
     @property
     def dtype(self) -> torch.dtype:
         return self.backbone.embed_tokens.weight.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        """The weights' dtype by name: "float32", "bfloat16" or "float16"."""
+        return dtype_name(self.dtype)
 
     @property
     def linear_layer_indices(self) -> list[int]:
@@ -88,20 +125,62 @@ class HybridModel:
         return self.hf_model.lm_head(self.backbone.norm(hidden)).float()
 
 
-def weights_digest(module: nn.Module, samples_per_tensor: int = 1024) -> str:
-    """sha256 over every parameter/buffer's name, shape, dtype and a strided sample of its values.
+def text_backbone(hf_model: nn.Module) -> nn.Module:
+    """The decoder stack of a causal LM: `model` (…ForCausalLM) or `model.language_model` (…ForConditionalGeneration)."""
+    inner = getattr(hf_model, "model", None)
+    return getattr(inner, "language_model", inner) if inner is not None else hf_model
 
-    Hashing every byte of a 70 GB checkpoint would cost minutes; a strided sample of each tensor changes with
-    any fine-tune or different seed while staying cheap. Tests check that a single changed weight tensor changes it.
+
+def text_stack_tensors(hf_model: nn.Module) -> dict[str, torch.Tensor]:
+    """The text stack's weights under the names a text-only checkpoint uses (`model.*`, `lm_head.*`).
+
+    A multimodal model's vision tower (and anything else outside the decoder and its head) is left out, so a
+    `Qwen3_5ForConditionalGeneration` and the `Qwen3_5ForCausalLM` loaded from the same checkpoint give the same
+    tensors.
     """
+    tensors = {f"model.{name}": tensor for name, tensor in text_backbone(hf_model).state_dict().items()}
+    tensors.update({f"lm_head.{name}": tensor for name, tensor in hf_model.lm_head.state_dict().items()})
+    return tensors
+
+
+def _raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat uint8 tensor on its device (copied only when not contiguous)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _byte_checksum(raw: torch.Tensor) -> str:
+    """Exact checksum of `raw` (uint8 [N]): the sum modulo 2**64 of its 8-byte words (native byte order), and its
+    0-7 tail bytes.
+
+    Integer addition modulo 2**64 is exact, associative and commutative, so (unlike a float sum) the result does
+    not depend on how many threads reduce it, in which order, or on which device; int64 sums run at memory speed.
+    """
+    whole = raw.numel() // 8 * 8
+    words = raw[:whole]
+    if whole and words.data_ptr() % 8:
+        words = words.clone()  # an int64 view needs 8-byte alignment
+    total = int(words.view(torch.int64).sum()) if whole else 0
+    return f"{total}:{bytes(raw[whole:].cpu().tolist()).hex()}"
+
+
+def weights_digest(weights: nn.Module | dict[str, torch.Tensor], samples_per_tensor: int = 1024) -> str:
+    """sha256 over every tensor's name, shape, dtype, a strided sample of its raw bytes and an exact checksum of
+    all its bytes (`weights`: a module, whose state dict is digested, or named tensors).
+
+    Exact: it depends on the bytes only, never on torch's thread count or device (an earlier float sum did, so the
+    same model got different fingerprints in processes with different thread counts). The sample catches moved
+    values, the checksum a change anywhere; hashing every byte of a 70 GB checkpoint would cost minutes, the
+    checksum costs one pass at memory speed.
+    """
+    tensors = weights.state_dict() if isinstance(weights, nn.Module) else weights
     digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
+    for name, tensor in sorted(tensors.items()):
         flat = tensor.detach().reshape(-1)
         stride = max(1, flat.numel() // samples_per_tensor)
-        sample = flat[::stride][:samples_per_tensor].float().cpu().contiguous()
+        sample = _raw_bytes(flat[::stride][:samples_per_tensor]).cpu()
         digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
         digest.update(sample.numpy().tobytes())
-        digest.update(str(float(flat.float().sum())).encode())
+        digest.update(f"|{_byte_checksum(_raw_bytes(tensor))}|".encode())
     return digest.hexdigest()
 
 
@@ -133,16 +212,32 @@ def _check_supported(config: Any) -> None:
         )
 
 
+def _check_text_stack(hf_model: nn.Module) -> None:
+    backbone = text_backbone(hf_model)
+    parts = [getattr(backbone, name, None) for name in ("embed_tokens", "layers", "norm", "rotary_emb")]
+    if any(part is None for part in parts) or getattr(hf_model, "lm_head", None) is None:
+        raise UnsupportedModelError(
+            f"{type(hf_model).__name__} is not a causal LM with a language-model head; pass a ...ForCausalLM or "
+            "...ForConditionalGeneration model"
+        )
+
+
 def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, source: str = "model") -> HybridModel:
-    """Wrap an already-built transformers causal LM (eval mode is set)."""
+    """Wrap an already-built transformers causal LM (eval mode is set).
+
+    hf_model: a text model (`Qwen3_5ForCausalLM`, ...) or a multimodal one (`Qwen3_5ForConditionalGeneration`,
+    ...), whose text stack (`model.language_model`, `lm_head`) the runtime drives. The fingerprint covers the text
+    config and the text stack's weights only, so both forms of one checkpoint get the same fingerprint.
+    """
     config = _text_config(hf_model.config)
     _check_supported(config)
+    _check_text_stack(hf_model)
     hf_model.eval()
     layer_types = tuple(config.layer_types)
     for kind in layer_types:
         if kind not in (LINEAR_LAYER, ATTENTION_LAYER):
             raise UnsupportedModelError(f"unknown layer type {kind!r}")
-    fingerprint = hashlib.sha256((config_digest(config) + weights_digest(hf_model)).encode()).hexdigest()
+    fingerprint = hashlib.sha256((config_digest(config) + weights_digest(text_stack_tensors(hf_model))).encode()).hexdigest()
     return HybridModel(
         hf_model=hf_model,
         config=config,
@@ -154,18 +249,72 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, source: str = 
     )
 
 
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def has_tokenizer_files(path: Path) -> bool:
+    """Whether `path` holds one of the `TOKENIZER_FILES` sets."""
+    return any(all((path / name).is_file() for name in names) for names in TOKENIZER_FILES)
+
+
+def check_model_directory(path: str | Path, *, require_tokenizer: bool = True) -> Path:
+    """Cheap checks of a checkpoint directory before anything is loaded or created; returns the path.
+
+    Raises `ModelLoadError` with one line naming the problem: no such directory, no or invalid config.json, no
+    weights (or a shard named in the index file missing), no tokenizer files (when `require_tokenizer`).
+    """
+    path = Path(path).expanduser()
+    config_file = path / "config.json"
+    if not path.is_dir() or not config_file.is_file():
+        raise ModelLoadError(f"model directory {str(path)!r} does not exist or has no config.json")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"{config_file} is not valid JSON ({error}); restore the checkpoint's config.json") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelLoadError(f"{config_file} has no model_type; restore the checkpoint's config.json")
+    weights = [name for name in WEIGHT_FILES if (path / name).is_file()]
+    if not weights:
+        raise ModelLoadError(
+            f"model directory {str(path)!r} has no weights ({' or '.join(WEIGHT_FILES[::2])}, or a sharded "
+            "checkpoint with its .index.json); copy the checkpoint's weight files into it"
+        )
+    if weights[0].endswith(".index.json"):
+        index_file = path / weights[0]
+        try:
+            shards = set(json.loads(index_file.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ModelLoadError(f"{index_file} is not a valid weight index ({_first_line(error)})") from None
+        missing = sorted(shard for shard in shards if not (path / str(shard)).is_file())
+        if missing:
+            raise ModelLoadError(f"{index_file} names {len(missing)} missing weight file(s), e.g. {missing[0]}")
+    if require_tokenizer and not has_tokenizer_files(path):
+        raise ModelLoadError(
+            f"model directory {str(path)!r} has no tokenizer files (tokenizer.json, or vocab.json and merges.txt); "
+            "copy the checkpoint's tokenizer files into it"
+        )
+    return path
+
+
 def load_model(
     source: str | Path | nn.Module | Any,
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: str | torch.dtype | None = None,
     tokenizer: Any | None = None,
+    require_tokenizer: bool = False,
 ) -> HybridModel:
     """Load a hybrid model.
 
-    source: a local checkpoint directory (config, safetensors, tokenizer), an instantiated transformers model, or a
-    transformers config (random weights). Never downloads: a missing directory is an error.
-    device: defaults to CUDA when available, else CPU. dtype: defaults to float32 on CPU, bfloat16 on CUDA.
+    source: a local checkpoint directory (config, safetensors, tokenizer; a text-only or a multimodal checkpoint,
+    single-file or sharded), an instantiated transformers model (a causal LM or a multimodal
+    `...ForConditionalGeneration`, whose text stack is used), or a transformers config (random weights). Never
+    downloads: a missing directory is an error.
+    device: defaults to CUDA when available, else CPU. dtype: a torch dtype or a name of `DTYPES`; defaults to
+    float32 on CPU, bfloat16 on CUDA. require_tokenizer: a directory without tokenizer files is an error (else it
+    loads with `tokenizer=None`). A directory that cannot be loaded raises `ModelLoadError` (one line).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
     from transformers.utils import logging as transformers_logging
@@ -175,6 +324,7 @@ def load_model(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    dtype = resolve_dtype(dtype)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
@@ -184,17 +334,24 @@ def load_model(
         _check_supported(_text_config(source))
         model, label = AutoModelForCausalLM.from_config(source, dtype=dtype), "config"
     else:
-        path = Path(source).expanduser()
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model directory {path} does not exist or has no config.json")
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        _check_supported(_text_config(config))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-        if tokenizer is None:
+        path = check_model_directory(source, require_tokenizer=require_tokenizer and tokenizer is None)
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+            _check_supported(_text_config(config))
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        except ModelLoadError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
+        if tokenizer is None and has_tokenizer_files(path):
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                if require_tokenizer:
+                    raise ModelLoadError(f"cannot load the tokenizer in {str(path)!r}: {_first_line(error)}") from error
                 logger.warning("no tokenizer loaded from %s: %s", path, error)
+        elif tokenizer is None:
+            logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
         label = str(path)
     model = model.to(device=device, dtype=dtype)
     return wrap_model(model, tokenizer=tokenizer, source=label)

@@ -118,10 +118,10 @@ class ServiceBackend:
             answer_stop=DEFAULT_PROMPT_FORMAT.answer_stop,
         )
         model_path = config.model_path or Path(manifest.model.path)
-        model = load_model(model_path, device=config.device)
-        if model.tokenizer is None:
-            raise PipelineError(f"model {model_path} has no tokenizer; a RAG service needs one")
-        manifest.check_model(ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint))
+        model = load_model(
+            model_path, device=config.device, dtype=config.dtype or manifest.model.dtype, require_tokenizer=True
+        )
+        manifest.check_model(ModelIdentity.of(model_path, model))
         embedder = SentenceEmbedder(manifest.embedder_path)
         chunker = None
         if config.read_only:
@@ -132,7 +132,7 @@ class ServiceBackend:
                 paragraph_fill=float(manifest.chunker.get("paragraph_fill", ChunkerConfig().paragraph_fill)),
             )
             settings = IndexSettings(
-                model=ModelIdentity(str(model_path), model.fingerprint, model.tokenizer_fingerprint),
+                model=ModelIdentity.of(model_path, model),
                 chunker=chunker_config,
                 prompt_format=prompt_format,
                 seam_tokens=manifest.seam_tokens,

@@ -14,7 +14,8 @@ class ServerConfig:
 
     index_dir: an index made by `hypic-rag precompute` (or `hypic_rag.retrieval.precompute`).
     model_path: None uses the model recorded in the index manifest (the bundled default model for an index built
-    with the defaults). read_only: open the index for search only; document endpoints then answer 409 and other
+    with the defaults). dtype: "float32", "bfloat16" or "float16", the dtype the model runs in (None: the one the
+    manifest recorded). read_only: open the index for search only; document endpoints then answer 409 and other
     processes may write the index. queue_size: requests waiting for the model worker before new ones get 429.
     request_timeout_s: default deadline of a request, queue wait included (a request may ask for less).
     separator: what splits an OpenAI-style completion prompt into cached segments.
@@ -27,6 +28,7 @@ class ServerConfig:
     index_dir: Path
     model_path: Path | None = None
     device: str | None = None
+    dtype: str | None = None
     model_name: str | None = None
     read_only: bool = False
     queue_size: int = 64
@@ -79,3 +81,7 @@ class ServerConfig:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
         if not self.separator:
             raise ValueError("separator must be a non-empty string")
+        if self.dtype is not None:
+            from hypic_rag.runtime.model import resolve_dtype
+
+            resolve_dtype(self.dtype)  # validates the name
