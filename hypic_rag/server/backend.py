@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.pipeline import Answer, PipelineError, RagPipeline
+from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.runtime.engine import Generation, SamplingParams
 from hypic_rag.server.accounting import usage_of
@@ -100,7 +100,7 @@ class ServiceBackend:
 
         Raises IndexNotFoundError / IndexCorruptError for a missing or unreadable manifest, IndexMismatchError when
         the index was built for another model (or tokenizer), RetrievalError when another process holds the
-        index's writer lock, PipelineError for a model without a tokenizer."""
+        index's writer lock, ModelLoadError for a model directory that cannot load (or has no tokenizer)."""
         from hypic_rag.cache.segment_cache import SegmentCache
         from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
         from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
