@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import lmdb
 
@@ -137,38 +137,111 @@ def data_file_problem(data_file: Path) -> str | None:
     """Why LMDB cannot safely map `data_file` (e.g. 'is truncated: ...'), or None when it can (or when it is
     empty, another LMDB version, or not LMDB at all: LMDB itself refuses those cleanly).
 
-    Reads both meta pages; the file must hold every page up to the last page number of the newer one (the one
-    LMDB uses). The size is taken after the meta pages are read: a live writer only ever grows the file before
-    it writes a meta page, so a file shorter than its meta says is damaged, not in the middle of a commit.
+    LMDB writes whole pages, so a size that is not a whole number of pages, or less than the two meta pages, is a
+    cut file. A file shorter than the newest meta page's last page number is not damaged by itself: pages allocated
+    and freed inside one transaction are never written. So in that case the B-trees are walked (branch and leaf
+    pages, and the first page of every large value, read with plain file reads, never mapped): the file is
+    truncated only if a page the data reaches lies beyond its end. The walk is repeated if a writer commits
+    meanwhile; with a writer that keeps committing, the file is left to LMDB (it is being written, not cut).
     """
     try:
         with data_file.open("rb") as handle:
-            first = handle.read(_LMDB_META.size)
-            if not first or first[_LMDB_MAGIC_OFFSET:_LMDB_MAGIC_OFFSET + 4] != _LMDB_MAGIC:
-                return None
-            if len(first) < _LMDB_META.size:
-                return f"is truncated: {len(first)} bytes, less than its first LMDB meta page"
-            magic, version, _, _, page_size, last_page, txnid = _LMDB_META.unpack(first)
-            if version != _LMDB_DATA_VERSION:
-                return None
-            if page_size not in _LMDB_PAGE_SIZES:
-                return f"is damaged: its first LMDB meta page records a page size of {page_size} bytes"
-            handle.seek(page_size)
-            second = handle.read(_LMDB_META.size)
-            size = os.fstat(handle.fileno()).st_size
+            for _ in range(3):
+                state = _read_meta_pages(handle)
+                if isinstance(state, str) or state is None:
+                    return state
+                page_size, last_page, txnid, roots, size = state
+                if size % page_size:
+                    return f"is truncated: {size} bytes, not a whole number of {page_size}-byte pages"
+                if size >= (last_page + 1) * page_size:
+                    return None
+                missing = _first_missing_page(handle, page_size, size // page_size, roots)
+                again = _read_meta_pages(handle)
+                if not isinstance(again, tuple) or again[2] == txnid:
+                    if missing is None:
+                        return None
+                    return (f"is truncated: {size} bytes, but its data reaches page {missing} "
+                            f"(pages of {page_size} bytes)")
     except OSError as error:
         raise CacheOpenError(f"cannot read {data_file}: {error.strerror}") from None
-    needed = 2 * page_size
-    if len(second) == _LMDB_META.size:
-        magic2, version2, _, _, page_size2, last_page2, txnid2 = _LMDB_META.unpack(second)
-        if (magic2, version2, page_size2) != (magic, version, page_size):
-            return "is damaged: its second LMDB meta page does not match the first"
-        if txnid2 > txnid:
-            last_page = last_page2
-    needed = max(needed, (last_page + 1) * page_size)
-    if size < needed:
-        return (f"is truncated: {size} bytes, but its LMDB meta pages record {needed} "
-                f"({last_page + 1} pages of {page_size} bytes)")
+    return None
+
+
+_LMDB_PAGE_HEADER = struct.Struct("<QHHHH")  # page number, pad, flags, lower, upper (or the overflow page count)
+_LMDB_BRANCH, _LMDB_LEAF, _LMDB_OVERFLOW = 0x01, 0x02, 0x04
+_LMDB_BIG_DATA, _LMDB_SUB_DATABASE = 0x01, 0x02
+_LMDB_NO_PAGE = 0xFFFFFFFFFFFFFFFF
+_LMDB_ROOT_OFFSET = 40  # of md_root inside an MDB_db record
+_LMDB_DB_RECORD = 48
+
+
+def _read_meta_pages(handle: IO[bytes]) -> tuple[int, int, int, list[int], int] | str | None:
+    """(page size, last page, txn id, [free DB root, main DB root], file size) of the newer meta page; a reason
+    string when the meta pages themselves are cut or damaged; None when this is not an LMDB file we know."""
+    handle.seek(0)
+    first = handle.read(_LMDB_META.size)
+    if not first or first[_LMDB_MAGIC_OFFSET:_LMDB_MAGIC_OFFSET + 4] != _LMDB_MAGIC:
+        return None
+    if len(first) < _LMDB_META.size:
+        return f"is truncated: {len(first)} bytes, less than its first LMDB meta page"
+    magic, version, _, _, page_size, last_page, txnid = _LMDB_META.unpack(first)
+    if version != _LMDB_DATA_VERSION:
+        return None
+    if page_size not in _LMDB_PAGE_SIZES:
+        return f"is damaged: its first LMDB meta page records a page size of {page_size} bytes"
+    newest = first
+    handle.seek(page_size)
+    second = handle.read(_LMDB_META.size)
+    size = os.fstat(handle.fileno()).st_size
+    if len(second) < _LMDB_META.size or size < 2 * page_size:
+        return f"is truncated: {size} bytes, less than its two LMDB meta pages ({2 * page_size} bytes)"
+    magic2, version2, _, _, page_size2, last_page2, txnid2 = _LMDB_META.unpack(second)
+    if (magic2, version2, page_size2) != (magic, version, page_size):
+        return "is damaged: its second LMDB meta page does not match the first"
+    if txnid2 > txnid:
+        newest, last_page, txnid = second, last_page2, txnid2
+    databases = 16 + 24  # page header, then magic, version, address and map size
+    roots = [
+        struct.unpack_from("<Q", newest, databases + index * _LMDB_DB_RECORD + _LMDB_ROOT_OFFSET)[0]
+        for index in (0, 1)
+    ]
+    return page_size, last_page, txnid, roots, size
+
+
+def _first_missing_page(handle: IO[bytes], page_size: int, file_pages: int, roots: list[int]) -> int | None:
+    """The first page reachable from `roots` (B-tree pages, sub-databases, large values) at or past `file_pages`."""
+    pending = [root for root in roots if root != _LMDB_NO_PAGE]
+    seen: set[int] = set()
+    while pending:
+        page_number = pending.pop()
+        if page_number in seen:
+            continue
+        seen.add(page_number)
+        if page_number >= file_pages:
+            return page_number
+        handle.seek(page_number * page_size)
+        page = handle.read(page_size)
+        _, _, flags, lower, _ = _LMDB_PAGE_HEADER.unpack_from(page)
+        if not flags & (_LMDB_BRANCH | _LMDB_LEAF):
+            continue
+        for slot in range((lower - _LMDB_PAGE_HEADER.size) // 2):
+            (offset,) = struct.unpack_from("<H", page, _LMDB_PAGE_HEADER.size + 2 * slot)
+            low, high, node_flags, key_size = struct.unpack_from("<HHHH", page, offset)
+            if flags & _LMDB_BRANCH:
+                pending.append(low | high << 16 | node_flags << 32)
+            elif node_flags & _LMDB_BIG_DATA:
+                (first_page,) = struct.unpack_from("<Q", page, offset + 8 + key_size)
+                if first_page >= file_pages:
+                    return first_page
+                handle.seek(first_page * page_size)
+                _, _, _, count_low, count_high = _LMDB_PAGE_HEADER.unpack(handle.read(_LMDB_PAGE_HEADER.size))
+                end = first_page + (count_low | count_high << 16)
+                if end > file_pages:
+                    return file_pages
+            elif node_flags & _LMDB_SUB_DATABASE:
+                (root,) = struct.unpack_from("<Q", page, offset + 8 + key_size + _LMDB_ROOT_OFFSET)
+                if root != _LMDB_NO_PAGE:
+                    pending.append(root)
     return None
 
 
