@@ -24,6 +24,11 @@ SEAM = 4
 MIB = 1 << 20
 
 
+def namespace_of(model) -> CacheNamespace:
+    """The namespace the engine's entries of `model` are keyed by (seam `SEAM`, float32 state)."""
+    return CacheNamespace.for_model(model, SEAM)
+
+
 def make_request() -> Request:
     generator = torch.Generator().manual_seed(5)
 
@@ -46,6 +51,7 @@ def reference_logits(model) -> torch.Tensor:
 
 RESTARTED_PROCESS = """
     import sys, torch
+    from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
     from hypic_rag.runtime.engine import Engine, Request
     from hypic_rag.runtime.model import wrap_model
@@ -53,8 +59,8 @@ RESTARTED_PROCESS = """
     cache_dir, out_path, seed, seam = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     request = torch.load(sys.argv[5])
     model = wrap_model(build_tiny_model("qwen3_5", seed=seed))
-    with SegmentCache.open(cache_dir) as cache:
-        result = Engine(model, seam_tokens=seam, segment_cache=cache).prefill(Request(**request), mode="hypic")
+    with SegmentCache.open(cache_dir, namespace=CacheNamespace.for_model(model, seam)) as cache:
+        result = Engine(model, seam_tokens=seam, segment_source=cache).prefill(Request(**request), mode="hypic")
         torch.save({"logits": result.logits, "hits": result.stats.cache_hits, "misses": result.stats.cache_misses,
                     "disk_hits": cache.stats()["disk_hits"]}, out_path)
 """
@@ -65,8 +71,8 @@ def test_a_restarted_process_hits_and_gives_the_same_logits_as_a_fresh_encode(
 ) -> None:
     request = make_request()
     cache_dir = tmp_path / "cache"
-    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB) as cache:
-        fresh = Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB, namespace=namespace_of(model)) as cache:
+        fresh = Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
         assert fresh.stats.cache_misses == len(request.segments) and fresh.stats.cache_hits == 0
     assert torch.equal(fresh.logits, reference_logits)
 
@@ -91,10 +97,9 @@ def test_a_damaged_entry_is_reported_recomputed_and_the_answer_stays_right(
 ) -> None:
     request = make_request()
     cache_dir = tmp_path / "cache"
-    engine_namespace = Engine(model, seam_tokens=SEAM).cache_namespace(SEAM)
-    assert isinstance(engine_namespace, CacheNamespace)
-    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB) as cache:
-        Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+    engine_namespace = namespace_of(model)
+    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB, namespace=engine_namespace) as cache:
+        Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
         damaged_key = segment_key(engine_namespace, request.chunk_ids[1])
         stored = bytes(cache.store.get(damaged_key, touch=False))
     data_file = cache_dir / "data.mdb"
@@ -108,8 +113,8 @@ def test_a_damaged_entry_is_reported_recomputed_and_the_answer_stays_right(
     report = capsys.readouterr().out
     assert damaged_key.hex() in report and "corrupt" in report and "1 bad" in report
 
-    with SegmentCache.open(cache_dir) as cache:
-        result = Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+    with SegmentCache.open(cache_dir, namespace=engine_namespace) as cache:
+        result = Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
         assert result.stats.cache_misses == 1 and result.stats.cache_hits == len(request.segments) - 1
         assert torch.equal(result.logits, reference_logits)
         assert cache.stats()["corrupt"] == 1
@@ -120,13 +125,16 @@ def test_another_model_never_gets_this_models_entries(tmp_path: Path, model, ref
     request = make_request()
     other = wrap_model(build_tiny_model("qwen3_5", seed=SEED + 1))
     assert other.fingerprint != model.fingerprint
-    with SegmentCache.open(tmp_path, disk_budget_bytes=256 * MIB) as cache:
-        Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
-        result = Engine(other, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
-        assert result.stats.cache_hits == 0
-        seam_changed = Engine(model, seam_tokens=SEAM + 2, segment_cache=cache).prefill(request, mode="hypic")
+    with SegmentCache.open(tmp_path, disk_budget_bytes=256 * MIB, namespace=namespace_of(model)) as cache:
+        Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
+        with pytest.raises(ValueError, match="bound to model"):  # a cache bound to one model is refused by another
+            Engine(other, seam_tokens=SEAM, segment_source=cache)
+        seam_changed = Engine(model, seam_tokens=SEAM + 2, segment_source=cache).prefill(request, mode="hypic")
         # only the prefix's seam-independent (seam 0) entry is shared; every chunk entry is keyed by its seam
         assert seam_changed.stats.cache_hits == (1 if request.prefix_ids else 0)
         assert seam_changed.stats.cache_misses == len(request.chunk_ids)
+    with SegmentCache.open(tmp_path, disk_budget_bytes=256 * MIB, namespace=namespace_of(other)) as cache:
+        result = Engine(other, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
+        assert result.stats.cache_hits == 0
     expected = Engine(other, seam_tokens=SEAM).prefill(request, mode="hypic").logits
     assert torch.equal(result.logits, expected) and not torch.equal(result.logits, reference_logits)

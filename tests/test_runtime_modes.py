@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_rag.runtime.engine import Engine, SamplingParams
+from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
+from hypic_rag.runtime.modes import MODES, UnknownModeError
 from hypic_rag.runtime.quality import kl_divergence
-from hypic_rag.runtime.request import MODES, Request, UnknownModeError
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.testing import build_tiny_model
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")

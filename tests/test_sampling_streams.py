@@ -10,9 +10,10 @@ import random
 import pytest
 import torch
 
-from hypic_rag.runtime.engine import Engine, SamplingParams, sampling_probabilities
+from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SamplingParams, sampling_probabilities
 from hypic_rag.server.testing import tiny_model_checkpoint
 from hypic_rag.streaming import StrippedDeltas, drain
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from hypic_rag.cache.codec import decode_entry
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.keys import KEY_BYTES, namespace_digest, split_key, token_ids_digest
-from hypic_rag.cache.layout import TOKEN_IDS
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+from hypic_rag.entry import TOKEN_IDS
 
 
 @dataclass(frozen=True, slots=True)

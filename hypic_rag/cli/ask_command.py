@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from hypic_rag.cli.main import CliError
 from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, non_negative_int, positive_int
-from hypic_rag.runtime.request import MODES
+from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:
     from hypic_rag.pipeline import Answer, RagPipeline
@@ -82,7 +82,7 @@ def run_ask(args: argparse.Namespace) -> int:
     from hypic_rag.cache.errors import CacheError
     from hypic_rag.pipeline import PipelineError
     from hypic_rag.retrieval.errors import IndexMismatchError, IndexNotFoundError, RetrievalError
-    from hypic_rag.runtime.engine import SamplingParams
+    from hypic_rag.runtime.sampling import SamplingParams
 
     if not args.question.strip():
         raise CliError("the question is empty", EXIT_BAD_INPUT)
