@@ -25,13 +25,14 @@ class ResultStream(Generic[Item, Result]):
         self._steps = steps
         self._check = check
         self._finished = False
+        self._closed = False
         self._result: Result | None = None
 
     def __iter__(self) -> Iterator[Item]:
         return self
 
     def __next__(self) -> Item:
-        if self._finished:
+        if self._finished or self._closed:
             raise StopIteration
         if self._check is not None:
             try:
@@ -53,9 +54,10 @@ class ResultStream(Generic[Item, Result]):
 
     @property
     def result(self) -> Result:
-        """The generator's return value; RuntimeError while the stream has not ended."""
+        """The generator's return value; RuntimeError while the stream has not ended (or was closed before)."""
         if not self._finished:
-            raise RuntimeError("the stream has not ended yet: iterate it to the end (or call run()) first")
+            state = "was closed before its end" if self._closed else "has not ended yet"
+            raise RuntimeError(f"the stream {state}: iterate it to the end (or call run()) first")
         return self._result  # type: ignore[return-value]
 
     def run(self, on_item: Callable[[Item], None] | None = None) -> Result:
@@ -66,7 +68,10 @@ class ResultStream(Generic[Item, Result]):
         return self.result
 
     def close(self) -> None:
-        """Stop early: the generator is closed (its `finally` blocks run); a no-op once ended."""
+        """Stop early: the generator is closed (its `finally` blocks run) and the stream yields nothing more; a
+        no-op once ended."""
+        if not self._finished:
+            self._closed = True
         self._steps.close()
 
     def __enter__(self) -> ResultStream[Item, Result]:
