@@ -125,8 +125,8 @@ class SegmentCache:
             raise ValueError("this segment cache was opened without a namespace; pass namespace= to SegmentCache.open")
         if (namespace.model_fingerprint, namespace.tokenizer_fingerprint) != (model_fingerprint, tokenizer_fingerprint):
             raise ValueError(
-                f"this segment cache is bound to model {namespace.model_fingerprint[:12]}, not {model_fingerprint[:12]}; "
-                "open it with CacheNamespace.for_model(model, ...)"
+                f"this segment cache is bound to model {namespace.model_fingerprint[:12]}, "
+                f"not {model_fingerprint[:12]}; open it with CacheNamespace.for_model(model, ...)"
             )
 
     def get_or_encode_segments(
