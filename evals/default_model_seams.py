@@ -39,10 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
 
-    from hypic_rag.runtime.engine import Engine, SamplingParams
+    from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
     from hypic_rag.runtime.quality import kl_divergence
     from hypic_rag.runtime.request import Request
+    from hypic_rag.runtime.sampling import SamplingParams
     from training.heldout_retrieval import retrieved_cases
     from training.packing import SegmentEncoder
 

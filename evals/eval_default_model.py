@@ -56,8 +56,8 @@ def build_cases(args: argparse.Namespace, encoder: SegmentEncoder) -> list[tuple
 
 def run_mode(mode: str, cases, encoder: SegmentEncoder, hf_model, engine) -> tuple[list[EvalItem], float]:
     """Answer every case under `mode`; returns the items and the seconds it took."""
-    from hypic_rag.runtime.engine import SamplingParams
     from hypic_rag.runtime.request import Request
+    from hypic_rag.runtime.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=24, stop_strings=(encoder.prompt_format.answer_stop,))
     items: list[EvalItem] = []

@@ -1,5 +1,6 @@
 """A thread-safe least-recently-used map with a byte budget, shared by every in-process cache: the segment
-cache's hot tier, the engine's entry map when no persistent cache is configured, and `prefix` mode's checkpoints."""
+cache's hot tier, the runtime's `MemorySegmentSource` (entries when no persistent cache is given) and `prefix` mode's
+checkpoints."""
 
 from __future__ import annotations
 

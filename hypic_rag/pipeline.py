@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
-from hypic_rag.runtime.engine import Engine, Generation, SamplingParams
-from hypic_rag.runtime.request import Request, check_mode
-from hypic_rag.streaming import StrippedDeltas, drain
+from hypic_rag.runtime.engine import Engine
+from hypic_rag.runtime.generation import Generation, GenerationStream
+from hypic_rag.runtime.modes import check_mode
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.streaming import ResultStream, StrippedDeltas
 from hypic_rag.text import unencodable_message
 
 logger = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ class RagPipeline:
         there unless `dtype`; checked against the manifest: another model or dtype raises `IndexMismatchError`),
         its embedder (loaded now, so the first question's timing is the question's) and its segment cache.
         A model directory that cannot be loaded raises `ModelLoadError`."""
+        from hypic_rag.cache.keys import CacheNamespace
         from hypic_rag.cache.segment_cache import SegmentCache
         from hypic_rag.retrieval.corpus_index import CorpusIndex
         from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
@@ -133,6 +137,7 @@ class RagPipeline:
             raise PipelineError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model")
         model = load_model(model_path, device=device, dtype=dtype or manifest.model.dtype, require_tokenizer=True)
         manifest.check_model(ModelIdentity.of(model_path, model))
+        seam = manifest.seam_tokens if seam_tokens is None else seam_tokens
         index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
         try:
             index.embedder.load()
@@ -140,16 +145,14 @@ class RagPipeline:
             options: dict[str, Any] = {"readonly": readonly_cache, "best_effort": True}
             if hot_budget_bytes is not None:
                 options["hot_budget_bytes"] = hot_budget_bytes
-            cache = SegmentCache.open(index.cache_dir, **options)
+            cache = SegmentCache.open(index.cache_dir, namespace=CacheNamespace.for_model(model, seam), **options)
         except BaseException:
             index.close()
             raise
-        seam = manifest.seam_tokens if seam_tokens is None else seam_tokens
-        return cls(index, Engine(model, seam_tokens=seam, segment_cache=cache), hop_slots=hop_slots)
+        return cls(index, Engine(model, seam_tokens=seam, segment_source=cache), hop_slots=hop_slots)
 
     def close(self) -> None:
-        if self.engine.segment_cache is not None:
-            self.engine.segment_cache.close()
+        self.engine.segment_source.close()
         self.index.close()
 
     # ----------------------------------------------------------------------------------------------------------
@@ -169,13 +172,20 @@ class RagPipeline:
         top_k: int = 8,
         mode: str = "hypic",
         params: SamplingParams | None = None,
-    ) -> Iterator[tuple[str, Any]]:
-        """Yield ("sources", [Source]) first, then ("token", text_delta) items; returns the final `Answer`.
+        check: Callable[[], None] | None = None,
+    ) -> ResultStream[tuple[str, Any], Answer]:
+        """A stream of ("sources", [Source]) first, then ("token", text_delta) items; its `.result` is the `Answer`.
 
-        The answer is the generated text stripped of surrounding whitespace, and so is the stream: its deltas
-        add up exactly to `Answer.text` (leading whitespace is dropped, trailing whitespace held until more text
-        follows; a delta may be "").
+        Nothing runs until the stream is iterated. The answer is the generated text stripped of surrounding
+        whitespace, and so is the stream: its deltas add up exactly to `Answer.text` (leading whitespace is
+        dropped, trailing whitespace held until more text follows; a delta may be ""). check: runs before every
+        step and before each segment the prefill encodes (a deadline, a cancellation); raising stops it there.
         """
+        return ResultStream(self._answer_steps(question, top_k, mode, params, check), check=check)
+
+    def _answer_steps(
+        self, question: str, top_k: int, mode: str, params: SamplingParams | None, check: Callable[[], None] | None
+    ) -> Generator[tuple[str, Any], None, Answer]:
         check_mode(mode)
         params = params or SamplingParams(max_new_tokens=48, stop_strings=(self.prompt_format.answer_stop,))
         began = time.perf_counter()
@@ -189,7 +199,7 @@ class RagPipeline:
         sources = [_source_of(hit) for hit in hits]
         yield "sources", sources
         request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits])
-        generation: Generation = yield from _relay(self.engine.stream(request, mode, params))
+        generation: Generation = yield from _relay(self.engine.stream(request, mode, params, check=check))
         timings = {"retrieval": retrieval_seconds, **generation.timings}
         timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
         timings["total"] = time.perf_counter() - began
@@ -211,7 +221,7 @@ class RagPipeline:
             if item[0] == "token" and on_token is not None:
                 on_token(item[1])
 
-        return drain(self.stream(question, top_k=top_k, mode=mode, params=params), forward)
+        return self.stream(question, top_k=top_k, mode=mode, params=params).run(forward)
 
 
 def _source_of(hit: Any) -> Source:
@@ -219,13 +229,11 @@ def _source_of(hit: Any) -> Source:
     return Source(chunk.doc_id, chunk.chunk_id, hit.score, chunk.text, chunk.source, chunk.position, dict(chunk.metadata))
 
 
-def _relay(inner: Iterator[tuple[int, str]]):
+def _relay(inner: GenerationStream) -> Generator[tuple[str, str], None, Generation]:
     """Re-yield an engine stream as ("token", delta) items, stripped as the answer is (`StrippedDeltas`), and
     return its `Generation`."""
     stripped = StrippedDeltas()
-    while True:
-        try:
-            _, delta = next(inner)
-        except StopIteration as done:
-            return done.value
-        yield "token", stripped.feed(delta)
+    with inner:  # closed with the outer stream when that stops early
+        for _, delta in inner:
+            yield "token", stripped.feed(delta)
+    return inner.result

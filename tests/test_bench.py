@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from hypic_rag.runtime.request import MODES
+from hypic_rag.runtime.modes import MODES
 
 
 def test_bench_end_to_end(tmp_path) -> None:

@@ -9,8 +9,9 @@ import torch
 
 from hypic_rag.cache.codec import ALIGNMENT, CODEC_VERSION, PRELUDE_BYTES, decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
-from hypic_rag.cache.layout import entry_bytes, lower_state_precision, restore_state_precision
+from hypic_rag.cache.layout import lower_state_precision, restore_state_precision
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
+from hypic_rag.entry import entry_bytes
 
 
 def assert_same_entry(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

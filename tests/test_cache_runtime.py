@@ -14,14 +14,22 @@ import torch
 
 from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.segment_cache import SegmentCache
+from hypic_rag.cache.synthetic import HybridShape, synthetic_entry
 from hypic_rag.cli.main import main as cli_main
+from hypic_rag.entry import ATTENTION_LAYER, ATTENTION_PARTS, entry_bytes, is_kv_name, tensor_name
 from hypic_rag.runtime.engine import Engine, Request
 from hypic_rag.runtime.model import wrap_model
+from hypic_rag.runtime.segment_source import MemorySegmentSource, SegmentSource
 from hypic_rag.testing import build_tiny_model
 
 SEED = 11
 SEAM = 4
 MIB = 1 << 20
+
+
+def namespace_of(model) -> CacheNamespace:
+    """The namespace the engine's entries of `model` are keyed by (seam `SEAM`, float32 state)."""
+    return CacheNamespace.for_model(model, SEAM)
 
 
 def make_request() -> Request:
@@ -46,6 +54,7 @@ def reference_logits(model) -> torch.Tensor:
 
 RESTARTED_PROCESS = """
     import sys, torch
+    from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
     from hypic_rag.runtime.engine import Engine, Request
     from hypic_rag.runtime.model import wrap_model
@@ -53,8 +62,8 @@ RESTARTED_PROCESS = """
     cache_dir, out_path, seed, seam = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     request = torch.load(sys.argv[5])
     model = wrap_model(build_tiny_model("qwen3_5", seed=seed))
-    with SegmentCache.open(cache_dir) as cache:
-        result = Engine(model, seam_tokens=seam, segment_cache=cache).prefill(Request(**request), mode="hypic")
+    with SegmentCache.open(cache_dir, namespace=CacheNamespace.for_model(model, seam)) as cache:
+        result = Engine(model, seam_tokens=seam, segment_source=cache).prefill(Request(**request), mode="hypic")
         torch.save({"logits": result.logits, "hits": result.stats.cache_hits, "misses": result.stats.cache_misses,
                     "disk_hits": cache.stats()["disk_hits"]}, out_path)
 """
@@ -65,8 +74,8 @@ def test_a_restarted_process_hits_and_gives_the_same_logits_as_a_fresh_encode(
 ) -> None:
     request = make_request()
     cache_dir = tmp_path / "cache"
-    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB) as cache:
-        fresh = Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB, namespace=namespace_of(model)) as cache:
+        fresh = Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
         assert fresh.stats.cache_misses == len(request.segments) and fresh.stats.cache_hits == 0
     assert torch.equal(fresh.logits, reference_logits)
 
@@ -91,10 +100,9 @@ def test_a_damaged_entry_is_reported_recomputed_and_the_answer_stays_right(
 ) -> None:
     request = make_request()
     cache_dir = tmp_path / "cache"
-    engine_namespace = Engine(model, seam_tokens=SEAM).cache_namespace(SEAM)
-    assert isinstance(engine_namespace, CacheNamespace)
-    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB) as cache:
-        Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+    engine_namespace = namespace_of(model)
+    with SegmentCache.open(cache_dir, disk_budget_bytes=256 * MIB, namespace=engine_namespace) as cache:
+        Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
         damaged_key = segment_key(engine_namespace, request.chunk_ids[1])
         stored = bytes(cache.store.get(damaged_key, touch=False))
     data_file = cache_dir / "data.mdb"
@@ -108,8 +116,8 @@ def test_a_damaged_entry_is_reported_recomputed_and_the_answer_stays_right(
     report = capsys.readouterr().out
     assert damaged_key.hex() in report and "corrupt" in report and "1 bad" in report
 
-    with SegmentCache.open(cache_dir) as cache:
-        result = Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
+    with SegmentCache.open(cache_dir, namespace=engine_namespace) as cache:
+        result = Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
         assert result.stats.cache_misses == 1 and result.stats.cache_hits == len(request.segments) - 1
         assert torch.equal(result.logits, reference_logits)
         assert cache.stats()["corrupt"] == 1
@@ -120,13 +128,66 @@ def test_another_model_never_gets_this_models_entries(tmp_path: Path, model, ref
     request = make_request()
     other = wrap_model(build_tiny_model("qwen3_5", seed=SEED + 1))
     assert other.fingerprint != model.fingerprint
-    with SegmentCache.open(tmp_path, disk_budget_bytes=256 * MIB) as cache:
-        Engine(model, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
-        result = Engine(other, seam_tokens=SEAM, segment_cache=cache).prefill(request, mode="hypic")
-        assert result.stats.cache_hits == 0
-        seam_changed = Engine(model, seam_tokens=SEAM + 2, segment_cache=cache).prefill(request, mode="hypic")
+    with SegmentCache.open(tmp_path, disk_budget_bytes=256 * MIB, namespace=namespace_of(model)) as cache:
+        Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
+        with pytest.raises(ValueError, match="bound to model"):  # a cache bound to one model is refused by another
+            Engine(other, seam_tokens=SEAM, segment_source=cache)
+        seam_changed = Engine(model, seam_tokens=SEAM + 2, segment_source=cache).prefill(request, mode="hypic")
         # only the prefix's seam-independent (seam 0) entry is shared; every chunk entry is keyed by its seam
         assert seam_changed.stats.cache_hits == (1 if request.prefix_ids else 0)
         assert seam_changed.stats.cache_misses == len(request.chunk_ids)
+    with SegmentCache.open(tmp_path, disk_budget_bytes=256 * MIB, namespace=namespace_of(other)) as cache:
+        result = Engine(other, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
+        assert result.stats.cache_hits == 0
     expected = Engine(other, seam_tokens=SEAM).prefill(request, mode="hypic").logits
     assert torch.equal(result.logits, expected) and not torch.equal(result.logits, reference_logits)
+
+
+def test_the_engine_takes_a_segment_source_the_cache_and_the_memory_source_are_two(
+    tmp_path: Path, model, reference_logits: torch.Tensor
+) -> None:
+    """The runtime sees a `SegmentSource`; a `SegmentCache` bound to the model's namespace is one and serves the
+    same entries as the in-memory one; a cache without a namespace, or another model's, is refused."""
+    request = make_request()
+    memory = Engine(model, seam_tokens=SEAM)
+    assert isinstance(memory.segment_source, MemorySegmentSource)
+    assert isinstance(memory.segment_source, SegmentSource)
+    memory.prefill(request, mode="hypic")
+    with SegmentCache.open(tmp_path / "unbound") as unbound:
+        with pytest.raises(ValueError, match="without a namespace"):
+            Engine(model, seam_tokens=SEAM, segment_source=unbound)
+    with SegmentCache.open(tmp_path / "cache", namespace=namespace_of(model)) as cache:
+        assert isinstance(cache, SegmentSource)
+        chunks = request.chunk_ids
+        assert cache.missing_segments(chunks, SEAM) == chunks and cache.stored_bytes(namespace_of(model), chunks) == 0
+        result = Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
+        assert torch.equal(result.logits, reference_logits)
+        assert cache.missing_segments(chunks, SEAM) == [] and cache.missing_segments(chunks, SEAM + 1) == chunks
+        assert cache.contains_many(namespace_of(model), chunks) == [True] * len(chunks)
+        assert cache.stored_bytes(namespace_of(model), chunks) >= sum(
+            entry_bytes(memory.encode_segment(ids)).tensor_bytes for ids in chunks
+        )  # the encoded values (float32 state, uncompressed) hold every tensor of the entries
+        for ids in chunks:  # what the cache hands back is what the memory source holds for the same segment
+            entries, hits = cache.get_or_encode_segments([ids], SEAM, lambda missing: [])
+            memory_entries, memory_hits = memory.segment_source.get_or_encode_segments([ids], SEAM, lambda m: [])
+            assert hits == memory_hits == [True]
+            assert entries[0].keys() == memory_entries[0].keys()
+            assert all(torch.equal(entries[0][name], memory_entries[0][name]) for name in entries[0])
+    other = wrap_model(build_tiny_model("qwen3_5", seed=SEED + 1))
+    with pytest.raises(ValueError, match="another model"):
+        Engine(other, seam_tokens=SEAM, segment_source=memory.segment_source)
+
+
+def test_synthetic_entries_have_the_names_and_shapes_the_runtime_encodes(model) -> None:
+    """The cache's synthetic entries and the runtime's encoder spell the entry format from the same module."""
+    ids = list(range(5, 26))
+    encoded = Engine(model, seam_tokens=SEAM).encode_segment(ids)
+    synthetic = synthetic_entry(HybridShape.from_config(model.hf_model.config), ids, seam_tokens=SEAM)
+    assert {name: (tuple(t.shape), t.dtype) for name, t in synthetic.items()} == {
+        name: (tuple(t.shape), t.dtype) for name, t in encoded.items()
+    }
+    assert entry_bytes(synthetic) == entry_bytes(encoded)
+    assert {name for name in encoded if is_kv_name(name)} == {
+        tensor_name(index, part)
+        for index, kind in enumerate(model.layer_types) if kind == ATTENTION_LAYER for part in ATTENTION_PARTS
+    }

@@ -120,9 +120,10 @@ def test_wrong_context_does_not_give_the_answer(model, tokenizer, example) -> No
 
 
 def test_runtime_full_and_hypic_answer_like_transformers(model, tokenizer, example) -> None:
-    from hypic_rag.runtime.engine import Engine, SamplingParams
+    from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
     from hypic_rag.runtime.request import Request
+    from hypic_rag.runtime.sampling import SamplingParams
 
     world, questions = example
     encoder = SegmentEncoder(tokenizer)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hypic_rag.cache.keys import CacheNamespace
 from hypic_rag.cli.main import main
 from hypic_rag.cli.precompute_command import DTYPE_CHOICES
 from hypic_rag.default_model import default_model_path
@@ -134,7 +135,7 @@ def test_dtype_is_part_of_the_model_identity_and_cache_namespace(published) -> N
     models = {name: load_model(directory, device="cpu", dtype=name) for name in DTYPES}
     assert {name: model.dtype_name for name, model in models.items()} == {name: name for name in DTYPES}
     assert len({model.fingerprint for model in models.values()}) == len(DTYPES)
-    namespaces = {name: Engine(model).cache_namespace(8) for name, model in models.items()}
+    namespaces = {name: CacheNamespace.for_model(model, 8) for name, model in models.items()}
     assert {namespace.model_dtype for namespace in namespaces.values()} == set(DTYPES)
     assert len({namespace.digest() for namespace in namespaces.values()}) == len(DTYPES)
     request = a_request(len(models["bfloat16"].tokenizer))
@@ -193,7 +194,7 @@ def test_precompute_ask_and_serve_run_in_the_dtype_the_index_records(
     backend = ServiceBackend.open(ServerConfig(index_dir=bf16_index, device="cpu", read_only=True))
     try:
         assert backend.pipeline.engine.model.dtype_name == "bfloat16"
-        namespace = backend.pipeline.engine.cache_namespace(manifest.seam_tokens)
+        namespace = backend.pipeline.engine.segment_source.namespace
         assert namespace.model_dtype == "bfloat16"
     finally:
         backend.close()

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from hypic_rag.runtime.engine import Engine, SamplingParams
+from hypic_rag.retrieval.precompute import plan_segments
+from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
+from hypic_rag.runtime.modes import MODE_TABLE, MODES, PREFIX_ENTRY_SEAM, UnknownModeError, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
-from hypic_rag.runtime.request import MODES, Request, UnknownModeError
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_generator, sampling_probabilities
+from hypic_rag.runtime.segment_source import MemorySegmentSource
 from hypic_rag.testing import build_tiny_model
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
@@ -169,3 +175,82 @@ def test_deviation_from_full_is_ordered_over_random_requests() -> None:
         for mode in totals:
             totals[mode] += kl_divergence(reference, engine.prefill(request, mode).logits) / 20
     assert totals["hypic"] < totals["transition_rope"] < totals["addition"], totals
+
+
+# ------------------------------------------------------------------------------------------------ the mode table
+class RecordingSource(MemorySegmentSource):
+    """The in-memory segment source, noting which (seam, segment) entries were asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[tuple[int, tuple[int, ...]]] = set()
+
+    def get_or_encode_segments(self, segments, seam_tokens, encode_many):
+        self.asked.update((seam_tokens, tuple(segment)) for segment in segments)
+        return super().get_or_encode_segments(segments, seam_tokens, encode_many)
+
+
+def test_the_mode_table_is_what_engine_bench_and_precompute_use(tiny) -> None:
+    _, engine = tiny
+    assert tuple(MODE_TABLE) == MODES
+    expected = {  # mode: (chunk entry seam for w=5, reposition keys, composition) as docs/runtime.md lays out
+        "full": (None, True, "transition"),
+        "prefix": (None, True, "transition"),
+        "addition": (0, False, "addition"),
+        "transition": (0, False, "transition"),
+        "transition_rope": (0, True, "transition"),
+        "hypic": (5, True, "transition"),
+    }
+    assert {name: (spec.entry_seam(5), spec.reposition_keys, spec.composition)
+            for name, spec in MODE_TABLE.items()} == expected
+    assert entry_seams(MODES, 5) == {0, 5}  # what the benchmark warms
+    request = random_request(torch.Generator().manual_seed(10), [9, 12, 9], prefix=4)
+    for mode, spec in MODE_TABLE.items():
+        source = RecordingSource()
+        Engine(engine.model, seam_tokens=5, segment_source=source).prefill(request, mode)
+        if not spec.uses_entries:
+            assert source.asked == set(), mode
+            continue
+        seams = spec.segment_seams(5, has_prefix=True, segments=len(request.segments))
+        assert seams[0] == PREFIX_ENTRY_SEAM and set(seams[1:]) == {spec.entry_seam(5)}
+        assert source.asked == {(seam, tuple(segment)) for seam, segment in zip(seams, request.segments)}, mode
+        if mode == "hypic":  # precompute plans exactly the entries a hypic request asks for
+            plans = plan_segments(request.prefix_ids, request.chunk_ids, 5)
+            assert {(plan.seam_tokens, tuple(ids)) for plan in plans for ids in plan.segments} == source.asked
+
+
+@pytest.mark.parametrize("seam", [-1, True, 2.0, "8"])
+def test_every_seam_width_is_checked_by_the_one_validator(tiny, seam) -> None:
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.retrieval.corpus_index import IndexSettings
+    from hypic_rag.retrieval.encoding_pool import EncoderSpec
+    from hypic_rag.retrieval.manifest import ModelIdentity
+    from hypic_rag.retrieval.precompute import PrecomputeOptions, SegmentPlan
+    from hypic_rag.runtime.encode import encode_segment
+
+    _, engine = tiny
+    request = random_request(torch.Generator().manual_seed(11), [6])
+    message = "seam_tokens must be an integer >= 0"
+    attempts = {
+        "engine": lambda: Engine(engine.model, seam_tokens=seam),
+        "prefill": lambda: engine.prefill(request, "hypic", seam_tokens=seam),
+        "encode": lambda: encode_segment(engine.model, [1, 2, 3], seam),
+        "namespace": lambda: CacheNamespace("m", "t", seam_tokens=seam),
+        "settings": lambda: IndexSettings(ModelIdentity("p", "m", "t"), seam_tokens=seam),
+        "options": lambda: PrecomputeOptions(Path("c"), Path("i"), Path("m"), seam_tokens=seam),
+        "plan": lambda: SegmentPlan(seam, [[1]]),
+        "encoder": lambda: EncoderSpec("p", "cpu", "float32", seam, "f"),
+    }
+    for name, attempt in attempts.items():  # every place refuses it, with the same message
+        with pytest.raises(ValueError, match=message):
+            attempt()
+
+
+def test_sampling_lives_in_its_own_module() -> None:
+    assert SamplingParams.__module__ == "hypic_rag.runtime.sampling"
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    assert choose_token(logits, SamplingParams(), sampling_generator(None)) == 1  # greedy at temperature 0
+    params = SamplingParams(temperature=1.0, seed=3)
+    draws = [choose_token(logits, params, sampling_generator(3)) for _ in range(3)]
+    assert len(set(draws)) == 1  # the same seed, the same draw
+    assert sampling_probabilities(logits, 1.0, 1.0).dtype == torch.float64

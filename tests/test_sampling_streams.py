@@ -10,11 +10,13 @@ import random
 import pytest
 import torch
 
-from hypic_rag.runtime.engine import Engine, SamplingParams, sampling_probabilities
+from hypic_rag.runtime.engine import Engine
+from hypic_rag.runtime.generation import Generation, GenerationStream
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SamplingParams, sampling_probabilities
 from hypic_rag.server.testing import tiny_model_checkpoint
-from hypic_rag.streaming import StrippedDeltas, drain
+from hypic_rag.streaming import ResultStream, StrippedDeltas, drain
 
 TEMPERATURES = [5e-324, 1e-45, 1e-30, 1e-6, 0.01, 0.7, 1.0, 5.0, 1e6, 1e300]
 TOP_PS = [1e-12, 0.1, 0.5, 0.999, 1.0]
@@ -127,3 +129,86 @@ def test_stripped_deltas_add_up_to_the_stripped_text() -> None:
     stripper = StrippedDeltas()
     pieces = [stripper.feed(d) for d in [" ", " Naikeaton", " ", "Lebrios", "\n "]]
     assert pieces == ["", "Naikeaton", "", " Lebrios", ""]
+
+
+# ------------------------------------------------------------------------------------------------ stream objects
+class Stop(Exception):
+    """What the checks below raise (a deadline or a cancellation in the service)."""
+
+
+def test_a_generation_stream_yields_pairs_then_holds_its_generation(engine: Engine) -> None:
+    request = request_of(engine, "Ines paints lighthouses in Porto Sal.", "Who paints lighthouses?")
+    stream = engine.stream(request, "hypic", SamplingParams(max_new_tokens=6))
+    assert isinstance(stream, GenerationStream)
+    with pytest.raises(RuntimeError, match="not ended yet"):
+        stream.result  # noqa: B018 (the property raises)
+    items = list(stream)
+    assert items and all(isinstance(token, int) and isinstance(delta, str) for token, delta in items)
+    generation = stream.result
+    assert isinstance(generation, Generation) and stream.finished
+    assert "".join(delta for _, delta in items) == generation.text
+    assert [token for token, _ in items][: len(generation.token_ids)] == generation.token_ids
+    assert generation.token_ids == engine.generate(request, "hypic", SamplingParams(max_new_tokens=6)).token_ids
+    assert list(stream) == [] and stream.result is generation  # an ended stream stays ended
+
+
+def test_closing_a_stream_stops_it_early(engine: Engine) -> None:
+    request = request_of(engine, "Ines paints lighthouses in Porto Sal.", "Who paints lighthouses?")
+    with engine.stream(request, "hypic", SamplingParams(max_new_tokens=12)) as stream:
+        first = next(stream)
+    assert isinstance(first[0], int)
+    assert list(stream) == [] and not stream.finished  # closed before the end: no generation to read
+    with pytest.raises(RuntimeError, match="closed before its end"):
+        stream.result  # noqa: B018
+
+
+def test_the_check_runs_before_every_step(engine: Engine) -> None:
+    request = request_of(engine, "Ines paints lighthouses in Porto Sal.", "Who paints lighthouses?")
+    engine.generate(request, "hypic", SamplingParams(max_new_tokens=1))  # every entry cached: no segment checks
+    calls: list[int] = []
+
+    def check() -> None:
+        calls.append(len(calls))
+        if len(calls) > 3:
+            raise Stop
+
+    stream = engine.stream(request, "hypic", SamplingParams(max_new_tokens=10, stop_token_ids=()), check=check)
+    received = []
+    with pytest.raises(Stop):
+        for item in stream:
+            received.append(item)
+    assert len(received) == 3 and len(calls) == 4  # checked before each of the three steps and the fourth
+    assert list(stream) == []  # what the check raised closed the stream
+
+
+def test_a_check_that_raises_while_segments_are_encoded_stops_there_and_keeps_none(engine: Engine) -> None:
+    """The per-step check is also the check between segment encodings (what the service's deadline uses)."""
+    texts = ["Olu keeps bees on Farrow Hill.", "Pia tunes organs in Lisle.", "Quade maps caves near Orm.", "Who?"]
+    request = request_of(engine, *texts)
+    source = engine.segment_source
+    assert source.missing_segments(request.chunk_ids, engine.seam_tokens) == request.chunk_ids
+    calls: list[int] = []
+
+    def check() -> None:
+        calls.append(len(calls))
+        if len(calls) == 3:  # 1: before the first step; 2, 3, 4: before each chunk's encoding
+            raise Stop
+
+    with pytest.raises(Stop):
+        engine.generate(request, "hypic", SamplingParams(max_new_tokens=4), check=check)
+    assert len(calls) == 3
+    assert source.missing_segments(request.chunk_ids, engine.seam_tokens) == request.chunk_ids  # none kept
+    done = engine.generate(request, "hypic", SamplingParams(max_new_tokens=4), check=lambda: None)
+    assert done.prefill.cache_misses == 3 and source.missing_segments(request.chunk_ids, engine.seam_tokens) == []
+
+
+def test_drain_runs_a_stream_object_or_a_bare_generator() -> None:
+    def steps():
+        yield 1
+        yield 2
+        return "done"
+
+    seen: list[int] = []
+    assert drain(steps(), seen.append) == "done" and seen == [1, 2]
+    stream = ResultStream(steps())
+    assert drain(stream) == "done" and stream.result == "done"

@@ -211,9 +211,10 @@ def validation_exact_match(model, encoder: SegmentEncoder, num_questions: int, n
 def validation_exact_match_hypic(model, encoder: SegmentEncoder, num_questions: int, seam_tokens: int = 8,
                                  num_chunks: int = 8) -> dict:
     """As `validation_exact_match`, answered by the runtime under `hypic` (standalone chunk entries, composed)."""
-    from hypic_rag.runtime.engine import Engine, SamplingParams
+    from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import wrap_model
     from hypic_rag.runtime.request import Request
+    from hypic_rag.runtime.sampling import SamplingParams
 
     engine = Engine(wrap_model(model, encoder.tokenizer), seam_tokens=seam_tokens)  # sets eval mode
     params = SamplingParams(max_new_tokens=16, stop_strings=(encoder.prompt_format.answer_stop,))

@@ -36,9 +36,12 @@ import torch
 
 from hypic_rag.cache.codec import decode_entry, encode_entry
 from hypic_rag.cache.keys import CacheNamespace, segment_key
-from hypic_rag.cache.layout import entry_bytes, lower_state_precision
+from hypic_rag.cache.layout import lower_state_precision
+from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.segment_cache import SegmentCache
+from hypic_rag.cache.store import SegmentStore
 from hypic_rag.cache.synthetic import HybridShape, synthetic_entry
+from hypic_rag.entry import LINEAR_LAYER, Entry, entry_bytes
 
 MIB = 1 << 20
 CHUNK_LENGTHS = (256, 1024)
@@ -52,7 +55,7 @@ def qwen3_5_layer_dims(num_key_value_heads: int) -> dict[str, Any]:
     )
 
 
-def size_report(entry: dict[str, torch.Tensor], state_dtype: torch.dtype = torch.float32) -> dict[str, int]:
+def size_report(entry: Entry, state_dtype: torch.dtype = torch.float32) -> dict[str, int]:
     stored = lower_state_precision(entry, state_dtype)
     sizes = entry_bytes(stored)
     return {
@@ -68,7 +71,7 @@ def layout(name: str, layers: int, kv_heads: int) -> HybridShape:
 
     config = tiny_config("qwen3_5", num_hidden_layers=layers, **qwen3_5_layer_dims(kv_heads))
     shape = HybridShape.from_config(config)
-    logging.info("%s: %d layers, %d linear", name, layers, shape.layer_types.count("linear_attention"))
+    logging.info("%s: %d layers, %d linear", name, layers, shape.layer_types.count(LINEAR_LAYER))
     return shape
 
 
@@ -128,7 +131,7 @@ def bench_load(repeats: int, work_dir: Path) -> dict[str, Any]:
                 synthetic_entry(shape, ids, seed=ids[0]) for ids in missing])
             value_bytes = cache.stats()["bytes_per_entry"]
 
-        def fail(_: list[int]) -> dict[str, torch.Tensor]:
+        def fail(_: list[int]) -> Entry:
             raise AssertionError("expected a hit")
 
         cold: list[float] = []
@@ -150,9 +153,11 @@ def bench_load(repeats: int, work_dir: Path) -> dict[str, Any]:
                 began = time.perf_counter()
                 cache.get_or_encode(namespace, ids, fail)
                 warm.append(time.perf_counter() - began)
+        store: SegmentStore
+        with LmdbSegmentStore.open(directory, readonly=True) as store:  # the store alone: copy, then decode
             for ids in chunks:
                 began = time.perf_counter()
-                value = cache.store.get(segment_key(namespace, ids), touch=False)
+                value = store.get(segment_key(namespace, ids), touch=False)
                 copy_only.append(time.perf_counter() - began)
                 began = time.perf_counter()
                 decode_entry(value)
@@ -206,8 +211,9 @@ def bench_quality(requests: int, models: int, work_dir: Path) -> dict[str, Any]:
         logits: dict[str, list[torch.Tensor]] = {}
         for dtype_name in rows:
             directory = work_dir / f"quality_{model_seed}_{dtype_name}"
-            with SegmentCache.open(directory, disk_budget_bytes=1 << 30) as cache:
-                engine = Engine(model, seam_tokens=8, segment_cache=cache, state_dtype=dtype_name)
+            namespace = CacheNamespace.for_model(model, seam_tokens=8, state_dtype=dtype_name)
+            with SegmentCache.open(directory, disk_budget_bytes=1 << 30, namespace=namespace) as cache:
+                engine = Engine(model, seam_tokens=8, segment_source=cache)
                 logits[dtype_name] = [engine.prefill(request, mode="hypic").logits for request in batch]
             shutil.rmtree(directory)
         for dtype_name, outputs in logits.items():

@@ -13,11 +13,13 @@ import torch
 from tqdm import tqdm
 
 from hypic_rag.bench.workloads import Workload
-from hypic_rag.runtime.engine import Engine, SamplingParams
-from hypic_rag.runtime.entry import entry_nbytes
+from hypic_rag.entry import entry_bytes
+from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.model import HybridModel
+from hypic_rag.runtime.modes import MODES, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
-from hypic_rag.runtime.request import MODES, Request
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -34,18 +36,8 @@ def distinct_segments(requests: Sequence[Request]) -> list[list[int]]:
     return list(seen.values())
 
 
-def entry_seam(mode: str, seam_tokens: int) -> int | None:
-    if mode == "hypic":
-        return seam_tokens
-    if mode in ("addition", "transition", "transition_rope"):
-        return 0
-    return None
-
-
 def warm_entries(engine: Engine, requests: Sequence[Request], seams: set[int], show_progress: bool) -> None:
     """Offline precompute: every distinct segment encoded once per seam window."""
-    from hypic_rag.runtime.engine import PrefillStats
-
     segments = distinct_segments(requests)
     for seam in sorted(seams):
         for segment in tqdm(segments, desc=f"precompute (seam {seam})", unit="chunk", disable=not show_progress, leave=False):
@@ -114,7 +106,7 @@ def measure_workload(
     """Every mode on the same requests: TTFT p50/p95, throughput, recomputed fraction, bytes loaded, KL vs full."""
     engine = Engine(model, seam_tokens=seam_tokens)
     if not workload.cold:
-        seams = {s for s in (entry_seam(mode, seam_tokens) for mode in modes) if s is not None}
+        seams = entry_seams(modes, seam_tokens)
         warm_entries(engine, [*workload.requests, *workload.warmup, *workload.load], seams, show_progress)
         for request in workload.warmup:  # prefix mode's chunk-boundary checkpoints, from other requests
             engine.prefill(request, "prefix")
@@ -160,7 +152,8 @@ def measure_workload(
     }
     if workload.pool:
         sample = engine.encode_segment(workload.pool[0], seam_tokens)
-        linear, key_value = entry_nbytes(sample)
+        sizes = entry_bytes(sample)
+        linear, key_value = sizes.linear_bytes, sizes.kv_bytes
         result["cache_bytes_per_chunk"] = {
             "chunk_tokens": len(workload.pool[0]),
             "linear_state": linear,

@@ -1,8 +1,10 @@
 """Persistent segment cache: chunk entries encoded once, reused across requests, restarts and processes.
 
-- `keys`: `CacheNamespace` and key derivation;  `codec`: entry <-> bytes;  `layout`: what each tensor is.
+- `keys`: `CacheNamespace` and key derivation;  `codec`: entry <-> bytes;  `layout`: storage dtype of P/Z.
+  The entry format itself is `hypic_rag.entry`, shared with the runtime (which imports nothing from here).
 - `store`: the `SegmentStore` interface;  `lmdb_store`: its LMDB implementation;  `hot_tier`: in-memory LRU.
-- `segment_cache`: `SegmentCache`, what the runtime uses;  `stats`, `maintenance`: statistics, verify and gc.
+- `segment_cache`: `SegmentCache`, the runtime's persistent `SegmentSource`;
+  `stats`, `maintenance`: statistics, verify and gc.
 
 Nothing is imported here, so that the storage modules load without torch (see docs/cache.md).
 """

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
+from hypic_rag.entry import Entry
 
 MAGIC = b"HYPC"
 CODEC_VERSION = 1
@@ -82,7 +83,7 @@ class DecodedEntry:
     """A decoded value: the namespace text it was written under and its tensors (views of the value buffer)."""
 
     namespace: str
-    tensors: dict[str, torch.Tensor]
+    tensors: Entry
 
 
 def _align(offset: int) -> int:
@@ -189,7 +190,7 @@ def decode_entry(value: bytearray | memoryview) -> DecodedEntry:
     if isinstance(value, bytes) or (isinstance(value, memoryview) and value.readonly):
         value = bytearray(value)
     namespace, specs = read_header(value)
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: Entry = {}
     for spec in specs:
         dtype = DTYPES[spec.dtype]
         if spec.nbytes == 0:

@@ -6,25 +6,21 @@ from collections.abc import Mapping
 
 import torch
 
+from hypic_rag.entry import Entry, entry_tensor_bytes
 from hypic_rag.lru import ByteBudgetLRU
 
 
-def tensor_bytes(entry: Mapping[str, torch.Tensor]) -> int:
-    """Bytes held by an entry's tensors."""
-    return sum(tensor.numel() * tensor.element_size() for tensor in entry.values())
-
-
-class HotTier(ByteBudgetLRU[dict[str, torch.Tensor]]):
-    """LRU map key -> decoded entry (``dict[str, torch.Tensor]``) holding at most `budget_bytes` of tensors.
+class HotTier(ByteBudgetLRU[Entry]):
+    """LRU map key -> decoded entry (an `Entry`) holding at most `budget_bytes` of tensors.
 
     Entries are shared, not copied: `get` returns a new dict over the same tensors, which callers must not
     modify in place. An entry larger than the whole budget is not kept. Thread-safe.
     """
 
     def __init__(self, budget_bytes: int) -> None:
-        super().__init__(budget_bytes, tensor_bytes)
+        super().__init__(budget_bytes, entry_tensor_bytes)
 
-    def get(self, key: bytes) -> dict[str, torch.Tensor] | None:
+    def get(self, key: bytes) -> Entry | None:
         entry = super().get(key)
         return None if entry is None else dict(entry)
 

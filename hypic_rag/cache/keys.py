@@ -15,10 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
+
+from hypic_rag.entry import check_seam_tokens
 
 FORMAT_VERSION = 2  # 2: entries no longer carry a chunk_state per linear layer
 """Version of the entry contents (tensor names and meaning, see docs/CONTRACTS.md). Bump when they change."""
@@ -61,14 +64,29 @@ class CacheNamespace:
             value = getattr(self, field_name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"CacheNamespace.{field_name} must be a non-empty string, got {value!r}")
-        if isinstance(self.seam_tokens, bool) or not isinstance(self.seam_tokens, int) or self.seam_tokens < 0:
-            raise ValueError(f"CacheNamespace.seam_tokens must be an int >= 0, got {self.seam_tokens!r}")
+        check_seam_tokens(self.seam_tokens, "CacheNamespace.seam_tokens")
         for field_name in ("state_dtype", "model_dtype"):
             value = getattr(self, field_name)
             if value not in STATE_DTYPES:
                 raise ValueError(f"CacheNamespace.{field_name} must be one of {sorted(STATE_DTYPES)}, got {value!r}")
         if isinstance(self.format_version, bool) or not isinstance(self.format_version, int) or self.format_version < 1:
             raise ValueError(f"CacheNamespace.format_version must be an int >= 1, got {self.format_version!r}")
+
+    @classmethod
+    def for_model(cls, model: Any, seam_tokens: int, state_dtype: str = "float32") -> CacheNamespace:
+        """The namespace of `model`'s entries (anything with ``fingerprint`` and ``tokenizer_fingerprint``, such
+        as a `hypic_rag.runtime.model.HybridModel`) for seam window `seam_tokens`."""
+        return cls(
+            model_fingerprint=model.fingerprint,
+            tokenizer_fingerprint=model.tokenizer_fingerprint,
+            seam_tokens=seam_tokens,
+            state_dtype=state_dtype,
+            model_dtype=getattr(model, "dtype_name", "float32"),
+        )
+
+    def with_seam(self, seam_tokens: int) -> CacheNamespace:
+        """This namespace for another seam window (each seam width has its own entries)."""
+        return self if seam_tokens == self.seam_tokens else replace(self, seam_tokens=seam_tokens)
 
     @property
     def torch_state_dtype(self) -> torch.dtype:

@@ -430,6 +430,11 @@ class LmdbSegmentStore(SegmentStore):
             raw = txn.get(key, db=self._records)
         return None if raw is None else EntryRecord.unpack(raw)
 
+    def value_bytes(self, key: bytes) -> int | None:
+        """From the entry's record: the value itself is not read."""
+        record = self.record(key)
+        return None if record is None else record.value_bytes
+
     def lru_order(self) -> list[bytes]:
         """Every key, least recently used first (as last written)."""
         with self._lock, self._begin() as txn:

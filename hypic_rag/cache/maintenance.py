@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from hypic_rag.cache.codec import decode_entry
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.keys import KEY_BYTES, namespace_digest, split_key, token_ids_digest
-from hypic_rag.cache.layout import TOKEN_IDS
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+from hypic_rag.cache.store import SegmentStore
+from hypic_rag.entry import TOKEN_IDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,7 @@ def check_entry(key: bytes, value: bytearray) -> tuple[EntryProblem | None, str 
     return None, decoded.namespace
 
 
-def verify_store(store: LmdbSegmentStore) -> VerifyReport:
+def verify_store(store: SegmentStore) -> VerifyReport:
     """Check every entry; reading does not count as use for LRU."""
     report = VerifyReport()
     for key in store.keys():

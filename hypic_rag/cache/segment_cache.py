@@ -1,8 +1,13 @@
-"""The segment cache the runtime uses: hot tier, then disk store, then encode (and put) on a miss.
+"""The persistent segment source of the runtime: hot tier, then disk store, then encode (and put) on a miss.
 
-    cache = SegmentCache.open(directory, disk_budget_bytes=..., hot_budget_bytes=..., readonly=False)
-    entry, hit = cache.get_or_encode(namespace, token_ids, encode)
+    cache = SegmentCache.open(directory, namespace=CacheNamespace.for_model(model, seam_tokens=8))
+    engine = Engine(model, segment_source=cache)            # the runtime sees a `SegmentSource`
+    entries, hits = cache.get_or_encode_segments(token_id_lists, seam_tokens, encode_many)
+    entry, hit = cache.get_or_encode(namespace, token_ids, encode)          # any namespace, given explicitly
     entries, hits = cache.get_or_encode_many(namespace, token_id_lists, encode_many)
+
+Opened with a `namespace`, the cache is bound to it: the `SegmentSource` methods (those that take a seam width
+rather than a namespace) use that namespace at the seam width asked for (`CacheNamespace.with_seam`).
 
 An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md); returned tensors may be shared with the hot
 tier, so treat them as read-only. A hit requires the entry's recorded namespace and its stored ``token_ids`` to
@@ -30,14 +35,14 @@ from hypic_rag.cache.codec import decode_entry, encode_entry
 from hypic_rag.cache.errors import CacheDamagedError, CacheWriteError, CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.hot_tier import HotTier
 from hypic_rag.cache.keys import CacheNamespace, segment_key
-from hypic_rag.cache.layout import TOKEN_IDS, entry_bytes, lower_state_precision, restore_state_precision
+from hypic_rag.cache.layout import lower_state_precision, restore_state_precision
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.stats import CacheStats
-from hypic_rag.cache.store import NullStore, PutRequest
+from hypic_rag.cache.store import NullStore, PutRequest, SegmentStore
+from hypic_rag.entry import TOKEN_IDS, Entry, entry_bytes
 
 log = logging.getLogger(__name__)
 
-Entry = dict[str, torch.Tensor]
 DEFAULT_HOT_BUDGET_BYTES = 512 << 20
 
 
@@ -50,12 +55,25 @@ class _LookupTally:
 
 
 class SegmentCache:
-    """Hot tier (in-process LRU by bytes) over an `LmdbSegmentStore`. Use `open`; close when done."""
+    """Hot tier (in-process LRU by bytes) over a `SegmentStore` (LMDB on disk). Use `open`; close when done.
 
-    def __init__(self, store: LmdbSegmentStore | NullStore, hot_tier: HotTier, *, best_effort: bool = False) -> None:
+    namespace: what the `SegmentSource` methods (`get_or_encode_segments`, `missing_segments`) are bound to; the
+    runtime's `hypic_rag.runtime.segment_source.SegmentSource` protocol is met structurally (the cache imports
+    nothing from the runtime).
+    """
+
+    def __init__(
+        self,
+        store: SegmentStore,
+        hot_tier: HotTier,
+        *,
+        best_effort: bool = False,
+        namespace: CacheNamespace | None = None,
+    ) -> None:
         self.store = store
         self.hot_tier = hot_tier
         self.best_effort = best_effort
+        self.namespace = namespace
         self._hot_hits = 0
         self._disk_hits = 0
 
@@ -68,14 +86,16 @@ class SegmentCache:
         hot_budget_bytes: int = DEFAULT_HOT_BUDGET_BYTES,
         readonly: bool = False,
         best_effort: bool = False,
+        namespace: CacheNamespace | None = None,
     ) -> SegmentCache:
-        """Open or create the cache in `directory` (read-only: must exist; misses are computed, not stored).
+        """Open or create the cache in `directory` (read-only: must exist; misses are computed, not stored),
+        bound to `namespace` (needed by the `SegmentSource` methods only).
 
         Raises `CacheOpenError` with a one-line reason for a missing, foreign, unwritable or busy directory, and
         its subclass `CacheDamagedError` for a damaged store, unless `best_effort`: then the cache runs without
         its disk tier (a `NullStore`; logged as a warning) and failed writes are logged, not raised.
         """
-        store: LmdbSegmentStore | NullStore
+        store: SegmentStore
         try:
             store = LmdbSegmentStore.open(directory, budget_bytes=disk_budget_bytes, readonly=readonly)
         except CacheDamagedError as error:
@@ -83,14 +103,56 @@ class SegmentCache:
                 raise
             log.warning("segment cache disabled, answers are computed without it: %s", error)
             store = NullStore(Path(directory), str(error))
-        return cls(store, HotTier(hot_budget_bytes), best_effort=best_effort)
+        return cls(store, HotTier(hot_budget_bytes), best_effort=best_effort, namespace=namespace)
 
     @property
     def disabled_reason(self) -> str | None:
         """Why the disk tier is off (a damaged store opened with ``best_effort``), else None."""
         return self.store.reason if isinstance(self.store, NullStore) else None
 
+    def namespace_for(self, seam_tokens: int) -> CacheNamespace:
+        """The bound namespace at seam window `seam_tokens`; ValueError when the cache was opened without one."""
+        if self.namespace is None:
+            raise ValueError("this segment cache was opened without a namespace; pass namespace= to SegmentCache.open")
+        return self.namespace.with_seam(seam_tokens)
+
+    # ------------------------------------------------------------------------------------------- segment source
+    def check_model(self, model_fingerprint: str, tokenizer_fingerprint: str) -> None:
+        """Return if the bound namespace is this model's; ValueError otherwise (or when there is none), so that an
+        engine is never given a cache bound to another model."""
+        namespace = self.namespace
+        if namespace is None:
+            raise ValueError("this segment cache was opened without a namespace; pass namespace= to SegmentCache.open")
+        if (namespace.model_fingerprint, namespace.tokenizer_fingerprint) != (model_fingerprint, tokenizer_fingerprint):
+            raise ValueError(
+                f"this segment cache is bound to model {namespace.model_fingerprint[:12]}, "
+                f"not {model_fingerprint[:12]}; open it with CacheNamespace.for_model(model, ...)"
+            )
+
+    def get_or_encode_segments(
+        self,
+        segments: Sequence[Sequence[int]],
+        seam_tokens: int,
+        encode_many: Callable[[list[list[int]]], Sequence[Mapping[str, torch.Tensor]]],
+    ) -> tuple[list[Entry], list[bool]]:
+        """`get_or_encode_many` in the bound namespace at `seam_tokens` (the runtime's `SegmentSource` method)."""
+        return self.get_or_encode_many(self.namespace_for(seam_tokens), segments, encode_many)
+
+    def missing_segments(self, segments: Sequence[Sequence[int]], seam_tokens: int) -> list[list[int]]:
+        """The segments without an entry in the bound namespace at `seam_tokens` (nothing is read or counted)."""
+        namespace = self.namespace_for(seam_tokens)
+        return [list(ids) for ids, held in zip(segments, self.contains_many(namespace, segments)) if not held]
+
     # ------------------------------------------------------------------------------------------- lookups
+    def contains_many(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> list[bool]:
+        """Whether the store holds an entry of each token sequence (no access is recorded, nothing is decoded)."""
+        return self.store.batched_contains([segment_key(namespace, ids) for ids in token_id_lists])
+
+    def stored_bytes(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
+        """Bytes the store holds for these token sequences' entries (encoded values; absent ones count 0)."""
+        sizes = (self.store.value_bytes(segment_key(namespace, ids)) for ids in token_id_lists)
+        return sum(size or 0 for size in sizes)
+
     def get(self, namespace: CacheNamespace, token_ids: Sequence[int]) -> Entry | None:
         """The cached entry of `token_ids`, or None (a miss; nothing is computed)."""
         entries = self._lookup(namespace, [list(token_ids)], _LookupTally())

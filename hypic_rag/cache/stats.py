@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hypic_rag.cache.lmdb_store import LmdbSegmentStore
-from hypic_rag.cache.store import NullStore
+from hypic_rag.cache.store import SegmentStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +41,7 @@ class CacheStats:
     disk_hits: int = 0
 
     @classmethod
-    def from_store(cls, store: LmdbSegmentStore | NullStore, **process_fields: int) -> CacheStats:
+    def from_store(cls, store: SegmentStore, **process_fields: int) -> CacheStats:
         counters = store.counters()
         info = store.info()
         return cls(

@@ -1,6 +1,8 @@
 """The storage interface of the segment cache: opaque byte values under fixed-size keys (LMCache-style).
 
 A store knows nothing about tensors; `segment_cache.SegmentCache` puts encoded entries (see `codec`) in it.
+`SegmentStore` is the interface the rest of the code is typed against (`lmdb_store.LmdbSegmentStore` on disk,
+`NullStore` in place of a damaged one); code outside the cache reaches a store only through `SegmentCache`.
 Each put carries a small size breakdown of its value (linear-state and K/V bytes) so the store can keep running
 totals for statistics without decoding anything.
 """
@@ -47,7 +49,13 @@ class SegmentStore(ABC):
     """A key -> bytes store with a byte budget and least-recently-used eviction.
 
     Reads return a private copy of the value (a bytearray), never a view that storage may reuse.
+
+    path: where the store lives; readonly: writes are refused (or dropped); budget_bytes: the byte budget.
     """
+
+    path: Path
+    readonly: bool
+    budget_bytes: int
 
     @abstractmethod
     def contains(self, key: bytes) -> bool:
@@ -84,6 +92,11 @@ class SegmentStore(ABC):
         """`remove` for each key; the number removed."""
         return sum(self.remove(key) for key in keys)
 
+    def value_bytes(self, key: bytes) -> int | None:
+        """Bytes of the value stored under `key` (None: not stored), without counting as an access."""
+        value = self.get(key, touch=False)
+        return None if value is None else len(value)
+
     @abstractmethod
     def keys(self) -> Iterator[bytes]:
         """Every stored key (a snapshot; order unspecified)."""
@@ -95,6 +108,13 @@ class SegmentStore(ABC):
     @abstractmethod
     def counters(self) -> StoreCounters:
         """The persistent totals, including this process's not yet written lookups."""
+
+    @abstractmethod
+    def info(self) -> dict[str, int | str | bool]:
+        """Facts about the storage: at least path, readonly, budget_bytes, map_bytes and file_bytes."""
+
+    def flush(self) -> None:
+        """Write pending access notes and lookup counts now (a no-op unless the store batches them)."""
 
     @abstractmethod
     def evict_to(self, budget_bytes: int) -> int:
@@ -139,10 +159,6 @@ class NullStore(SegmentStore):
 
     def keys(self) -> Iterator[bytes]:
         return iter(())
-
-    def record(self, key: bytes) -> None:
-        """No bookkeeping record: nothing is stored."""
-        return None
 
     def record_lookups(self, *, hits: int = 0, misses: int = 0, corrupt: int = 0, mismatched: int = 0) -> None:
         self._counters.hits += hits

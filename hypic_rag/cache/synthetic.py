@@ -12,16 +12,23 @@ from typing import Any
 
 import torch
 
-from hypic_rag.cache.layout import TOKEN_IDS
-
-LINEAR_LAYER = "linear_attention"
+from hypic_rag.entry import (
+    ATTENTION_LAYER,
+    LINEAR_LAYER,
+    SEAM_TOKENS,
+    TOKEN_IDS,
+    Entry,
+    is_kv_name,
+    layer_parts,
+    tensor_name,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class HybridShape:
     """The dimensions of a hybrid stack that decide an entry's tensor shapes.
 
-    layer_types: per layer "linear_attention" or "full_attention".
+    layer_types: per layer `LINEAR_LAYER` ("linear_attention") or `ATTENTION_LAYER` ("full_attention").
     linear_value_heads H, linear_key_dim K, linear_value_dim V: the state of a linear layer is [H, K, V].
     conv_dim, conv_kernel: the short causal conv over q, k and v (conv_dim = 2 * key heads * K + H * V).
     kv_heads, head_dim: the attention layers' K/V [kv_heads, L, head_dim].
@@ -59,14 +66,16 @@ def entry_shapes(shape: HybridShape, length: int) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor of an entry for a chunk of `length` tokens (besides ``seam_tokens``)."""
     heads, key_dim, value_dim = shape.linear_value_heads, shape.linear_key_dim, shape.linear_value_dim
     shapes: dict[str, tuple[int, ...]] = {TOKEN_IDS: (length,)}
+    part_shapes = {
+        "transition": (heads, key_dim, key_dim),
+        "suffix_state": (heads, key_dim, value_dim),
+        "conv_tail": (shape.conv_dim, shape.conv_kernel - 1),
+        "key": (shape.kv_heads, length, shape.head_dim),
+        "value": (shape.kv_heads, length, shape.head_dim),
+    }
     for index, kind in enumerate(shape.layer_types):
-        if kind == LINEAR_LAYER:
-            shapes[f"layers.{index}.transition"] = (heads, key_dim, key_dim)
-            shapes[f"layers.{index}.suffix_state"] = (heads, key_dim, value_dim)
-            shapes[f"layers.{index}.conv_tail"] = (shape.conv_dim, shape.conv_kernel - 1)
-        else:
-            shapes[f"layers.{index}.key"] = (shape.kv_heads, length, shape.head_dim)
-            shapes[f"layers.{index}.value"] = (shape.kv_heads, length, shape.head_dim)
+        for part in layer_parts(kind):
+            shapes[tensor_name(index, part)] = part_shapes[part]
     return shapes
 
 
@@ -77,23 +86,23 @@ def synthetic_entry(
     seed: int = 0,
     seam_tokens: int = 8,
     kv_dtype: torch.dtype = torch.float32,
-) -> dict[str, torch.Tensor]:
+) -> Entry:
     """An entry for `token_ids` with seeded standard-normal float32 state and `kv_dtype` K/V."""
     generator = torch.Generator().manual_seed(seed)
-    entry: dict[str, torch.Tensor] = {
+    entry: Entry = {
         TOKEN_IDS: torch.tensor(list(token_ids), dtype=torch.int64),
-        "seam_tokens": torch.tensor(seam_tokens, dtype=torch.int64),
+        SEAM_TOKENS: torch.tensor(seam_tokens, dtype=torch.int64),
     }
     for name, tensor_shape in entry_shapes(shape, len(token_ids)).items():
         if name == TOKEN_IDS:
             continue
-        dtype = kv_dtype if name.endswith((".key", ".value")) else torch.float32
+        dtype = kv_dtype if is_kv_name(name) else torch.float32
         entry[name] = torch.randn(tensor_shape, generator=generator).to(dtype)
     return entry
 
 
 TINY_SHAPE = HybridShape(
-    layer_types=("linear_attention", "linear_attention", "linear_attention", "full_attention"),
+    layer_types=(LINEAR_LAYER, LINEAR_LAYER, LINEAR_LAYER, ATTENTION_LAYER),
     linear_value_heads=4, linear_key_dim=16, linear_value_dim=16, conv_dim=128, conv_kernel=4,
     kv_heads=2, head_dim=16,
 )

@@ -21,7 +21,7 @@ from hypic_rag.cli.precompute_command import (
     non_negative_int,
     positive_int,
 )
-from hypic_rag.runtime.request import MODES
+from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:
     from hypic_rag.pipeline import Answer, RagPipeline
@@ -91,7 +91,7 @@ def run_ask(args: argparse.Namespace) -> int:
     from hypic_rag.cache.errors import CacheError
     from hypic_rag.pipeline import PipelineError
     from hypic_rag.retrieval.errors import IndexMismatchError, IndexNotFoundError, RetrievalError
-    from hypic_rag.runtime.engine import SamplingParams
+    from hypic_rag.runtime.sampling import SamplingParams
     from hypic_rag.runtime.model import ModelLoadError
 
     if not args.question.strip():

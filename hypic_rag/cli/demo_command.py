@@ -63,7 +63,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from hypic_rag.pipeline import RagPipeline
     from hypic_rag.retrieval.errors import IndexMismatchError
     from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
-    from hypic_rag.runtime.engine import SamplingParams
+    from hypic_rag.runtime.sampling import SamplingParams
 
     model_path = resolve_model_path(args.model)
     corpus = example_corpus_path()

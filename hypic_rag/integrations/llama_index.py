@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,12 +58,15 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
-from hypic_rag.runtime.engine import SEED_MAX, Engine, Generation, PrefillStats, SamplingParams
-from hypic_rag.runtime.request import MODES, Request
+from hypic_rag.runtime.engine import Engine, PrefillStats
+from hypic_rag.runtime.generation import Generation
+from hypic_rag.runtime.modes import MODES
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.server.accounting import usage_of
 from hypic_rag.server.config import DEFAULT_SEPARATOR
 from hypic_rag.server.segments import segmented_request, split_segments
-from hypic_rag.streaming import StrippedDeltas
+from hypic_rag.streaming import ResultStream, StrippedDeltas
 from hypic_rag.text import unencodable_message
 
 logger = logging.getLogger(__name__)
@@ -108,10 +111,12 @@ class HypicRuntime:
         model = load_model(path, device=device)
         cache = None
         if cache_dir is not None:
+            from hypic_rag.cache.keys import CacheNamespace
             from hypic_rag.cache.segment_cache import SegmentCache
 
-            cache = SegmentCache.open(Path(cache_dir).expanduser())
-        return cls(Engine(model, seam_tokens=seam_tokens, segment_cache=cache), prompt_format=prompt_format,
+            namespace = CacheNamespace.for_model(model, seam_tokens)
+            cache = SegmentCache.open(Path(cache_dir).expanduser(), namespace=namespace)
+        return cls(Engine(model, seam_tokens=seam_tokens, segment_source=cache), prompt_format=prompt_format,
                    model_path=str(path))
 
     @classmethod
@@ -145,8 +150,7 @@ class HypicRuntime:
                 if runtime is self:
                     del self._shared[key]
         with self.lock:
-            if self.engine.segment_cache is not None:
-                self.engine.segment_cache.close()
+            self.engine.segment_source.close()
 
     # ------------------------------------------------------------------------------------------- tokens
     @property
@@ -208,17 +212,18 @@ class HypicRuntime:
         with self.lock:
             return self.engine.generate(request, mode, params)
 
-    def stream(self, request: Request, mode: str, params: SamplingParams) -> Iterator[str]:
-        """Text deltas as they are generated; the `Generation` is the generator's return value."""
-        with self.lock:
-            inner = self.engine.stream(request, mode, params)
-            while True:
-                try:
-                    _, delta = next(inner)
-                except StopIteration as done:
-                    return done.value
-                if delta:
-                    yield delta
+    def stream(self, request: Request, mode: str, params: SamplingParams) -> ResultStream[str, Generation]:
+        """Non-empty text deltas as they are generated, the runtime's lock held until the stream ends or is
+        closed; its `.result` is the `Generation`."""
+
+        def deltas() -> Generator[str, None, Generation]:
+            with self.lock, self.engine.stream(request, mode, params) as inner:
+                for _, delta in inner:
+                    if delta:
+                        yield delta
+                return inner.result
+
+        return ResultStream(deltas())
 
 
 def resolve_model_path(model_path: str | Path | None) -> Path:
@@ -424,18 +429,12 @@ class HypicQueryEngine(CustomQueryEngine):
 
             def generate() -> Iterator[str]:
                 stripped = StrippedDeltas()
-                deltas = runtime.stream(request, mode, params)
-                try:
-                    while True:
-                        try:
-                            delta = stripped.feed(next(deltas))
-                        except StopIteration as done:
-                            generation: Generation = done.value
-                            break
+                with runtime.stream(request, mode, params) as deltas:  # stopping early releases the lock now
+                    for raw in deltas:
+                        delta = stripped.feed(raw)
                         if delta:
                             yield delta
-                finally:
-                    deltas.close()  # a consumer that stops early releases the runtime's lock now
+                generation: Generation = deltas.result
                 metadata.update(usage=usage_of(generation), timings=dict(generation.timings))
 
             return StreamingResponse(response_gen=generate(), source_nodes=nodes, metadata=metadata)

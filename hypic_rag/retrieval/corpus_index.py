@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hypic_rag.cache.errors import free_space_note
+from hypic_rag.entry import check_seam_tokens
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
@@ -63,8 +64,7 @@ class IndexSettings:
     embed_batch_chunks: int = DEFAULT_EMBED_BATCH_CHUNKS
 
     def __post_init__(self) -> None:
-        if self.seam_tokens < 0:
-            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+        check_seam_tokens(self.seam_tokens)
         if self.embed_batch_chunks < 1:
             raise ValueError(f"embed_batch_chunks must be positive, got {self.embed_batch_chunks}")
 

@@ -26,11 +26,10 @@ from typing import Any
 
 import torch
 
+from hypic_rag.entry import Entry, check_seam_tokens
 from hypic_rag.retrieval.errors import RetrievalError
 
 logger = logging.getLogger(__name__)
-
-Entry = dict[str, torch.Tensor]
 
 _WORKER_ENGINE: Any = None
 _WORKER_START_ERROR: str | None = None
@@ -63,8 +62,7 @@ class EncoderSpec:
     preload_modules: tuple[str, ...] = ("hypic_rag.runtime.engine", "hypic_rag.runtime.model")
 
     def __post_init__(self) -> None:
-        if self.seam_tokens < 0:
-            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+        check_seam_tokens(self.seam_tokens)
         if self.threads_per_worker < 1:
             raise ValueError(f"threads_per_worker must be positive, got {self.threads_per_worker}")
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hypic_rag.entry import check_seam_tokens
 from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
@@ -74,8 +75,7 @@ class IndexManifest:
     updated_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
-        if self.seam_tokens < 0:
-            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+        check_seam_tokens(self.seam_tokens)
         if self.format_version != MANIFEST_FORMAT_VERSION:
             raise IndexMismatchError(
                 f"index format version {self.format_version} is not supported (expected {MANIFEST_FORMAT_VERSION})"

@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from hypic_rag.entry import TOKEN_IDS, Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_text
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings, IngestReport
@@ -28,6 +29,11 @@ from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, Segme
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import ModelIdentity
+from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.segment_cache import SegmentCache
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +74,7 @@ class PrecomputeOptions:
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.seam_tokens < 0:
-            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+        check_seam_tokens(self.seam_tokens)
         if self.embed_batch_size < 1:
             raise ValueError(f"embed_batch_size must be positive, got {self.embed_batch_size}")
         if self.dtype is not None:
@@ -127,42 +132,37 @@ class SegmentPlan:
     segments: list[list[int]]
 
     def __post_init__(self) -> None:
-        if self.seam_tokens < 0:
-            raise ValueError(f"seam_tokens must be >= 0, got {self.seam_tokens}")
+        check_seam_tokens(self.seam_tokens)
 
 
-PREFIX_ENTRY_SEAM = 0
-"""The runtime composes the prefix, always at position 0, from its seam-0 entry, and every chunk from its entry for
-the configured seam width (`Engine._prefill_composed`); precompute makes exactly those entries."""
-
-
-def plan_segments(prefix_ids: Sequence[int], chunk_segments: Sequence[Sequence[int]], seam_tokens: int) -> list[SegmentPlan]:
-    """The entries a `hypic` request over this index needs: the prefix's (seam 0) and each distinct chunk's."""
+def plan_segments(
+    prefix_ids: Sequence[int], chunk_segments: Sequence[Sequence[int]], seam_tokens: int, mode: str = "hypic"
+) -> list[SegmentPlan]:
+    """The entries a `mode` request over this index composes (`runtime.modes.MODE_TABLE`): the prefix's, for
+    `PREFIX_ENTRY_SEAM`, and each distinct chunk's, for the mode's chunk entry seam."""
+    chunk_seam = mode_spec(mode).entry_seam(seam_tokens)
+    if chunk_seam is None:
+        raise ValueError(f"mode {mode!r} composes no segment entries; nothing to precompute for it")
     plans = [SegmentPlan(PREFIX_ENTRY_SEAM, [list(prefix_ids)])] if prefix_ids else []
-    return plans + [SegmentPlan(seam_tokens, distinct_segments(chunk_segments))]
+    return plans + [SegmentPlan(chunk_seam, distinct_segments(chunk_segments))]
 
 
-def _entry_nbytes(entry: dict[str, Any]) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in entry.values())
-
-
-def _store_batch(cache: Any, namespace: Any, entries: list[dict[str, Any]]) -> None:
+def _store_batch(cache: SegmentCache, namespace: CacheNamespace, entries: list[Entry]) -> None:
     """Store freshly encoded entries of one namespace in one cache transaction."""
-    by_ids = {tuple(entry["token_ids"].tolist()): entry for entry in entries}
+    by_ids = {tuple(entry[TOKEN_IDS].tolist()): entry for entry in entries}
     cache.get_or_encode_many(namespace, [list(ids) for ids in by_ids], lambda missing: [by_ids[tuple(m)] for m in missing])
 
 
-def missing_segments(cache: Any, namespace: Any, segments: Sequence[Sequence[int]]) -> list[list[int]]:
+def missing_segments(
+    cache: SegmentCache, namespace: CacheNamespace, segments: Sequence[Sequence[int]]
+) -> list[list[int]]:
     """The segments whose entries the cache does not hold."""
-    from hypic_rag.cache.keys import segment_key
-
-    present = cache.store.batched_contains([segment_key(namespace, ids) for ids in segments])
-    return [list(ids) for ids, held in zip(segments, present) if not held]
+    return [list(ids) for ids, held in zip(segments, cache.contains_many(namespace, segments)) if not held]
 
 
 def encode_into_cache(
-    cache: Any,
-    namespace_for: Callable[[int], Any],
+    cache: SegmentCache,
+    namespace_for: Callable[[int], CacheNamespace],
     plans: Sequence[SegmentPlan],
     encoder: SegmentEncoder,
     *,
@@ -181,7 +181,7 @@ def encode_into_cache(
     planned = sum(len(plan.segments) for plan in plans)
     total_tokens = sum(len(task.token_ids) for task in tasks)
     logger.info("%d of %d segments missing from the cache (%d tokens)", len(tasks), planned, total_tokens)
-    batches: dict[int, list[dict[str, Any]]] = {}
+    batches: dict[int, list[Entry]] = {}
     batch_entries = batch_bytes = encoded = tokens = 0
 
     def flush() -> None:
@@ -198,7 +198,7 @@ def encode_into_cache(
             task = tasks[position]
             batches.setdefault(task.seam_tokens, []).append(entry)
             batch_entries += 1
-            batch_bytes += _entry_nbytes(entry)
+            batch_bytes += entry_tensor_bytes(entry)
             if batch_entries >= COMMIT_ENTRIES or batch_bytes >= COMMIT_BYTES:
                 flush()
             encoded += 1
@@ -209,17 +209,11 @@ def encode_into_cache(
     return EncodeReport(segments=planned, encoded=encoded, tokens_encoded=tokens, seconds=time.perf_counter() - began)
 
 
-def cache_bytes_of(cache: Any, namespace_for: Callable[[int], Any], plans: Sequence[SegmentPlan]) -> int:
+def cache_bytes_of(
+    cache: SegmentCache, namespace_for: Callable[[int], CacheNamespace], plans: Sequence[SegmentPlan]
+) -> int:
     """Stored bytes of the planned segments' cache entries."""
-    from hypic_rag.cache.keys import segment_key
-
-    total = 0
-    for plan in plans:
-        namespace = namespace_for(plan.seam_tokens)
-        for ids in plan.segments:
-            record = cache.store.record(segment_key(namespace, ids))
-            total += record.value_bytes if record is not None else 0
-    return total
+    return sum(cache.stored_bytes(namespace_for(plan.seam_tokens), plan.segments) for plan in plans)
 
 
 def recorded_dtype(index_dir: Path) -> str | None:
@@ -232,6 +226,7 @@ def recorded_dtype(index_dir: Path) -> str | None:
 
 def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -> PrecomputeSummary:
     """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode."""
+    from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
@@ -272,13 +267,13 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
                 type(model.hf_model).__module__,
             ),
         )
-        cache = SegmentCache.open(index.cache_dir)
+        cache = SegmentCache.open(index.cache_dir, namespace=CacheNamespace.for_model(model, options.seam_tokens))
         try:
             with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
                 encode = encode_into_cache(
-                    cache, engine.cache_namespace, plans, encoder, show_progress=options.show_progress
+                    cache, cache.namespace_for, plans, encoder, show_progress=options.show_progress
                 )
-            cache_bytes = cache_bytes_of(cache, engine.cache_namespace, plans)
+            cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
         finally:
             cache.close()
         counts = index.counts()

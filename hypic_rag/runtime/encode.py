@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import torch
 
+from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, tensor_name
 from hypic_rag.runtime import layers as L
-from hypic_rag.runtime.entry import SEAM_TOKENS, TOKEN_IDS, tensor_name
-from hypic_rag.runtime.model import LINEAR_LAYER, HybridModel
+from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 
 
 @torch.no_grad()
-def encode_segment(model: HybridModel, token_ids: list[int], seam_tokens: int) -> dict[str, torch.Tensor]:
+def encode_segment(model: HybridModel, token_ids: list[int], seam_tokens: int) -> Entry:
     """The cache entry of `token_ids` [L] for seam window `seam_tokens` (CPU tensors, contiguous)."""
     if not token_ids:
         raise ValueError("cannot encode an empty segment")
-    if seam_tokens < 0:
-        raise ValueError("seam_tokens must be >= 0")
+    check_seam_tokens(seam_tokens)
     device = model.device
     length = len(token_ids)
     seam = min(seam_tokens, length)
@@ -30,7 +29,7 @@ def encode_segment(model: HybridModel, token_ids: list[int], seam_tokens: int) -
     positions = torch.arange(length, device=device)
     hidden = model.backbone.embed_tokens(ids)
     cos, sin = L.rotary_tables(model.backbone.rotary_emb, positions, hidden)
-    entry: dict[str, torch.Tensor] = {
+    entry: Entry = {
         TOKEN_IDS: torch.tensor(token_ids, dtype=torch.int64),
         SEAM_TOKENS: torch.tensor(seam_tokens, dtype=torch.int64),
     }

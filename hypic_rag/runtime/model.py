@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-LINEAR_LAYER = "linear_attention"
-ATTENTION_LAYER = "full_attention"
 
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,4 +1,7 @@
-"""A RAG request as segments: prefix, one segment per chunk, question. Each segment is tokenized on its own."""
+"""A RAG request as segments: prefix, one segment per chunk, question. Each segment is tokenized on its own.
+
+The modes a request is assembled under are `modes.py`.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
-
-MODES = ("full", "prefix", "addition", "transition", "transition_rope", "hypic")
-
-
-class UnknownModeError(ValueError):
-    pass
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise UnknownModeError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
-    return mode
 
 
 @dataclass(slots=True)

@@ -18,9 +18,9 @@ from typing import Literal
 
 import torch
 
+from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, Entry, tensor_name
 from hypic_rag.runtime import layers as L
-from hypic_rag.runtime.entry import SEAM_TOKENS, tensor_name
-from hypic_rag.runtime.model import LINEAR_LAYER, HybridModel
+from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.segment_state import SegmentState
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
@@ -37,7 +37,7 @@ class Span:
     token_ids: list[int]
     start: int
     recompute: int
-    entry: dict[str, torch.Tensor] | None = None
+    entry: Entry | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.recompute <= len(self.token_ids):
@@ -77,7 +77,7 @@ class StackResult:
 
 
 def _apply_cached_linear(
-    state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, recompute: int, composition: str
+    state: torch.Tensor, entry: Entry, layer_index: int, recompute: int, composition: str
 ) -> torch.Tensor:
     """Advance the recurrent state [H, K, V] over a span's cached remainder."""
     if int(entry[SEAM_TOKENS]) != recompute:

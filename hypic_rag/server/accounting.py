@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypic_rag.runtime.engine import Generation
+from hypic_rag.runtime.generation import Generation
 
 
 def usage_of(generation: Generation) -> dict[str, int]:

@@ -18,7 +18,8 @@ from typing import Any
 
 from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
-from hypic_rag.runtime.engine import Generation, SamplingParams
+from hypic_rag.runtime.generation import Generation
+from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.accounting import usage_of
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
@@ -101,6 +102,7 @@ class ServiceBackend:
         Raises IndexNotFoundError / IndexCorruptError for a missing or unreadable manifest, IndexMismatchError when
         the index was built for another model (or tokenizer), RetrievalError when another process holds the
         index's writer lock, ModelLoadError for a model directory that cannot load (or has no tokenizer)."""
+        from hypic_rag.cache.keys import CacheNamespace
         from hypic_rag.cache.segment_cache import SegmentCache
         from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
         from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
@@ -143,11 +145,12 @@ class ServiceBackend:
             options: dict[str, Any] = {"best_effort": True}  # a damaged cache: serve without it
             if config.hot_cache_bytes is not None:
                 options["hot_budget_bytes"] = config.hot_cache_bytes
-            cache = SegmentCache.open(index.cache_dir, **options)
+            namespace = CacheNamespace.for_model(model, manifest.seam_tokens)
+            cache = SegmentCache.open(index.cache_dir, namespace=namespace, **options)
         except BaseException:
             index.close()
             raise
-        engine = Engine(model, seam_tokens=manifest.seam_tokens, segment_cache=cache)
+        engine = Engine(model, seam_tokens=manifest.seam_tokens, segment_source=cache)
         try:
             pipeline = RagPipeline(index, engine, prompt_format, hop_slots=config.hop_slots)
         except BaseException:
@@ -184,7 +187,8 @@ class ServiceBackend:
 
     @property
     def cache(self) -> Any:
-        return self.pipeline.engine.segment_cache
+        """The engine's segment source: the index's `SegmentCache`, opened in `open`."""
+        return self.pipeline.engine.segment_source
 
     def refresh_cache_snapshot(self) -> dict[str, Any]:
         """Read the cache's counters (cheap) into `cache_snapshot`, which other threads may read."""
@@ -194,20 +198,14 @@ class ServiceBackend:
     # ------------------------------------------------------------------------------------------- answering
     def ask(self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext) -> Answer:
         """Retrieve, assemble and generate; emits ("sources", [Source]) then ("token", text) events."""
-        stream = self.pipeline.stream(question, top_k=top_k, mode=mode, params=params)
-        self.pipeline.engine.segment_check = context.check  # stops a request between segment encodings too
+        # checked (deadline, client gone) before every step and before each segment the prefill encodes
+        stream = self.pipeline.stream(question, top_k=top_k, mode=mode, params=params, check=context.check)
         try:
-            while True:
-                context.check()
-                try:
-                    kind, value = next(stream)
-                except StopIteration as done:
-                    answer: Answer = done.value
-                    break
+            for kind, value in stream:
                 if value or kind != "token":  # a token ending inside a character brings no text yet
                     context.emit((kind, value))
+            answer: Answer = stream.result
         finally:
-            self.pipeline.engine.segment_check = None
             stream.close()
             self.refresh_cache_snapshot()
         return answer
@@ -233,20 +231,13 @@ class ServiceBackend:
                 param="prompt",
             )
         tokenized_at = time.perf_counter()
-        stream = self.pipeline.engine.stream(request, mode, params)
-        self.pipeline.engine.segment_check = context.check  # stops a request between segment encodings too
+        stream = self.pipeline.engine.stream(request, mode, params, check=context.check)
         try:
-            while True:
-                context.check()
-                try:
-                    _, delta = next(stream)
-                except StopIteration as done:
-                    generation: Generation = done.value
-                    break
+            for _, delta in stream:
                 if delta:
                     context.emit(("token", delta))
+            generation: Generation = stream.result
         finally:
-            self.pipeline.engine.segment_check = None
             stream.close()
             self.refresh_cache_snapshot()
         timings = dict(generation.timings)
@@ -267,7 +258,6 @@ class ServiceBackend:
         cache entries follow (a query before then encodes the missing entries itself).
         """
         from hypic_rag.retrieval.loading import Document, LoadedCorpus
-        from hypic_rag.retrieval.precompute import missing_segments
 
         self._require_writable()
         index, engine = self.pipeline.index, self.pipeline.engine
@@ -292,9 +282,9 @@ class ServiceBackend:
             self.counts = index.counts()
             jobs.update(job, documents_indexed=start + len(batch))
             yield
-        namespace = engine.cache_namespace(engine.seam_tokens)
+        namespace = self.cache.namespace_for(engine.seam_tokens)
         unique = list(dict.fromkeys(segments))
-        todo = missing_segments(self.cache, namespace, [list(ids) for ids in unique])
+        todo = self.cache.missing_segments([list(ids) for ids in unique], engine.seam_tokens)
         jobs.update(job, chunks_total=len(unique), chunks_encoded=len(unique) - len(todo))
         yield
         encoded = 0

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from hypic_rag.pipeline import Answer, Source
-from hypic_rag.runtime.engine import SamplingParams
+from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.errors import ServiceError, internal_error_body
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
 from hypic_rag.server.service import EventStream, Service

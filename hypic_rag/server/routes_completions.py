@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from hypic_rag.runtime.engine import SamplingParams
+from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult, check_segment_count
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, internal_error_body
 from hypic_rag.server.openai_schemas import (

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hypic_rag.runtime.engine import SEED_MAX
+from hypic_rag.runtime.sampling import SEED_MAX
 from hypic_rag.text import unencodable_message
 
 SEED_DESCRIPTION = (

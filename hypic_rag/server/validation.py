@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypic_rag.runtime.request import MODES
+from hypic_rag.runtime.modes import MODES
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, UnprocessableError
 

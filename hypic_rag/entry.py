@@ -1,0 +1,102 @@
+"""The segment entry format, shared by the runtime (which makes and composes entries) and the cache (which stores
+them). A leaf module: it imports nothing from hypic_rag, so both sides can depend on it.
+
+An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md): ``token_ids`` int64 [L]; ``seam_tokens`` int64
+[] (the seam window w it was encoded for); per linear layer ``layers.{i}.transition`` [H, K, K],
+``layers.{i}.suffix_state`` [H, K, V], ``layers.{i}.conv_tail`` [conv_dim, kernel-1]; per attention layer
+``layers.{i}.key`` / ``layers.{i}.value`` [H_kv, L, D] (keys before RoPE). Names ending ``.key`` / ``.value`` are
+K/V; every other tensor but ``token_ids`` (and the scalar ``seam_tokens``) is linear state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+Entry = dict[str, "torch.Tensor"]
+"""A segment entry: tensor name -> tensor (CPU tensors as encoded, stored and decoded)."""
+
+TOKEN_IDS = "token_ids"
+SEAM_TOKENS = "seam_tokens"
+
+LINEAR_LAYER = "linear_attention"
+ATTENTION_LAYER = "full_attention"
+LAYER_KINDS = (LINEAR_LAYER, ATTENTION_LAYER)
+"""The layer kinds of a hybrid stack, as transformers' ``config.layer_types`` names them."""
+
+LINEAR_PARTS = ("transition", "suffix_state", "conv_tail")
+"""The tensors of a linear-attention layer: P [H, K, K], Z [H, K, V] and the conv tail [conv_dim, kernel-1]."""
+ATTENTION_PARTS = ("key", "value")
+"""The tensors of an attention layer: pre-RoPE keys and values [H_kv, L, D]."""
+KEY_VALUE_SUFFIXES = tuple(f".{part}" for part in ATTENTION_PARTS)
+
+
+def tensor_name(layer_index: int, part: str) -> str:
+    """The entry name of layer `layer_index`'s tensor `part` (one of `LINEAR_PARTS` or `ATTENTION_PARTS`)."""
+    return f"layers.{layer_index}.{part}"
+
+
+def layer_parts(kind: str) -> tuple[str, ...]:
+    """The tensor parts an entry holds for a layer of `kind` (ValueError for an unknown kind)."""
+    if kind == LINEAR_LAYER:
+        return LINEAR_PARTS
+    if kind == ATTENTION_LAYER:
+        return ATTENTION_PARTS
+    raise ValueError(f"unknown layer kind {kind!r}; expected one of {', '.join(LAYER_KINDS)}")
+
+
+def is_kv_name(name: str) -> bool:
+    """True for attention K/V tensors."""
+    return name.endswith(KEY_VALUE_SUFFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class EntryBytes:
+    """Byte sizes of an entry's tensors, split by kind (token ids and any header are in neither of the first two)."""
+
+    linear_bytes: int
+    kv_bytes: int
+    token_id_bytes: int
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Every tensor's bytes together: what an entry holds in memory."""
+        return self.linear_bytes + self.kv_bytes + self.token_id_bytes
+
+
+def entry_bytes(entry: Mapping[str, Any]) -> EntryBytes:
+    """Bytes of an entry's tensors as held (after any storage cast), split into linear state, K/V and token ids.
+
+    The one way entry sizes are computed: the cache's statistics, the in-memory byte budgets (`tensor_bytes`),
+    precompute's commit batches and the benchmarks all use it.
+    """
+    linear = kv = token_ids = 0
+    for name, tensor in entry.items():
+        size = tensor.numel() * tensor.element_size()
+        if name == TOKEN_IDS:
+            token_ids += size
+        elif is_kv_name(name):
+            kv += size
+        else:
+            linear += size
+    return EntryBytes(linear_bytes=linear, kv_bytes=kv, token_id_bytes=token_ids)
+
+
+def entry_tensor_bytes(entry: Mapping[str, Any]) -> int:
+    """`entry_bytes(entry).tensor_bytes`: the size of an entry for byte budgets."""
+    return entry_bytes(entry).tensor_bytes
+
+
+def check_seam_tokens(value: object, name: str = "seam_tokens") -> int:
+    """`value` if it is a valid seam window w (an int >= 0), else ValueError naming `name`.
+
+    The one check of a seam width, wherever one is configured (engine, encoder, cache namespace, index settings,
+    manifest, precompute); a seam wider than a segment simply recomputes the whole segment.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return value

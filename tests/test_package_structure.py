@@ -1,0 +1,160 @@
+"""How the package's parts depend on each other, read from the source with `ast` (nothing is imported):
+the runtime never imports the cache, the top-level parts of `hypic_rag` import each other without a cycle, the
+entry format is one leaf module, and nothing outside the cache reaches into a cache's store."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "hypic_rag"
+SOURCE_DIRS = {"hypic_rag": PACKAGE, "hypic_rag.kernels": ROOT / "kernels"}
+"""Where each installed package's source lives (`kernels/` installs as `hypic_rag.kernels`, see pyproject.toml)."""
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    """(dotted module name, file) of every module of the installed package."""
+    for package, directory in SOURCE_DIRS.items():
+        for path in sorted(directory.rglob("*.py")):
+            parts = list(path.relative_to(directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join([package, *parts]), path
+
+
+def imported_modules(name: str, path: Path) -> set[str]:
+    """Every module `name` imports anywhere (top level, inside functions, under TYPE_CHECKING), made absolute."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return found
+
+
+def part_of(module: str) -> str | None:
+    """The top-level part of `hypic_rag` a module belongs to: `hypic_rag.runtime`, `hypic_rag.entry`, ..."""
+    pieces = module.split(".")
+    if pieces[0] != "hypic_rag" or len(pieces) < 2:
+        return None
+    return ".".join(pieces[:2])
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Top-level part -> the other top-level parts its modules import."""
+    known = {module for module, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules():
+        source = part_of(module)
+        if source is None:
+            continue
+        targets = graph.setdefault(source, set())
+        for imported in imported_modules(module, path):
+            target = part_of(imported)
+            if target is not None and target != source and (imported in known or target in known):
+                targets.add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as a path that starts and ends at the same node, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state:
+                cycle = visit(target)
+                if cycle is not None:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle is not None:
+                return cycle
+    return None
+
+
+def test_the_runtime_imports_nothing_from_the_cache() -> None:
+    offenders = {
+        module: sorted(imported for imported in imported_modules(module, path)
+                       if imported == "hypic_rag.cache" or imported.startswith("hypic_rag.cache."))
+        for module, path in modules()
+        if module.startswith("hypic_rag.runtime")
+    }
+    assert {module: found for module, found in offenders.items() if found} == {}
+
+
+def test_no_import_cycle_between_the_top_level_parts() -> None:
+    graph = import_graph()
+    assert {"hypic_rag.runtime", "hypic_rag.cache", "hypic_rag.retrieval", "hypic_rag.server"} <= set(graph)
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or [])}"
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    """The check above can fail: a graph with a cycle is reported, with the cycle's path."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_entry_format_is_one_leaf_module_that_both_sides_import() -> None:
+    entry_module = PACKAGE / "entry.py"
+    own = {imported for imported in imported_modules("hypic_rag.entry", entry_module) if part_of(imported)}
+    assert own == set(), f"hypic_rag/entry.py must import nothing from hypic_rag, imports {sorted(own)}"
+    importers = {
+        module for module, path in modules()
+        if any(imported == "hypic_rag.entry" or imported.startswith("hypic_rag.entry.")
+               for imported in imported_modules(module, path))
+    }
+    for user in ("hypic_rag.cache.layout", "hypic_rag.cache.synthetic", "hypic_rag.cache.segment_cache",
+                 "hypic_rag.runtime.encode", "hypic_rag.runtime.stack", "hypic_rag.runtime.engine",
+                 "hypic_rag.retrieval.encoding_pool", "hypic_rag.bench.measure", "hypic_rag.bench.cache_bytes"):
+        assert user in importers, f"{user} does not use hypic_rag.entry"
+
+
+def test_entry_names_and_sizes_are_defined_only_in_the_entry_module() -> None:
+    """`Entry` is declared once, and only the entry module (and the decode state's own size) multiply a tensor's
+    element count by its element size."""
+    for module, path in modules():
+        if module == "hypic_rag.entry":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                assert not any(isinstance(t, ast.Name) and t.id == "Entry" for t in targets), f"{module} declares Entry"
+            if isinstance(node, ast.Attribute) and node.attr == "element_size":
+                assert module == "hypic_rag.runtime.state", f"{module} computes tensor bytes itself"
+
+
+def test_nothing_outside_the_cache_reaches_into_a_cache_store() -> None:
+    """Only the cache's own modules touch `SegmentCache.store`; the rest goes through `SegmentCache` methods."""
+    offenders = []
+    for module, path in modules():
+        if module.startswith("hypic_rag.cache"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "store":
+                offenders.append(f"{module}:{node.lineno}")
+    assert offenders == []
