@@ -184,6 +184,7 @@ def test_the_check_runs_before_every_step(engine: Engine) -> None:
 def test_a_check_that_raises_while_segments_are_encoded_stops_there_and_keeps_none(engine: Engine) -> None:
     """The per-step check is also the check between segment encodings (what the service's deadline uses)."""
     texts = ["Olu keeps bees on Farrow Hill.", "Pia tunes organs in Lisle.", "Quade maps caves near Orm.", "Who?"]
+    engine = Engine(engine.model, seam_tokens=4, encode_batch_tokens=1)  # one segment per encoding batch
     request = request_of(engine, *texts)
     source = engine.segment_source
     assert source.missing_segments(request.chunk_ids, engine.seam_tokens) == request.chunk_ids
@@ -191,7 +192,7 @@ def test_a_check_that_raises_while_segments_are_encoded_stops_there_and_keeps_no
 
     def check() -> None:
         calls.append(len(calls))
-        if len(calls) == 3:  # 1: before the first step; 2, 3, 4: before each chunk's encoding
+        if len(calls) == 3:  # 1: before the first step; 2, 3, 4: before each chunk's encoding batch
             raise Stop
 
     with pytest.raises(Stop):

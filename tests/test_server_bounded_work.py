@@ -68,9 +68,9 @@ def timed_ask(client: httpx.Client, document: str) -> tuple[httpx.Response, floa
 
 
 def many_segments_prompt(count: int, seed: int) -> str:
-    """`count` distinct segments of about 30 tokens, then the query."""
+    """`count` distinct segments of about 60 tokens, then the query."""
     rng = random.Random(seed)
-    segments = [" ".join(rng.choice(WORDS) for _ in range(12)) + f" (note {seed}-{n})." for n in range(count)]
+    segments = [" ".join(rng.choice(WORDS) for _ in range(30)) + f" (note {seed}-{n})." for n in range(count)]
     return "<<PIC_SEP>>".join([*segments, "Which studio?"])
 
 

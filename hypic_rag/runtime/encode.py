@@ -63,6 +63,24 @@ def encode_segment(model: HybridModel, token_ids: list[int], seam_tokens: int) -
     return {name: tensor.detach().to("cpu").contiguous() for name, tensor in entry.items()}
 
 
+DEFAULT_ENCODE_BATCH_TOKENS = 4096
+"""Padded tokens per batched encoding forward: large enough to fill the matmuls, small enough for memory."""
+
+
+def plan_encode_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of segments grouped for `encode_segments`: longest first (so the padding inside a batch is small
+    and the long ones start early), each batch at most `batch_tokens` padded tokens (a longer segment goes alone).
+    A pure function of `lengths`, so the same segments always form the same batches."""
+    order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
+    batches: list[list[int]] = []
+    for index in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
 @torch.no_grad()
 def encode_segments(model: HybridModel, segments: list[list[int]], seam_tokens: int) -> list[dict[str, torch.Tensor]]:
     """Entries of several segments in ONE forward: each segment from a zero state at positions 0..L_i-1.

@@ -28,7 +28,7 @@ import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.lru import ByteBudgetLRU
-from hypic_rag.runtime.encode import encode_segment
+from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment, encode_segments, plan_encode_batches
 from hypic_rag.runtime.generation import Generation, GenerationStream, first_stop, settled_length
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import ModeSpec, mode_spec
@@ -100,8 +100,12 @@ class Engine:
         segment_source: SegmentSource | None = None,
         memory_cache_bytes: int = 1 << 30,
         prefix_cache_bytes: int = 1 << 30,
+        encode_batch_tokens: int = DEFAULT_ENCODE_BATCH_TOKENS,
     ) -> None:
+        if encode_batch_tokens < 1:
+            raise ValueError(f"encode_batch_tokens must be positive, got {encode_batch_tokens}")
         self.model = model
+        self.encode_batch_tokens = encode_batch_tokens
         self.seam_tokens = check_seam_tokens(seam_tokens)
         self.segment_source: SegmentSource = (
             segment_source if segment_source is not None else MemorySegmentSource(memory_cache_bytes)
@@ -118,13 +122,17 @@ class Engine:
     def encode_segments(
         self, segments: list[list[int]], seam_tokens: int | None = None, *, check: Check | None = None
     ) -> list[Entry]:
-        """Encode each segment; `check` runs before each one (raising stops there: none of them is kept)."""
-        entries = []
-        for segment in segments:
+        """Encode the segments, several per forward (batches of similar lengths up to `encode_batch_tokens` padded
+        tokens; `encode_segments` in encode.py). `check` runs before each batch (raising stops there: none of the
+        segments is kept). Entries come back in the order of `segments`."""
+        seam = self.seam_tokens if seam_tokens is None else seam_tokens
+        entries: list[Entry | None] = [None] * len(segments)
+        for batch in plan_encode_batches([len(segment) for segment in segments], self.encode_batch_tokens):
             if check is not None:
                 check()
-            entries.append(self.encode_segment(segment, seam_tokens))
-        return entries
+            for index, entry in zip(batch, encode_segments(self.model, [list(segments[i]) for i in batch], seam)):
+                entries[index] = entry
+        return entries  # type: ignore[return-value]
 
     def fetch_entries(
         self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats, *, check: Check | None = None
@@ -201,6 +209,8 @@ class Engine:
                 entries[number] = entry
                 if not hit:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
                     stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
+        if check is not None:  # the entries are in (and kept); a request past its deadline stops before assembly
+            check()
         spans: list[Span] = []
         position = 0
         for segment, entry, entry_seam in zip(segments, entries, seams):
