@@ -28,7 +28,12 @@ class PipelineError(ValueError):
 
 @dataclass(slots=True)
 class Source:
-    """A retrieved chunk shown as a source of the answer."""
+    """A retrieved chunk shown as a source of the answer.
+
+    score: cosine similarity to the question. metadata: the document's fields and the chunk's location (`page`,
+    `page_end`, `section`). hop_query: for a chunk found by the retrieval hop, the follow-up query that found it
+    (None for a direct hit), and hop_score its similarity to that query.
+    """
 
     doc_id: str
     chunk_id: str
@@ -37,6 +42,8 @@ class Source:
     source: str = ""
     position: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    hop_query: str | None = None
+    hop_score: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -216,7 +223,8 @@ class RagPipeline:
 
 def _source_of(hit: Any) -> Source:
     chunk = hit.chunk
-    return Source(chunk.doc_id, chunk.chunk_id, hit.score, chunk.text, chunk.source, chunk.position, dict(chunk.metadata))
+    return Source(chunk.doc_id, chunk.chunk_id, hit.score, chunk.text, chunk.source, chunk.position, dict(chunk.metadata),
+                  hit.hop_query, hit.hop_score)
 
 
 def _relay(inner: Iterator[tuple[int, str]]):
