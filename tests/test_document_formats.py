@@ -277,3 +277,33 @@ def test_llama_index_source_nodes_carry_page_and_section(built: dict[str, Path])
         (node,) = retriever.retrieve(question)
         assert node.node.metadata["doc_id"] == document and location.items() <= node.node.metadata.items(), question
         assert FACTS[document] in node.node.get_content()
+
+
+def test_a_docstore_made_before_chunk_metadata_opens_and_gains_it(tmp_path: Path) -> None:
+    import sqlite3
+
+    import numpy as np
+
+    from hypic_rag.retrieval.chunking import Chunk
+    from hypic_rag.retrieval.docstore import SCHEMA, DocStore
+    from hypic_rag.retrieval.loading import Document
+
+    path = tmp_path / "docstore.sqlite"
+    old_schema = SCHEMA.replace(",\n    metadata TEXT NOT NULL DEFAULT '{}'\n);", "\n);")
+    assert old_schema != SCHEMA
+    with sqlite3.connect(path) as db:
+        db.executescript(old_schema)
+        db.execute("INSERT INTO documents VALUES ('old.txt', '/corpus', 'old.txt', 'digest', '{\"kind\": \"note\"}')")
+        db.execute("INSERT INTO chunks (chunk_id, doc_id, position, text, token_ids, n_tokens, char_start, char_end, "
+                   "embedding) VALUES ('c0', 'old.txt', 0, 'Old text.', ?, 2, 0, 9, ?)",
+                   (np.asarray([1, 2], "<i4").tobytes(), np.zeros(4, "<f4").tobytes()))
+    store = DocStore(path)
+    try:
+        (old,) = store.iter_chunks()
+        assert old.metadata == {"kind": "note"}
+        document = Document("new.pdf", "Page text.", "new.pdf", {"title": "T"}, (Location(0, page=1),))
+        chunk = Chunk("c1", "new.pdf", 0, "Page text.", (3, 4), 0, 10, {"page": 1})
+        store.replace_document(document, "/corpus", [chunk], {"c1": np.ones(4, dtype=np.float32)})
+        assert [c.metadata for c in store.iter_chunks()] == [{"title": "T", "page": 1}, {"kind": "note"}]
+    finally:
+        store.close()

@@ -83,9 +83,8 @@ def print_answer(answer: Answer) -> None:
                                             "hop" if source.hop_query is not None else "") if note)
         print(f"  [{rank}] {source.doc_id} #{source.position} ({notes}): {snippet}")
         if source.hop_query is not None:
-            print(f"      hop: not similar to the question itself; found by the follow-up query "
-                  f"{json.dumps(source.hop_query, ensure_ascii=False)} made from the best hit's sentences "
-                  f"(score {source.hop_score or 0.0:.3f} against it)")
+            print(f"      hop: found by the follow-up query {json.dumps(source.hop_query, ensure_ascii=False)}, made "
+                  f"from the best hit's sentences (score {source.hop_score or 0.0:.3f} against it), not by the question")
     timings = answer.timings
     print(
         "Timings: "
