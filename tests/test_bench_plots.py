@@ -14,13 +14,18 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("matplotlib")
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from hypic_rag.bench.quality_plot import load_results, quality_figure, wilson_interval  # noqa: E402
-from hypic_rag.bench.report import seam_figure, speedup_label, ttft_figure, workload_title  # noqa: E402
+from hypic_rag.bench.quality_plot import load_results, quality_figure, wilson_interval
+from hypic_rag.bench.report import (
+    seam_figure,
+    speedup_label,
+    ttft_figure,
+    workload_title,
+)
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPOSITORY / "docs" / "benchmarks"
@@ -121,11 +126,11 @@ def test_the_plots_are_redrawn_from_saved_results(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY), "OMP_WAIT_POLICY": "PASSIVE"}
     for module, args in (("hypic_rag.bench.report", [str(tmp_path / "bench_quick.json")]),
                          ("hypic_rag.bench.quality_plot", ["--results", str(tmp_path)])):
-        done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
+        done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env, check=False,
                               timeout=120)
         assert done.returncode == 0, done.stderr
     for name in ("ttft_by_mode_quick.png", "seam_sweep_quick.png", "default_model_exact_match.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / name).stat().st_size > 20_000
     done = subprocess.run([sys.executable, "-m", "hypic_rag.bench.quality_plot", "--results", str(tmp_path / "none")],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 2 and "no default_model_quality*.json file" in done.stderr

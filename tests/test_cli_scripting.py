@@ -39,7 +39,7 @@ def run(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
     """`python -m hypic_rag ARGV` in a subprocess, this checkout first on the path."""
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY), "OMP_WAIT_POLICY": "PASSIVE"}
     return subprocess.run([sys.executable, "-m", "hypic_rag", *argv], input=stdin if stdin is not None else "",
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
 def ask_args(index: Path, *extra: str) -> list[str]:

@@ -156,6 +156,19 @@ def test_unreadable_files_are_named_with_the_reason(tmp_path: Path, caplog: pyte
     assert "7781" not in all_text(tmp_path / "corpus")  # the encrypted PDF's text is not guessed at
 
 
+def test_html_in_a_declared_encoding_and_as_a_single_file(tmp_path: Path) -> None:
+    page = tmp_path / "cafe.htm"
+    page.write_bytes('<html><head><meta charset="iso-8859-1"></head><body><h1>Caf\xe9</h1><p>Cr\xe8me br\xfbl\xe9e '
+                     'every day.</p></body></html>'.encode("latin-1"))
+    (document,) = load_corpus(page).documents
+    assert document.text == "Caf\xe9\n\nCr\xe8me br\xfbl\xe9e every day." and document.locations[0].section == "Caf\xe9"
+    deep = tmp_path / "deep.html"
+    deep.write_text("<div>" * 5000 + "deep text" + "</div>" * 5000, encoding="utf-8")
+    corpus = load_corpus(tmp_path)
+    assert [d.doc_id for d in corpus.documents] == ["cafe.htm"]  # a pathological page is named, not a crash
+    assert [(skip.location, skip.reason) for skip in corpus.skipped] == [("deep.html", "HTML nested too deeply to read")]
+
+
 def test_a_single_pdf_is_never_read_as_its_operators(tmp_path: Path) -> None:
     pdf = write_pdf(tmp_path / "report.pdf", PDF_PAGES)
     (document,) = load_corpus(pdf).documents
@@ -252,13 +265,14 @@ def test_server_sources_carry_page_and_section(built: dict[str, Path], precomput
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
 
-    with ServerThread(ServerConfig(index_dir=built["index"], device="cpu")) as running:
-        with httpx.Client(base_url=running.url, timeout=120) as client:
-            for question, (document, location) in list(QUESTIONS.items())[:2]:
-                response = client.post("/v1/ask", json={"question": question, "top_k": 2, "max_new_tokens": 2})
-                assert response.status_code == 200, response.text
-                sources = [s for s in response.json()["sources"] if s["document"] == document]
-                assert sources and location.items() <= sources[0]["metadata"].items(), response.json()["sources"]
+    with ServerThread(ServerConfig(index_dir=built["index"], device="cpu")) as running, \
+            httpx.Client(base_url=running.url, timeout=120) as client:
+        for question, (document, location) in list(QUESTIONS.items())[:2]:
+            response = client.post("/v1/ask", json={"question": question, "top_k": 2, "max_new_tokens": 2})
+            assert response.status_code == 200, response.text
+            sources = [s for s in response.json()["sources"] if s["document"] == document]
+            assert sources and location.items() <= sources[0]["metadata"].items(), response.json()["sources"]
+            assert all(s["hop_query"] is None for s in response.json()["sources"])  # top_k 2: no hop places
 
 
 def test_llama_index_source_nodes_carry_page_and_section(built: dict[str, Path]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def workload_title(workload_id: str) -> str:
 
 def speedup_label(speedup: float | None) -> str:
     """"4.6x faster" / "1.6x slower" than full recompute; "baseline" for 1.0 exactly (full itself)."""
-    if speedup is None or speedup != speedup or speedup <= 0:
+    if speedup is None or math.isnan(speedup) or speedup <= 0:
         return ""
     if speedup == 1.0:
         return "baseline"

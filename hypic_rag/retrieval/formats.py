@@ -176,7 +176,7 @@ def _quiet_pypdf() -> Iterator[None]:
         pypdf_logger.setLevel(logging.NOTSET)
 
 
-def _parse_pdf(raw: bytes, PdfReader: Any, DependencyError: type, PyPdfError: type) -> ParsedText:  # noqa: N803
+def _parse_pdf(raw: bytes, PdfReader: Any, DependencyError: type, PyPdfError: type) -> ParsedText:
     try:
         reader = PdfReader(io.BytesIO(raw))
         if reader.is_encrypted:
@@ -232,7 +232,13 @@ def _decode_html(raw: bytes) -> str:
 def parse_html(raw: bytes) -> ParsedText:
     """Visible text of an HTML page: blocks as paragraphs, headings as sections, `<title>` as metadata."""
     from bs4 import BeautifulSoup
-    from bs4.element import Comment, Doctype, NavigableString, ProcessingInstruction, Tag
+    from bs4.element import (
+        Comment,
+        Doctype,
+        NavigableString,
+        ProcessingInstruction,
+        Tag,
+    )
 
     soup = BeautifulSoup(_decode_html(raw), "html.parser")
     metadata: dict[str, Any] = {}
@@ -277,7 +283,10 @@ def parse_html(raw: bytes) -> ParsedText:
             else:
                 walk(child)
 
-    walk(soup)
+    try:
+        walk(soup)
+    except RecursionError:
+        raise UnreadableFile("HTML nested too deeply to read") from None
     flush()
     return builder.result(metadata)
 
