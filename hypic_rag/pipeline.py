@@ -177,7 +177,8 @@ class RagPipeline:
         mode: str = "hypic",
         params: SamplingParams | None = None,
     ) -> Iterator[tuple[str, Any]]:
-        """Yield ("sources", [Source]) first, then ("token", text_delta) items; returns the final `Answer`.
+        """Yield ("sources", [Source]) first (best first by similarity to the question), then ("token", text_delta)
+        items; returns the final `Answer`.
 
         The answer is the generated text stripped of surrounding whitespace, and so is the stream: its deltas
         add up exactly to `Answer.text` (leading whitespace is dropped, trailing whitespace held until more text
@@ -193,7 +194,8 @@ class RagPipeline:
             raise PipelineError("top_k must be >= 1")
         hits = self.index.search(question, top_k, hop_slots=self.hop_slots)
         retrieval_seconds = time.perf_counter() - began
-        sources = [_source_of(hit) for hit in hits]
+        sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt keeps
+        # retrieval order (direct hits, then the hop's, whose scores against the question are usually lower)
         yield "sources", sources
         request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits])
         generation: Generation = yield from _relay(self.engine.stream(request, mode, params))

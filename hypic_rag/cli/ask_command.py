@@ -28,7 +28,7 @@ from hypic_rag.cli.precompute_command import (
 from hypic_rag.runtime.request import MODES
 
 if TYPE_CHECKING:
-    from hypic_rag.pipeline import Answer, RagPipeline, Source
+    from hypic_rag.pipeline import Answer, RagPipeline
 
 SNIPPET_CHARACTERS = 80
 STDIN_QUESTION = "-"
@@ -56,12 +56,6 @@ def _milliseconds(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def by_score(sources: list[Source]) -> list[Source]:
-    """Sources best first by similarity to the question (the prompt keeps retrieval order: direct hits, then the
-    hop's)."""
-    return sorted(sources, key=lambda source: -source.score)
-
-
 def location_label(metadata: dict[str, Any]) -> str:
     """"page 3", "pages 3-4" or "section Guide > Setup" from a source's metadata; "" when it has neither."""
     if "page" in metadata:
@@ -75,7 +69,7 @@ def location_label(metadata: dict[str, Any]) -> str:
 def print_answer(answer: Answer) -> None:
     print(f"Answer: {answer.text}")
     print("Sources (by similarity to the question):")
-    for rank, source in enumerate(by_score(answer.sources), start=1):
+    for rank, source in enumerate(answer.sources, start=1):
         snippet = " ".join(source.text.split())
         if len(snippet) > SNIPPET_CHARACTERS:
             snippet = snippet[: SNIPPET_CHARACTERS - 3] + "..."
@@ -113,7 +107,7 @@ def answer_json(question: str, answer: Answer) -> dict[str, Any]:
     data = {"question": question, **answer.as_dict()}
     data["sources"] = [
         {"rank": rank, "hop": source.hop_query is not None, **source.as_dict()}
-        for rank, source in enumerate(by_score(answer.sources), start=1)
+        for rank, source in enumerate(answer.sources, start=1)
     ]
     return data
 
