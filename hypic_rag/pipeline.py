@@ -31,7 +31,12 @@ class PipelineError(ValueError):
 
 @dataclass(slots=True)
 class Source:
-    """A retrieved chunk shown as a source of the answer."""
+    """A retrieved chunk shown as a source of the answer.
+
+    score: cosine similarity to the question. metadata: the document's fields and the chunk's location (`page`,
+    `page_end`, `section`). hop_query: for a chunk found by the retrieval hop, the follow-up query that found it
+    (None for a direct hit), and hop_score its similarity to that query.
+    """
 
     doc_id: str
     chunk_id: str
@@ -40,6 +45,8 @@ class Source:
     source: str = ""
     position: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    hop_query: str | None = None
+    hop_score: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -174,7 +181,7 @@ class RagPipeline:
         params: SamplingParams | None = None,
         check: Callable[[], None] | None = None,
     ) -> ResultStream[tuple[str, Any], Answer]:
-        """A stream of ("sources", [Source]) first, then ("token", text_delta) items; its `.result` is the `Answer`.
+        """A stream of ("sources", [Source]) first (best first by similarity to the question), then ("token", text_delta) items; its `.result` is the `Answer`.
 
         Nothing runs until the stream is iterated. The answer is the generated text stripped of surrounding
         whitespace, and so is the stream: its deltas add up exactly to `Answer.text` (leading whitespace is
@@ -196,7 +203,8 @@ class RagPipeline:
             raise PipelineError("top_k must be >= 1")
         hits = self.index.search(question, top_k, hop_slots=self.hop_slots)
         retrieval_seconds = time.perf_counter() - began
-        sources = [_source_of(hit) for hit in hits]
+        sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt keeps
+        # retrieval order (direct hits, then the hop's, whose scores against the question are usually lower)
         yield "sources", sources
         request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits])
         generation: Generation = yield from _relay(self.engine.stream(request, mode, params, check=check))
@@ -226,7 +234,8 @@ class RagPipeline:
 
 def _source_of(hit: Any) -> Source:
     chunk = hit.chunk
-    return Source(chunk.doc_id, chunk.chunk_id, hit.score, chunk.text, chunk.source, chunk.position, dict(chunk.metadata))
+    return Source(chunk.doc_id, chunk.chunk_id, hit.score, chunk.text, chunk.source, chunk.position, dict(chunk.metadata),
+                  hit.hop_query, hit.hop_score)
 
 
 def _relay(inner: GenerationStream) -> Generator[tuple[str, str], None, Generation]:

@@ -219,7 +219,7 @@ def test_bad_input_gives_one_clear_error(built: dict[str, Path], tmp_path: Path,
     (tmp_path / "empty" / "image.txt").write_bytes(b"\x00\x01binary")
     code, _, err = run_cli(capsys, "precompute", str(tmp_path / "empty"), "--index", str(tmp_path / "i"),
                            "--model", str(model_dir))
-    assert code == 2 and "holds no .txt, .md or .jsonl document" in err and "image.txt: binary file" in err
+    assert code == 2 and "holds no .txt, .md, .jsonl, .pdf, .html or .docx document" in err and "image.txt: binary file" in err
 
     code, _, err = run_cli(capsys, "precompute", str(built["corpus"]), "--index", str(tmp_path / "i"),
                            "--model", str(tmp_path / "no-model"))

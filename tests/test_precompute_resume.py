@@ -126,6 +126,6 @@ def test_precompute_cli_fails_fast_without_loading_models(tmp_path: Path, path_k
     result = subprocess.run(precompute_command(target, tmp_path / "index", tmp_path / "model"),
                             env=child_environment(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    message = "does not exist" if path_kind == "file" else "holds no .txt, .md or .jsonl document"
+    message = "does not exist" if path_kind == "file" else "holds no .txt, .md, .jsonl, .pdf, .html or .docx document"
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert time.monotonic() - began < 60

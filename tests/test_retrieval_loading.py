@@ -93,7 +93,7 @@ def test_missing_path_and_empty_corpus_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(CorpusNotFoundError, match="does not exist"):
         load_corpus(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(EmptyCorpusError, match="holds no .txt, .md or .jsonl document"):
+    with pytest.raises(EmptyCorpusError, match="holds no .txt, .md, .jsonl, .pdf, .html or .docx document"):
         load_corpus(tmp_path / "empty")
     (tmp_path / "binary").mkdir()
     (tmp_path / "binary" / "x.txt").write_bytes(b"\x00\x01\x02")

@@ -1,9 +1,16 @@
-"""Write a benchmark result as JSON, a markdown table and PNG plots."""
+"""Write a benchmark result as JSON, a markdown table and PNG plots.
+
+`python -m hypic_rag.bench.report docs/benchmarks/bench_*.json` draws the plots again from saved results (next to
+each JSON file), without running anything.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +58,43 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plots(result: dict[str, Any], directory: Path) -> list[Path]:
-    """TTFT per mode per workload, and the seam sweep's quality against TTFT. Skipped without matplotlib."""
+WORKLOAD_TITLES = (
+    (re.compile(r"^rag_qa_k(\d+)$"), "RAG question answering, {0} chunks"),
+    (re.compile(r"^long_context_(\d+)x(\d+)$"), "Long context, {0} chunks of {1} tokens"),
+    (re.compile(r"^agentic_(\d+)turns$"), "Agentic loop, {0} turns"),
+    (re.compile(r"^cold_k(\d+)$"), "Cold cache (nothing cached), {0} chunks"),
+)
+BASELINE_COLOUR, MODE_COLOUR, HYPIC_COLOUR = "#9a9a9a", "#4c72b0", "#dd8452"
+
+
+def workload_title(workload_id: str) -> str:
+    """A reader's name for a workload id ("rag_qa_k8" -> "RAG question answering, 8 chunks"); the id otherwise."""
+    for pattern, title in WORKLOAD_TITLES:
+        match = pattern.match(workload_id)
+        if match:
+            return title.format(*match.groups())
+    return workload_id
+
+
+def speedup_label(speedup: float | None) -> str:
+    """"4.6x faster" / "1.6x slower" than full recompute; "baseline" for 1.0 exactly (full itself)."""
+    if speedup is None or math.isnan(speedup) or speedup <= 0:
+        return ""
+    if speedup == 1.0:
+        return "baseline"
+    ratio = speedup if speedup >= 1.0 else 1.0 / speedup
+    digits = 2 if ratio < 2.0 else 1  # 1.03x, not a rounded "1.0x faster"
+    return f"{ratio:.{digits}f}x " + ("faster" if speedup >= 1.0 else "slower")
+
+
+def figure_note(result: dict[str, Any]) -> str:
+    """The model / machine / profile line every benchmark figure carries."""
+    return (f"model: {result['timing_model']['description']}\nmachine: {result['machine']}\n"
+            f"profile '{result['config']['profile']}', seam window {result['config']['seam_tokens']} tokens; "
+            f"reproduce: {result['command']}")
+
+
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -60,35 +102,98 @@ def plots(result: dict[str, Any], directory: Path) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         logger.warning("matplotlib is not installed: no plots")
-        return []
-    written = []
+        return None
+    return plt
+
+
+def ttft_figure(result: dict[str, Any], plt: Any) -> Any:
+    """Horizontal bars of TTFT p50 per mode, one panel per workload, on linear axes from 0; each bar labelled with
+    its time and its speed-up over full recompute in the same run."""
     workloads = result["workloads"]
-    figure, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
-    for axis, workload in zip(axes[0], workloads):
+    columns = min(3, len(workloads))
+    rows = -(-len(workloads) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(max(8.0, 5.6 * columns), 1.3 + 3.0 * rows), squeeze=False)
+    for axis in axes.flat[len(workloads):]:
+        axis.set_visible(False)
+    for axis, workload in zip(axes.flat, workloads):
         modes = list(workload["modes"])
         values = [workload["modes"][mode]["ttft_p50"] for mode in modes]
-        axis.bar(range(len(modes)), values, color="#4c72b0")
-        axis.set_xticks(range(len(modes)), modes, rotation=40, ha="right", fontsize=8)
-        axis.set_yscale("log")
-        axis.set_ylim(bottom=min(values) / 3, top=max(values) * 2)
-        axis.set_title(workload["workload"], fontsize=9)
-        axis.set_ylabel("TTFT p50 (s)")
-    figure.tight_layout()
-    path = directory / f"ttft_by_mode_{result['config']['profile']}.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    written.append(path)
+        colours = [BASELINE_COLOUR if mode == "full" else HYPIC_COLOUR if mode == "hypic" else MODE_COLOUR
+                   for mode in modes]
+        positions = range(len(modes))
+        axis.barh(positions, values, color=colours, height=0.7)
+        axis.set_yticks(list(positions), modes, fontsize=9)
+        axis.invert_yaxis()  # first mode on top
+        axis.set_xlim(0, max(values) * 1.62)
+        for position, mode, value in zip(positions, modes, values):
+            speed = speedup_label(workload["modes"][mode].get("ttft_speedup_vs_full"))
+            axis.text(value + max(values) * 0.02, position, f"{value:.3g} s" + (f"  ({speed})" if speed else ""),
+                      va="center", fontsize=8)
+        axis.set_xlabel("time to first token, median (s)", fontsize=9)
+        plural = "s" if workload["requests"] != 1 else ""
+        axis.set_title(f"{workload_title(workload['workload'])}\n{workload['requests']} request{plural}, "
+                       f"~{workload['mean_prompt_tokens']:.0f} prompt tokens", fontsize=10)
+        axis.tick_params(axis="x", labelsize=8)
+        axis.spines[["top", "right"]].set_visible(False)
+    figure.suptitle(f"Time to first token by composition mode, profile '{result['config']['profile']}'\n"
+                    "(lower is better; speed-ups against full recompute in the same run)", fontsize=12,
+                    fontweight="bold")
+    figure.text(0.5, 0.01, figure_note(result), ha="center", va="bottom", fontsize=8, color="#444444")
+    figure.tight_layout(rect=(0, 0.7 / figure.get_figheight(), 1, 1))  # the note's three lines below; tight_layout
+    # leaves room for the title itself
+    return figure
+
+
+def seam_figure(result: dict[str, Any], plt: Any) -> Any:
+    """The seam-window sweep: KL to full recompute and TTFT per window, side by side, both axes from 0."""
+    rows = result["seam_sweep"]
+    labels = [f"{row['seam_tokens']}\n{row['recomputed_fraction']:.0%}" for row in rows]
+    positions = list(range(len(rows)))
+    figure, (kl_axis, ttft_axis) = plt.subplots(1, 2, figsize=(max(11.5, 1.9 * len(rows) + 1.5), 5.2))
+    panels = (
+        (kl_axis, [row["kl_vs_full"] for row in rows], "KL(full || hypic), next-token (lower is closer)",
+         "Quality: distance to full recompute", "{:.3f}"),
+        (ttft_axis, [row["ttft_p50"] for row in rows], "time to first token, median (s)",
+         "Cost: time to first token", "{:.2f} s"),
+    )
+    for axis, values, ylabel, title, fmt in panels:
+        axis.bar(positions, values, color=HYPIC_COLOUR, width=0.6)
+        axis.set_ylim(0, max(values) * 1.18)
+        for position, value, row in zip(positions, values, rows):
+            text = fmt.format(value)
+            if axis is kl_axis:
+                text += f"\nagree {row['greedy_agreement_vs_full']:.0%}"
+            axis.text(position, value + max(values) * 0.015, text, ha="center", va="bottom", fontsize=8)
+        axis.set_xticks(positions, labels, fontsize=8)
+        axis.set_xlabel("seam window: tokens recomputed at each chunk boundary\n(below: share of the prompt recomputed)",
+                        fontsize=9)
+        axis.set_ylabel(ylabel, fontsize=9)
+        axis.set_title(title, fontsize=10)
+        axis.spines[["top", "right"]].set_visible(False)
+    figure.suptitle(f"Seam window sweep, profile '{result['config']['profile']}': hypic mode, RAG question "
+                    "answering with 8 chunks", fontsize=12, fontweight="bold")
+    requests = result["config"].get("sweep_requests")
+    per_window = f" ({requests} requests per window)" if requests else ""
+    figure.text(0.5, 0.01, figure_note(result) + f"\n'agree': share of requests whose greedy next token equals full "
+                f"recompute's{per_window}",
+                ha="center", va="bottom", fontsize=8, color="#444444")
+    figure.tight_layout(rect=(0, 0.95 / figure.get_figheight(), 1, 1))
+    return figure
+
+
+def plots(result: dict[str, Any], directory: Path) -> list[Path]:
+    """TTFT per mode per workload, and the seam sweep's quality and TTFT per window. Skipped without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
+        return []
+    written = []
+    profile = result["config"]["profile"]
+    figures = [(f"ttft_by_mode_{profile}.png", ttft_figure)]
     if result.get("seam_sweep"):
-        rows = result["seam_sweep"]
-        figure, axis = plt.subplots(figsize=(5, 3.6))
-        axis.plot([r["ttft_p50"] for r in rows], [r["kl_vs_full"] for r in rows], "o-")
-        for r in rows:
-            axis.annotate(f"w={r['seam_tokens']}", (r["ttft_p50"], r["kl_vs_full"]), fontsize=8)
-        axis.set_xlabel("TTFT p50 (s)")
-        axis.set_ylabel("KL(full || hypic)")
-        axis.set_title("seam window: quality vs time to first token", fontsize=9)
-        figure.tight_layout()
-        path = directory / f"seam_sweep_{result['config']['profile']}.png"
+        figures.append((f"seam_sweep_{profile}.png", seam_figure))
+    for name, draw in figures:
+        figure = draw(result, plt)
+        path = directory / name
         figure.savefig(path, dpi=110)
         plt.close(figure)
         written.append(path)
@@ -102,3 +207,18 @@ def write_report(result: dict[str, Any], directory: Path) -> list[Path]:
     markdown_path = directory / f"bench_{result['config']['profile']}.md"
     markdown_path.write_text(markdown(result))
     return [json_path, markdown_path, *plots(result, directory)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Redraw the PNG plots of saved benchmark results."""
+    parser = argparse.ArgumentParser(prog="python -m hypic_rag.bench.report", description=main.__doc__)
+    parser.add_argument("results", nargs="+", type=Path, metavar="JSON", help="bench_<profile>.json files")
+    args = parser.parse_args(argv)
+    for path in args.results:
+        for written in plots(json.loads(path.read_text()), path.parent):
+            print(written)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,15 +1,19 @@
 """`hypic-rag ask --index DIR "question"`: retrieve, compose cached chunk states, generate.
 
-Prints the answer, its sources (document, chunk, similarity, opening words) and timings: retrieval, cache load,
-compose, prefill and time to first token (measured from the question, retrieval included).
-Exit codes: 0 answered; 2 bad input (no index, empty question, missing model); 3 the index was built with
+Prints the answer, its sources in order of similarity to the question (document, chunk, similarity, page or
+section, opening words; a chunk found by the retrieval hop is marked `hop`, with a line saying which follow-up
+query found it) and timings: retrieval, cache load, compose, prefill and time to first token (measured from the
+question, retrieval included). `--json` prints one JSON object instead. `ask -` reads the question from standard
+input. Exit codes: 0 answered; 2 bad input (no index, empty question, missing model); 3 the index was built with
 another embedder or model; 1 any other failure.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import json
+import sys
+from typing import TYPE_CHECKING, Any
 
 from hypic_rag.cli.main import CliError
 from hypic_rag.cli.precompute_command import (
@@ -27,11 +31,12 @@ if TYPE_CHECKING:
     from hypic_rag.pipeline import Answer, RagPipeline
 
 SNIPPET_CHARACTERS = 80
+STDIN_QUESTION = "-"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ask", help="answer a question over a precomputed index", description=__doc__)
-    parser.add_argument("question", metavar="QUESTION", help="the question")
+    parser.add_argument("question", metavar="QUESTION", help='the question; "-" reads it from standard input')
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--top-k", type=positive_int, default=4, metavar="K", help="chunks retrieved (4)")
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
@@ -42,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
     parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: question, answer, sources (by score), usage, timings (seconds)")
     parser.set_defaults(func=run_ask)
 
 
@@ -49,14 +56,29 @@ def _milliseconds(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+def location_label(metadata: dict[str, Any]) -> str:
+    """"page 3", "pages 3-4" or "section Guide > Setup" from a source's metadata; "" when it has neither."""
+    if "page" in metadata:
+        end = metadata.get("page_end")
+        return f"pages {metadata['page']}-{end}" if end is not None else f"page {metadata['page']}"
+    if "section" in metadata:
+        return f"section {metadata['section']}"
+    return ""
+
+
 def print_answer(answer: Answer) -> None:
     print(f"Answer: {answer.text}")
-    print("Sources:")
+    print("Sources (by similarity to the question):")
     for rank, source in enumerate(answer.sources, start=1):
         snippet = " ".join(source.text.split())
         if len(snippet) > SNIPPET_CHARACTERS:
             snippet = snippet[: SNIPPET_CHARACTERS - 3] + "..."
-        print(f"  [{rank}] {source.doc_id} #{source.position} (score {source.score:.3f}): {snippet}")
+        notes = ", ".join(note for note in (f"score {source.score:.3f}", location_label(source.metadata),
+                                            "hop" if source.hop_query is not None else "") if note)
+        print(f"  [{rank}] {source.doc_id} #{source.position} ({notes}): {snippet}")
+        if source.hop_query is not None:
+            print(f"      hop: found by the follow-up query {json.dumps(source.hop_query, ensure_ascii=False)}, made "
+                  f"from the best hit's sentences (score {source.hop_score or 0.0:.3f} against it), not by the question")
     timings = answer.timings
     print(
         "Timings: "
@@ -79,6 +101,35 @@ def print_answer(answer: Answer) -> None:
     )
 
 
+def answer_json(question: str, answer: Answer) -> dict[str, Any]:
+    """The `--json` object: question, answer, mode, finish reason, sources best first (each with its rank, a
+    `hop` flag, and the Source fields), usage and timings (seconds)."""
+    data = {"question": question, **answer.as_dict()}
+    data["sources"] = [
+        {"rank": rank, "hop": source.hop_query is not None, **source.as_dict()}
+        for rank, source in enumerate(answer.sources, start=1)
+    ]
+    return data
+
+
+def read_question(given: str) -> str:
+    """The question: `given`, or standard input's text when `given` is "-"; a CliError when it is empty."""
+    if given != STDIN_QUESTION:
+        if not given.strip():
+            raise CliError("the question is empty", EXIT_BAD_INPUT)
+        return given
+    if sys.stdin is None:
+        raise CliError('"-" reads the question from standard input, but there is none', EXIT_BAD_INPUT)
+    try:
+        question = sys.stdin.read()
+    except UnicodeDecodeError:
+        raise CliError("standard input is not UTF-8 text", EXIT_BAD_INPUT) from None
+    if not question.strip():
+        raise CliError('standard input is empty: "-" reads the question from it (echo "question" | hypic-rag ask '
+                       "--index DIR -)", EXIT_BAD_INPUT)
+    return question.strip()
+
+
 def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     """The index (checked against the embedder and model), its model, its segment cache, as one pipeline."""
     from hypic_rag.pipeline import RagPipeline
@@ -94,15 +145,14 @@ def run_ask(args: argparse.Namespace) -> int:
     from hypic_rag.runtime.sampling import SamplingParams
     from hypic_rag.runtime.model import ModelLoadError
 
-    if not args.question.strip():
-        raise CliError("the question is empty", EXIT_BAD_INPUT)
+    question = read_question(args.question)
     try:
         pipeline = open_pipeline(args)
         try:
             params = SamplingParams(
                 max_new_tokens=args.max_new_tokens, stop_strings=(pipeline.prompt_format.answer_stop,)
             )
-            answer = pipeline.answer(args.question, top_k=args.top_k, mode=args.mode, params=params)
+            answer = pipeline.answer(question, top_k=args.top_k, mode=args.mode, params=params)
         finally:
             pipeline.close()
     except IndexMismatchError as error:
@@ -111,5 +161,8 @@ def run_ask(args: argparse.Namespace) -> int:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     except (RetrievalError, CacheError) as error:
         raise CliError(str(error), EXIT_FAILURE) from None
-    print_answer(answer)
+    if args.json:
+        print(json.dumps(answer_json(question, answer), ensure_ascii=False))
+    else:
+        print_answer(answer)
     return EXIT_OK

@@ -14,6 +14,8 @@ import logging
 import os
 import sys
 
+from hypic_rag import __version__
+
 # Before torch loads OpenMP: spinning worker threads slow every step ~10x whenever another process shares the
 # cores (measured on 2-core machines). An explicit OMP_WAIT_POLICY in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -42,6 +44,7 @@ class CliError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hypic-rag", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hypic-rag {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:

@@ -27,10 +27,11 @@ import hashlib
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.retrieval.formats import location_metadata
 from hypic_rag.retrieval.loading import Document
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class Chunk:
 
     chunk_id: content-derived id. position: its order in the document. text: the chunk's raw text (what is
     embedded and shown as a source). token_ids: ids of the formatted chunk segment (what is cached and composed).
-    char_start / char_end: the text's span in the document.
+    char_start / char_end: the text's span in the document. metadata: where in the document the span lies
+    (`page` / `page_end` of a PDF, `section` of HTML, DOCX or Markdown; `formats.location_metadata`).
     """
 
     chunk_id: str
@@ -84,6 +86,7 @@ class Chunk:
     token_ids: tuple[int, ...]
     char_start: int
     char_end: int
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_tokens(self) -> int:
@@ -357,6 +360,7 @@ class Chunker:
                     token_ids=tuple(token_ids),
                     char_start=start_char,
                     char_end=end_char,
+                    metadata=location_metadata(document.locations, start_char, end_char),
                 )
                 position += 1
             first = end

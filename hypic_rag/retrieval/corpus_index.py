@@ -88,10 +88,16 @@ class IngestReport:
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One retrieved chunk and its cosine similarity to the query."""
+    """One retrieved chunk and its cosine similarity to the query.
+
+    hop_query: for a chunk found by the retrieval hop, the follow-up query that found it (None for a direct hit);
+    hop_score: its similarity to that query (its `score` stays its similarity to the question).
+    """
 
     score: float
     chunk: StoredChunk
+    hop_query: str | None = None
+    hop_score: float | None = None
 
 
 @dataclass(slots=True)
@@ -392,7 +398,9 @@ class CorpusIndex:
 
         hop_slots > 0 (and < k): the last `hop_slots` places go to chunks found by one retrieval hop, one follow-up
         query per place built from the best hit's sentences (see `multi_hop`), for questions whose second document
-        shares no words with the question; places the hop cannot fill keep the direct hits."""
+        shares no words with the question; places the hop cannot fill keep the direct hits. A hop's hits carry
+        the follow-up query (`hop_query`) and their similarity to it (`hop_score`); every hit's `score` is its
+        similarity to `query`."""
         if hop_slots < 0:
             raise ValueError("hop_slots must be >= 0")
         query_vector = self.embedder.embed_query(query)
@@ -402,8 +410,24 @@ class CorpusIndex:
         follows = hop_queries(query, query_vector, direct[0].chunk.text, self.embedder.embed, hop_slots)
         if not follows:
             return direct
-        hops = [self._search_vector(vector, k) for _, vector in follows]  # embedded once, while ranking
-        return merge_hop_hits(direct, hops, k, hop_slots, key=lambda hit: hit.chunk.vector_id)
+        hops = [  # the follow-up queries were embedded once, while ranking
+            [SearchHit(hit.score, hit.chunk, follow, hit.score) for hit in self._search_vector(vector, k)]
+            for follow, vector in follows
+        ]
+        merged = merge_hop_hits(direct, hops, k, hop_slots, key=lambda hit: hit.chunk.vector_id)
+        return self._scored_against(merged, query_vector)
+
+    def _scored_against(self, hits: list[SearchHit], query_vector: np.ndarray) -> list[SearchHit]:
+        """`hits` with each hop hit's `score` made its cosine similarity to the question ([d] `query_vector`)."""
+        hop_ids = [hit.chunk.vector_id for hit in hits if hit.hop_query is not None]
+        if not hop_ids:
+            return hits
+        similarity = dict(zip(hop_ids, (self.docstore.embeddings(hop_ids) @ query_vector).tolist()))
+        return [
+            hit if hit.hop_query is None else SearchHit(float(similarity[hit.chunk.vector_id]), hit.chunk,
+                                                        hit.hop_query, hit.hop_score)
+            for hit in hits
+        ]
 
     def _search_vector(self, vector, k: int) -> list[SearchHit]:
         scores, ids = self.vectors.search(vector[None, :], k)

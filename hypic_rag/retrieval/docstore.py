@@ -1,5 +1,9 @@
 """The docstore: documents and their chunks (text, token ids, embedding, metadata) in one SQLite file.
 
+A chunk's metadata is its document's metadata with the chunk's own fields over it (`page`, `page_end`,
+`section`: where in the document it lies). Docstores made before chunks had metadata get the column (empty) when
+opened; one that cannot be written is read without it.
+
 SQLite in WAL mode gives crash-safe transactions: a document's chunks are replaced in one transaction, so a killed
 precompute leaves every document either fully old or fully new. Each chunk row has a `vector_id`, its id in the
 FAISS index, allocated with AUTOINCREMENT so an id is never reused after a delete. Embeddings are kept here too,
@@ -47,7 +51,8 @@ CREATE TABLE IF NOT EXISTS chunks (
     n_tokens INTEGER NOT NULL,
     char_start INTEGER NOT NULL,
     char_end INTEGER NOT NULL,
-    embedding BLOB NOT NULL
+    embedding BLOB NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (doc_id, position);
 """
@@ -58,7 +63,8 @@ EMBEDDING_DTYPE = np.dtype("<f4")
 
 @dataclass(frozen=True, slots=True)
 class StoredChunk:
-    """A chunk as the docstore holds it, with its document's source and metadata."""
+    """A chunk as the docstore holds it, with its document's source, and its document's metadata with the chunk's
+    own location fields (page, section) over it."""
 
     vector_id: int
     chunk_id: str
@@ -83,6 +89,10 @@ class DocStoreCounts:
 
 def _token_blob(token_ids: Sequence[int]) -> bytes:
     return np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
+
+
+def _json(fields: dict[str, Any]) -> str:
+    return json.dumps(fields, ensure_ascii=False, sort_keys=True)
 
 
 def _tokens_from_blob(blob: bytes) -> tuple[int, ...]:
@@ -126,9 +136,26 @@ class DocStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
+            self._chunk_metadata = self._chunk_metadata_column()
         except sqlite3.Error as error:
             self._db.close()
             raise sqlite_failure(path, error) from None
+        self._chunk_select = (
+            f"SELECT c.vector_id, c.chunk_id, c.doc_id, c.position, c.text, c.token_ids, d.source, d.metadata, "
+            f"{self._chunk_metadata} FROM chunks c JOIN documents d ON d.doc_id = c.doc_id"
+        )
+
+    def _chunk_metadata_column(self) -> str:
+        """The SQL of a chunk's metadata: its column, added to a docstore made before it when that can be written,
+        else an empty object."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}
+        if "metadata" in columns:
+            return "c.metadata"
+        try:
+            self._db.execute("ALTER TABLE chunks ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
+        except sqlite3.OperationalError:  # read-only: chunks have no metadata of their own
+            return "'{}'"
+        return "c.metadata"
 
     def close(self) -> None:
         self._db.close()
@@ -172,20 +199,14 @@ class DocStore:
     def chunks(self, vector_ids: Iterable[int]) -> list[StoredChunk]:
         """Chunks by vector id, in the given order (ids no longer stored are left out)."""
         ids = [int(i) for i in vector_ids]
-        query = (
-            "SELECT c.vector_id, c.chunk_id, c.doc_id, c.position, c.text, c.token_ids, d.source, d.metadata "
-            "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id WHERE c.vector_id IN ({})"
-        )
+        query = self._chunk_select + " WHERE c.vector_id IN ({})"
         rows = self._fetch_by_ids(query, ids, whole_row=True)
         return [self._stored_chunk(rows[i]) for i in ids if i in rows]
 
     def iter_chunks(self) -> Iterator[StoredChunk]:
         """Every chunk, by document then position."""
         try:
-            rows = self._db.execute(
-                "SELECT c.vector_id, c.chunk_id, c.doc_id, c.position, c.text, c.token_ids, d.source, d.metadata "
-                "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id ORDER BY c.doc_id, c.position"
-            )
+            rows = self._db.execute(self._chunk_select + " ORDER BY c.doc_id, c.position")
             for row in rows:
                 yield self._stored_chunk(row)
         except sqlite3.Error as error:
@@ -207,7 +228,7 @@ class DocStore:
 
     @staticmethod
     def _stored_chunk(row: tuple) -> StoredChunk:
-        vector_id, chunk_id, doc_id, position, text, token_blob, source, metadata = row
+        vector_id, chunk_id, doc_id, position, text, token_blob, source, metadata, chunk_metadata = row
         return StoredChunk(
             vector_id=vector_id,
             chunk_id=chunk_id,
@@ -216,7 +237,7 @@ class DocStore:
             text=text,
             token_ids=_tokens_from_blob(token_blob),
             source=source,
-            metadata=json.loads(metadata),
+            metadata={**json.loads(metadata), **json.loads(chunk_metadata)},
         )
 
     # ------------------------------------------------------------------------------ writes
@@ -245,21 +266,21 @@ class DocStore:
                     source_root,
                     document.source,
                     document.content_sha256,
-                    json.dumps(document.metadata, ensure_ascii=False, sort_keys=True),
+                    _json(document.metadata),
                 ),
             )
             self._db.executemany("DELETE FROM chunks WHERE chunk_id = ?", [(chunk_id,) for chunk_id in removed])
             for chunk in chunks:
                 if chunk.chunk_id in kept:
                     self._db.execute(
-                        "UPDATE chunks SET position = ?, char_start = ?, char_end = ? WHERE chunk_id = ?",
-                        (chunk.position, chunk.char_start, chunk.char_end, chunk.chunk_id),
+                        "UPDATE chunks SET position = ?, char_start = ?, char_end = ?, metadata = ? WHERE chunk_id = ?",
+                        (chunk.position, chunk.char_start, chunk.char_end, _json(chunk.metadata), chunk.chunk_id),
                     )
                     continue
                 embedding = np.asarray(new_embeddings[chunk.chunk_id], dtype=EMBEDDING_DTYPE)
                 self._db.execute(
                     "INSERT INTO chunks (chunk_id, doc_id, position, text, token_ids, n_tokens, char_start, char_end, "
-                    "embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "embedding, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         chunk.chunk_id,
                         chunk.doc_id,
@@ -270,6 +291,7 @@ class DocStore:
                         chunk.char_start,
                         chunk.char_end,
                         embedding.tobytes(),
+                        _json(chunk.metadata),
                     ),
                 )
         return len(wanted - kept), len(removed)

@@ -1,12 +1,15 @@
-"""Load a corpus: a directory (searched recursively) or a single file of `.txt`, `.md` or `.jsonl` documents.
+"""Load a corpus: a directory (searched recursively) or a single file of `.txt`, `.md`, `.jsonl`, `.pdf`, `.html`
+or `.docx` documents.
 
 Document ids are stable names, so re-ingesting a corpus finds the documents it already holds:
-- a text or markdown file: its path relative to the corpus root, with `/` separators (a single file: its name);
+- a file: its path relative to the corpus root, with `/` separators (a single file: its name);
 - a `.jsonl` record: its `id` field when present, else `<file>:<line number>`.
 
-Files that cannot be read, are binary or are not UTF-8 are skipped with a warning that names them; so are
-malformed `.jsonl` lines (named `file:line`). Hidden files and folders (names starting with `.`) and files of
-other types inside a directory are ignored.
+PDF, HTML and DOCX files are read by their parsers (`formats.py`), Markdown is kept as written with its headings
+found; their pages or sections become `Document.locations`, carried into each chunk's metadata. Files that cannot
+be read (unreadable, binary, not UTF-8, a damaged or encrypted PDF, a damaged DOCX, no text) are skipped with a
+warning that names them; so are malformed `.jsonl` lines (named `file:line`). Hidden files and folders (names
+starting with `.`) and files of other types inside a directory are ignored.
 """
 
 from __future__ import annotations
@@ -19,12 +22,30 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.retrieval.errors import CorpusNotFoundError, EmptyCorpusError
+from hypic_rag.retrieval.formats import (
+    Location,
+    ParsedText,
+    UnreadableFile,
+    markdown_locations,
+    parse_docx,
+    parse_html,
+    parse_pdf,
+)
 
 logger = logging.getLogger(__name__)
 
-TEXT_SUFFIXES = frozenset({".txt", ".md", ".markdown"})
+TEXT_SUFFIXES = frozenset({".txt"})
+MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
 JSONL_SUFFIXES = frozenset({".jsonl"})
+PDF_SUFFIXES = frozenset({".pdf"})
+HTML_SUFFIXES = frozenset({".html", ".htm", ".xhtml"})
+DOCX_SUFFIXES = frozenset({".docx"})
+PARSED_SUFFIXES = {**dict.fromkeys(PDF_SUFFIXES, parse_pdf), **dict.fromkeys(HTML_SUFFIXES, parse_html),
+                   **dict.fromkeys(DOCX_SUFFIXES, parse_docx)}
+CORPUS_SUFFIXES = TEXT_SUFFIXES | MARKDOWN_SUFFIXES | JSONL_SUFFIXES | frozenset(PARSED_SUFFIXES)
+FORMATS_NOTE = ".txt, .md, .jsonl, .pdf, .html or .docx"
 BINARY_SNIFF_BYTES = 8192
+PDF_MAGIC = b"%PDF-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +53,16 @@ class Document:
     """One document of the corpus.
 
     doc_id: stable id (see module docstring). source: where it came from, relative to the corpus root.
-    metadata: JSON-serialisable fields kept with every chunk (for `.jsonl`, every field but `text` and `id`).
+    metadata: JSON-serialisable fields kept with every chunk (for `.jsonl`, every field but `text` and `id`; for
+    PDF, HTML and DOCX, `title` when the file names one). locations: where pages or sections start in `text`
+    (sorted), from which each chunk gets `page` / `page_end` or `section` metadata.
     """
 
     doc_id: str
     text: str
     source: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    locations: tuple[Location, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.doc_id:
@@ -46,9 +70,12 @@ class Document:
 
     @property
     def content_sha256(self) -> str:
-        """Digest of the text and metadata: equal digests mean the document is unchanged."""
+        """Digest of the text, metadata and locations: equal digests mean the document is unchanged."""
         digest = hashlib.sha256(self.text.encode("utf-8"))
         digest.update(b"\0" + json.dumps(self.metadata, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        if self.locations:  # absent for plain text, whose digests stay what they were
+            located = [location.as_dict() for location in self.locations]
+            digest.update(b"\0" + json.dumps(located, sort_keys=True, ensure_ascii=False).encode("utf-8"))
         return digest.hexdigest()
 
 
@@ -103,7 +130,27 @@ def _load_text_document(path: Path, relative: str, skipped: list[SkippedInput]) 
     if not text.strip():
         _skip(skipped, relative, "no text")
         return []
-    return [Document(doc_id=relative, text=text, source=relative)]
+    locations = tuple(markdown_locations(text)) if path.suffix.lower() in MARKDOWN_SUFFIXES else ()
+    return [Document(doc_id=relative, text=text, source=relative, locations=locations)]
+
+
+def _load_parsed_document(path: Path, relative: str, skipped: list[SkippedInput], parse: Any) -> list[Document]:
+    """A PDF, HTML or DOCX file through its parser; a file it cannot read is skipped by name, with the reason."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        _skip(skipped, relative, f"unreadable ({error.strerror or error})")
+        return []
+    if parse is parse_html and b"\0" in raw[:BINARY_SNIFF_BYTES]:
+        _skip(skipped, relative, "binary file, not HTML")
+        return []
+    try:
+        parsed: ParsedText = parse(raw)
+    except UnreadableFile as error:
+        _skip(skipped, relative, str(error))
+        return []
+    return [Document(doc_id=relative, text=parsed.text, source=relative, metadata=parsed.metadata,
+                     locations=tuple(parsed.locations))]
 
 
 def _load_jsonl_documents(path: Path, relative: str, skipped: list[SkippedInput]) -> list[Document]:
@@ -137,9 +184,22 @@ def _load_jsonl_documents(path: Path, relative: str, skipped: list[SkippedInput]
     return documents
 
 
+def _is_pdf(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(PDF_MAGIC)) == PDF_MAGIC
+    except OSError:
+        return False
+
+
 def _load_file(path: Path, relative: str, skipped: list[SkippedInput]) -> list[Document]:
-    if path.suffix.lower() in JSONL_SUFFIXES:
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
         return _load_jsonl_documents(path, relative, skipped)
+    if suffix in PARSED_SUFFIXES:
+        return _load_parsed_document(path, relative, skipped, PARSED_SUFFIXES[suffix])
+    if _is_pdf(path):  # a PDF under another name is still read as a PDF, never as its operators
+        return _load_parsed_document(path, relative, skipped, parse_pdf)
     return _load_text_document(path, relative, skipped)
 
 
@@ -154,11 +214,11 @@ def _corpus_files(root: Path) -> tuple[list[Path], int]:
         relative_parts = path.relative_to(root).parts
         if _is_hidden(relative_parts) or path.is_dir():
             continue
-        if path.suffix.lower() in TEXT_SUFFIXES | JSONL_SUFFIXES:
+        if path.suffix.lower() in CORPUS_SUFFIXES:
             files.append(path)
         else:
             ignored += 1
-            logger.debug("ignored %s (not .txt, .md or .jsonl)", path)
+            logger.debug("ignored %s (not %s)", path, FORMATS_NOTE)
     return files, ignored
 
 
@@ -189,6 +249,6 @@ def load_corpus(path: str | Path) -> LoadedCorpus:
     if not documents:
         named = "; ".join(str(entry) for entry in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
         detail = f" ({len(skipped)} inputs skipped: {named})" if skipped else ""
-        raise EmptyCorpusError(f"corpus {str(root)!r} holds no .txt, .md or .jsonl document with text{detail}")
+        raise EmptyCorpusError(f"corpus {str(root)!r} holds no {FORMATS_NOTE} document with text{detail}")
     logger.info("loaded %d documents from %s (%d skipped, %d ignored)", len(documents), root, len(skipped), ignored)
     return LoadedCorpus(root=root, documents=documents, skipped=skipped, ignored_files=ignored)

@@ -42,6 +42,7 @@ def source_out(source: Source) -> SourceOut:
         position=source.position,
         source=source.source,
         metadata=source.metadata,
+        hop_query=source.hop_query,
     )
 
 

@@ -74,7 +74,14 @@ class SourceOut(BaseModel):
     text: str = Field(description="The chunk's text span.")
     position: int = Field(description="The chunk's order within its document.")
     source: str = ""
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The document's fields and where the chunk lies in it: page / page_end (PDF), section (HTML, "
+                    "DOCX, Markdown).",
+    )
+    hop_query: str | None = Field(
+        None, description="Set when the retrieval hop found the chunk: the follow-up query that found it."
+    )
 
 
 class Usage(BaseModel):
