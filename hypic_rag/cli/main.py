@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import NoReturn
 
 # Before torch loads OpenMP: spinning worker threads slow every step ~10x whenever another process shares the
 # cores (measured on 2-core machines). An explicit OMP_WAIT_POLICY in the environment wins.
@@ -34,8 +35,16 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`hypic-rag ask: error: ... (see --help)`), exit 2, as every other
+    CLI error; sub-command parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hypic-rag", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="hypic-rag", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import non_negative_int, positive_int
+from hypic_rag.cli.precompute_command import device_name, non_negative_int, positive_int
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -24,8 +25,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value:g}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -48,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8000, help="port to bind (8000; 0 picks a free one)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
-    parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
@@ -68,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from hypic_rag.paths import unusable_directory_reason
     from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
     from hypic_rag.server.config import ServerConfig
     from hypic_rag.server.runner import serve
@@ -78,6 +80,9 @@ def run_serve(args: argparse.Namespace) -> int:
             f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
             EXIT_BAD_INPUT,
         )
+    unwritable = unusable_directory_reason(index_dir)  # SQLite writes its journal there, even for --read-only
+    if unwritable is not None:
+        raise CliError(f"index directory unusable: {unwritable}", EXIT_BAD_INPUT)
     if args.model:
         model_path = Path(args.model).expanduser()
     else:

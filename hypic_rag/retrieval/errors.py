@@ -25,3 +25,7 @@ class IndexNotFoundError(RetrievalError):
 
 class IndexCorruptError(RetrievalError):
     """The index directory exists but its files cannot be read back."""
+
+
+class IndexLocationError(RetrievalError):
+    """The index or segment cache path cannot be used: a file, a place inside a file, an unwritable place."""

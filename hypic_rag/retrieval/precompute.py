@@ -20,15 +20,23 @@ from typing import Any
 
 from tqdm import tqdm
 
+from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_text
-from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings, IngestReport
+from hypic_rag.retrieval.corpus_index import (
+    DEFAULT_CACHE_DIR,
+    LOCK_FILE,
+    CorpusIndex,
+    IndexSettings,
+    IngestReport,
+    check_index_location,
+)
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
 from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, SegmentTask, threads_per_worker
-from hypic_rag.retrieval.errors import RetrievalError
+from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError, RetrievalError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
-from hypic_rag.retrieval.manifest import ModelIdentity
+from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +224,57 @@ def cache_bytes_of(cache: Any, namespace_for: Callable[[int], Any], plans: Seque
     return total
 
 
+def check_locations(options: PrecomputeOptions) -> Path:
+    """Check the index and segment cache paths before anything is created; the cache directory this run uses.
+
+    Raises IndexLocationError for a path that is a file, lies inside a file or is not writable, or an index path
+    that is a non-empty directory holding no index (the corpus itself, a home directory); IndexMismatchError
+    when `options.cache_dir` is not the cache an existing index records; IndexCorruptError for an unreadable
+    manifest. Creates nothing, so a refused run leaves no index behind."""
+    index_dir = Path(options.index_dir).expanduser().resolve()
+    check_index_location(index_dir)
+    given = Path(options.cache_dir).expanduser().resolve() if options.cache_dir is not None else None
+    if (index_dir / MANIFEST_FILE).is_file():
+        cache_dir = IndexManifest.load(index_dir).cache_path(index_dir)
+        reason = unusable_directory_reason(cache_dir)
+        if reason is not None:
+            raise IndexLocationError(
+                f"the segment cache this index records is unusable: {reason}; delete {index_dir} and rerun"
+            )
+        if given is not None and given != cache_dir:
+            raise IndexMismatchError(
+                f"index {index_dir} keeps its segment cache in {cache_dir}, not {given}; "
+                "omit --cache or use a new index directory"
+            )
+        return cache_dir
+    cache_dir = given if given is not None else index_dir / DEFAULT_CACHE_DIR
+    if index_dir.is_dir():
+        expected = {LOCK_FILE, MANIFEST_FILE + ".tmp"}  # what a first run killed before its manifest leaves
+        if cache_dir.is_relative_to(index_dir) and cache_dir != index_dir:
+            expected.add(cache_dir.relative_to(index_dir).parts[0])
+        others = sorted(child.name for child in index_dir.iterdir() if child.name not in expected)
+        if others:
+            raise IndexLocationError(
+                f"index directory unusable: {index_dir} is not empty and holds no index (no {MANIFEST_FILE}, "
+                f"but {others[0]!r}{' and more' if len(others) > 1 else ''}); pass a new or empty --index"
+            )
+    reason = unusable_directory_reason(cache_dir)
+    if reason is not None:
+        raise IndexLocationError(f"segment cache directory unusable: {reason}; pass another --cache")
+    return cache_dir
+
+
 def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -> PrecomputeSummary:
-    """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode."""
+    """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode.
+
+    Every path is checked first (`check_locations`), and the segment cache is opened before the index is
+    created, so a bad index or cache path leaves nothing behind."""
     from hypic_rag.cache.segment_cache import SegmentCache
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
 
     began = time.perf_counter()
+    cache_dir = check_locations(options)
     corpus = corpus if corpus is not None else load_corpus(options.corpus)
     model = load_model(options.model_path, device=options.device)
     if model.tokenizer is None:
@@ -236,7 +288,11 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         vector_index=options.vector_index,
         cache_dir=options.cache_dir,
     )
-    with CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index:
+    # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
+    with (
+        SegmentCache.open(cache_dir) as cache,
+        CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
+    ):
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
         chunk_segments = [list(chunk.token_ids) for chunk in index.docstore.iter_chunks()]
@@ -257,15 +313,9 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
                 type(model.hf_model).__module__,
             ),
         )
-        cache = SegmentCache.open(index.cache_dir)
-        try:
-            with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
-                encode = encode_into_cache(
-                    cache, engine.cache_namespace, plans, encoder, show_progress=options.show_progress
-                )
-            cache_bytes = cache_bytes_of(cache, engine.cache_namespace, plans)
-        finally:
-            cache.close()
+        with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
+            encode = encode_into_cache(cache, engine.cache_namespace, plans, encoder, show_progress=options.show_progress)
+        cache_bytes = cache_bytes_of(cache, engine.cache_namespace, plans)
         counts = index.counts()
         return PrecomputeSummary(
             documents=counts.documents,
