@@ -70,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.paths import unusable_directory_reason
+    from hypic_rag.retrieval.errors import RetrievalError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
     from hypic_rag.server.config import ServerConfig
     from hypic_rag.server.runner import serve
@@ -83,10 +84,11 @@ def run_serve(args: argparse.Namespace) -> int:
     unwritable = unusable_directory_reason(index_dir)  # SQLite writes its journal there, even for --read-only
     if unwritable is not None:
         raise CliError(f"index directory unusable: {unwritable}", EXIT_BAD_INPUT)
-    if args.model:
-        model_path = Path(args.model).expanduser()
-    else:
-        model_path = Path(IndexManifest.load(index_dir.resolve()).model.path)
+    try:
+        manifest = IndexManifest.load(index_dir.resolve())
+    except RetrievalError as error:  # an unreadable manifest.json
+        raise CliError(str(error), EXIT_FAILURE) from None
+    model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
     if not (model_path / "config.json").is_file():
         raise CliError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model",
                        EXIT_BAD_INPUT)

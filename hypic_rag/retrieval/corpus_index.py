@@ -141,7 +141,7 @@ def _open_docstore(directory: Path) -> DocStore:
             raise IndexLocationError(
                 f"cannot open {path}: index directory {directory} is not writable (SQLite writes its journal there)"
             ) from None
-        raise IndexCorruptError(f"cannot read {path}: {error} (rebuild the index with precompute)") from None
+        raise IndexCorruptError(f"cannot read {path}: {error} (delete the index directory and run precompute again)") from None
 
 
 class CorpusIndex:
