@@ -128,7 +128,8 @@ def print_summary(summary: PrecomputeSummary) -> None:
 
 
 def run_precompute(args: argparse.Namespace) -> int:
-    """Every argument is checked (paths included) before the corpus is read, a model loads or anything is created."""
+    """Paths are checked before the corpus is read, the corpus before a model loads, all before anything is
+    created."""
     from hypic_rag.cache.errors import CacheError
     from hypic_rag.retrieval.errors import (
         CorpusNotFoundError,
@@ -142,6 +143,15 @@ def run_precompute(args: argparse.Namespace) -> int:
     from hypic_rag.retrieval.precompute import PrecomputeOptions, check_locations, precompute
     from hypic_rag.runtime.model import UnsupportedModelError
 
+    try:
+        check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
+        corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
+    except (CorpusNotFoundError, EmptyCorpusError, IndexLocationError) as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    except IndexMismatchError as error:
+        raise CliError(str(error), EXIT_MISMATCH) from None
+    except RetrievalError as error:  # an unreadable manifest
+        raise CliError(str(error), EXIT_FAILURE) from None
     model_path = resolve_model_path(args.model)
     try:
         options = PrecomputeOptions(
@@ -160,10 +170,8 @@ def run_precompute(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     try:
-        check_locations(options)
-        corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
         summary = precompute(options, corpus=corpus)
-    except (CorpusNotFoundError, EmptyCorpusError, IndexLocationError) as error:
+    except IndexLocationError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     except IndexMismatchError as error:
         raise CliError(str(error), EXIT_MISMATCH) from None

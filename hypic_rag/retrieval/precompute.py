@@ -224,16 +224,17 @@ def cache_bytes_of(cache: Any, namespace_for: Callable[[int], Any], plans: Seque
     return total
 
 
-def check_locations(options: PrecomputeOptions) -> Path:
-    """Check the index and segment cache paths before anything is created; the cache directory this run uses.
+def check_locations(index_dir: Path, cache_dir: Path | None = None) -> Path:
+    """Check the index and segment cache (None: the default place) paths before anything is created; the cache
+    directory the run will use.
 
     Raises IndexLocationError for a path that is a file, lies inside a file or is not writable, or an index path
     that is a non-empty directory holding no index (the corpus itself, a home directory); IndexMismatchError
-    when `options.cache_dir` is not the cache an existing index records; IndexCorruptError for an unreadable
+    when `cache_dir` is not the cache an existing index records; IndexCorruptError for an unreadable
     manifest. Creates nothing, so a refused run leaves no index behind."""
-    index_dir = Path(options.index_dir).expanduser().resolve()
+    index_dir = Path(index_dir).expanduser().resolve()
     check_index_location(index_dir)
-    given = Path(options.cache_dir).expanduser().resolve() if options.cache_dir is not None else None
+    given = Path(cache_dir).expanduser().resolve() if cache_dir is not None else None
     if (index_dir / MANIFEST_FILE).is_file():
         cache_dir = IndexManifest.load(index_dir).cache_path(index_dir)
         reason = unusable_directory_reason(cache_dir)
@@ -274,7 +275,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
     from hypic_rag.runtime.model import load_model
 
     began = time.perf_counter()
-    cache_dir = check_locations(options)
+    cache_dir = check_locations(options.index_dir, options.cache_dir)
     corpus = corpus if corpus is not None else load_corpus(options.corpus)
     model = load_model(options.model_path, device=options.device)
     if model.tokenizer is None:
