@@ -121,11 +121,13 @@ def test_paths_that_cannot_hold_an_index_get_one_line(work: dict, argv: Sequence
 def test_unwritable_places_get_one_line_and_nothing_is_created(work: dict, tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir()
+    hidden_corpus = write_corpus(tmp_path / "hidden_corpus", SMALL_CORPUS)  # cannot be listed
     read_only_index = tmp_path / "read_only_index"
     shutil.copytree(work["index"], read_only_index, ignore=shutil.ignore_patterns("*-wal", "*-shm", "index.lock"))
-    directories = [read_only_index, locked]
+    directories = [read_only_index, locked, hidden_corpus]
     for directory in directories:
         directory.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    hidden_corpus.chmod(0)
     root, common = work["root"], work["common"]
     try:
         try:
@@ -143,6 +145,9 @@ def test_unwritable_places_get_one_line_and_nothing_is_created(work: dict, tmp_p
                               as_user=True), 2, "is not writable")
         assert_one_line(hypic("serve", "--index", str(read_only_index), "--port", "0", cwd=root, as_user=True),
                         2, "is not writable")
+        assert_one_line(hypic("precompute", str(hidden_corpus), "--index", str(tmp_path / "index"), *common,
+                              cwd=root, as_user=True), 2, "holds no", "./: unreadable directory")  # named, not silent
+        assert not (tmp_path / "index").exists()
     finally:
         for directory in directories:
             directory.chmod(stat.S_IRWXU)
