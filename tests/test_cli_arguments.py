@@ -41,7 +41,7 @@ def hypic(*argv: str, cwd: Path, as_user: bool = False) -> subprocess.CompletedP
                OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     preexec: Callable[[], None] | None = _drop_dac_override if as_user and os.geteuid() == 0 else None
     return subprocess.run([sys.executable, "-m", "hypic_rag", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, preexec_fn=preexec)
+                          text=True, timeout=TIMEOUT_S, preexec_fn=preexec, check=False)
 
 
 def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
@@ -75,8 +75,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     refused = hypic("precompute", "corpus", "--index", "index", "--cache", "a_file.txt", *common, cwd=root)
     created_after_refusal = sorted(path.name for path in root.iterdir())
     built = hypic("precompute", "corpus", "--index", "index", "--cache", "cache", *common, cwd=root)
-    return dict(root=root, model=model, corpus=corpus, a_file=a_file, index=index, cache=cache, refused=refused,
-                created_after_refusal=created_after_refusal, built=built, common=common)
+    return {"root": root, "model": model, "corpus": corpus, "a_file": a_file, "index": index, "cache": cache,
+            "refused": refused, "created_after_refusal": created_after_refusal, "built": built, "common": common}
 
 
 def test_a_file_as_cache_creates_nothing_and_a_good_cache_then_works(work: dict) -> None:

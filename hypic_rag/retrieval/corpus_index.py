@@ -25,11 +25,11 @@ from typing import IO
 
 from tqdm import tqdm
 
+from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
-from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexLocationError, RetrievalError
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
