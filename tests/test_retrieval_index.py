@@ -231,7 +231,7 @@ def test_one_writer_at_a_time(tmp_path, embedder) -> None:
     with CorpusIndex.open_for_update(tmp_path / "index", embedder, settings()) as index:
         assert index.counts().chunks == 0
         scores, ids = index.vectors.search(np.zeros((1, embedder.dimension), np.float32) + 0.05, 2)
-        assert ids.tolist() == [[-1, -1]]
+        assert ids.shape == (1, 0)
 
 
 def test_ingest_steps_bound_each_step_and_give_what_ingest_gives(tmp_path, embedder, chunker) -> None:

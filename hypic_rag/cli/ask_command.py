@@ -22,6 +22,7 @@ from hypic_rag.cli.precompute_command import (
     EXIT_MISMATCH,
     EXIT_OK,
     add_dtype_argument,
+    device_name,
     non_negative_int,
     positive_int,
 )
@@ -38,14 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ask", help="answer a question over a precomputed index", description=__doc__)
     parser.add_argument("question", metavar="QUESTION", help='the question; "-" reads it from standard input')
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
-    parser.add_argument("--top-k", type=positive_int, default=4, metavar="K", help="chunks retrieved (4)")
+    parser.add_argument("--top-k", type=positive_int, default=4, metavar="K",
+                        help="chunks retrieved (4; at most the chunks the index holds)")
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--mode", choices=MODES, default="hypic", help="composition mode (hypic)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N", help="answer length cap (32)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
-    parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: question, answer, sources (by score), usage, timings (seconds)")
@@ -141,9 +143,9 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
 def run_ask(args: argparse.Namespace) -> int:
     from hypic_rag.cache.errors import CacheError
     from hypic_rag.pipeline import PipelineError
-    from hypic_rag.retrieval.errors import IndexMismatchError, IndexNotFoundError, RetrievalError
-    from hypic_rag.runtime.sampling import SamplingParams
+    from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError, IndexNotFoundError, RetrievalError
     from hypic_rag.runtime.model import ModelLoadError
+    from hypic_rag.runtime.sampling import SamplingParams
 
     question = read_question(args.question)
     try:
@@ -157,7 +159,7 @@ def run_ask(args: argparse.Namespace) -> int:
             pipeline.close()
     except IndexMismatchError as error:
         raise CliError(str(error), EXIT_MISMATCH) from None
-    except (IndexNotFoundError, PipelineError, FileNotFoundError, ModelLoadError) as error:
+    except (IndexNotFoundError, IndexLocationError, PipelineError, FileNotFoundError, ModelLoadError) as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     except (RetrievalError, CacheError) as error:
         raise CliError(str(error), EXIT_FAILURE) from None

@@ -27,10 +27,12 @@ def run(args: argparse.Namespace) -> int:
     from hypic_rag.bench.report import markdown, write_report
     from hypic_rag.bench.run import PROFILES, run_benchmark
     from hypic_rag.cli.main import CliError
+    from hypic_rag.paths import unusable_directory_reason
 
     output = Path(args.output)
-    if output.exists() and not output.is_dir():
-        raise CliError(f"--output {output} is a file, not a directory")
+    reason = unusable_directory_reason(output)  # before the benchmark runs, not after
+    if reason is not None:
+        raise CliError(f"--output unusable: {reason}")
     profile = args.profile or "quick"
     config = PROFILES[profile]
     command = f"hypic-rag bench --profile {profile}"

@@ -27,11 +27,12 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """'1048576', '512M', '64GiB', '1.5g' -> bytes (binary units)."""
+    """'1048576', '512M', '64GiB', '1.5g' -> bytes (binary units), 1 B up to 2**63 - 1."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if not match or float(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive size: {text!r} (e.g. 512M, 64G, 1048576)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match else 0
+    if not 1 <= size < 1 << 63:
+        raise argparse.ArgumentTypeError(f"not a positive size below 8 EiB: {text!r} (e.g. 512M, 64G, 1048576)")
+    return size
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

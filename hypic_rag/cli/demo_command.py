@@ -45,13 +45,13 @@ def run_demo(args: argparse.Namespace) -> int:
     """Errors of the index, cache or pipeline become one line (exit 2, 3 for a mismatched index, 1 otherwise)."""
     from hypic_rag.cache.errors import CacheError
     from hypic_rag.pipeline import PipelineError
-    from hypic_rag.retrieval.errors import IndexMismatchError, RetrievalError
+    from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError, RetrievalError
 
     try:
         return _run_demo(args)
     except IndexMismatchError as error:
         raise CliError(str(error), EXIT_MISMATCH) from None
-    except (PipelineError, FileNotFoundError) as error:
+    except (PipelineError, FileNotFoundError, IndexLocationError) as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     except (RetrievalError, CacheError) as error:
         raise CliError(str(error), EXIT_FAILURE) from None

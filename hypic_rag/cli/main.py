@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from hypic_rag import __version__
 
@@ -42,8 +43,16 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`hypic-rag ask: error: ... (see --help)`), exit 2, as every other
+    CLI error; sub-command parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hypic-rag", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="hypic-rag", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"hypic-rag {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,13 +1,15 @@
 """`hypic-rag precompute CORPUS --index DIR`: load, chunk, embed, index, and encode every chunk into the cache.
 
 Resumable: interrupted and rerun, it finishes what is left; rerun on an unchanged corpus it does nothing.
-Exit codes: 0 done; 2 bad input (missing or empty corpus, missing model, bad option); 3 the index was built
-with another embedder, model, tokenizer or chunker setting; 1 any other failure (unreadable index or cache).
+Exit codes: 0 done; 2 bad input (missing or empty corpus, missing model, bad option, an --index or --cache that
+is a file or not writable: checked before anything is created); 3 the index was built with another embedder,
+model, tokenizer, chunker setting or --cache; 1 any other failure (unreadable index or cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +52,33 @@ def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> No
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, help=f"dtype the model runs in ({default_help})")
 
 
+def device_name(text: str) -> str:
+    """A torch device this machine has ('cpu', 'cuda', 'cuda:1', ...), checked before any model loads."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a device: {text!r} (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available here (use --device cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA devices")
+    elif device.type not in ("cpu", "mps"):
+        raise argparse.ArgumentTypeError(f"unsupported device {text!r} (use cpu or cuda)")
+    return text
+
+
+def worker_count(text: str) -> int:
+    """1 up to the CPU cores of this machine (each worker is a process holding its own copy of the model)."""
+    value = positive_int(text)
+    cores = os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"at most {cores} (the CPU cores here), got {value}")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "precompute", help="index a corpus and encode every chunk into the segment cache", description=__doc__
@@ -58,12 +87,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory (created if absent)")
     parser.add_argument("--model", metavar="PATH", help="local model checkpoint (default: the bundled default model)")
     parser.add_argument("--chunk-tokens", type=positive_int, default=256, metavar="N", help="tokens per chunk (256)")
-    parser.add_argument("--workers", type=positive_int, default=1, metavar="N", help="encoding processes (1)")
+    parser.add_argument("--workers", type=worker_count, default=1, metavar="N", help="encoding processes (1)")
     parser.add_argument("--seam-tokens", type=non_negative_int, default=8, metavar="W", help="seam window (8)")
     parser.add_argument("--vector-index", choices=VECTOR_INDEX_KINDS, help="FAISS index kind for a new index (flat)")
     parser.add_argument("--cache", metavar="DIR", help="segment cache directory (default: DIR/segment_cache)")
     parser.add_argument("--embedder", metavar="PATH", help="local sentence-transformers directory (default: bundled)")
-    parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", type=device_name,
+                        help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the index's; for a new one float32 on CPU, bfloat16 on CUDA")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_precompute)
@@ -106,20 +136,31 @@ def print_summary(summary: PrecomputeSummary) -> None:
 
 
 def run_precompute(args: argparse.Namespace) -> int:
-    from hypic_rag.retrieval.errors import CorpusNotFoundError, EmptyCorpusError, IndexMismatchError, RetrievalError
-    from hypic_rag.retrieval.loading import load_corpus
-
-    try:
-        corpus = load_corpus(args.corpus)  # fails fast on a missing or empty corpus, before any model loads
-    except (CorpusNotFoundError, EmptyCorpusError) as error:
-        raise CliError(str(error), EXIT_BAD_INPUT) from None
-    model_path = resolve_model_path(args.model)
-
+    """Paths are checked before the corpus is read, the corpus before a model loads, all before anything is
+    created."""
     from hypic_rag.cache.errors import CacheError
+    from hypic_rag.retrieval.errors import (
+        CorpusNotFoundError,
+        EmptyCorpusError,
+        IndexLocationError,
+        IndexMismatchError,
+        RetrievalError,
+    )
     from hypic_rag.retrieval.faiss_index import VectorIndexConfig
-    from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+    from hypic_rag.retrieval.loading import load_corpus
+    from hypic_rag.retrieval.precompute import PrecomputeOptions, check_locations, precompute
     from hypic_rag.runtime.model import ModelLoadError
 
+    try:
+        check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
+        corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
+    except (CorpusNotFoundError, EmptyCorpusError, IndexLocationError) as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    except IndexMismatchError as error:
+        raise CliError(str(error), EXIT_MISMATCH) from None
+    except RetrievalError as error:  # an unreadable manifest
+        raise CliError(str(error), EXIT_FAILURE) from None
+    model_path = resolve_model_path(args.model)
     try:
         options = PrecomputeOptions(
             corpus=Path(args.corpus),
@@ -139,6 +180,8 @@ def run_precompute(args: argparse.Namespace) -> int:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     try:
         summary = precompute(options, corpus=corpus)
+    except IndexLocationError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
     except IndexMismatchError as error:
         raise CliError(str(error), EXIT_MISMATCH) from None
     except (RetrievalError, CacheError) as error:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import math
 from pathlib import Path
 
 from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import add_dtype_argument, non_negative_int, positive_int
+from hypic_rag.cli.precompute_command import add_dtype_argument, device_name, non_negative_int, positive_int
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_MISMATCH = 0, 1, 2, 3
 
@@ -29,8 +30,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value:g}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8000, help="port to bind (8000; 0 picks a free one)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
-    parser.add_argument("--device", help="model device, e.g. cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
@@ -91,6 +92,7 @@ def _check_docstore(index_dir: Path) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from hypic_rag.paths import unusable_directory_reason
     from hypic_rag.retrieval.corpus_index import check_not_locked
     from hypic_rag.retrieval.errors import IndexLockedError, RetrievalError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
@@ -104,6 +106,9 @@ def run_serve(args: argparse.Namespace) -> int:
             f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
             EXIT_BAD_INPUT,
         )
+    unwritable = unusable_directory_reason(index_dir)  # SQLite writes its journal there, even for --read-only
+    if unwritable is not None:
+        raise CliError(f"index directory unusable: {unwritable}", EXIT_BAD_INPUT)
     _check_docstore(index_dir)
     try:
         manifest = IndexManifest.load(index_dir.resolve())

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
+import sqlite3
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +29,18 @@ from tqdm import tqdm
 
 from hypic_rag.cache.errors import free_space_note
 from hypic_rag.entry import check_seam_tokens
+from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
-from hypic_rag.retrieval.errors import IndexCorruptError, IndexLockedError, IndexWriteError, RetrievalError
+from hypic_rag.retrieval.errors import (
+    IndexCorruptError,
+    IndexLocationError,
+    IndexLockedError,
+    IndexWriteError,
+    RetrievalError,
+)
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
@@ -118,8 +127,18 @@ def _relative_cache_dir(index_dir: Path, cache_dir: Path | None) -> str:
         return str(resolved)
 
 
+def check_index_location(index_dir: Path) -> None:
+    """Refuse an index path that is, or would be created in, a file or an unwritable place (nothing is created)."""
+    reason = unusable_directory_reason(index_dir)
+    if reason is not None:
+        raise IndexLocationError(f"index directory unusable: {reason}; pass another --index")
+
+
 def _acquire_lock(index_dir: Path) -> IO[str]:
-    handle = (index_dir / LOCK_FILE).open("a+")
+    try:
+        handle = (index_dir / LOCK_FILE).open("a+")
+    except OSError as error:
+        raise IndexLocationError(f"cannot write {index_dir / LOCK_FILE}: {error.strerror}") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -132,6 +151,19 @@ def check_not_locked(directory: str | Path) -> None:
     """RetrievalError when another process holds the index's writer lock (checked now, not kept: a caller that
     goes on to `open_for_update` may still lose a race, and gets the same error then)."""
     _acquire_lock(Path(directory).expanduser().resolve()).close()
+
+
+def _open_docstore(directory: Path) -> DocStore:
+    """The index's docstore; an unreadable file (or an unwritable index directory) as a one-line error."""
+    path = directory / DOCSTORE_FILE
+    try:
+        return DocStore(path)
+    except sqlite3.Error as error:
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise IndexLocationError(
+                f"cannot open {path}: index directory {directory} is not writable (SQLite writes its journal there)"
+            ) from None
+        raise IndexCorruptError(f"cannot read {path}: {error} (delete the index directory and run precompute again)") from None
 
 
 class CorpusIndex:
@@ -160,9 +192,11 @@ class CorpusIndex:
     def open_for_update(cls, directory: str | Path, embedder: SentenceEmbedder, settings: IndexSettings) -> CorpusIndex:
         """Create the index, or open an existing one after checking it was built the same way."""
         directory = Path(directory).expanduser().resolve()
-        if directory.exists() and not directory.is_dir():
-            raise RetrievalError(f"index path {str(directory)!r} is a file, not a directory")
-        directory.mkdir(parents=True, exist_ok=True)
+        check_index_location(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise IndexLocationError(f"cannot create index directory {directory}: {error.strerror}") from None
         lock = _acquire_lock(directory)
         try:
             chunker_settings = settings.chunker.to_dict()
@@ -215,7 +249,7 @@ class CorpusIndex:
     def _assemble(
         cls, directory: Path, manifest: IndexManifest, embedder: SentenceEmbedder, lock: IO[str] | None
     ) -> CorpusIndex:
-        docstore = DocStore(directory / DOCSTORE_FILE)
+        docstore = _open_docstore(directory)
         try:
             vectors = VectorIndex.load(directory / VECTORS_FILE, manifest.embedder.dimension, manifest.vector_index)
         except (RuntimeError, ValueError) as error:
@@ -394,7 +428,8 @@ class CorpusIndex:
         return self.docstore.counts()
 
     def search(self, query: str, k: int = 4, *, hop_slots: int = 0) -> list[SearchHit]:
-        """The k chunks most similar to `query`, best first.
+        """The k chunks most similar to `query`, best first (k is capped at the chunks the index holds, so a huge
+        k costs no more than the whole index).
 
         hop_slots > 0 (and < k): the last `hop_slots` places go to chunks found by one retrieval hop, one follow-up
         query per place built from the best hit's sentences (see `multi_hop`), for questions whose second document
@@ -403,6 +438,11 @@ class CorpusIndex:
         similarity to `query`."""
         if hop_slots < 0:
             raise ValueError("hop_slots must be >= 0")
+        if k < 1:
+            raise ValueError(f"k must be positive, got {k}")
+        k = min(k, len(self.vectors))
+        if k == 0:
+            return []
         query_vector = self.embedder.embed_query(query)
         direct = self._search_vector(query_vector, k)
         if hop_slots == 0 or hop_slots >= k or not direct:

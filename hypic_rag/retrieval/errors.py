@@ -33,3 +33,7 @@ class IndexLockedError(RetrievalError):
 
 class IndexWriteError(RetrievalError):
     """Writing the index failed (disk full, I/O error); what was stored before is intact."""
+
+
+class IndexLocationError(RetrievalError):
+    """The index or segment cache path cannot be used: a file, a place inside a file, an unwritable place."""

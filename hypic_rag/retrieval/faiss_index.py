@@ -229,21 +229,18 @@ class VectorIndex:
 
     # ------------------------------------------------------------------------------- search
     def search(self, queries: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k (scores, ids) per query, best first; missing results have id -1."""
+        """Top-k (scores, ids) per query, best first, each [len(queries), min(k, len(self))]: k is capped at the
+        live vectors (a huge k allocates nothing more); results a search cannot fill (HNSW, IVF) have id -1."""
         queries = _as_vectors(queries, self.dimension)
         if k < 1:
             raise ValueError(f"k must be positive, got {k}")
-        if self._index is None or len(self) == 0:
-            return np.zeros((len(queries), k), np.float32), np.full((len(queries), k), -1, np.int64)
+        k = min(k, len(self))
+        if self._index is None or k == 0:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         params = None
         if self._tombstones:
             # FAISS keeps raw pointers: these locals keep the selectors alive through the search call
             excluded = faiss.IDSelectorBatch(np.fromiter(self._tombstones, dtype=np.int64))
             selector = faiss.IDSelectorNot(excluded)
             params = faiss.SearchParametersHNSW(sel=selector, efSearch=self.config.hnsw_ef_search)
-        scores, ids = self._index.search(queries, min(k, len(self)), params=params)
-        if ids.shape[1] < k:
-            pad = k - ids.shape[1]
-            scores = np.pad(scores, ((0, 0), (0, pad)))
-            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
-        return scores, ids
+        return self._index.search(queries, k, params=params)

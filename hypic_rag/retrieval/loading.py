@@ -8,7 +8,8 @@ Document ids are stable names, so re-ingesting a corpus finds the documents it a
 PDF, HTML and DOCX files are read by their parsers (`formats.py`), Markdown is kept as written with its headings
 found; their pages or sections become `Document.locations`, carried into each chunk's metadata. Files that cannot
 be read (unreadable, binary, not UTF-8, a damaged or encrypted PDF, a damaged DOCX, no text) are skipped with a
-warning that names them; so are malformed `.jsonl` lines (named `file:line`). Hidden files and folders (names
+warning that names them; so are directories that cannot be listed and malformed `.jsonl` lines (named
+`file:line`). Hidden files and folders (names
 starting with `.`) and files of other types inside a directory are ignored.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,9 +120,7 @@ def _read_text_file(path: Path, location: str, skipped: list[SkippedInput]) -> s
 
 
 def _skip(skipped: list[SkippedInput], location: str, reason: str) -> None:
-    entry = SkippedInput(location, reason)
-    logger.warning("skipped %s", entry)
-    skipped.append(entry)
+    skipped.append(SkippedInput(location, reason))  # logged by `load_corpus` (named in its error if nothing loads)
 
 
 def _load_text_document(path: Path, relative: str, skipped: list[SkippedInput]) -> list[Document]:
@@ -207,10 +207,20 @@ def _is_hidden(relative_parts: tuple[str, ...]) -> bool:
     return any(part.startswith(".") for part in relative_parts)
 
 
-def _corpus_files(root: Path) -> tuple[list[Path], int]:
-    """Supported files under `root` in a stable order, and how many other files were ignored."""
+def _corpus_files(root: Path, skipped: list[SkippedInput]) -> tuple[list[Path], int]:
+    """Supported files under `root` in a stable order, and how many other files were ignored; a directory that
+    cannot be listed is skipped by name (not left out silently)."""
+
+    def unlisted(error: OSError) -> None:
+        location = Path(error.filename).relative_to(root).as_posix() if error.filename else "."
+        _skip(skipped, location + "/", f"unreadable directory ({error.strerror or error})")
+
+    found = []
+    for directory, subdirectories, names in os.walk(root, onerror=unlisted):  # symlinked directories not followed
+        subdirectories[:] = [name for name in subdirectories if not name.startswith(".")]
+        found.extend(Path(directory) / name for name in names)
     files, ignored = [], 0
-    for path in sorted(root.rglob("*")):
+    for path in sorted(found):
         relative_parts = path.relative_to(root).parts
         if _is_hidden(relative_parts) or path.is_dir():
             continue
@@ -234,7 +244,7 @@ def load_corpus(path: str | Path) -> LoadedCorpus:
     root = root.resolve()
     skipped: list[SkippedInput] = []
     if root.is_dir():
-        files, ignored = _corpus_files(root)
+        files, ignored = _corpus_files(root, skipped)
         loaded = [doc for file in files for doc in _load_file(file, file.relative_to(root).as_posix(), skipped)]
     else:
         ignored = 0
@@ -250,5 +260,7 @@ def load_corpus(path: str | Path) -> LoadedCorpus:
         named = "; ".join(str(entry) for entry in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
         detail = f" ({len(skipped)} inputs skipped: {named})" if skipped else ""
         raise EmptyCorpusError(f"corpus {str(root)!r} holds no {FORMATS_NOTE} document with text{detail}")
+    for entry in skipped:
+        logger.warning("skipped %s", entry)
     logger.info("loaded %d documents from %s (%d skipped, %d ignored)", len(documents), root, len(skipped), ignored)
     return LoadedCorpus(root=root, documents=documents, skipped=skipped, ignored_files=ignored)

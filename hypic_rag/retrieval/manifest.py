@@ -193,6 +193,8 @@ class IndexManifest:
     def load(cls, index_dir: Path) -> IndexManifest:
         """Read `manifest.json`; IndexNotFoundError when absent, IndexCorruptError when unreadable."""
         path = index_dir / MANIFEST_FILE
+        if index_dir.exists() and not index_dir.is_dir():
+            raise IndexNotFoundError(f"{str(index_dir)!r} is a file, not an index directory; run precompute first")
         if not path.is_file():
             raise IndexNotFoundError(f"{str(index_dir)!r} holds no index (no {MANIFEST_FILE}); run precompute first")
         try:

@@ -21,14 +21,23 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from hypic_rag.entry import TOKEN_IDS, Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_text
-from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings, IngestReport
+from hypic_rag.retrieval.corpus_index import (
+    DEFAULT_CACHE_DIR,
+    LOCK_FILE,
+    CorpusIndex,
+    IndexSettings,
+    IngestReport,
+    check_index_location,
+)
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
 from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, SegmentTask, threads_per_worker
+from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
-from hypic_rag.retrieval.manifest import ModelIdentity
+from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
 
 if TYPE_CHECKING:
@@ -224,14 +233,59 @@ def recorded_dtype(index_dir: Path) -> str | None:
     return IndexManifest.load(index_dir).model.dtype if (index_dir / MANIFEST_FILE).is_file() else None
 
 
+def check_locations(index_dir: Path, cache_dir: Path | None = None) -> Path:
+    """Check the index and segment cache (None: the default place) paths before anything is created; the cache
+    directory the run will use.
+
+    Raises IndexLocationError for a path that is a file, lies inside a file or is not writable, or an index path
+    that is a non-empty directory holding no index (the corpus itself, a home directory); IndexMismatchError
+    when `cache_dir` is not the cache an existing index records; IndexCorruptError for an unreadable
+    manifest. Creates nothing, so a refused run leaves no index behind."""
+    index_dir = Path(index_dir).expanduser().resolve()
+    check_index_location(index_dir)
+    given = Path(cache_dir).expanduser().resolve() if cache_dir is not None else None
+    if (index_dir / MANIFEST_FILE).is_file():
+        cache_dir = IndexManifest.load(index_dir).cache_path(index_dir)
+        reason = unusable_directory_reason(cache_dir)
+        if reason is not None:
+            raise IndexLocationError(
+                f"the segment cache this index records is unusable: {reason}; delete {index_dir} and rerun"
+            )
+        if given is not None and given != cache_dir:
+            raise IndexMismatchError(
+                f"index {index_dir} keeps its segment cache in {cache_dir}, not {given}; "
+                "omit --cache or use a new index directory"
+            )
+        return cache_dir
+    cache_dir = given if given is not None else index_dir / DEFAULT_CACHE_DIR
+    if index_dir.is_dir():
+        expected = {LOCK_FILE, MANIFEST_FILE + ".tmp"}  # what a first run killed before its manifest leaves
+        if cache_dir.is_relative_to(index_dir) and cache_dir != index_dir:
+            expected.add(cache_dir.relative_to(index_dir).parts[0])
+        others = sorted(child.name for child in index_dir.iterdir() if child.name not in expected)
+        if others:
+            raise IndexLocationError(
+                f"index directory unusable: {index_dir} is not empty and holds no index (no {MANIFEST_FILE}, "
+                f"but {others[0]!r}{' and more' if len(others) > 1 else ''}); pass a new or empty --index"
+            )
+    reason = unusable_directory_reason(cache_dir)
+    if reason is not None:
+        raise IndexLocationError(f"segment cache directory unusable: {reason}; pass another --cache")
+    return cache_dir
+
+
 def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -> PrecomputeSummary:
-    """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode."""
+    """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode.
+
+    Every path is checked first (`check_locations`), and the segment cache is opened before the index is
+    created, so a bad index or cache path leaves nothing behind."""
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
 
     began = time.perf_counter()
+    cache_dir = check_locations(options.index_dir, options.cache_dir)
     corpus = corpus if corpus is not None else load_corpus(options.corpus)
     model = load_model(
         options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
@@ -246,7 +300,11 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         vector_index=options.vector_index,
         cache_dir=options.cache_dir,
     )
-    with CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index:
+    # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
+    with (
+        SegmentCache.open(cache_dir, namespace=CacheNamespace.for_model(model, options.seam_tokens)) as cache,
+        CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
+    ):
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
         chunk_segments = [list(chunk.token_ids) for chunk in index.docstore.iter_chunks()]
@@ -267,15 +325,9 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
                 type(model.hf_model).__module__,
             ),
         )
-        cache = SegmentCache.open(index.cache_dir, namespace=CacheNamespace.for_model(model, options.seam_tokens))
-        try:
-            with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
-                encode = encode_into_cache(
-                    cache, cache.namespace_for, plans, encoder, show_progress=options.show_progress
-                )
-            cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
-        finally:
-            cache.close()
+        with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
+            encode = encode_into_cache(cache, cache.namespace_for, plans, encoder, show_progress=options.show_progress)
+        cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
         counts = index.counts()
         return PrecomputeSummary(
             documents=counts.documents,
