@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from hypic_rag.entry import entry_tensor_bytes
+
 SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
@@ -297,7 +299,7 @@ def save_published_checkpoint(
         part = names[number * per_shard : (number + 1) * per_shard]
         save_file({name: tensors[name] for name in part}, str(path / file_name), metadata={"format": "pt"})
         weight_map.update({name: file_name for name in part})
-    total = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    total = entry_tensor_bytes(tensors)  # the bytes of a dict of tensors, as for a cache entry
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
