@@ -116,10 +116,6 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError(str(error), EXIT_FAILURE) from None
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
     try:
-        check_model_directory(model_path, require_tokenizer=True)  # before the port is bound or the model loaded
-    except ModelLoadError as error:
-        raise CliError(f"{error}{'' if args.model else '; pass --model'}", EXIT_BAD_INPUT) from None
-    try:
         config = ServerConfig(
             index_dir=index_dir,
             model_path=Path(args.model).expanduser() if args.model else None,
@@ -149,6 +145,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except AddressInUseError as error:
         hint = "stop the other server or pass another --port" if error.errno == errno.EADDRINUSE else "check --host"
         raise CliError(f"{error.strerror}; {hint}", EXIT_FAILURE) from None
+    try:  # cheap checks of the model directory (the lock and the port come first; the model loads later)
+        check_model_directory(model_path, require_tokenizer=True)
+    except ModelLoadError as error:
+        sock.close()
+        raise CliError(f"{error}{'' if args.model else '; pass --model'}", EXIT_BAD_INPUT) from None
     logging.getLogger("hypic_rag").setLevel(getattr(logging, args.log_level.upper()))
     port = sock.getsockname()[1]
 
