@@ -21,11 +21,21 @@ def test_bench_end_to_end(tmp_path) -> None:
     assert (tmp_path / "ttft_by_mode_test.png").stat().st_size > 1000
     seam = result["config"]["seam_tokens"]
     names = [w["workload"] for w in result["workloads"]]
+    encoding = result["workloads"][0]["encoding"]
+    assert encoding["tokens"] > 0 and encoding["encode_tokens_per_second"] > 0
+    assert encoding["transformers_forward_tokens_per_second"] > 0
+    rates = result["machine_rates"]
+    assert rates["matmul_flops_per_second"] > 1e8 and rates["copy_bytes_per_second"] > 1e8
     assert names[0].startswith("rag_qa") and any(n.startswith("long_context") for n in names)
     assert any(n.startswith("agentic") for n in names) and any(n.startswith("cold") for n in names)
     for workload in result["workloads"]:
         rows = workload["modes"]
-        assert set(rows) == set(MODES)
+        assert set(rows) == set(MODES) | {"transformers"}
+        # transformers' own forward of the same prompt is the baseline: the same next-token distribution as full
+        assert rows["transformers"]["kl_vs_full"] < 1e-4 and rows["transformers"]["recomputed_fraction"] == 1.0
+        for row in rows.values():
+            assert row["ttft_speedup_vs_transformers"] > 0 and row["times_floor"] > 0
+            assert row["floor_seconds_p50"] > 0
         assert rows["full"]["recomputed_fraction"] == 1.0
         assert rows["full"]["kl_vs_full"] == 0.0
         for row in rows.values():

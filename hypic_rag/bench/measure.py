@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from hypic_rag.bench.floor import MachineRates, floor_seconds, prefill_flops
 from hypic_rag.bench.workloads import Workload
 from hypic_rag.entry import entry_bytes
 from hypic_rag.runtime.engine import Engine, PrefillStats
@@ -39,9 +40,12 @@ def distinct_segments(requests: Sequence[Request]) -> list[list[int]]:
 def warm_entries(engine: Engine, requests: Sequence[Request], seams: set[int], show_progress: bool) -> None:
     """Offline precompute: every distinct segment encoded once per seam window."""
     segments = distinct_segments(requests)
+    batch = 16
     for seam in sorted(seams):
-        for segment in tqdm(segments, desc=f"precompute (seam {seam})", unit="chunk", disable=not show_progress, leave=False):
-            engine.fetch_entries([segment], seam, PrefillStats(mode="precompute"))
+        with tqdm(total=len(segments), desc=f"precompute (seam {seam})", unit="chunk", disable=not show_progress, leave=False) as bar:
+            for start in range(0, len(segments), batch):  # batched encoding, as precompute does
+                engine.fetch_entries(segments[start : start + batch], seam, PrefillStats(mode="precompute"))
+                bar.update(len(segments[start : start + batch]))
 
 
 def timed_prefill(engine: Engine, request: Request, mode: str, seam_tokens: int) -> tuple[float, torch.Tensor, Any]:
@@ -50,6 +54,72 @@ def timed_prefill(engine: Engine, request: Request, mode: str, seam_tokens: int)
     result = engine.prefill(request, mode, seam_tokens)
     int(torch.argmax(result.logits))
     return time.perf_counter() - began, result.logits, result.stats
+
+
+TRANSFORMERS = "transformers"
+"""The row of transformers' own forward of the same prompt (`model(ids, use_cache=False, logits_to_keep=1)`):
+what a user would run instead."""
+
+
+def timed_transformers_forward(model: HybridModel, request: Request) -> tuple[float, torch.Tensor]:
+    """Time to first token of transformers' own forward over the whole prompt (no cache of any kind)."""
+    ids = torch.tensor([request.all_ids()], device=model.device)
+    began = time.perf_counter()
+    with torch.no_grad():
+        logits = model.hf_model(ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+    int(torch.argmax(logits))
+    return time.perf_counter() - began, logits
+
+
+def recomputed_positions(request: Request, mode: str, seam_tokens: int, prefix_reused: int) -> list[int]:
+    """Sequence positions of the tokens `mode` runs through the model for `request` (for the FLOP floor)."""
+    total = request.prompt_tokens
+    question = list(range(total - len(request.question_ids), total))
+    if mode in ("full", TRANSFORMERS):
+        return list(range(total))
+    if mode == "prefix":
+        return list(range(prefix_reused, total))
+    if mode != "hypic":
+        return question
+    positions: list[int] = []
+    start = len(request.prefix_ids)
+    for chunk in request.chunk_ids:
+        if start > 0:  # a chunk at position 0 is exact from its entry
+            positions.extend(range(start, start + min(seam_tokens, len(chunk))))
+        start += len(chunk)
+    return positions + question
+
+
+def floor_of(model: HybridModel, rates: MachineRates, positions: list[int], loaded_bytes: float) -> float:
+    """The floor (seconds) of recomputing the tokens at `positions` (each attending to every earlier key)."""
+    attended = float(np.mean([position + 1 for position in positions])) if positions else 0.0
+    return floor_seconds(rates, prefill_flops(model.config, len(positions), int(round(attended))), loaded_bytes)
+
+
+def encoding_throughput(model: HybridModel, segments: Sequence[list[int]], seam_tokens: int) -> dict[str, float]:
+    """Tokens/s of encoding `segments` into entries (batched, as precompute and cache misses do) against
+    transformers' forward over the same chunks as one batch (which produces no entry at all)."""
+    engine = Engine(model, seam_tokens=seam_tokens)
+    tokens = sum(len(segment) for segment in segments)
+    engine.encode_segments(list(segments[:1]), seam_tokens)  # warm-up
+    began = time.perf_counter()
+    engine.encode_segments(list(segments), seam_tokens)
+    ours = time.perf_counter() - began
+    longest = max(len(segment) for segment in segments)
+    ids = torch.zeros(len(segments), longest, dtype=torch.long, device=model.device)
+    for row, segment in enumerate(segments):
+        ids[row, : len(segment)] = torch.tensor(segment)
+    with torch.no_grad():
+        began = time.perf_counter()
+        model.hf_model(ids, use_cache=False, logits_to_keep=1)
+        theirs = time.perf_counter() - began
+    return {
+        "chunks": len(segments),
+        "tokens": tokens,
+        "encode_tokens_per_second": tokens / ours,
+        "transformers_forward_tokens_per_second": tokens / theirs,
+        "ratio_vs_transformers": theirs / ours,
+    }
 
 
 def closed_loop_throughput(
@@ -102,8 +172,12 @@ def measure_workload(
     throughput_seconds: float = 60.0,
     new_tokens: int = 4,
     show_progress: bool = True,
+    rates: MachineRates | None = None,
+    encode_chunks: int = 0,
 ) -> dict[str, Any]:
-    """Every mode on the same requests: TTFT p50/p95, throughput, recomputed fraction, bytes loaded, KL vs full."""
+    """Every mode on the same requests, and transformers' own forward of each prompt: TTFT p50/p95, ratios
+    against transformers, full and prefix, throughput, recomputed fraction, bytes loaded, KL vs full, and (with
+    `rates`) each mode's floor and its distance from it; with `encode_chunks`, encoding throughput."""
     engine = Engine(model, seam_tokens=seam_tokens)
     if not workload.cold:
         seams = entry_seams(modes, seam_tokens)
@@ -113,21 +187,30 @@ def measure_workload(
     reference: list[torch.Tensor] = []
     per_mode: dict[str, dict[str, Any]] = {}
     ordered = ["full"] + [mode for mode in modes if mode != "full"]
-    for mode in ordered:
-        ttfts, fractions, loaded, kls, agree = [], [], [], [], []
+    for mode in [*ordered, TRANSFORMERS]:
+        ttfts, fractions, loaded, kls, agree, floors = [], [], [], [], [], []
         for number, request in enumerate(tqdm(workload.requests, desc=f"{workload.name} {mode}", unit="req", disable=not show_progress, leave=False)):
-            run_engine = Engine(model, seam_tokens=seam_tokens) if workload.cold else engine
-            seconds, logits, stats = timed_prefill(run_engine, request, mode, seam_tokens)
+            if mode == TRANSFORMERS:
+                seconds, logits = timed_transformers_forward(model, request)
+                recomputed, loaded_bytes, prefix_reused = request.prompt_tokens, 0, 0
+            else:
+                run_engine = Engine(model, seam_tokens=seam_tokens) if workload.cold else engine
+                seconds, logits, stats = timed_prefill(run_engine, request, mode, seam_tokens)
+                recomputed, loaded_bytes = stats.recomputed_tokens, stats.cache_bytes_loaded
+                prefix_reused = stats.prefix_reused_tokens
             ttfts.append(seconds)
-            fractions.append(stats.recomputed_tokens / stats.prompt_tokens)
-            loaded.append(stats.cache_bytes_loaded)
+            fractions.append(recomputed / request.prompt_tokens)
+            loaded.append(loaded_bytes)
+            if rates is not None:
+                positions = recomputed_positions(request, mode, seam_tokens, prefix_reused)
+                floors.append(floor_of(model, rates, positions, loaded_bytes))
             if mode == "full":
                 reference.append(logits)
             kls.append(kl_divergence(reference[number], logits))
             agree.append(float(torch.argmax(logits) == torch.argmax(reference[number])))
         throughput = (
             closed_loop_throughput(engine, workload.load, mode, seam_tokens, clients, throughput_requests, throughput_seconds, new_tokens)
-            if throughput_requests > 0 and workload.load
+            if throughput_requests > 0 and workload.load and mode != TRANSFORMERS
             else None
         )
         per_mode[mode] = {
@@ -140,7 +223,11 @@ def measure_workload(
             "greedy_agreement_vs_full": float(np.mean(agree)),
             "throughput": throughput,
         }
+        if floors:
+            per_mode[mode]["floor_seconds_p50"] = percentile(floors, 50)
+            per_mode[mode]["times_floor"] = percentile(ttfts, 50) / percentile(floors, 50)
     for mode, row in per_mode.items():
+        row["ttft_speedup_vs_transformers"] = per_mode[TRANSFORMERS]["ttft_p50"] / row["ttft_p50"]
         row["ttft_speedup_vs_full"] = per_mode["full"]["ttft_p50"] / row["ttft_p50"]
         if "prefix" in per_mode:
             row["ttft_speedup_vs_prefix"] = per_mode["prefix"]["ttft_p50"] / row["ttft_p50"]
@@ -150,6 +237,8 @@ def measure_workload(
         "mean_prompt_tokens": float(np.mean([r.prompt_tokens for r in workload.requests])),
         "modes": per_mode,
     }
+    if encode_chunks and workload.pool:
+        result["encoding"] = encoding_throughput(model, workload.pool[:encode_chunks], seam_tokens)
     if workload.pool:
         sample = engine.encode_segment(workload.pool[0], seam_tokens)
         sizes = entry_bytes(sample)

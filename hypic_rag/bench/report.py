@@ -30,18 +30,35 @@ def _format(value: Any, digits: int = 3) -> str:
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# hypic-rag benchmark ({result['config']['profile']})", "", f"Machine: {result['machine']}", ""]
     lines.append(f"Timing model: {result['timing_model']['description']}. Seam window {result['config']['seam_tokens']}.")
+    if result.get("machine_rates"):
+        rates = result["machine_rates"]
+        lines.append(
+            f"Measured at the start of the run: fp32 matmul {rates['matmul_flops_per_second'] / 1e9:.0f} GFLOP/s, copy "
+            f"{rates['copy_bytes_per_second'] / 1e9:.1f} GB/s; `x floor` = TTFT / (recomputed FLOPs / matmul rate + "
+            "cache bytes loaded / copy rate)."
+        )
     lines.append("All figures of a table come from the same run; speedups are ratios of medians in that run.")
     for workload in result["workloads"]:
         lines += ["", f"## {workload['workload']} ({workload['requests']} requests, ~{workload['mean_prompt_tokens']:.0f} prompt tokens)", ""]
-        lines.append("| mode | TTFT p50 (s) | TTFT p95 (s) | x vs full | x vs prefix | recomputed | MB loaded/req | KL vs full | greedy agree | req/s |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        lines.append("| mode | TTFT p50 (s) | TTFT p95 (s) | x vs transformers | x vs full | x vs prefix | x floor | recomputed | MB loaded/req | KL vs full | greedy agree | req/s |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for mode, row in workload["modes"].items():
             throughput = row.get("throughput") or {}
             lines.append(
-                f"| {mode} | {_format(row['ttft_p50'])} | {_format(row['ttft_p95'])} | {_format(row['ttft_speedup_vs_full'])} "
-                f"| {_format(row.get('ttft_speedup_vs_prefix'))} | {row['recomputed_fraction']:.3f} "
+                f"| {mode} | {_format(row['ttft_p50'])} | {_format(row['ttft_p95'])} "
+                f"| {_format(row.get('ttft_speedup_vs_transformers'))} | {_format(row['ttft_speedup_vs_full'])} "
+                f"| {_format(row.get('ttft_speedup_vs_prefix'))} | {_format(row.get('times_floor'))} | {row['recomputed_fraction']:.3f} "
                 f"| {row['cache_bytes_loaded_per_request'] / 2**20:.1f} | {_format(row['kl_vs_full'])} "
                 f"| {row['greedy_agreement_vs_full']:.2f} | {_format(throughput.get('requests_per_second'))} |"
+            )
+        if "encoding" in workload:
+            encoding = workload["encoding"]
+            lines.append("")
+            lines.append(
+                f"Encoding {encoding['chunks']} chunks ({encoding['tokens']} tokens) into cache entries: "
+                f"{encoding['encode_tokens_per_second']:.0f} tokens/s; transformers' forward of the same chunks: "
+                f"{encoding['transformers_forward_tokens_per_second']:.0f} tokens/s "
+                f"({encoding['ratio_vs_transformers']:.2f}x)."
             )
         if "cache_bytes_per_chunk" in workload:
             sizes = workload["cache_bytes_per_chunk"]

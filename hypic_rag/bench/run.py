@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from hypic_rag.bench import workloads as W
+from hypic_rag.bench.floor import measure_rates
 from hypic_rag.bench.measure import measure_workload, seam_sweep
 from hypic_rag.bench.timing_model import TIMING_MODELS, build_timing_model
 from hypic_rag.runtime.model import wrap_model
@@ -97,6 +98,7 @@ def machine_description() -> str:
 def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = True, seed: int = 0) -> dict[str, Any]:
     """Run every workload of `config` and return the result dict (see report.py for its layout)."""
     began = time.time()
+    rates = measure_rates()  # the machine's floor rates, first, on this run's threads
     hf_model = build_timing_model(config.timing_model, seed=seed)
     model = wrap_model(hf_model)
     parameters = sum(p.numel() for p in hf_model.parameters())
@@ -120,7 +122,8 @@ def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = Tr
             measure_workload(
                 model, workload, seam_tokens=config.seam_tokens, clients=config.clients,
                 throughput_requests=config.throughput_requests, throughput_seconds=config.throughput_seconds,
-                show_progress=show_progress,
+                show_progress=show_progress, rates=rates,
+                encode_chunks=8 if workload is workloads[0] else 0,
             )
         )
     sweep_workload = W.rag_qa(tokens, top_k=8, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens, requests=config.sweep_requests, warmup=0)
@@ -129,6 +132,7 @@ def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = Tr
         "benchmark": "hypic-rag",
         "command": command,
         "machine": machine_description(),
+        "machine_rates": rates.as_dict(),
         "config": {name: getattr(config, name) for name in config.__slots__},
         "timing_model": {
             "name": config.timing_model,
