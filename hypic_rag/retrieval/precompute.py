@@ -138,9 +138,8 @@ def encode_plans(
     (a pool of worker processes) or in this process, storing them in small transactions as they complete."""
     fill = ResultStream(session.fill_steps(plans, encoder=encoder))
     lookup = next(fill)
-    logger.info(
-        "%d of %d segments missing from the cache (%d tokens)", lookup.to_encode, lookup.segments, lookup.tokens_to_encode
-    )
+    logger.info("%d of %d segments missing from the cache (%d tokens)",
+                lookup.to_encode, lookup.segments, lookup.tokens_to_encode)
     with tqdm(
         total=lookup.tokens_to_encode, unit="tok", unit_scale=True, desc="encoding",
         disable=not show_progress or not lookup.to_encode,
