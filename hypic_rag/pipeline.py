@@ -1,7 +1,8 @@
 """Question answering over an index: retrieve chunks, assemble their cached segments, generate.
 
-One `RagPipeline` serves the CLI's `ask`, the REST service and the LlamaIndex integration. Retrieved chunks are
-passed to the runtime as separate segments (their stored token ids), never as one concatenated string.
+One `RagPipeline` serves the CLI's `ask` and `demo` and the REST service: an opened index and the
+`session.ModelSession` it was built for (model, engine, segment cache, the index's whole prompt format). Retrieved
+chunks are passed to the runtime as separate segments (their stored token ids), never as one concatenated string.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompt import PromptFormat
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.streaming import ResultStream, StrippedDeltas
 from hypic_rag.text import unencodable_message
 
@@ -81,37 +83,36 @@ def check_encodable(text: str, what: str) -> str:
     return text
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(check_encodable(text, "the text"), add_special_tokens=False)["input_ids"]) if text else []
-
-
 class RagPipeline:
-    """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; engine: an `Engine` whose model
-    is the one the index was built for (its tokenizer made the chunks' token ids); hop_slots: how many of the
-    top_k places go to one retrieval hop from the best hit (`CorpusIndex.search`; 0 turns the hop off)."""
+    """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
+    model is the one the index was built for (its tokenizer made the chunks' token ids), normally with the
+    index's prompt format (`ModelSession.for_index`); hop_slots: how many of the top_k places go to one retrieval
+    hop from the best hit (`CorpusIndex.search`; 0 turns the hop off)."""
 
-    def __init__(
-        self, index: Any, engine: Engine, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, *, hop_slots: int = 2
-    ) -> None:
+    def __init__(self, index: Any, session: ModelSession, *, hop_slots: int = 2) -> None:
         if hop_slots < 0:
             raise PipelineError("hop_slots must be >= 0")
-        tokenizer = engine.model.tokenizer
-        if tokenizer is None:
-            raise PipelineError("the model has no tokenizer; a RAG pipeline needs one")
         from hypic_rag.retrieval.errors import IndexMismatchError
-        from hypic_rag.retrieval.manifest import ModelIdentity
 
-        identity = index.manifest.model
         try:
-            index.manifest.check_model(ModelIdentity.of(identity.path, engine.model))
+            index.manifest.check_loaded_model(index.manifest.model.path, session.model)
         except IndexMismatchError as error:
             raise PipelineError(f"index {index.directory}: {error}") from None
         self.index = index
-        self.engine = engine
-        self.prompt_format = prompt_format
+        self.session = session
         self.hop_slots = hop_slots
-        self.tokenizer = tokenizer
-        self._prefix_ids = _encode(tokenizer, prompt_format.prefix)
+
+    @property
+    def engine(self) -> Engine:
+        return self.session.engine
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.session.tokenizer
+
+    @property
+    def prompt_format(self) -> PromptFormat:
+        return self.session.prompt_format
 
     @classmethod
     def open(
@@ -127,50 +128,51 @@ class RagPipeline:
         hop_slots: int = 2,
         dtype: str | None = None,
     ) -> RagPipeline:
-        """Open an index, its model (the one recorded in the manifest unless `model_path`, in the dtype recorded
-        there unless `dtype`; checked against the manifest: another model or dtype raises `IndexMismatchError`),
-        its embedder (loaded now, so the first question's timing is the question's) and its segment cache.
-        A model directory that cannot be loaded raises `ModelLoadError`."""
-        from hypic_rag.cache.keys import CacheNamespace
-        from hypic_rag.cache.segment_cache import SegmentCache
+        """Open an index and the session it was built for (`ModelSession.for_index`: its model, the one recorded
+        in the manifest unless `model_path`, in the dtype recorded there unless `dtype`, checked against the
+        manifest: another model or dtype raises `IndexMismatchError`; its prompt format; its segment cache), and
+        its embedder (loaded now, so the first question's timing is the question's). A model directory that cannot
+        be loaded raises `ModelLoadError`."""
         from hypic_rag.retrieval.corpus_index import CorpusIndex
-        from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
-        from hypic_rag.runtime.model import load_model
+        from hypic_rag.retrieval.manifest import IndexManifest
 
         index_dir = Path(index_dir).expanduser()
         manifest = IndexManifest.load(index_dir)
         model_path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
         if not (model_path / "config.json").is_file():
             raise PipelineError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model")
-        model = load_model(model_path, device=device, dtype=dtype or manifest.model.dtype, require_tokenizer=True)
-        manifest.check_model(ModelIdentity.of(model_path, model))
-        seam = manifest.seam_tokens if seam_tokens is None else seam_tokens
-        index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
+        # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
+        cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes)
+        session = ModelSession.for_index(
+            manifest, index_dir, model_path=model_path, device=device, dtype=dtype, seam_tokens=seam_tokens,
+            cache=cache,
+        )
+        try:
+            index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
+        except BaseException:
+            session.close()
+            raise
         try:
             index.embedder.load()
-            # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
-            options: dict[str, Any] = {"readonly": readonly_cache, "best_effort": True}
-            if hot_budget_bytes is not None:
-                options["hot_budget_bytes"] = hot_budget_bytes
-            cache = SegmentCache.open(index.cache_dir, namespace=CacheNamespace.for_model(model, seam), **options)
+            return cls(index, session, hop_slots=hop_slots)
         except BaseException:
+            session.close()
             index.close()
             raise
-        return cls(index, Engine(model, seam_tokens=seam, segment_source=cache), hop_slots=hop_slots)
 
     def close(self) -> None:
-        self.engine.segment_source.close()
+        self.session.close()
         self.index.close()
 
     # ----------------------------------------------------------------------------------------------------------
 
     def request_for(self, question: str, chunk_token_ids: list[list[int]]) -> Request:
-        """The request of `question` over chunks given as token ids of their formatted segments."""
-        question = check_encodable(question, "the question").strip()
-        if not question:
-            raise PipelineError("the question is empty")
-        return Request(list(self._prefix_ids), chunk_token_ids, _encode(self.tokenizer, self.prompt_format.question(question)))
-
+        """The request of `question` over chunks given as token ids of their formatted segments
+        (`ModelSession.request`); `PipelineError` for an empty question or one holding a lone surrogate."""
+        try:
+            return self.session.request(question, chunk_token_ids)
+        except ValueError as error:
+            raise PipelineError(str(error)) from None
 
     def stream(
         self,

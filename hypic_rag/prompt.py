@@ -1,12 +1,17 @@
 """How a RAG request is laid out as segments: prefix, one segment per retrieved chunk, then the question.
 
-Every segment is tokenized on its own (never as one concatenated string), so a chunk's token ids are the same
-wherever it lands and its cached entry can be reused. Training data for the default model uses the same layout.
+Every segment is tokenized on its own (never as one concatenated string, `tokenize_segment`), so a chunk's token
+ids are the same wherever it lands and its cached entry can be reused. Training data for the default model uses the
+same layout. The whole format is recorded in an index's manifest: the chunk template decides the stored token ids,
+the prefix decides the prefix segment's cache entry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from hypic_rag.text import unencodable_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,5 +41,24 @@ class PromptFormat:
     def question(self, question: str) -> str:
         return self.question_template.format(question=question)
 
+    def to_dict(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PromptFormat:
+        """The format `to_dict` wrote; a missing field takes its default (TypeError for unknown fields)."""
+        return cls(**{name: str(value) for name, value in data.items()})
+
 
 DEFAULT_PROMPT_FORMAT = PromptFormat()
+
+
+def tokenize_segment(tokenizer: Any, text: str, what: str = "the text") -> list[int]:
+    """Token ids of one prompt segment, tokenized on its own without special tokens ([] for empty text).
+
+    ValueError naming `what` when `text` holds a lone surrogate (no tokenizer takes one).
+    """
+    message = unencodable_message(text, what)
+    if message is not None:
+        raise ValueError(message)
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]) if text else []

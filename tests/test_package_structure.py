@@ -158,3 +158,41 @@ def test_nothing_outside_the_cache_reaches_into_a_cache_store() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "store":
                 offenders.append(f"{module}:{node.lineno}")
     assert offenders == []
+
+
+def test_the_integrations_import_nothing_from_the_server() -> None:
+    """The LlamaIndex integration shares helpers with the service through neutral modules (`hypic_rag.segments`,
+    `hypic_rag.usage`), never by importing `hypic_rag.server`."""
+    offenders = {
+        module: sorted(imported for imported in imported_modules(module, path)
+                       if imported == "hypic_rag.server" or imported.startswith("hypic_rag.server."))
+        for module, path in modules()
+        if module.startswith("hypic_rag.integrations")
+    }
+    assert {"hypic_rag.integrations.llama_index", "hypic_rag.integrations.llama_index.llm"} <= set(offenders)
+    assert {module: found for module, found in offenders.items() if found} == {}
+
+
+def test_the_llama_index_integration_is_a_package_of_one_class_kind_per_module() -> None:
+    """Each public class lives in its own module, which lists it in `__all__`; the package re-exports them all."""
+    package = PACKAGE / "integrations" / "llama_index"
+    assert package.is_dir() and not (PACKAGE / "integrations" / "llama_index.py").exists()
+    declared: dict[str, list[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")]
+        exported = next(
+            (ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)),
+            None,
+        )
+        assert exported is not None, f"{path.name} has no __all__"
+        assert set(classes) <= set(exported), f"{path.name}: {classes} not all in __all__ {exported}"
+        declared[path.stem] = classes
+    assert all(len(classes) <= 1 for classes in declared.values()), declared
+    public = {name for classes in declared.values() for name in classes}
+    assert public == {"HypicCacheTransformation", "HypicEmbedding", "HypicLLM", "HypicQueryEngine", "HypicRuntime"}
+    init = ast.parse((package / "__init__.py").read_text(encoding="utf-8"))
+    exported = next(ast.literal_eval(node.value) for node in init.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
+    assert public <= set(exported)

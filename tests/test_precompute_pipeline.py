@@ -257,3 +257,49 @@ def test_bad_input_gives_one_clear_error(built: dict[str, Path], tmp_path: Path,
     assert code == 2 and "question is empty" in err
     for line in err.strip().splitlines():
         assert line.startswith("hypic-rag ask: error:")
+
+
+def test_the_manifest_stores_the_whole_prompt_format_and_ask_composes_its_prefix(
+    tmp_path: Path, model_dir: Path, capsys
+) -> None:
+    """The prefix decides the prefix segment's cache entry, so the manifest records the whole format and `ask`
+    composes the prefix precompute encoded: every segment of the prompt is a hit. A manifest of the older layout
+    (chunk template only) still reads, as that template with the default prefix and question template."""
+    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+    from hypic_rag.retrieval.errors import IndexMismatchError
+
+    fmt = PromptFormat(prefix="Read the notes, then answer in a few words.\n", chunk_template="Note: {text}\n",
+                       question_template="Q: {question}\nA:", answer_stop="\n")
+    corpus, index = write_corpus(tmp_path / "corpus"), tmp_path / "index"
+    precompute(options_for(corpus, index, model_dir, prompt_format=fmt))
+    recorded = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+    assert recorded["prompt_format"] == {"prefix": fmt.prefix, "chunk_template": fmt.chunk_template,
+                                         "question_template": fmt.question_template, "answer_stop": "\n"}
+    assert recorded["chunk_template"] == fmt.chunk_template  # still there for readers of the older layout
+    assert IndexManifest.load(index).prompt_format == fmt
+
+    question = "Who is the keeper of the Kerran lighthouse?"
+    code, out, _ = run_cli(capsys, "ask", "--index", str(index), question, "--top-k", "3")
+    assert code == 0, out
+    assert re.search(r"^Cache: 4 segments hit, 0 encoded", out, flags=re.MULTILINE), out  # prefix + 3 chunks
+    pipeline = RagPipeline.open(index, device="cpu")
+    try:
+        assert pipeline.prompt_format == fmt
+        request = pipeline.request_for(question, [])
+        assert request.prefix_ids == pipeline.session.tokenize_segment(fmt.prefix)
+        assert request.question_ids == pipeline.session.tokenize_segment(fmt.question(question))
+    finally:
+        pipeline.close()
+
+    with pytest.raises(IndexMismatchError, match="prompt format"):
+        precompute(options_for(corpus, index, model_dir, prompt_format=PromptFormat(chunk_template=fmt.chunk_template)))
+
+    del recorded["prompt_format"]  # the older layout
+    (index / "manifest.json").write_text(json.dumps(recorded), encoding="utf-8")
+    legacy = IndexManifest.load(index).prompt_format
+    assert legacy == PromptFormat(chunk_template=fmt.chunk_template)
+    assert (legacy.prefix, legacy.question_template) == (DEFAULT_PROMPT_FORMAT.prefix,
+                                                         DEFAULT_PROMPT_FORMAT.question_template)
+    code, out, _ = run_cli(capsys, "ask", "--index", str(index), question, "--top-k", "3")
+    assert code == 0 and re.search(r"^Cache: 3 segments hit, 1 encoded", out, flags=re.MULTILINE), out

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
 from hypic_rag.retrieval.formats import location_metadata
 from hypic_rag.retrieval.loading import Document
 
@@ -108,8 +108,8 @@ def chunk_id_for(doc_id: str, text: str) -> str:
 
 
 def encode_segment_text(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of one prompt segment, tokenized on its own without special tokens."""
-    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    """Token ids of one prompt segment, tokenized on its own without special tokens (`prompt.tokenize_segment`)."""
+    return tokenize_segment(tokenizer, text)
 
 
 def _trimmed(text: str, start: int, end: int) -> tuple[int, int] | None:

@@ -206,6 +206,7 @@ class CorpusIndex:
                 manifest.check_embedder(embedder.identity)
                 adopted = manifest.adopt_model(settings.model)
                 manifest.check_chunking(chunker_settings, template, settings.seam_tokens)
+                manifest.check_prompt_format(settings.prompt_format)
                 if settings.vector_index is not None:
                     manifest.check_vector_index(settings.vector_index)
                 if adopted:
@@ -215,7 +216,7 @@ class CorpusIndex:
                     embedder=embedder.identity,
                     model=settings.model,
                     chunker=chunker_settings,
-                    chunk_template=template,
+                    prompt_format=settings.prompt_format,
                     seam_tokens=settings.seam_tokens,
                     vector_index=settings.vector_index or VectorIndexConfig(),
                     cache_dir=_relative_cache_dir(directory, settings.cache_dir),

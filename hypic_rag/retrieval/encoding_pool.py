@@ -28,6 +28,17 @@ import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens
 from hypic_rag.retrieval.errors import RetrievalError
+from hypic_rag.session import SegmentTask
+
+__all__ = [
+    "EncoderSpec",
+    "EncodingPoolError",
+    "SegmentEncoder",
+    "SegmentTask",
+    "WorkerStartError",
+    "lpt_order",
+    "threads_per_worker",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,21 +108,14 @@ def _encode_in_worker(task: tuple[int, list[int], int]) -> tuple[int, Entry]:
     return position, _WORKER_ENGINE.encode_segment(token_ids, seam_tokens)
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentTask:
-    """One segment to encode and the seam width its entry is for."""
-
-    token_ids: tuple[int, ...]
-    seam_tokens: int
-
-
 def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
     """Positions of `tasks`, longest segment first (ties in their given order)."""
     return sorted(range(len(tasks)), key=lambda position: -len(tasks[position].token_ids))
 
 
 class SegmentEncoder:
-    """Encodes segments with `engine` in-process (workers=1) or in a pool of worker processes."""
+    """Encodes segments with `engine` in-process (workers=1) or in a pool of worker processes; a
+    `hypic_rag.session.SegmentEncoder` (what `ModelSession.fill_steps` takes)."""
 
     def __init__(self, engine: Any, spec: EncoderSpec, workers: int = 1) -> None:
         if workers < 1:

@@ -1,10 +1,15 @@
 """The index manifest: what built an index and what it holds, in `manifest.json`.
 
-It records the embedder identity (and the embedder's directory unless it is the shipped default), the chunker settings and chunk template (which decide the stored token ids),
-the model and tokenizer fingerprints and the dtype the model ran in (which decide the cache entries), the seam
-width the cache was encoded with,
-the FAISS settings, where the segment cache lives, and counts. Opening an index with another embedder, model,
-tokenizer or chunker setting is refused with an `IndexMismatchError` that names the difference.
+It records the embedder identity (and the embedder's directory unless it is the shipped default), the chunker
+settings, the whole prompt format (its chunk template decides the stored token ids, its prefix the prefix segment's
+cache entry, its question template and answer stop how questions are asked), the model and tokenizer fingerprints
+and the dtype the model ran in (which decide the cache entries), the seam width the cache was encoded with, the
+FAISS settings, where the segment cache lives, and counts. Opening an index with another embedder, model,
+tokenizer, chunker setting or prompt format is refused with an `IndexMismatchError` that names the difference.
+
+A manifest written before the whole format was recorded holds only `chunk_template`: it reads as that template
+with the default prefix, question template and answer stop (what `ask` and `serve` used for it then). The
+`chunk_template` key is still written, for readers of that older layout.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.entry import check_seam_tokens
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
@@ -64,7 +70,7 @@ class IndexManifest:
     embedder: EmbedderIdentity
     model: ModelIdentity
     chunker: dict[str, Any]
-    chunk_template: str
+    prompt_format: PromptFormat
     seam_tokens: int
     vector_index: VectorIndexConfig
     cache_dir: str
@@ -80,6 +86,11 @@ class IndexManifest:
             raise IndexMismatchError(
                 f"index format version {self.format_version} is not supported (expected {MANIFEST_FORMAT_VERSION})"
             )
+
+    @property
+    def chunk_template(self) -> str:
+        """The prompt format's chunk template (what decides the stored token ids)."""
+        return self.prompt_format.chunk_template
 
     def cache_path(self, index_dir: Path) -> Path:
         """The segment cache directory (stored relative to the index directory when inside it)."""
@@ -120,6 +131,10 @@ class IndexManifest:
                 f"given {model.tokenizer_fingerprint[:12]}); use the same model or a new index directory"
             )
 
+    def check_loaded_model(self, path: str | Path, model: Any) -> None:
+        """`check_model` for a loaded `HybridModel` read from `path`."""
+        self.check_model(ModelIdentity.of(path, model))
+
     def adopt_model(self, model: ModelIdentity) -> bool:
         """`check_model`, then record `model` in place of a legacy identity; True when the manifest changed
         (the caller saves it)."""
@@ -147,6 +162,15 @@ class IndexManifest:
                 "use the same seam width or a new index directory"
             )
 
+    def check_prompt_format(self, prompt_format: PromptFormat) -> None:
+        """Refuse another prompt format: its chunk template decides the stored token ids (`check_chunking` names
+        that difference), its prefix the prefix's cache entry, and the rest how the index is asked."""
+        if prompt_format != self.prompt_format:
+            raise IndexMismatchError(
+                f"index was built with prompt format {self.prompt_format.to_dict()}, not {prompt_format.to_dict()}; "
+                "use the same prompt format or a new index directory"
+            )
+
     def check_vector_index(self, config: VectorIndexConfig) -> None:
         if config.kind != self.vector_index.kind:
             raise IndexMismatchError(
@@ -156,6 +180,8 @@ class IndexManifest:
     # --------------------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["prompt_format"] = self.prompt_format.to_dict()
+        data["chunk_template"] = self.prompt_format.chunk_template  # what readers of the older layout read
         data["embedder"] = self.embedder.to_dict()
         data["vector_index"] = self.vector_index.to_dict()
         return data
@@ -166,7 +192,7 @@ class IndexManifest:
             embedder=EmbedderIdentity.from_dict(data["embedder"]),
             model=ModelIdentity(**data["model"]),
             chunker=dict(data["chunker"]),
-            chunk_template=str(data["chunk_template"]),
+            prompt_format=_prompt_format_of(data),
             seam_tokens=int(data["seam_tokens"]),
             vector_index=VectorIndexConfig.from_dict(data["vector_index"]),
             cache_dir=str(data["cache_dir"]),
@@ -201,6 +227,22 @@ class IndexManifest:
             return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise IndexCorruptError(f"cannot read {path}: {error}") from error
+
+
+def _prompt_format_of(data: dict[str, Any]) -> PromptFormat:
+    """The recorded prompt format; a manifest without one (the older layout) recorded only the chunk template,
+    and was asked with the default prefix, question template and answer stop."""
+    recorded = data.get("prompt_format")
+    if recorded is None:
+        return PromptFormat(
+            prefix=DEFAULT_PROMPT_FORMAT.prefix,
+            chunk_template=str(data["chunk_template"]),
+            question_template=DEFAULT_PROMPT_FORMAT.question_template,
+            answer_stop=DEFAULT_PROMPT_FORMAT.answer_stop,
+        )
+    if not isinstance(recorded, dict):
+        raise ValueError(f"prompt_format must be an object, not {type(recorded).__name__}")
+    return PromptFormat.from_dict(recorded)
 
 
 def _same_path(first: str, second: str) -> bool:

@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from hypic_rag.entry import TOKEN_IDS, Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry import check_seam_tokens
 from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
-from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_text
+from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
 from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,
     LOCK_FILE,
@@ -33,12 +33,13 @@ from hypic_rag.retrieval.corpus_index import (
     check_index_location,
 )
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
-from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, SegmentTask, threads_per_worker
+from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, threads_per_worker
 from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
-from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
+from hypic_rag.session import ModelSession, SegmentPlan, distinct_segments, plan_segments
+from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace
@@ -46,8 +47,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-COMMIT_ENTRIES = 8
-COMMIT_BYTES = 256 << 20
+__all__ = [
+    "EncodeReport",
+    "PrecomputeOptions",
+    "PrecomputeSummary",
+    "SegmentPlan",
+    "cache_bytes_of",
+    "distinct_segments",
+    "encode_plans",
+    "plan_segments",
+    "precompute",
+    "recorded_dtype",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,97 +136,30 @@ class PrecomputeSummary:
         return self.ingest.changed or self.encode.encoded > 0
 
 
-def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Each distinct token sequence once, in first-seen order."""
-    seen: dict[tuple[int, ...], None] = {}
-    for ids in segment_lists:
-        seen.setdefault(tuple(ids), None)
-    return [list(ids) for ids in seen]
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentPlan:
-    """Segments whose entries must be cached for one seam width."""
-
-    seam_tokens: int
-    segments: list[list[int]]
-
-    def __post_init__(self) -> None:
-        check_seam_tokens(self.seam_tokens)
-
-
-def plan_segments(
-    prefix_ids: Sequence[int], chunk_segments: Sequence[Sequence[int]], seam_tokens: int, mode: str = "hypic"
-) -> list[SegmentPlan]:
-    """The entries a `mode` request over this index composes (`runtime.modes.MODE_TABLE`): the prefix's, for
-    `PREFIX_ENTRY_SEAM`, and each distinct chunk's, for the mode's chunk entry seam."""
-    chunk_seam = mode_spec(mode).entry_seam(seam_tokens)
-    if chunk_seam is None:
-        raise ValueError(f"mode {mode!r} composes no segment entries; nothing to precompute for it")
-    plans = [SegmentPlan(PREFIX_ENTRY_SEAM, [list(prefix_ids)])] if prefix_ids else []
-    return plans + [SegmentPlan(chunk_seam, distinct_segments(chunk_segments))]
-
-
-def _store_batch(cache: SegmentCache, namespace: CacheNamespace, entries: list[Entry]) -> None:
-    """Store freshly encoded entries of one namespace in one cache transaction."""
-    by_ids = {tuple(entry[TOKEN_IDS].tolist()): entry for entry in entries}
-    cache.get_or_encode_many(namespace, [list(ids) for ids in by_ids], lambda missing: [by_ids[tuple(m)] for m in missing])
-
-
-def missing_segments(
-    cache: SegmentCache, namespace: CacheNamespace, segments: Sequence[Sequence[int]]
-) -> list[list[int]]:
-    """The segments whose entries the cache does not hold."""
-    return [list(ids) for ids, held in zip(segments, cache.contains_many(namespace, segments)) if not held]
-
-
-def encode_into_cache(
-    cache: SegmentCache,
-    namespace_for: Callable[[int], CacheNamespace],
+def encode_plans(
+    session: ModelSession,
     plans: Sequence[SegmentPlan],
-    encoder: SegmentEncoder,
+    encoder: SegmentEncoder | None = None,
     *,
     show_progress: bool = True,
 ) -> EncodeReport:
-    """Encode the planned segments missing from `cache` (longest first) and store them as they complete.
-
-    namespace_for(seam_tokens) gives the cache namespace of entries encoded for that seam width.
-    """
-    began = time.perf_counter()
-    tasks = [
-        SegmentTask(tuple(ids), plan.seam_tokens)
-        for plan in plans
-        for ids in missing_segments(cache, namespace_for(plan.seam_tokens), plan.segments)
-    ]
-    planned = sum(len(plan.segments) for plan in plans)
-    total_tokens = sum(len(task.token_ids) for task in tasks)
-    logger.info("%d of %d segments missing from the cache (%d tokens)", len(tasks), planned, total_tokens)
-    batches: dict[int, list[Entry]] = {}
-    batch_entries = batch_bytes = encoded = tokens = 0
-
-    def flush() -> None:
-        nonlocal batch_entries, batch_bytes
-        for seam_tokens, entries in batches.items():
-            _store_batch(cache, namespace_for(seam_tokens), entries)
-        batches.clear()
-        batch_entries = batch_bytes = 0
-
+    """Encode the planned segments missing from the session's cache (`ModelSession.fill_steps`), with `encoder`
+    (a pool of worker processes) or in this process, storing them in small transactions as they complete."""
+    fill = ResultStream(session.fill_steps(plans, encoder=encoder))
+    lookup = next(fill)
+    logger.info("%d of %d segments missing from the cache (%d tokens)",
+                lookup.to_encode, lookup.segments, lookup.tokens_to_encode)
     with tqdm(
-        total=total_tokens, unit="tok", unit_scale=True, desc="encoding", disable=not show_progress or not tasks
+        total=lookup.tokens_to_encode, unit="tok", unit_scale=True, desc="encoding",
+        disable=not show_progress or not lookup.to_encode,
     ) as progress:
-        for position, entry in encoder.encode(tasks):
-            task = tasks[position]
-            batches.setdefault(task.seam_tokens, []).append(entry)
-            batch_entries += 1
-            batch_bytes += entry_tensor_bytes(entry)
-            if batch_entries >= COMMIT_ENTRIES or batch_bytes >= COMMIT_BYTES:
-                flush()
-            encoded += 1
-            tokens += len(task.token_ids)
-            progress.update(len(task.token_ids))
-            progress.set_postfix_str(f"segments {encoded}/{len(tasks)}", refresh=False)
-        flush()
-    return EncodeReport(segments=planned, encoded=encoded, tokens_encoded=tokens, seconds=time.perf_counter() - began)
+        for report in fill:
+            progress.update(report.tokens_encoded - progress.n)
+            progress.set_postfix_str(f"segments {report.encoded}/{report.to_encode}", refresh=False)
+    report = fill.result
+    return EncodeReport(
+        segments=report.segments, encoded=report.encoded, tokens_encoded=report.tokens_encoded, seconds=report.seconds
+    )
 
 
 def cache_bytes_of(
@@ -279,9 +223,6 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
 
     Every path is checked first (`check_locations`), and the segment cache is opened before the index is
     created, so a bad index or cache path leaves nothing behind."""
-    from hypic_rag.cache.keys import CacheNamespace
-    from hypic_rag.cache.segment_cache import SegmentCache
-    from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
 
     began = time.perf_counter()
@@ -302,31 +243,21 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
     )
     # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
     with (
-        SegmentCache.open(cache_dir, namespace=CacheNamespace.for_model(model, options.seam_tokens)) as cache,
+        ModelSession.of_model(
+            model, model_path=options.model_path, seam_tokens=options.seam_tokens, cache_dir=cache_dir,
+            prompt_format=options.prompt_format,
+        ) as session,
         CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
     ):
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
-        chunk_segments = [list(chunk.token_ids) for chunk in index.docstore.iter_chunks()]
-        prefix = options.prompt_format.prefix
-        prefix_ids = encode_segment_text(model.tokenizer, prefix) if prefix else []
-        plans = plan_segments(prefix_ids, chunk_segments, options.seam_tokens)
-        engine = Engine(model, seam_tokens=options.seam_tokens)
-        spec = EncoderSpec(
-            model_path=str(options.model_path),
-            device=str(model.device),
-            dtype=model.dtype_name,
-            seam_tokens=options.seam_tokens,
-            fingerprint=model.fingerprint,
-            threads_per_worker=threads_per_worker(options.workers),
-            preload_modules=(
-                "hypic_rag.runtime.engine",
-                "hypic_rag.runtime.model",
-                type(model.hf_model).__module__,
-            ),
-        )
-        with SegmentEncoder(engine, spec, workers=options.workers) as encoder:
-            encode = encode_into_cache(cache, cache.namespace_for, plans, encoder, show_progress=options.show_progress)
+        plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
+        if options.workers > 1:
+            with SegmentEncoder(session.engine, encoder_spec(options, model), workers=options.workers) as pool:
+                encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
+        else:
+            encode = encode_plans(session, plans, show_progress=options.show_progress)
+        cache = session.segment_source
         cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
         counts = index.counts()
         return PrecomputeSummary(
@@ -340,3 +271,16 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             elapsed_seconds=time.perf_counter() - began,
             skipped=tuple(corpus.skipped),
         )
+
+
+def encoder_spec(options: PrecomputeOptions, model: Any) -> EncoderSpec:
+    """How each encoding worker process rebuilds `model` (same path, device, dtype and fingerprint)."""
+    return EncoderSpec(
+        model_path=str(options.model_path),
+        device=str(model.device),
+        dtype=model.dtype_name,
+        seam_tokens=options.seam_tokens,
+        fingerprint=model.fingerprint,
+        threads_per_worker=threads_per_worker(options.workers),
+        preload_modules=("hypic_rag.runtime.engine", "hypic_rag.runtime.model", type(model.hf_model).__module__),
+    )

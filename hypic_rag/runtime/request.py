@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
 
 
 @dataclass(slots=True)
@@ -47,13 +47,12 @@ class Request:
         question: str,
         prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
     ) -> Request:
-        """Tokenize each segment on its own with `prompt_format`'s templates."""
+        """Tokenize each segment on its own (`prompt.tokenize_segment`) with `prompt_format`'s templates.
 
-        def encode(text: str) -> list[int]:
-            return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
+        The product builds its requests with `hypic_rag.session.ModelSession.request`, which also strips the
+        question and drops empty chunks; this is the same layout for a bare tokenizer."""
         return cls(
-            prefix_ids=encode(prompt_format.prefix),
-            chunk_ids=[encode(prompt_format.chunk(text)) for text in chunks],
-            question_ids=encode(prompt_format.question(question)),
+            prefix_ids=tokenize_segment(tokenizer, prompt_format.prefix),
+            chunk_ids=[tokenize_segment(tokenizer, prompt_format.chunk(text)) for text in chunks],
+            question_ids=tokenize_segment(tokenizer, prompt_format.question(question), "the question"),
         )

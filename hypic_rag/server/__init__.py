@@ -1,6 +1,6 @@
 """The hypic-rag REST service (FastAPI): `create_app(ServerConfig(index_dir=...))`, or `hypic-rag serve`.
 
-`create_app` is imported on first use, so helpers such as `hypic_rag.server.segments` load without FastAPI.
+`create_app` is imported on first use, so `ServerConfig` loads without FastAPI.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """What the model worker runs: answers, completions, document updates and cache statistics over one index.
 
-A `ServiceBackend` is built and used by the worker thread only (see `worker.py`). Retrieved chunks and completion
-segments reach the engine as separate segments (their own token ids), never as one concatenated string, so each
-one's cached entry is reused wherever it lands in a prompt.
+A `ServiceBackend` is built and used by the worker thread only (see `worker.py`). It is a `RagPipeline` over the
+index and the `ModelSession` the index was built for (model, engine, segment cache, the index's prompt format),
+plus what only the service does (document jobs, limits). Retrieved chunks and completion segments reach the engine
+as separate segments (their own token ids), never as one concatenated string, so each one's cached entry is reused
+wherever it lands in a prompt.
 """
 
 from __future__ import annotations
@@ -11,21 +13,21 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hypic_rag.pipeline import Answer, RagPipeline
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompt import tokenize_segment
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.server.accounting import usage_of
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.jobs import Job, JobRegistry
-from hypic_rag.server.segments import segmented_request
 from hypic_rag.server.worker import TaskContext
+from hypic_rag.session import CacheOptions, FillReport, ModelSession
+from hypic_rag.usage import usage_of
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class TokenCounter:
     def count(self, text: str) -> int:
         """Tokens of `text` tokenized on its own, without special tokens."""
         with self._lock:
-            return len(self._tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+            return len(tokenize_segment(self._tokenizer, text))
 
 
 class ServiceBackend:
@@ -90,7 +92,7 @@ class ServiceBackend:
         self.chunker = chunker
         self.model_name = config.model_name or Path(str(pipeline.index.manifest.model.path)).name or "hypic-rag"
         self.counts = pipeline.index.counts()
-        self.token_counter = TokenCounter(pipeline.tokenizer)
+        self.token_counter = TokenCounter(pipeline.session.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
         self.refresh_cache_snapshot()
 
@@ -102,64 +104,48 @@ class ServiceBackend:
         Raises IndexNotFoundError / IndexCorruptError for a missing or unreadable manifest, IndexMismatchError when
         the index was built for another model (or tokenizer), RetrievalError when another process holds the
         index's writer lock, ModelLoadError for a model directory that cannot load (or has no tokenizer)."""
-        from hypic_rag.cache.keys import CacheNamespace
-        from hypic_rag.cache.segment_cache import SegmentCache
         from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
         from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
         from hypic_rag.retrieval.embeddings import SentenceEmbedder
         from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
-        from hypic_rag.runtime.engine import Engine
-        from hypic_rag.runtime.model import load_model
 
         index_dir = config.index_dir.resolve()
         manifest = IndexManifest.load(index_dir)
-        prompt_format = PromptFormat(
-            prefix=DEFAULT_PROMPT_FORMAT.prefix,
-            chunk_template=manifest.chunk_template,
-            question_template=DEFAULT_PROMPT_FORMAT.question_template,
-            answer_stop=DEFAULT_PROMPT_FORMAT.answer_stop,
+        # best effort: a damaged cache is disabled (warned), a failed write is logged; the service goes on
+        cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes)
+        session = ModelSession.for_index(
+            manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache
         )
-        model_path = config.model_path or Path(manifest.model.path)
-        model = load_model(
-            model_path, device=config.device, dtype=config.dtype or manifest.model.dtype, require_tokenizer=True
-        )
-        manifest.check_model(ModelIdentity.of(model_path, model))
-        embedder = SentenceEmbedder(manifest.embedder_path)
         chunker = None
-        if config.read_only:
-            index = CorpusIndex.open(index_dir, embedder)
-        else:
-            chunker_config = ChunkerConfig(
-                chunk_tokens=int(manifest.chunker["chunk_tokens"]),
-                paragraph_fill=float(manifest.chunker.get("paragraph_fill", ChunkerConfig().paragraph_fill)),
-            )
-            settings = IndexSettings(
-                model=ModelIdentity.of(model_path, model),
-                chunker=chunker_config,
-                prompt_format=prompt_format,
-                seam_tokens=manifest.seam_tokens,
-            )
-            index = CorpusIndex.open_for_update(index_dir, embedder, settings)
-            chunker = Chunker(model.tokenizer, chunker_config, prompt_format)
         try:
-            options: dict[str, Any] = {"best_effort": True}  # a damaged cache: serve without it
-            if config.hot_cache_bytes is not None:
-                options["hot_budget_bytes"] = config.hot_cache_bytes
-            namespace = CacheNamespace.for_model(model, manifest.seam_tokens)
-            cache = SegmentCache.open(index.cache_dir, namespace=namespace, **options)
+            embedder = SentenceEmbedder(manifest.embedder_path)
+            if config.read_only:
+                index = CorpusIndex.open(index_dir, embedder)
+            else:
+                chunker_config = ChunkerConfig(
+                    chunk_tokens=int(manifest.chunker["chunk_tokens"]),
+                    paragraph_fill=float(manifest.chunker.get("paragraph_fill", ChunkerConfig().paragraph_fill)),
+                )
+                settings = IndexSettings(
+                    model=ModelIdentity.of(session.model_path, session.model),
+                    chunker=chunker_config,
+                    prompt_format=session.prompt_format,
+                    seam_tokens=manifest.seam_tokens,
+                )
+                index = CorpusIndex.open_for_update(index_dir, embedder, settings)
+                chunker = Chunker(session.tokenizer, chunker_config, session.prompt_format)
         except BaseException:
-            index.close()
+            session.close()
             raise
-        engine = Engine(model, seam_tokens=manifest.seam_tokens, segment_source=cache)
         try:
-            pipeline = RagPipeline(index, engine, prompt_format, hop_slots=config.hop_slots)
+            pipeline = RagPipeline(index, session, hop_slots=config.hop_slots)
         except BaseException:
-            cache.close()
+            session.close()
             index.close()
             raise
         logger.info(
             "serving %s (%d documents, %d chunks) with %s%s",
-            index_dir, pipeline.index.counts().documents, pipeline.index.counts().chunks, model_path,
+            index_dir, pipeline.index.counts().documents, pipeline.index.counts().chunks, session.model_path,
             " read-only" if config.read_only else "",
         )
         backend = cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
@@ -174,11 +160,9 @@ class ServiceBackend:
         """Load the embedder and make sure the prompt prefix's cache entry exists, so the first request pays for
         neither (an index built before the engine's current entry layout may lack it)."""
         self.pipeline.index.embedder.embed_query("warm-up")
-        request = self.pipeline.request_for("warm-up", [])
-        if request.prefix_ids:
-            stats = self.pipeline.engine.prefill(request, "hypic").stats
-            if stats.cache_misses:
-                logger.info("encoded the prompt prefix's cache entry (missing from the index's cache)")
+        session = self.pipeline.session
+        if session.fill_cache(session.plan(include_prefix=True)).cache_misses:
+            logger.info("encoded the prompt prefix's cache entry (missing from the index's cache)")
         self.refresh_cache_snapshot()
 
     def close(self) -> None:
@@ -187,8 +171,8 @@ class ServiceBackend:
 
     @property
     def cache(self) -> Any:
-        """The engine's segment source: the index's `SegmentCache`, opened in `open`."""
-        return self.pipeline.engine.segment_source
+        """The session's segment source: the index's `SegmentCache`, opened in `open`."""
+        return self.pipeline.session.segment_source
 
     def refresh_cache_snapshot(self) -> dict[str, Any]:
         """Read the cache's counters (cheap) into `cache_snapshot`, which other threads may read."""
@@ -221,7 +205,7 @@ class ServiceBackend:
         check_segment_count(segments, self.config.max_segments)
         began = time.perf_counter()
         try:
-            request = segmented_request(self.pipeline.tokenizer, segments)
+            request = self.pipeline.session.segmented_request(segments)
         except ValueError as error:
             raise BadRequestError(f"prompt: {error}", param="prompt") from None
         prompt_tokens = request.prompt_tokens
@@ -231,7 +215,7 @@ class ServiceBackend:
                 param="prompt",
             )
         tokenized_at = time.perf_counter()
-        stream = self.pipeline.engine.stream(request, mode, params, check=context.check)
+        stream = self.pipeline.session.engine.stream(request, mode, params, check=context.check)
         try:
             for _, delta in stream:
                 if delta:
@@ -260,7 +244,7 @@ class ServiceBackend:
         from hypic_rag.retrieval.loading import Document, LoadedCorpus
 
         self._require_writable()
-        index, engine = self.pipeline.index, self.pipeline.engine
+        index = self.pipeline.index
         totals = {"documents_added": 0, "documents_updated": 0, "documents_unchanged": 0, "chunks_added": 0}
         segments: list[tuple[int, ...]] = []
         for start in range(0, len(documents), INGEST_BATCH_DOCUMENTS):
@@ -282,20 +266,28 @@ class ServiceBackend:
             self.counts = index.counts()
             jobs.update(job, documents_indexed=start + len(batch))
             yield
-        namespace = self.cache.namespace_for(engine.seam_tokens)
         unique = list(dict.fromkeys(segments))
-        todo = self.cache.missing_segments([list(ids) for ids in unique], engine.seam_tokens)
-        jobs.update(job, chunks_total=len(unique), chunks_encoded=len(unique) - len(todo))
+        # one chunk encoded and stored per step (`ModelSession.fill_steps`; its first step is the lookup)
+        fill = self.pipeline.session.fill_steps(self.pipeline.session.plan(unique, include_prefix=False),
+                                                commit_entries=1)
+        progress = next(fill)
+        jobs.update(job, chunks_total=len(unique), chunks_encoded=progress.cache_hits)
         yield
-        encoded = 0
-        for ids in todo:
-            self.cache.put(namespace, engine.encode_segment(ids, engine.seam_tokens))
-            encoded += 1
-            jobs.update(job, chunks_encoded=len(unique) - len(todo) + encoded)
+        report = yield from self._encoding_steps(fill, job, jobs)
+        self.refresh_cache_snapshot()
+        return {**totals, "chunks_encoded": report.encoded, "chunks_already_cached": report.cache_hits}
+
+    def _encoding_steps(self, fill: Generator[FillReport, None, FillReport], job: Job,
+                        jobs: JobRegistry) -> Generator[None, None, FillReport]:
+        """Run a fill's encoding steps as job steps, recording the progress after each."""
+        while True:
+            try:
+                progress = next(fill)
+            except StopIteration as done:
+                return done.value
+            jobs.update(job, chunks_encoded=progress.cache_hits + progress.encoded)
             self.refresh_cache_snapshot()
             yield
-        self.refresh_cache_snapshot()
-        return {**totals, "chunks_encoded": encoded, "chunks_already_cached": len(unique) - len(todo)}
 
     def delete_document(self, doc_id: str) -> int:
         """Remove a document and its chunks from the index; returns how many chunks went.

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.segments import split_segments
 from hypic_rag.server.backend import CompletionResult, check_segment_count
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, internal_error_body
 from hypic_rag.server.openai_schemas import (
@@ -32,7 +33,6 @@ from hypic_rag.server.openai_schemas import (
     stop_strings,
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
-from hypic_rag.server.segments import split_segments
 from hypic_rag.server.service import EventStream, Service
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_at_most, checked_mode

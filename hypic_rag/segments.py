@@ -2,7 +2,8 @@
 
 Every part but the last is a segment whose cached entry is reused wherever it lands; the last part is the query,
 always recomputed. Segments are tokenized separately, never as one string, so a segment's token ids (its cache
-key) do not depend on what surrounds it.
+key) do not depend on what surrounds it. Used by the service and the integrations alike (neither imports the
+other).
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hypic_rag.prompt import tokenize_segment
 from hypic_rag.runtime.request import Request
-from hypic_rag.text import unencodable_message
+
+DEFAULT_SEPARATOR = "<<PIC_SEP>>"
+"""What separates the segments of a prompt unless told otherwise."""
 
 
 def split_segments(prompt: str, separator: str) -> list[str]:
@@ -28,15 +32,7 @@ def segmented_request(tokenizer: Any, segments: Sequence[str]) -> Request:
     """
     if not segments:
         raise ValueError("no segments given")
-    for number, text in enumerate(segments):
-        message = unencodable_message(text, f"segment {number}")
-        if message is not None:
-            raise ValueError(message)
-    ids = [_token_ids(tokenizer, text) for text in segments]
+    ids = [tokenize_segment(tokenizer, text, f"segment {number}") for number, text in enumerate(segments)]
     if not ids[-1]:
         raise ValueError("the last segment (the query) is empty")
     return Request(prefix_ids=[], chunk_ids=[segment for segment in ids[:-1] if segment], question_ids=ids[-1])
-
-
-def _token_ids(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []

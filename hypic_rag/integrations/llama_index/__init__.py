@@ -1,0 +1,68 @@
+"""LlamaIndex integration (llama-index-core 0.14): answer through hypic-rag with each node as its own segment.
+
+    from llama_index.core import Settings, VectorStoreIndex
+    from llama_index.core.ingestion import IngestionPipeline
+    from llama_index.core.node_parser import SentenceSplitter
+    from hypic_rag.integrations.llama_index import (
+        HypicCacheTransformation, HypicEmbedding, HypicLLM, HypicQueryEngine)
+
+    llm = HypicLLM(cache_dir="cache/")              # the bundled default model; segment cache on disk
+    Settings.llm, Settings.embed_model = llm, HypicEmbedding()
+    nodes = IngestionPipeline(transformations=[
+        SentenceSplitter(chunk_size=200, chunk_overlap=0, tokenizer=llm.runtime.tokenize),
+        HypicCacheTransformation(runtime=llm.runtime),   # precompute every node's cache entry
+        Settings.embed_model,
+    ]).run(documents=documents)
+    engine = HypicQueryEngine(retriever=VectorStoreIndex(nodes).as_retriever(similarity_top_k=4), llm=llm)
+    response = engine.query("Who founded the Amber Kiln studio?")   # response.source_nodes: the retrieved nodes
+
+One class kind per module:
+- `query_engine.HypicQueryEngine` takes any retriever and passes each retrieved node's text to the runtime as its
+  own segment (never one concatenated string), so a node's cached entry is reused wherever it lands in a prompt.
+- `llm.HypicLLM` is a LlamaIndex LLM for `Settings.llm`: plain completion (a prompt whose segments are separated
+  by `<<PIC_SEP>>` reuses each segment's cache entry; the last segment is the query) and chat (each earlier
+  message is its own cached segment).
+- `ingestion.HypicCacheTransformation` is an ingestion step that encodes every node's segment-cache entry ahead
+  of queries.
+- `embedding.HypicEmbedding` wraps the shipped all-MiniLM-L6-v2 sentence-transformers model (offline).
+- `runtime.HypicRuntime` is the `hypic_rag.session.ModelSession` (model, engine, segment cache, prompt format)
+  they share, one per model and cache directory, with a lock around the engine.
+The integration imports nothing from `hypic_rag.server`: separated segments are `hypic_rag.segments`, token
+accounting `hypic_rag.usage`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_NEEDED = (
+    "llama_index.core.base.embeddings.base",
+    "llama_index.core.base.llms.types",
+    "llama_index.core.base.response.schema",
+    "llama_index.core.llms.custom",
+    "llama_index.core.query_engine",
+    "llama_index.core.schema",
+)
+try:
+    for _name in _NEEDED:
+        importlib.import_module(_name)
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "hypic_rag.integrations.llama_index needs llama-index-core 0.14: install it with "
+        "`pip install 'hypic-rag[llamaindex]'` (or `pip install 'llama-index-core>=0.14,<0.15'`)"
+    ) from error
+
+from hypic_rag.integrations.llama_index.embedding import HypicEmbedding  # noqa: E402
+from hypic_rag.integrations.llama_index.ingestion import HypicCacheTransformation  # noqa: E402
+from hypic_rag.integrations.llama_index.llm import HypicLLM, segmented_messages_to_prompt  # noqa: E402
+from hypic_rag.integrations.llama_index.query_engine import HypicQueryEngine  # noqa: E402
+from hypic_rag.integrations.llama_index.runtime import HypicRuntime  # noqa: E402
+
+__all__ = [
+    "HypicCacheTransformation",
+    "HypicEmbedding",
+    "HypicLLM",
+    "HypicQueryEngine",
+    "HypicRuntime",
+    "segmented_messages_to_prompt",
+]

@@ -1,0 +1,118 @@
+"""`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, CompletionResponse, CompletionResponseGen, LLMMetadata
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+
+from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
+from hypic_rag.runtime.modes import check_mode
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
+from hypic_rag.segments import DEFAULT_SEPARATOR, split_segments
+from hypic_rag.usage import usage_of
+
+__all__ = ["HypicLLM", "segmented_messages_to_prompt"]
+
+
+def segmented_messages_to_prompt(messages: Sequence[ChatMessage], separator: str = DEFAULT_SEPARATOR) -> str:
+    """Chat messages as separated segments: every message is its own (cached) segment; the last one, followed by
+    the assistant's turn, is the query."""
+    parts = [f"{message.role.value}: {message.content or ''}\n" for message in messages]
+    if not parts:
+        raise ValueError("no messages given")
+    parts[-1] += "assistant:"
+    return separator.join(parts)
+
+
+class HypicLLM(CustomLLM):
+    """A LlamaIndex LLM that generates with hypic-rag (the bundled default model unless `model_path`).
+
+    `complete(prompt)`: segments of the prompt separated by `separator` are cached and reused wherever they land;
+    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment. Usage
+    (prompt, cached, recomputed and completion tokens) is in `CompletionResponse.additional_kwargs`.
+    """
+
+    model_path: str | None = Field(default=None, description="Checkpoint directory; None: the bundled default model.")
+    cache_dir: str | None = Field(default=None, description="Segment cache directory; None: an in-memory cache.")
+    seam_tokens: int = Field(default=DEFAULT_SEAM_TOKENS, ge=0, description="Seam window recomputed per segment.")
+    device: str | None = Field(default=None, description="cpu or cuda (None: cuda when available).")
+    mode: str = Field(default="hypic", description="Assembly mode: hypic, transition_rope, ..., full.")
+    max_new_tokens: int = Field(default=64, gt=0, description="Most tokens generated per call.")
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="0 is greedy.")
+    seed: int | None = Field(
+        default=None, ge=0, le=SEED_MAX,
+        description="Makes sampling reproducible (0 to 2**64 - 1); None: every call samples afresh.",
+    )
+    separator: str = Field(default=DEFAULT_SEPARATOR, min_length=1, description="What separates prompt segments.")
+    _runtime: HypicRuntime = PrivateAttr()
+
+    def __init__(self, *, runtime: HypicRuntime | None = None, **kwargs: Any) -> None:
+        separator = kwargs.get("separator", DEFAULT_SEPARATOR)
+        kwargs.setdefault("messages_to_prompt", partial(segmented_messages_to_prompt, separator=separator))
+        super().__init__(**kwargs)
+        check_mode(self.mode)
+        self._runtime = runtime_for(runtime, self.model_path, self.cache_dir, self.seam_tokens, self.device)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "HypicLLM"
+
+    @property
+    def runtime(self) -> HypicRuntime:
+        return self._runtime
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self._runtime.context_window,
+            num_output=self.max_new_tokens,
+            is_chat_model=False,
+            model_name=self._runtime.model_name,
+        )
+
+    def sampling(self, **kwargs: Any) -> SamplingParams:
+        """Sampling for one call: `max_new_tokens` (or `max_tokens`), `temperature`, `seed`, `stop` override the
+        fields. Without a seed, sampling (temperature > 0) draws fresh randomness on every call."""
+        stop = kwargs.get("stop") or ()
+        return SamplingParams(
+            max_new_tokens=int(kwargs.get("max_new_tokens", kwargs.get("max_tokens", self.max_new_tokens))),
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            seed=kwargs.get("seed", self.seed),
+            stop_strings=(stop,) if isinstance(stop, str) else tuple(stop),
+        )
+
+    def _request(self, prompt: str, formatted: bool) -> Request:
+        if not formatted:
+            prompt = self.completion_to_prompt(prompt)
+        return self._runtime.segmented_request(split_segments(prompt, self.separator))
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        mode = check_mode(kwargs.get("mode", self.mode))
+        generation = self._runtime.generate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
+        return CompletionResponse(
+            text=generation.text,
+            additional_kwargs={**usage_of(generation), "finish_reason": generation.finish_reason, "mode": mode},
+            raw={"timings": dict(generation.timings)},
+        )
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        mode = check_mode(kwargs.get("mode", self.mode))
+        request = self._request(prompt, formatted)
+        params = self.sampling(**kwargs)
+
+        def generate() -> CompletionResponseGen:
+            text = ""
+            for delta in self._runtime.stream(request, mode, params):
+                text += delta
+                yield CompletionResponse(text=text, delta=delta)
+
+        return generate()

@@ -1,0 +1,120 @@
+"""The state the LlamaIndex components share: one `ModelSession` per model and cache directory, with a lock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator, Sequence
+from pathlib import Path
+
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.runtime.engine import Engine, PrefillStats
+from hypic_rag.runtime.generation import Generation
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.session import DEFAULT_SEAM_TOKENS, ModelSession
+from hypic_rag.streaming import ResultStream
+
+__all__ = ["DEFAULT_SEAM_TOKENS", "HypicRuntime", "runtime_for"]
+
+
+class HypicRuntime(ModelSession):
+    """A model, its engine, segment cache (persistent in `cache_dir`, else in memory) and prompt format (a
+    `ModelSession`), shared by the LLM, the query engine and the ingestion transformation. The engine is not
+    thread-safe: one lock serialises its use here (a streaming generation holds it until the stream is consumed
+    or closed). `HypicRuntime.open(model_path, cache_dir=..., seam_tokens=..., device=...)` loads one (None: the
+    bundled default model)."""
+
+    _shared: dict[tuple[str, str | None, int, str | None], HypicRuntime] = {}
+    _shared_lock = threading.Lock()
+
+    def __init__(
+        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = ""
+    ) -> None:
+        super().__init__(engine, prompt_format=prompt_format, model_path=model_path)
+        self.lock = threading.RLock()
+
+    @classmethod
+    def shared(
+        cls,
+        model_path: str | Path | None = None,
+        *,
+        cache_dir: str | Path | None = None,
+        seam_tokens: int = DEFAULT_SEAM_TOKENS,
+        device: str | None = None,
+    ) -> HypicRuntime:
+        """One runtime per (model, cache directory, seam width, device) in this process, opened on first use
+        (a cache directory can be open only once per process)."""
+        from hypic_rag.default_model import resolve_model_path
+
+        key = (
+            str(resolve_model_path(model_path).resolve()),
+            str(Path(cache_dir).expanduser().resolve()) if cache_dir is not None else None,
+            seam_tokens,
+            device,
+        )
+        with cls._shared_lock:
+            runtime = cls._shared.get(key)
+            if runtime is None:
+                runtime = cls.open(key[0], cache_dir=key[1], seam_tokens=seam_tokens, device=device)
+                cls._shared[key] = runtime
+            return runtime  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Close the segment cache (if any) and forget this runtime in the shared registry."""
+        with self._shared_lock:
+            for key, runtime in list(self._shared.items()):
+                if runtime is self:
+                    del self._shared[key]
+        with self.lock:
+            super().close()
+
+    # ------------------------------------------------------------------------------------------- tokens
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` alone (no special tokens); usable as a LlamaIndex splitter's `tokenizer`.
+        ValueError when `text` holds a lone surrogate."""
+        return self.tokenize_segment(text)
+
+    def rag_request(self, texts: Sequence[str], question: str) -> Request:
+        """The prompt prefix, one segment per text (formatted as a retrieved chunk), then the question, each
+        tokenized on its own (`ModelSession.request`)."""
+        if not question.strip():
+            raise ValueError("the question is empty")
+        return self.request(question, [self.chunk_ids(text) for text in texts])
+
+    # ------------------------------------------------------------------------------------------- work
+    def precompute(self, segments: Sequence[Sequence[int]], *, include_prefix: bool = False) -> PrefillStats:
+        """Make the cache hold the entries hypic mode will ask for: each chunk segment's (for the seam width)
+        and, with `include_prefix`, the prompt prefix's (`ModelSession.fill_cache`). Missing ones are encoded and
+        stored; hits and misses are counted per segment given."""
+        with self.lock:
+            report = self.fill_cache(self.plan(segments, include_prefix=include_prefix, distinct=False))
+        return PrefillStats(
+            mode="hypic", cache_hits=report.cache_hits, cache_misses=report.cache_misses,
+            total_seconds=report.seconds,
+        )
+
+    def generate(self, request: Request, mode: str, params: SamplingParams) -> Generation:
+        with self.lock:
+            return self.engine.generate(request, mode, params)
+
+    def stream(self, request: Request, mode: str, params: SamplingParams) -> ResultStream[str, Generation]:
+        """Non-empty text deltas as they are generated, the runtime's lock held until the stream ends or is
+        closed; its `.result` is the `Generation`."""
+
+        def deltas() -> Generator[str, None, Generation]:
+            with self.lock, self.engine.stream(request, mode, params) as inner:
+                for _, delta in inner:
+                    if delta:
+                        yield delta
+                return inner.result
+
+        return ResultStream(deltas())
+
+
+def runtime_for(
+    runtime: HypicRuntime | None, model_path: str | None, cache_dir: str | None, seam_tokens: int, device: str | None
+) -> HypicRuntime:
+    """`runtime`, else the shared runtime of these settings (`HypicRuntime.shared`)."""
+    return runtime if runtime is not None else HypicRuntime.shared(
+        model_path, cache_dir=cache_dir, seam_tokens=seam_tokens, device=device
+    )

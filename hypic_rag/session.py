@@ -1,0 +1,459 @@
+"""One loaded model in use: the model, its engine, where its segment entries come from, and the prompt format.
+
+    session = ModelSession.open("model/", cache_dir="cache/")             # from a model path
+    session = ModelSession.for_index(manifest, "index/")                  # from an index manifest
+    session = ModelSession.of_model(model, cache_dir=index.cache_dir)     # from an already-loaded model
+    request = session.request("Who keeps bees?", [chunk_ids, ...])        # prefix + chunk segments + question
+    report = session.fill_cache(session.plan(chunk_segments))             # get-or-encode many entries
+    session.close()                                                       # closes (flushes) its cache
+
+Why a *session*: this object is the span during which one loaded model is used with one segment source. It is
+opened (the model loaded, its cache bound to the model's namespace), serves any number of requests, and is closed
+(the cache flushed). It is not "the runtime": `hypic_rag.runtime` is the model-side code, which knows neither
+prompt text nor the persistent cache (it must not import `hypic_rag.cache`), while a session opens the cache and
+owns the prompt format. It is not "the engine", which assembles one request from entries, nor "the pipeline",
+which adds retrieval over an index. It sits between them: the runtime and the cache below, the ways in above
+(`pipeline.RagPipeline`, the service's `ServiceBackend`, the LlamaIndex `HypicRuntime`, precompute), which are
+all built on a session and never build a model, an engine, a cache or a prompt layout themselves.
+
+Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
+(`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
+prompts), and filling the cache (`fill_steps` / `fill_cache`: look up which planned entries the segment source
+lacks, encode only those, in batches through `Engine.encode_segments` or with an external encoder such as the
+process pool of `retrieval.encoding_pool`, and keep them through the source's own get-or-encode path).
+The prompt format of an index is the whole `PromptFormat` its manifest records, so the prefix whose entry
+precompute encoded is the prefix `ask` and `serve` compose.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
+from hypic_rag.runtime.engine import Engine
+from hypic_rag.runtime.model import HybridModel
+from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.segment_source import SegmentSource
+from hypic_rag.segments import segmented_request
+from hypic_rag.streaming import drain
+from hypic_rag.text import unencodable_message
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEAM_TOKENS = 8
+COMMIT_ENTRIES = 8
+"""Entries kept per write when filling the cache (and segments per in-process `Engine.encode_segments` call)."""
+COMMIT_BYTES = 256 << 20
+"""Tensor bytes after which a fill writes what it holds, whatever the entry count."""
+
+
+# ==================================================================================================== building
+@dataclass(frozen=True, slots=True)
+class CacheOptions:
+    """How a session opens its persistent segment cache (`hypic_rag.cache.segment_cache.SegmentCache.open`).
+
+    readonly: misses are computed, not stored (the directory must exist). best_effort: a damaged store disables
+    the cache (warned) and a failed write is logged, not raised (ask, serve: the cache only saves work); without
+    it both raise (precompute, whose job is to fill it). hot_budget_bytes: the in-process hot tier's budget
+    (None: the cache's default).
+    """
+
+    readonly: bool = False
+    best_effort: bool = False
+    hot_budget_bytes: int | None = None
+
+
+class ModelRecord(Protocol):
+    """The model an index manifest records (`hypic_rag.retrieval.manifest.ModelIdentity` meets it)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def dtype(self) -> str | None: ...
+
+
+class IndexRecord(Protocol):
+    """What a session reads from an index manifest. `hypic_rag.retrieval.manifest.IndexManifest` meets it: this
+    module does not import the retrieval package, which is built on it."""
+
+    @property
+    def model(self) -> ModelRecord: ...
+
+    @property
+    def seam_tokens(self) -> int: ...
+
+    @property
+    def prompt_format(self) -> PromptFormat: ...
+
+    def cache_path(self, index_dir: Path) -> Path: ...
+
+    def check_loaded_model(self, path: str | Path, model: Any) -> None: ...
+
+
+# ==================================================================================================== planning
+@dataclass(frozen=True, slots=True)
+class SegmentPlan:
+    """Segments (token id lists) whose entries must be held for one seam width."""
+
+    seam_tokens: int
+    segments: list[list[int]]
+
+    def __post_init__(self) -> None:
+        check_seam_tokens(self.seam_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTask:
+    """One segment to encode and the seam width its entry is for."""
+
+    token_ids: tuple[int, ...]
+    seam_tokens: int
+
+
+class SegmentEncoder(Protocol):
+    """Encodes tasks' entries, yielding (position in `tasks`, entry) in any order (e.g. a process pool,
+    `hypic_rag.retrieval.encoding_pool.SegmentEncoder`)."""
+
+    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry]]: ...
+
+
+def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Each distinct token sequence once, in first-seen order."""
+    seen: dict[tuple[int, ...], None] = {}
+    for ids in segment_lists:
+        seen.setdefault(tuple(ids), None)
+    return [list(ids) for ids in seen]
+
+
+def plan_segments(
+    prefix_ids: Sequence[int],
+    chunk_segments: Sequence[Sequence[int]],
+    seam_tokens: int,
+    mode: str = "hypic",
+    *,
+    distinct: bool = True,
+) -> list[SegmentPlan]:
+    """The entries a `mode` request composes (`runtime.modes.MODE_TABLE`): the prefix's, for `PREFIX_ENTRY_SEAM`,
+    and each chunk's (each distinct one once unless `distinct` is False), for the mode's chunk entry seam."""
+    chunk_seam = mode_spec(mode).entry_seam(seam_tokens)
+    if chunk_seam is None:
+        raise ValueError(f"mode {mode!r} composes no segment entries; nothing to precompute for it")
+    chunks = distinct_segments(chunk_segments) if distinct else [list(ids) for ids in chunk_segments]
+    plans = [SegmentPlan(PREFIX_ENTRY_SEAM, [list(prefix_ids)])] if prefix_ids else []
+    return plans + [SegmentPlan(chunk_seam, chunks)]
+
+
+@dataclass(slots=True)
+class FillReport:
+    """How a fill went (updated as it runs).
+
+    segments: planned segments (a repeated one counts each time); cache_hits / cache_misses: of those, held
+    before the fill / not held. to_encode, tokens_to_encode: the distinct missing ones and their tokens;
+    encoded, tokens_encoded: those encoded and handed to the segment source so far; seconds: since the start.
+    """
+
+    segments: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    to_encode: int = 0
+    tokens_to_encode: int = 0
+    encoded: int = 0
+    tokens_encoded: int = 0
+    seconds: float = 0.0
+
+
+# ==================================================================================================== session
+class ModelSession:
+    """A loaded model, its engine, its segment source and the prompt format its segments are written in.
+
+    Build it with `open` (a model path), `for_index` (an index manifest) or `of_model` (a loaded model); the
+    constructor takes an engine already made. Not thread-safe, as the engine is not: one thread uses a session
+    at a time (the service's worker thread; the LlamaIndex `HypicRuntime` adds a lock). `close` closes the
+    segment source.
+    """
+
+    def __init__(
+        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = ""
+    ) -> None:
+        if engine.model.tokenizer is None:
+            raise ValueError("the model has no tokenizer; a model session needs one to tokenize its segments")
+        self.engine = engine
+        self.prompt_format = prompt_format
+        self.model_path = str(model_path)
+        self._prefix_ids = tuple(self.tokenize_segment(prompt_format.prefix, "the prompt prefix"))
+
+    @classmethod
+    def open(
+        cls,
+        model_path: str | Path | None = None,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        seam_tokens: int = DEFAULT_SEAM_TOKENS,
+        cache_dir: str | Path | None = None,
+        cache: CacheOptions = CacheOptions(),
+        prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+    ) -> ModelSession:
+        """Load a model (None: the bundled default model) and open `cache_dir` as its segment cache (None: an
+        in-memory one). FileNotFoundError when the directory (or the bundled model) is missing, `ModelLoadError`
+        when it cannot be loaded or has no tokenizer."""
+        from hypic_rag.default_model import resolve_model_path
+        from hypic_rag.runtime.model import load_model
+
+        path = resolve_model_path(model_path)
+        model = load_model(path, device=device, dtype=dtype, require_tokenizer=True)
+        return cls.of_model(
+            model, model_path=path, seam_tokens=seam_tokens, cache_dir=cache_dir, cache=cache,
+            prompt_format=prompt_format,
+        )
+
+    @classmethod
+    def for_index(
+        cls,
+        manifest: IndexRecord,
+        index_dir: str | Path,
+        *,
+        model_path: str | Path | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        seam_tokens: int | None = None,
+        cache: CacheOptions = CacheOptions(),
+    ) -> ModelSession:
+        """The session an index was built for: its model (the manifest's unless `model_path`, in the recorded
+        dtype unless `dtype`; another model or dtype than the manifest's raises `IndexMismatchError`), its seam
+        width (unless `seam_tokens`), its whole prompt format, and its segment cache. A model directory that
+        cannot be loaded raises `ModelLoadError`."""
+        from hypic_rag.runtime.model import load_model
+
+        path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
+        model = load_model(path, device=device, dtype=dtype or manifest.model.dtype, require_tokenizer=True)
+        manifest.check_loaded_model(path, model)
+        return cls.of_model(
+            model,
+            model_path=path,
+            seam_tokens=manifest.seam_tokens if seam_tokens is None else seam_tokens,
+            cache_dir=manifest.cache_path(Path(index_dir).expanduser().resolve()),
+            cache=cache,
+            prompt_format=manifest.prompt_format,
+        )
+
+    @classmethod
+    def of_model(
+        cls,
+        model: HybridModel,
+        *,
+        model_path: str | Path = "",
+        seam_tokens: int = DEFAULT_SEAM_TOKENS,
+        cache_dir: str | Path | None = None,
+        cache: CacheOptions = CacheOptions(),
+        prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+    ) -> ModelSession:
+        """A session of an already-loaded model: `cache_dir` opened as its segment cache (bound to the model's
+        namespace), or an in-memory source when None."""
+        check_seam_tokens(seam_tokens)
+        source = None if cache_dir is None else _open_cache(model, seam_tokens, Path(cache_dir).expanduser(), cache)
+        try:
+            engine = Engine(model, seam_tokens=seam_tokens, segment_source=source)
+            return cls(engine, prompt_format=prompt_format, model_path=model_path)
+        except BaseException:
+            if source is not None:
+                source.close()
+            raise
+
+    def close(self) -> None:
+        """Close the segment source (a persistent cache writes its pending access notes)."""
+        self.engine.segment_source.close()
+
+    def __enter__(self) -> ModelSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------- parts
+    @property
+    def model(self) -> HybridModel:
+        return self.engine.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.model.tokenizer
+
+    @property
+    def seam_tokens(self) -> int:
+        return self.engine.seam_tokens
+
+    @property
+    def segment_source(self) -> SegmentSource:
+        return self.engine.segment_source
+
+    @property
+    def model_name(self) -> str:
+        """The model directory's name ("hypic-rag" when there is none)."""
+        return Path(self.model_path).name or "hypic-rag"
+
+    @property
+    def context_window(self) -> int:
+        """The model's `max_position_embeddings` (4096 when its config has none)."""
+        config = self.engine.model.config
+        text_config = getattr(config, "text_config", None) or config
+        return int(getattr(text_config, "max_position_embeddings", 4096))
+
+    # ------------------------------------------------------------------------------------------- tokens
+    def tokenize_segment(self, text: str, what: str = "the text") -> list[int]:
+        """Token ids of `text` as one segment, tokenized on its own without special tokens (`prompt.tokenize_segment`);
+        ValueError naming `what` when it holds a lone surrogate."""
+        return tokenize_segment(self.tokenizer, text, what)
+
+    def chunk_ids(self, text: str) -> list[int]:
+        """Token ids of `text` formatted as a retrieved-chunk segment (what the chunker stores for a chunk)."""
+        return self.tokenize_segment(self.prompt_format.chunk(text))
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        """Token ids of the prompt prefix segment ([] for an empty prefix)."""
+        return list(self._prefix_ids)
+
+    # ------------------------------------------------------------------------------------------- requests
+    def request(self, question: str, chunk_ids: Sequence[Sequence[int]] = ()) -> Request:
+        """The RAG layout: the prompt prefix, one segment per chunk (the token ids of its formatted segment, as
+        the chunker stores them or `chunk_ids` makes them; empty ones dropped), then the question, stripped and
+        formatted with the question template; each segment tokenized on its own.
+
+        ValueError when the question is empty or holds a lone surrogate.
+        """
+        message = unencodable_message(question, "the question")
+        if message is not None:
+            raise ValueError(message)
+        question = question.strip()
+        if not question:
+            raise ValueError("the question is empty")
+        return Request(
+            prefix_ids=list(self._prefix_ids),
+            chunk_ids=[list(ids) for ids in chunk_ids if len(ids)],
+            question_ids=self.tokenize_segment(self.prompt_format.question(question), "the question"),
+        )
+
+    def segmented_request(self, segments: Sequence[str]) -> Request:
+        """A separated prompt's request (`segments.segmented_request`): every segment but the last cached, the
+        last the query. ValueError for an empty query or a lone surrogate."""
+        return segmented_request(self.tokenizer, segments)
+
+    # ------------------------------------------------------------------------------------------- filling
+    def plan(
+        self, chunk_segments: Sequence[Sequence[int]] = (), *, include_prefix: bool = True, mode: str = "hypic",
+        distinct: bool = True,
+    ) -> list[SegmentPlan]:
+        """The entries `mode` requests over these chunk segments compose (`plan_segments`), with the prompt
+        prefix's when `include_prefix`."""
+        prefix = self._prefix_ids if include_prefix else ()
+        plans = plan_segments(prefix, chunk_segments, self.seam_tokens, mode, distinct=distinct)
+        return [plan for plan in plans if plan.segments]
+
+    def fill_steps(
+        self,
+        plans: Sequence[SegmentPlan],
+        *,
+        encoder: SegmentEncoder | None = None,
+        commit_entries: int = COMMIT_ENTRIES,
+        commit_bytes: int = COMMIT_BYTES,
+    ) -> Generator[FillReport, None, FillReport]:
+        """Make the segment source hold every planned entry, in steps; the generator's return value is the report.
+
+        The first step looks up which planned segments the source lacks (nothing is loaded or counted); each
+        later one encodes one segment's entry (each distinct one once) and yields the report so far. Entries are
+        encoded by `encoder` when given (any order), else here, longest first, `commit_entries` at a time through
+        `Engine.encode_segments`. They are handed to the source through its own get-or-encode path
+        (`SegmentSource.get_or_encode_segments`) every `commit_entries` entries or `commit_bytes` tensor bytes,
+        and at the end: one write each, so a fill stopped between writes keeps what it wrote.
+        """
+        if commit_entries < 1:
+            raise ValueError(f"commit_entries must be positive, got {commit_entries}")
+        began = time.perf_counter()
+        report = FillReport()
+        tasks: list[SegmentTask] = []
+        for plan in plans:
+            segments = [tuple(int(token) for token in ids) for ids in plan.segments if len(ids)]
+            lacking = self.segment_source.missing_segments([list(ids) for ids in segments], plan.seam_tokens)
+            missing = {tuple(ids) for ids in lacking}
+            report.segments += len(segments)
+            report.cache_misses += sum(ids in missing for ids in segments)
+            tasks.extend(SegmentTask(ids, plan.seam_tokens) for ids in dict.fromkeys(segments) if ids in missing)
+        report.cache_hits = report.segments - report.cache_misses
+        report.to_encode = len(tasks)
+        report.tokens_to_encode = sum(len(task.token_ids) for task in tasks)
+        report.seconds = time.perf_counter() - began
+        yield report
+        pending: dict[int, list[tuple[tuple[int, ...], Entry]]] = {}
+        pending_entries = pending_bytes = 0
+        encoded = encoder.encode(tasks) if encoder is not None else self._encode_here(tasks, commit_entries)
+        for position, entry in encoded:
+            task = tasks[position]
+            pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
+            pending_entries += 1
+            pending_bytes += entry_tensor_bytes(entry)
+            if pending_entries >= commit_entries or pending_bytes >= commit_bytes:
+                self._keep(pending)
+                pending_entries = pending_bytes = 0
+            report.encoded += 1
+            report.tokens_encoded += len(task.token_ids)
+            report.seconds = time.perf_counter() - began
+            yield report
+        self._keep(pending)
+        report.seconds = time.perf_counter() - began
+        return report
+
+    def fill_cache(
+        self,
+        plans: Sequence[SegmentPlan],
+        *,
+        encoder: SegmentEncoder | None = None,
+        commit_entries: int = COMMIT_ENTRIES,
+        on_progress: Callable[[FillReport], None] | None = None,
+    ) -> FillReport:
+        """`fill_steps` run to its end (`on_progress` sees the report after every step); returns the report."""
+        return drain(self.fill_steps(plans, encoder=encoder, commit_entries=commit_entries), on_progress)
+
+    def _encode_here(self, tasks: Sequence[SegmentTask], batch: int) -> Iterator[tuple[int, Entry]]:
+        """Entries of `tasks` from this session's engine: per seam width, longest first, `batch` segments per
+        `Engine.encode_segments` call."""
+        order = sorted(range(len(tasks)), key=lambda p: (tasks[p].seam_tokens, -len(tasks[p].token_ids)))
+        by_seam: dict[int, list[int]] = {}
+        for position in order:
+            by_seam.setdefault(tasks[position].seam_tokens, []).append(position)
+        for seam, positions in by_seam.items():
+            for start in range(0, len(positions), batch):
+                group = positions[start : start + batch]
+                entries = self.engine.encode_segments([list(tasks[p].token_ids) for p in group], seam)
+                yield from zip(group, entries)
+
+    def _keep(self, pending: dict[int, list[tuple[tuple[int, ...], Entry]]]) -> None:
+        """Hand freshly encoded entries to the segment source, one write per seam width; empties `pending`."""
+        for seam, items in pending.items():
+            by_ids = dict(items)
+            self.segment_source.get_or_encode_segments(
+                [list(ids) for ids in by_ids], seam, lambda missing: [by_ids[tuple(ids)] for ids in missing]
+            )
+        pending.clear()
+
+
+def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: CacheOptions) -> SegmentSource:
+    """`directory` opened as the persistent segment cache of `model`'s entries."""
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.segment_cache import SegmentCache
+
+    extra: dict[str, Any] = {}
+    if options.hot_budget_bytes is not None:
+        extra["hot_budget_bytes"] = options.hot_budget_bytes
+    namespace = CacheNamespace.for_model(model, seam_tokens)
+    return SegmentCache.open(
+        directory, namespace=namespace, readonly=options.readonly, best_effort=options.best_effort, **extra
+    )
