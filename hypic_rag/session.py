@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
+from hypic_rag.runtime.encode import plan_encode_batches
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
@@ -116,6 +117,25 @@ class SegmentTask:
 
     token_ids: tuple[int, ...]
     seam_tokens: int
+
+
+def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
+    """Positions of `tasks`, longest segment first (ties in their given order)."""
+    return sorted(range(len(tasks)), key=lambda position: -len(tasks[position].token_ids))
+
+
+def encoding_batches(tasks: Sequence[SegmentTask], batch_tokens: int) -> list[list[int]]:
+    """Positions of `tasks` grouped into the batches every encoder runs (`Engine.encode_segments`): per seam width,
+    longest first, at most `batch_tokens` padded tokens each. A pure function of the tasks, so the same segments
+    form the same batches in this process and in any number of workers, and give the same bytes."""
+    by_seam: dict[int, list[int]] = {}
+    for position in lpt_order(tasks):
+        by_seam.setdefault(tasks[position].seam_tokens, []).append(position)
+    batches: list[list[int]] = []
+    for positions in by_seam.values():
+        lengths = [len(tasks[position].token_ids) for position in positions]
+        batches.extend([positions[index] for index in group] for group in plan_encode_batches(lengths, batch_tokens))
+    return sorted(batches, key=lambda batch: -len(tasks[batch[0]].token_ids))  # longest work first (LPT)
 
 
 class SegmentEncoder(Protocol):
@@ -423,17 +443,12 @@ class ModelSession:
         return drain(self.fill_steps(plans, encoder=encoder, commit_entries=commit_entries), on_progress)
 
     def _encode_here(self, tasks: Sequence[SegmentTask], batch: int) -> Iterator[tuple[int, Entry]]:
-        """Entries of `tasks` from this session's engine: per seam width, longest first, `batch` segments per
-        `Engine.encode_segments` call."""
-        order = sorted(range(len(tasks)), key=lambda p: (tasks[p].seam_tokens, -len(tasks[p].token_ids)))
-        by_seam: dict[int, list[int]] = {}
-        for position in order:
-            by_seam.setdefault(tasks[position].seam_tokens, []).append(position)
-        for seam, positions in by_seam.items():
-            for start in range(0, len(positions), batch):
-                group = positions[start : start + batch]
-                entries = self.engine.encode_segments([list(tasks[p].token_ids) for p in group], seam)
-                yield from zip(group, entries)
+        """Entries of `tasks` from this session's engine, in the batches every encoder uses (`encoding_batches`:
+        the same segments give the same bytes here and in worker processes). `batch` is unused (commits are
+        counted by the caller)."""
+        for group in encoding_batches(tasks, self.engine.encode_batch_tokens):
+            entries = self.engine.encode_segments([list(tasks[p].token_ids) for p in group], tasks[group[0]].seam_tokens)
+            yield from zip(group, entries)
 
     def _keep(self, pending: dict[int, list[tuple[tuple[int, ...], Entry]]]) -> None:
         """Hand freshly encoded entries to the segment source, one write per seam width; empties `pending`."""

@@ -28,7 +28,7 @@ import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens
 from hypic_rag.retrieval.errors import RetrievalError
-from hypic_rag.session import SegmentTask
+from hypic_rag.session import SegmentTask, encoding_batches, lpt_order  # noqa: F401 (lpt_order re-exported)
 
 __all__ = [
     "EncoderSpec",
@@ -101,16 +101,12 @@ def _initialise_worker(spec: EncoderSpec) -> None:
         _WORKER_START_ERROR = " ".join(str(error).split()) or type(error).__name__
 
 
-def _encode_in_worker(task: tuple[int, list[int], int]) -> tuple[int, Entry]:
+def _encode_in_worker(batch: tuple[list[int], list[list[int]], int]) -> list[tuple[int, Entry]]:
+    """One encoding batch in a worker: (positions, token id lists, seam) -> [(position, entry)]."""
     if _WORKER_START_ERROR is not None:
         raise WorkerStartError(_WORKER_START_ERROR)
-    position, token_ids, seam_tokens = task
-    return position, _WORKER_ENGINE.encode_segment(token_ids, seam_tokens)
-
-
-def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
-    """Positions of `tasks`, longest segment first (ties in their given order)."""
-    return sorted(range(len(tasks)), key=lambda position: -len(tasks[position].token_ids))
+    positions, segments, seam_tokens = batch
+    return list(zip(positions, _WORKER_ENGINE.encode_segments(segments, seam_tokens)))
 
 
 class SegmentEncoder:
@@ -163,20 +159,20 @@ class SegmentEncoder:
 
         Raises `EncodingPoolError` (workers stopped) when a worker cannot start, dies, or fails a segment.
         """
-        order = lpt_order(tasks)
-        if self.workers == 1 or not order:
-            for position in order:
-                task = tasks[position]
-                yield position, self.engine.encode_segment(list(task.token_ids), task.seam_tokens)
+        batches = encoding_batches(tasks, self.engine.encode_batch_tokens)
+        if self.workers == 1 or not batches:
+            for batch in batches:
+                segments = [list(tasks[position].token_ids) for position in batch]
+                yield from zip(batch, self.engine.encode_segments(segments, tasks[batch[0]].seam_tokens))
             return
         pool = self._start_pool()
-        queue = iter(order)
+        queue = iter(batches)
         pending: set[Future] = set()
 
         def submit(count: int) -> None:
-            for position in itertools.islice(queue, count):
-                task = tasks[position]
-                pending.add(pool.submit(_encode_in_worker, (position, list(task.token_ids), task.seam_tokens)))
+            for batch in itertools.islice(queue, count):
+                segments = [list(tasks[position].token_ids) for position in batch]
+                pending.add(pool.submit(_encode_in_worker, (batch, segments, tasks[batch[0]].seam_tokens)))
 
         try:
             try:
@@ -186,7 +182,7 @@ class SegmentEncoder:
                     pending.difference_update(done)
                     submit(len(done))  # keep the workers fed while this process stores what came back
                     for future in done:
-                        yield self._result(future)
+                        yield from self._result(future)
                     del done
             except BrokenProcessPool:  # from submit or a result: a worker process died
                 raise EncodingPoolError(WORKER_DIED) from None
@@ -197,7 +193,7 @@ class SegmentEncoder:
             raise
 
     @staticmethod
-    def _result(future: Future) -> tuple[int, Entry]:
+    def _result(future: Future) -> list[tuple[int, Entry]]:
         try:
             return future.result()
         except WorkerStartError as error:
