@@ -100,3 +100,26 @@ def test_source_tree_kernels_without_an_install() -> None:
     assert run_python("import hypic_rag.kernels.gated_delta_rule as g; print(g.__file__)") == str(
         ROOT / "kernels" / "gated_delta_rule.py"
     )
+
+
+def test_rotary_tables_give_mrope_modules_three_position_streams() -> None:
+    """transformers 5.17 (the GPU check machine's) needs M-RoPE position ids as [3, batch, T]; a [1, T] tensor made
+    every prefill fail there. The tables must equal the model's own for text positions either way."""
+    from hypic_rag.runtime import layers as L
+    from hypic_rag.testing import build_tiny_model
+
+    for model_type in ("qwen3_5", "qwen3_next"):
+        rotary = build_tiny_model(model_type, num_hidden_layers=1).model.rotary_emb
+        seen: list[tuple[int, ...]] = []
+        original = rotary.forward
+
+        def strict(x, position_ids, original=original):
+            seen.append(tuple(position_ids.shape))
+            return original(x, position_ids)
+
+        rotary.forward = strict
+        cos, sin = L.rotary_tables(rotary, torch.arange(12), torch.zeros(1))
+        expected = (3, 1, 12) if hasattr(rotary, "mrope_section") else (1, 12)
+        assert seen == [expected] and cos.shape[0] == sin.shape[0] == 12
+        plain_cos, _ = original(torch.zeros(1), torch.arange(12)[None])
+        torch.testing.assert_close(cos, plain_cos[0])
