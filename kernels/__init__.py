@@ -64,9 +64,3 @@ def triton_enabled(tensor: Any) -> bool:
     if mode == "triton":
         return True
     return bool(getattr(tensor, "is_cuda", False)) and triton_importable()
-
-
-def autotune_configs(configs: list[Any]) -> list[Any]:
-    """The configs to autotune over: all of them on a GPU, only the first under the interpreter (the autotuner
-    benchmarks on a GPU driver, which the interpreter does not have)."""
-    return configs[:1] if interpreting() else configs

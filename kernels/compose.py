@@ -15,7 +15,8 @@ in its storage dtype (float32, float16 or bfloat16) and accumulating in float32 
 Under `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests: float32 / float16; the interpreter mishandles
 bfloat16). The interpreter cannot take a loop bound from a runtime value, so the bound is a constexpr: the longest
 request's count rounded up to a power of two (a handful of compiled variants on a GPU); each program skips the
-steps past its own request's count.
+steps past its own request's count. Block sizes are chosen from the shapes rather than autotuned: one compile per
+shape keeps the first request (and the GPU check) fast, and the interpreter has no autotuner.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
-
-from hypic_rag.kernels import autotune_configs
 
 
 def compose_reference(
@@ -64,17 +63,6 @@ def compose_reference(
     return end, (torch.stack(steps) if steps else states.new_zeros(states.shape, dtype=torch.float32))
 
 
-@triton.autotune(
-    configs=autotune_configs(
-        [
-            triton.Config({"BLOCK_V": 32}, num_warps=4),
-            triton.Config({"BLOCK_V": 16}, num_warps=4),
-            triton.Config({"BLOCK_V": 64}, num_warps=8),
-            triton.Config({"BLOCK_V": 32}, num_warps=8),
-        ]
-    ),
-    key=["K", "V", "MAX_COUNT", "BLOCK_K", "HAS_TRANSITION", "HAS_START", "STORE_STEPS"],
-)
 @triton.jit
 def _compose_kernel(
     start_ptr,
@@ -201,10 +189,8 @@ def compose_affine_batched(
     first = torch.tensor(firsts, dtype=torch.int64, device=device)
     count = torch.tensor(counts, dtype=torch.int64, device=device)
     block_k = max(16, triton.next_power_of_2(key_dim))
-
-    def grid(meta: dict) -> tuple[int, int, int]:
-        return (requests, heads, triton.cdiv(value_dim, meta["BLOCK_V"]))
-
+    block_v = 16 if value_dim <= 16 else 32
+    grid = (requests, heads, triton.cdiv(value_dim, block_v))
     _compose_kernel[grid](
         start if start is not None else out,
         transitions if transitions is not None else states,
@@ -222,9 +208,11 @@ def compose_affine_batched(
         *_strides(steps, 4),
         MAX_COUNT=triton.next_power_of_2(max(max(counts), 1)),
         BLOCK_K=block_k,
+        BLOCK_V=block_v,
         HAS_TRANSITION=transitions is not None,
         HAS_START=start is not None,
         STORE_STEPS=store_steps,
+        num_warps=4 if block_k <= 64 else 8,
     )
     return (out, steps) if store_steps else out
 

@@ -17,8 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from hypic_rag.kernels import autotune_configs
-
 
 def _check(out: torch.Tensor, out_start: int, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_start: int) -> None:
     heads, length, dim = keys.shape
@@ -49,16 +47,6 @@ def rope_reference(
     return out
 
 
-@triton.autotune(
-    configs=autotune_configs(
-        [
-            triton.Config({"BLOCK_T": 32}, num_warps=4),
-            triton.Config({"BLOCK_T": 16}, num_warps=2),
-            triton.Config({"BLOCK_T": 64}, num_warps=4),
-        ]
-    ),
-    key=["HALF", "PASS"],
-)
 @triton.jit
 def _rope_into_kernel(
     keys_ptr,
@@ -123,11 +111,8 @@ def rope_into(
         return out
     half = cos.shape[-1] // 2
     passed = dim - 2 * half
-
-    def grid(meta: dict) -> tuple[int, int]:
-        return (heads, triton.cdiv(length, meta["BLOCK_T"]))
-
-    _rope_into_kernel[grid](
+    block_t = 32
+    _rope_into_kernel[(heads, triton.cdiv(length, block_t))](
         keys,
         cos,
         sin,
@@ -143,5 +128,7 @@ def rope_into(
         PASS=passed,
         BLOCK_HALF=max(triton.next_power_of_2(half), 1),
         BLOCK_PASS=max(triton.next_power_of_2(passed), 1),
+        BLOCK_T=block_t,
+        num_warps=4,
     )
     return out
