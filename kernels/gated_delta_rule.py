@@ -15,15 +15,23 @@ the query inside, `initial_state` / final state [N, H, K, V] float32.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
 def _fla_importable() -> bool:
+    """Whether fla's gated-delta-rule kernels import (a broken install is logged once and the torch path used)."""
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
     except ImportError:
+        return False
+    except Exception as error:  # fla imports transformers and registers models: anything may go wrong there
+        logger.warning("flash-linear-attention is installed but does not import (%s: %s); using the torch path",
+                       type(error).__name__, error)
         return False
     return True
 

@@ -38,11 +38,11 @@ logger = logging.getLogger(__name__)
 SHAPES: dict[str, dict[str, Any]] = {
     # Qwen3.5-2B-like (our reading of the family's small dense layout; random weights): 24 layers, 18 Gated DeltaNet
     # (16 key / 16 value heads x 128) + 6 gated attention (8 query / 2 KV heads x 256, partial rotary 1/4 with
-    # interleaved M-RoPE sections), hidden 2048, MLP 6144, vocab 248320: about 1.9B parameters with untied head.
+    # interleaved M-RoPE sections), hidden 2048, MLP 6144, vocab 248320 with tied embeddings: 1.88B parameters.
     "2b": dict(
         vocab_size=248320, hidden_size=2048, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
         head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-        linear_value_head_dim=128, intermediate_size=6144, max_position_embeddings=32768,
+        linear_value_head_dim=128, intermediate_size=6144, max_position_embeddings=32768, tie_word_embeddings=True,
         rope_parameters={
             "rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25,
             "mrope_interleaved": True, "mrope_section": [11, 11, 10],
