@@ -179,7 +179,7 @@ def bench_kernels(model, *, maps: int, chunk_tokens: int, repeats: int) -> dict[
     config = model.config
     heads, key_dim, value_dim = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
     generator = torch.Generator(device=device).manual_seed(0)
-    transitions = torch.randn(maps, heads, key_dim, key_dim, device=device, generator=generator) * key_dim**-0.5
+    transitions = torch.randn(maps, heads, key_dim, key_dim, device=device, generator=generator) * 0.5 * key_dim**-0.5
     states = torch.randn(maps, heads, key_dim, value_dim, device=device, generator=generator)
     start = torch.randn(heads, key_dim, value_dim, device=device, generator=generator)
 

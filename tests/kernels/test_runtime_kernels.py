@@ -1,5 +1,5 @@
-"""The runtime driven through the Triton kernels (HYPIC_RAG_KERNELS=triton; on CPU under the interpreter) equals the
-torch path (HYPIC_RAG_KERNELS=torch) in every mode that composes cached entries."""
+"""The runtime driven through the Triton kernels (HYPIC_RAG_KERNELS=triton; on CPU under the interpreter) equals its
+torch code (the stack's kernel switch off) in every mode that composes cached entries."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import torch
 
 import hypic_rag.kernels.compose as compose_module
 import hypic_rag.kernels.rope as rope_module
+import hypic_rag.runtime.stack as stack
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
 from hypic_rag.runtime.request import Request
-from kernel_support import DEVICE
+from kernel_support import DEVICE, RUNTIME_TOLERANCE
 
 COMPOSED_MODES = ("addition", "transition", "transition_rope", "hypic")
 
@@ -35,8 +36,10 @@ def random_request(seed: int) -> Request:
 @pytest.mark.parametrize("mode", COMPOSED_MODES)
 def test_kernel_path_equals_torch_path(engine: Engine, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     request = random_request(0)
-    monkeypatch.setenv("HYPIC_RAG_KERNELS", "torch")
-    expected = engine.prefill(request, mode)
+    monkeypatch.setenv("HYPIC_RAG_KERNELS", "triton")  # on CPU through the interpreter; fla (GPU) in both runs
+    with monkeypatch.context() as torch_path:  # the stack's own kernels off: its torch code
+        torch_path.setattr(stack, "triton_enabled", lambda tensor: False)
+        expected = engine.prefill(request, mode)
 
     launches: dict[str, list[int]] = {"compose": [], "rope": []}
     real_compose, real_rope = compose_module.compose_affine, rope_module.rope_into
@@ -51,15 +54,15 @@ def test_kernel_path_equals_torch_path(engine: Engine, mode: str, monkeypatch: p
 
     monkeypatch.setattr(compose_module, "compose_affine", counting_compose)
     monkeypatch.setattr(rope_module, "rope_into", counting_rope)
-    monkeypatch.setenv("HYPIC_RAG_KERNELS", "triton")
     result = engine.prefill(request, mode)
 
-    torch.testing.assert_close(result.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    close = dict(atol=RUNTIME_TOLERANCE, rtol=RUNTIME_TOLERANCE)
+    torch.testing.assert_close(result.logits, expected.logits, **close)
     for layer_index, state in expected.state.linear.items():
-        torch.testing.assert_close(result.state.linear[layer_index].recurrent, state.recurrent, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(result.state.linear[layer_index].recurrent, state.recurrent, **close)
     for layer_index, state in expected.state.attention.items():
-        torch.testing.assert_close(result.state.attention[layer_index].keys, state.keys, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(result.state.attention[layer_index].values, state.values, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(result.state.attention[layer_index].keys, state.keys, **close)
+        torch.testing.assert_close(result.state.attention[layer_index].values, state.values, **close)
 
     model = engine.model
     linear_layers, attention_layers = len(model.linear_layer_indices), len(model.attention_layer_indices)
