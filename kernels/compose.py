@@ -120,7 +120,7 @@ def _compose_kernel(
     else:
         state = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
 
-    for step in range(0, MAX_COUNT):
+    for step in range(MAX_COUNT):
         if step < count:
             index = first + step
             z = tl.load(

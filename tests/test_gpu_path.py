@@ -82,7 +82,7 @@ def test_hypic_with_seam_covering_every_chunk_equals_full(models) -> None:
 def test_triton_kernels_equal_the_torch_path(models, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, engine = models
     request = random_request(3, [30, 18, 25, 12])
-    import hypic_rag.runtime.stack as stack
+    from hypic_rag.runtime import stack
 
     monkeypatch.setenv("HYPIC_RAG_KERNELS", "auto")
     with monkeypatch.context() as off:  # the stack's own kernels off, fla still on: only composition and RoPE differ

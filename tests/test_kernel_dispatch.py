@@ -17,6 +17,7 @@ from hypic_rag.runtime.ops.gated_delta_rule import (
     naive_recurrent_gated_delta_rule,
     select_backend,
 )
+import itertools
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +77,7 @@ def test_varlen_equals_each_sequence_alone() -> None:
     b = torch.rand(1, heads, total, generator=generator)
     start = torch.randn(4, heads, key_dim, value_dim, generator=generator)
     output, finals = gated_delta_rule_varlen(q, k, v, g, b, bounds, start)
-    for number, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+    for number, (begin, end) in enumerate(itertools.pairwise(bounds)):
         parts = (x[:, :, begin:end] for x in (q, k, v, g, b))
         expected_output, expected_final = naive_recurrent_gated_delta_rule(*parts, start[number : number + 1])
         torch.testing.assert_close(output[:, :, begin:end], expected_output, atol=1e-5, rtol=1e-5)
@@ -95,7 +96,7 @@ def test_source_tree_kernels_without_an_install() -> None:
     """`PYTHONPATH=<checkout>` alone (how scripts/gpu_check.sh runs): hypic_rag.kernels is the checkout's kernels/,
     also with site-packages off (-S: no editable install of another checkout to fall back on)."""
     expected = str(ROOT / "kernels" / "__init__.py")
-    code = "import sys; sys.path.insert(0, %r); import hypic_rag.kernels as k; print(k.__file__)" % str(ROOT)
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import hypic_rag.kernels as k; print(k.__file__)"
     assert run_python(code, "-S") == expected
     assert run_python("import hypic_rag.kernels.gated_delta_rule as g; print(g.__file__)") == str(
         ROOT / "kernels" / "gated_delta_rule.py"
@@ -113,7 +114,7 @@ def test_rotary_tables_give_mrope_modules_three_position_streams() -> None:
         seen: list[tuple[int, ...]] = []
         original = rotary.forward
 
-        def strict(x, position_ids, original=original):
+        def strict(x, position_ids, original=original, seen=seen):
             seen.append(tuple(position_ids.shape))
             return original(x, position_ids)
 

@@ -14,6 +14,7 @@ from hypic_rag.runtime.ops.gated_delta_rule import (
     naive_recurrent_gated_delta_rule,
     select_backend,
 )
+import itertools
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not fla_available(), reason="needs CUDA and flash-linear-attention")]
 
@@ -65,7 +66,7 @@ def test_fla_varlen_matches_each_sequence(bounds: list[int]) -> None:
     q, k, v, g, b, _ = inputs(bounds[-1], seed=2, batch=1)
     starts = torch.randn(len(bounds) - 1, 4, 64, 64, generator=torch.Generator().manual_seed(3))
     output, finals = gated_delta_rule_varlen(*(x.cuda() for x in (q, k, v, g, b)), bounds, starts.cuda())
-    for number, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+    for number, (begin, end) in enumerate(itertools.pairwise(bounds)):
         parts = (x[:, :, begin:end] for x in (q, k, v, g, b))
         expected_output, expected_final = naive_recurrent_gated_delta_rule(*parts, starts[number : number + 1])
         assert_near(output[:, :, begin:end], expected_output)

@@ -39,17 +39,17 @@ SHAPES: dict[str, dict[str, Any]] = {
     # Qwen3.5-2B-like (our reading of the family's small dense layout; random weights): 24 layers, 18 Gated DeltaNet
     # (16 key / 16 value heads x 128) + 6 gated attention (8 query / 2 KV heads x 256, partial rotary 1/4 with
     # interleaved M-RoPE sections), hidden 2048, MLP 6144, vocab 248320 with tied embeddings: 1.88B parameters.
-    "2b": dict(
-        vocab_size=248320, hidden_size=2048, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
-        head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-        linear_value_head_dim=128, intermediate_size=6144, max_position_embeddings=32768, tie_word_embeddings=True,
-        rope_parameters={
+    "2b": {
+        "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "intermediate_size": 6144, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+        "rope_parameters": {
             "rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25,
             "mrope_interleaved": True, "mrope_section": [11, 11, 10],
         },
-    ),
+    },
     # the test suite's tiny shape (CPU smoke runs)
-    "tiny": dict(vocab_size=256),
+    "tiny": {"vocab_size": 256},
 }
 
 def build_model(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
@@ -102,13 +102,14 @@ def _engine_class():
     return Engine, ResidentEngine
 
 
+STAT_NAMES = ("recomputed_tokens", "cached_tokens", "prefix_reused_tokens", "cache_bytes_loaded")
+
+
 def bench_ttft(hf_model, model, *, ks: list[int], chunk_tokens: int, prefix_tokens: int, question_tokens: int,
                seam_tokens: int, repeats: int, seed: int = 0) -> list[dict[str, Any]]:
     """TTFT rows (seconds, medians) per k: transformers' forward and each mode, host-held and resident entries."""
     from hypic_rag.runtime.request import Request
 
-    Engine, ResidentEngine = _engine_class()
-    device = model.device
     vocab = hf_model.config.vocab_size
     generator = torch.Generator().manual_seed(seed)
 
@@ -122,50 +123,56 @@ def bench_ttft(hf_model, model, *, ks: list[int], chunk_tokens: int, prefix_toke
         request = Request(prefix, chunks, question)
         # an earlier request that retrieved the same first chunk, then another one and the rest in another order
         earlier = Request(prefix, [chunks[0], ids(chunk_tokens), *reversed(chunks[1:])], ids(question_tokens))
-        prompt = torch.tensor([request.all_ids()], device=device)
-        row: dict[str, Any] = {"k": k, "prompt_tokens": request.prompt_tokens, "ttft_seconds": {}, "stats": {}}
-
-        with torch.no_grad():
-            def transformers_forward() -> None:
-                int(hf_model(prompt, use_cache=True, logits_to_keep=1).logits[0, -1].argmax())
-
-            row["ttft_seconds"]["transformers"] = statistics.median(timed(transformers_forward, device, repeats))
-
-        def record(mode: str, run_engine: Callable[[], Any], setup: Callable[[], Any] | None = None) -> None:
-            stats: dict[str, Any] = {}
-
-            def prefill() -> None:
-                result = run_engine().prefill(request, mode.split(" ")[0])
-                int(result.logits.argmax())
-                stats.update(result.stats.as_dict())
-
-            row["ttft_seconds"][mode] = statistics.median(timed(prefill, device, repeats, setup))
-            row["stats"][mode] = {
-                name: stats[name] for name in ("recomputed_tokens", "cached_tokens", "prefix_reused_tokens", "cache_bytes_loaded")
-            }
-
-        plain = Engine(model, seam_tokens=seam_tokens)
-        record("full", lambda: plain)
-        # prefix: a fresh engine per run that has only seen the earlier request (a timed run must not find its own
-        # checkpoints from the previous run)
-        prefix_engine: list[Any] = []
-
-        def fresh_prefix_engine() -> None:
-            prefix_engine[:] = [Engine(model, seam_tokens=seam_tokens, prefix_cache_bytes=64 << 30)]
-            prefix_engine[0].prefill(earlier, "prefix")
-
-        record("prefix", lambda: prefix_engine[0], fresh_prefix_engine)
-        prefix_engine.clear()
-        for label, engine_class in (("", Engine), (" (resident)", ResidentEngine)):
-            engine = engine_class(model, seam_tokens=seam_tokens, memory_cache_bytes=64 << 30)
-            for mode in ("transition_rope", "hypic"):
-                record(mode + label, lambda engine=engine: engine)  # the warm-up run encodes the entries
-            del engine
-        baseline = row["ttft_seconds"]["transformers"]
-        row["speedup_vs_transformers"] = {mode: baseline / value for mode, value in row["ttft_seconds"].items()}
-        rows.append(row)
+        row = _bench_request(hf_model, model, request, earlier, seam_tokens=seam_tokens, repeats=repeats)
+        rows.append({"k": k, **row})
         logger.info("k=%d: %s", k, {mode: round(value, 4) for mode, value in row["ttft_seconds"].items()})
     return rows
+
+
+def _bench_request(hf_model, model, request, earlier, *, seam_tokens: int, repeats: int) -> dict[str, Any]:
+    """One request's TTFT under transformers' forward and each mode (see the module docstring)."""
+    Engine, ResidentEngine = _engine_class()
+    device = model.device
+    prompt = torch.tensor([request.all_ids()], device=device)
+    row: dict[str, Any] = {"prompt_tokens": request.prompt_tokens, "ttft_seconds": {}, "stats": {}}
+
+    @torch.no_grad()
+    def transformers_forward() -> None:
+        int(hf_model(prompt, use_cache=True, logits_to_keep=1).logits[0, -1].argmax())
+
+    row["ttft_seconds"]["transformers"] = statistics.median(timed(transformers_forward, device, repeats))
+
+    def record(label: str, engine: Callable[[], Any], setup: Callable[[], Any] | None = None) -> None:
+        mode, stats = label.split(" ")[0], {}
+
+        def prefill() -> None:
+            result = engine().prefill(request, mode)
+            int(result.logits.argmax())
+            stats.update(result.stats.as_dict())
+
+        row["ttft_seconds"][label] = statistics.median(timed(prefill, device, repeats, setup))
+        row["stats"][label] = {name: stats[name] for name in STAT_NAMES}
+
+    plain = Engine(model, seam_tokens=seam_tokens)
+    record("full", lambda: plain)
+    # prefix: a fresh engine per run that has seen only the earlier request (a timed run must not find the
+    # checkpoints its previous run left)
+    prefix_engine: list[Any] = []
+
+    def fresh_prefix_engine() -> None:
+        prefix_engine[:] = [Engine(model, seam_tokens=seam_tokens, prefix_cache_bytes=64 << 30)]
+        prefix_engine[0].prefill(earlier, "prefix")
+
+    record("prefix", lambda: prefix_engine[0], fresh_prefix_engine)
+    prefix_engine.clear()
+    for suffix, engine_class in (("", Engine), (" (resident)", ResidentEngine)):
+        warm = engine_class(model, seam_tokens=seam_tokens, memory_cache_bytes=64 << 30)
+        for mode in ("transition_rope", "hypic"):
+            record(mode + suffix, lambda warm=warm: warm)  # the untimed warm-up run encodes the entries
+        del warm
+    baseline = row["ttft_seconds"]["transformers"]
+    row["speedup_vs_transformers"] = {label: baseline / value for label, value in row["ttft_seconds"].items()}
+    return row
 
 
 def bench_kernels(model, *, maps: int, chunk_tokens: int, repeats: int) -> dict[str, Any]:
@@ -275,10 +282,13 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# hypic-rag GPU benchmark", "",
         f"Machine: {result['machine']}", "",
-        f"Model: random qwen3_5 '{model['shape']}', {model['parameters'] / 1e9:.2f}B parameters, {model['layers']} layers "
-        f"({model['linear_layers']} Gated DeltaNet, {model['attention_layers']} attention), {model['dtype']} on {model['device']}. "
-        f"Prompt: {settings['prefix_tokens']}-token prefix, k chunks of {settings['chunk_tokens']} tokens, "
-        f"{settings['question_tokens']}-token question; seam {settings['seam_tokens']}; median of {settings['repeats']} runs.",
+        (
+            f"Model: random qwen3_5 '{model['shape']}', {model['parameters'] / 1e9:.2f}B parameters, {model['layers']} "
+            f"layers ({model['linear_layers']} Gated DeltaNet, {model['attention_layers']} attention), {model['dtype']} "
+            f"on {model['device']}. Prompt: {settings['prefix_tokens']}-token prefix, k chunks of "
+            f"{settings['chunk_tokens']} tokens, {settings['question_tokens']}-token question; seam "
+            f"{settings['seam_tokens']}; median of {settings['repeats']} runs."
+        ),
         "",
     ]
     modes = list(result["ttft"][0]["ttft_seconds"])
@@ -292,9 +302,11 @@ def markdown(result: dict[str, Any]) -> str:
     target = result["target"]
     lines += [
         "",
-        f"Target (issue 16): hypic at least {target['wanted']:.0f}x faster than transformers' forward at k={target['k']}: "
-        f"{target['hypic_speedup_vs_transformers']:.1f}x with host-held entries, "
-        f"{target['hypic_resident_speedup_vs_transformers']:.1f}x with entries resident on the GPU.",
+        (
+            f"Target (issue 16): hypic at least {target['wanted']:.0f}x faster than transformers' forward at "
+            f"k={target['k']}: {target['hypic_speedup_vs_transformers']:.1f}x with host-held entries, "
+            f"{target['hypic_resident_speedup_vs_transformers']:.1f}x with entries resident on the GPU."
+        ),
         "", "Kernels (one call, microseconds):", "",
     ]
     kernels = result["kernels"]

@@ -11,13 +11,13 @@ from hypic_rag.runtime import layers as L
 from hypic_rag.testing import build_tiny_model
 from kernel_support import DEVICE, STORAGE_DTYPES
 
-MROPE = dict(
-    head_dim=64,
-    rope_parameters={
+MROPE = {
+    "head_dim": 64,
+    "rope_parameters": {
         "rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25,
         "mrope_interleaved": True, "mrope_section": [3, 3, 2],
     },
-)
+}
 
 
 @pytest.fixture(scope="module", params=["partial", "mrope"])

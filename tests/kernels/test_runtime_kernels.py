@@ -8,7 +8,7 @@ import torch
 
 import hypic_rag.kernels.compose as compose_module
 import hypic_rag.kernels.rope as rope_module
-import hypic_rag.runtime.stack as stack
+from hypic_rag.runtime import stack
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
@@ -56,7 +56,7 @@ def test_kernel_path_equals_torch_path(engine: Engine, mode: str, monkeypatch: p
     monkeypatch.setattr(rope_module, "rope_into", counting_rope)
     result = engine.prefill(request, mode)
 
-    close = dict(atol=RUNTIME_TOLERANCE, rtol=RUNTIME_TOLERANCE)
+    close = {"atol": RUNTIME_TOLERANCE, "rtol": RUNTIME_TOLERANCE}
     torch.testing.assert_close(result.logits, expected.logits, **close)
     for layer_index, state in expected.state.linear.items():
         torch.testing.assert_close(result.state.linear[layer_index].recurrent, state.recurrent, **close)

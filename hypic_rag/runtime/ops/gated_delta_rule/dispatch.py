@@ -15,6 +15,7 @@ import torch
 
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import DEFAULT_CHUNK_SIZE, chunk_gated_delta_rule
 from hypic_rag.runtime.ops.gated_delta_rule.recurrent import fused_recurrent_gated_delta_rule
+import itertools
 
 RECURRENT_MAX_TOKENS = 4
 """At or below this many tokens the step-by-step recurrence beats the chunked form (no padding to a chunk)."""
@@ -75,13 +76,13 @@ def gated_delta_rule_varlen(
     total = query.shape[2]
     if query.shape[0] != 1 or not bounds or bounds[0] != 0 or bounds[-1] != total:
         raise ValueError(f"cu_seqlens {bounds} must run from 0 to the {total} packed tokens of a batch of one")
-    if any(b > a for b, a in zip(bounds, bounds[1:])):
+    if any(b > a for b, a in itertools.pairwise(bounds)):
         raise ValueError(f"cu_seqlens {bounds} must be non-decreasing")
     sequences = len(bounds) - 1
     heads, key_dim, value_dim = key.shape[1], key.shape[-1], value.shape[-1]
     if initial_state is not None and initial_state.shape[0] != sequences:
         raise ValueError(f"{initial_state.shape[0]} start states for {sequences} sequences")
-    if query.is_cuda and total > 0 and all(b > a for a, b in zip(bounds, bounds[1:])):
+    if query.is_cuda and total > 0 and all(b > a for a, b in itertools.pairwise(bounds)):
         from hypic_rag.kernels.gated_delta_rule import (
             fla_available,
             fla_chunk_gated_delta_rule,
@@ -89,13 +90,13 @@ def gated_delta_rule_varlen(
         )
 
         if fla_available():
-            longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+            longest = max(b - a for a, b in itertools.pairwise(bounds))
             run = fla_fused_recurrent_gated_delta_rule if longest <= RECURRENT_MAX_TOKENS else fla_chunk_gated_delta_rule
             offsets = torch.tensor(bounds, dtype=torch.long, device=query.device)
             return run(query, key, value, log_decay, beta, initial_state, offsets)
     output = torch.zeros(1, heads, total, value_dim, dtype=torch.float32, device=value.device)
     finals = []
-    for number, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+    for number, (begin, end) in enumerate(itertools.pairwise(bounds)):
         start = None if initial_state is None else initial_state[number : number + 1]
         if end == begin:
             finals.append(
