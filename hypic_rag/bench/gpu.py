@@ -106,8 +106,10 @@ STAT_NAMES = ("recomputed_tokens", "cached_tokens", "prefix_reused_tokens", "cac
 
 
 def bench_ttft(hf_model, model, *, ks: list[int], chunk_tokens: int, prefix_tokens: int, question_tokens: int,
-               seam_tokens: int, repeats: int, seed: int = 0) -> list[dict[str, Any]]:
-    """TTFT rows (seconds, medians) per k: transformers' forward and each mode, host-held and resident entries."""
+               seam_tokens: int, repeats: int, seed: int = 0,
+               on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """TTFT rows (seconds, medians) per k: transformers' forward and each mode, host-held and resident entries;
+    `on_row` gets the rows so far after each k (partial results survive a time limit)."""
     from hypic_rag.runtime.request import Request
 
     vocab = hf_model.config.vocab_size
@@ -126,6 +128,8 @@ def bench_ttft(hf_model, model, *, ks: list[int], chunk_tokens: int, prefix_toke
         row = _bench_request(hf_model, model, request, earlier, seam_tokens=seam_tokens, repeats=repeats)
         rows.append({"k": k, **row})
         logger.info("k=%d: %s", k, {mode: round(value, 4) for mode, value in row["ttft_seconds"].items()})
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -237,7 +241,8 @@ def machine() -> str:
     return f"{device}; {platform.machine()}, {os.cpu_count()} CPU cores; python {platform.python_version()}; " + ", ".join(versions)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The whole benchmark; `save` gets the result so far after each k and at the end."""
     from hypic_rag.runtime.model import resolve_dtype, wrap_model
 
     began = time.time()
@@ -260,10 +265,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "question_tokens": args.question_tokens, "seam_tokens": args.seam_tokens, "repeats": args.repeats,
             "HYPIC_RAG_KERNELS": os.environ.get("HYPIC_RAG_KERNELS", "auto"),
         },
+        "ttft": [],
     }
-    result["ttft"] = bench_ttft(
+
+    def progress(rows: list[dict[str, Any]]) -> None:
+        result["ttft"] = rows
+        result["seconds"] = time.time() - began
+        if save is not None:
+            save(result)
+
+    bench_ttft(
         hf_model, model, ks=args.ks, chunk_tokens=args.chunk_tokens, prefix_tokens=args.prefix_tokens,
         question_tokens=args.question_tokens, seam_tokens=args.seam_tokens, repeats=args.repeats, seed=args.seed,
+        on_row=progress,
     )
     result["kernels"] = bench_kernels(model, maps=max(args.ks), chunk_tokens=args.chunk_tokens, repeats=max(args.repeats, 10))
     largest = max(result["ttft"], key=lambda row: row["k"])
@@ -274,6 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "wanted": 20.0,
     }
     result["seconds"] = time.time() - began
+    if save is not None:
+        save(result)
     return result
 
 
@@ -291,14 +307,18 @@ def markdown(result: dict[str, Any]) -> str:
         ),
         "",
     ]
-    modes = list(result["ttft"][0]["ttft_seconds"])
-    lines.append("| mode | " + " | ".join(f"k={row['k']} TTFT (ms) | x vs transformers" for row in result["ttft"]) + " |")
-    lines.append("| --- |" + " --- | --- |" * len(result["ttft"]))
+    rows = sorted(result["ttft"], key=lambda row: row["k"])
+    modes = list(rows[0]["ttft_seconds"]) if rows else []
+    lines.append("| mode | " + " | ".join(f"k={row['k']} TTFT (ms) | x vs transformers" for row in rows) + " |")
+    lines.append("| --- |" + " --- | --- |" * len(rows))
     for mode in modes:
         cells = []
-        for row in result["ttft"]:
+        for row in rows:
             cells.append(f"{1e3 * row['ttft_seconds'][mode]:.1f} | {row['speedup_vs_transformers'][mode]:.1f}")
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    if "target" not in result:  # a partial result (the run stopped before the end)
+        lines += ["", f"Partial: {len(rows)} of {len(result['settings']['ks'])} prompt sizes done after {result.get('seconds', 0):.0f} s."]
+        return "\n".join(lines) + "\n"
     target = result["target"]
     lines += [
         "",
@@ -325,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="2b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--ks", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--ks", type=int, nargs="+", default=[16, 8], help="chunks per prompt, in the order measured")
     parser.add_argument("--chunk-tokens", type=int, default=512)
     parser.add_argument("--prefix-tokens", type=int, default=64)
     parser.add_argument("--question-tokens", type=int, default=32)
@@ -334,11 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    result = run(args)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "gpu_bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.output / "gpu_bench.md").write_text(markdown(result))
-    print(markdown(result))
+
+    def save(result: dict[str, Any]) -> None:
+        (args.output / "gpu_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.output / "gpu_bench.md").write_text(markdown(result))
+
+    print(markdown(run(args, save)))
     return 0
 
 
