@@ -57,7 +57,7 @@ PYTHON
 } | tee "$OUT/environment.txt"
 
 echo "== GPU tests" | tee "$OUT/gpu_tests.log"
-timeout 220 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml "$OUT/gpu_tests.xml" \
+timeout 210 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml "$OUT/gpu_tests.xml" \
     tests/test_gpu_path.py tests/test_kernels_gpu.py tests/kernels 2>&1 | tee -a "$OUT/gpu_tests.log"
 tests_status=${PIPESTATUS[0]}
 
@@ -68,7 +68,7 @@ if [ -z "${GPU_CHECK_BENCH_ARGS:-}" ] && ! "$PY" -c "import sys, torch; sys.exit
     bench_status=1
 else
     # shellcheck disable=SC2086
-    timeout 250 "$PY" -m hypic_rag.bench.gpu --output "$OUT" ${GPU_CHECK_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/gpu_bench.log"
+    timeout 240 "$PY" -m hypic_rag.bench.gpu --output "$OUT" ${GPU_CHECK_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/gpu_bench.log"
     bench_status=${PIPESTATUS[0]}
 fi
 
