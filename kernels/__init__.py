@@ -1,2 +1,66 @@
-"""GPU kernels (the `gpu` extra: flash-linear-attention + triton). Importing this package never needs a GPU;
-`hypic_rag.kernels.gated_delta_rule.fla_available()` says whether the fast path can run."""
+"""GPU kernels, installed as `hypic_rag.kernels` (the `gpu` extra brings flash-linear-attention and triton).
+
+- `compose.py`: S <- P_k(...(P_1 S + Z_1)...) + Z_k for the cached chunks of one linear layer in one Triton launch
+  (one request or many), optionally storing every intermediate state (the seam start-state scan).
+- `rope.py`: cached pre-RoPE keys rotated at their true positions straight into the attention K buffer.
+- `gated_delta_rule.py`: flash-linear-attention's chunked, fused-recurrent and varlen gated delta rule.
+Each Triton kernel has a torch reference beside it; the CPU tests run the kernels under `TRITON_INTERPRET=1`.
+
+Importing this package never imports triton, fla or a GPU library. `triton_enabled(tensor)` is the one switch the
+runtime asks, read at every call from `HYPIC_RAG_KERNELS`:
+- "auto" (default): the Triton kernels for CUDA tensors when triton imports; the torch path otherwise.
+- "torch": never (the torch path everywhere; also keeps fla out).
+- "triton": always, whatever the device (CPU tensors then need `TRITON_INTERPRET=1`, set before the first kernel
+  module is imported: how the CPU tests drive the runtime through the kernels).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+KERNELS_ENV = "HYPIC_RAG_KERNELS"
+KERNEL_MODES = ("auto", "torch", "triton")
+
+
+def kernel_mode() -> str:
+    """The value of HYPIC_RAG_KERNELS ("auto" when unset; an unknown value is logged once and read as "auto")."""
+    mode = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
+    if mode not in KERNEL_MODES:
+        _warn_unknown_mode(mode)
+        return "auto"
+    return mode
+
+
+@functools.cache
+def _warn_unknown_mode(mode: str) -> None:
+    logger.warning("%s=%r is not one of %s; using 'auto'", KERNELS_ENV, mode, ", ".join(KERNEL_MODES))
+
+
+@functools.cache
+def triton_importable() -> bool:
+    """Whether triton imports here (imported at most once, and only when asked)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run under its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_enabled(tensor: Any) -> bool:
+    """Whether the runtime should run its own Triton kernels on `tensor` (see the module docstring)."""
+    mode = kernel_mode()
+    if mode == "torch":
+        return False
+    if mode == "triton":
+        return True
+    return bool(getattr(tensor, "is_cuda", False)) and triton_importable()

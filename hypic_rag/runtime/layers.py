@@ -180,8 +180,15 @@ def attention_inputs(attention: nn.Module, x: torch.Tensor) -> tuple[torch.Tenso
 
 
 def rotary_tables(rotary_embedding: nn.Module, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, R] for integer positions [T] as the model's rotary embedding computes them."""
-    cos, sin = rotary_embedding(like, positions[None].to(like.device))
+    """cos, sin [T, R] for integer positions [T] as the model's rotary embedding computes them.
+
+    A multimodal rotary module (M-RoPE: it has `mrope_section`) gets the same text position in each of its three
+    streams, [3, 1, T], as the model's own forward passes them (transformers before 5.20 requires that layout; later
+    ones also accept [1, T])."""
+    position_ids = positions[None].to(like.device)
+    if hasattr(rotary_embedding, "mrope_section"):
+        position_ids = position_ids[None].expand(3, -1, -1)
+    cos, sin = rotary_embedding(like, position_ids)
     return cos[0], sin[0]
 
 

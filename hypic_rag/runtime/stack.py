@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 
 from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, Entry, tensor_name
+from hypic_rag.kernels import triton_enabled
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
@@ -77,15 +78,51 @@ class StackResult:
 
 
 def _apply_cached_linear(
-    state: torch.Tensor, entry: Entry, layer_index: int, recompute: int, composition: str
+    state: torch.Tensor, cached: list[tuple[Entry, int]], layer_index: int, composition: str
 ) -> torch.Tensor:
-    """Advance the recurrent state [H, K, V] over a span's cached remainder."""
-    if int(entry[SEAM_TOKENS]) != recompute:
-        raise ValueError(f"entry was encoded with seam {int(entry[SEAM_TOKENS])}, span recomputes {recompute}")
-    suffix_state = entry[tensor_name(layer_index, "suffix_state")]
-    if composition == "addition":
-        return state + suffix_state.float()
-    return SegmentState(entry[tensor_name(layer_index, "transition")], suffix_state).apply(state)
+    """Advance the recurrent state [H, K, V] over consecutive spans' cached remainders, in order; `cached` holds
+    each span's (entry, recomputed tokens). On CUDA (`hypic_rag.kernels.triton_enabled`) one Triton launch composes
+    them all, reading P/Z in their storage dtype and accumulating in float32."""
+    for entry, recompute in cached:
+        if int(entry[SEAM_TOKENS]) != recompute:
+            raise ValueError(f"entry was encoded with seam {int(entry[SEAM_TOKENS])}, span recomputes {recompute}")
+    states = [entry[tensor_name(layer_index, "suffix_state")] for entry, _ in cached]
+    transitions = None if composition == "addition" else [entry[tensor_name(layer_index, "transition")] for entry, _ in cached]
+    if triton_enabled(state):
+        from hypic_rag.kernels.compose import compose_affine
+
+        return compose_affine(state, None if transitions is None else torch.stack(transitions), torch.stack(states))
+    for number, suffix_state in enumerate(states):
+        if transitions is None:
+            state = state + suffix_state.float()
+        else:
+            state = SegmentState(transitions[number], suffix_state).apply(state)
+    return state
+
+
+def _apply_pending(
+    state: torch.Tensor, pending: list[tuple[dict[str, torch.Tensor], int]], layer_index: int, composition: str
+) -> tuple[torch.Tensor, float]:
+    """`_apply_cached_linear` over `pending` (then emptied); returns the new state and the seconds it took."""
+    began = time.perf_counter()
+    state = _apply_cached_linear(state, pending, layer_index, composition)
+    pending.clear()
+    return state, time.perf_counter() - began
+
+
+def _rotate_into(
+    buffer: torch.Tensor, at: int, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: int
+) -> None:
+    """buffer[:, at : at + L] = pre-RoPE keys [H, L, D] rotated at positions position .. position + L - 1 (cos, sin
+    [P, R] by position): the Triton kernel on CUDA (`hypic_rag.kernels.rope`), `layers.apply_rotary` elsewhere."""
+    length = keys.shape[1]
+    if triton_enabled(buffer):
+        from hypic_rag.kernels.rope import rope_into
+
+        rope_into(buffer, at, keys.to(buffer.device), cos, sin, position)
+        return
+    keys = keys.to(device=buffer.device, dtype=buffer.dtype)
+    buffer[:, at : at + length] = L.apply_rotary(keys, cos[position : position + length], sin[position : position + length])
 
 
 def _merge_recomputed_spans(spans: list[Span]) -> list[Span]:
@@ -169,27 +206,23 @@ def run_stack(
             query, key, value, gate = L.attention_inputs(attention, x)
             query = L.apply_rotary(query, cos_all[query_index], sin_all[query_index])
             key = L.apply_rotary(key, cos_all[query_index], sin_all[query_index])
-            key_parts: list[torch.Tensor] = []
-            value_parts: list[torch.Tensor] = []
+            # K/V buffers indexed by position: the prefix state, fresh and cached tokens go straight to their place
+            all_keys = key.new_empty(key.shape[0], total_length, key.shape[2])
+            all_values = value.new_empty(value.shape[0], total_length, value.shape[2])
             if initial is not None:
-                key_parts.append(initial.attention[layer_index].keys)
-                value_parts.append(initial.attention[layer_index].values)
+                all_keys[:, :start] = initial.attention[layer_index].keys
+                all_values[:, :start] = initial.attention[layer_index].values
             for span, (offset, count) in zip(spans, offsets):
                 if count:
-                    key_parts.append(key[:, offset : offset + count])
-                    value_parts.append(value[:, offset : offset + count])
+                    all_keys[:, span.start : span.start + count] = key[:, offset : offset + count]
+                    all_values[:, span.start : span.start + count] = value[:, offset : offset + count]
                 if span.entry is not None and count < span.length:
                     began = time.perf_counter()
-                    cached_key = span.entry[tensor_name(layer_index, "key")][:, count:].to(device=device, dtype=dtype)
-                    cached_value = span.entry[tensor_name(layer_index, "value")][:, count:].to(device=device, dtype=dtype)
-                    rotate_at = torch.arange(count, span.length, device=device)
-                    if options.reposition_keys:
-                        rotate_at = rotate_at + span.start
-                    key_parts.append(L.apply_rotary(cached_key, cos_all[rotate_at], sin_all[rotate_at]))
-                    value_parts.append(cached_value)
+                    at = span.start + count
+                    all_values[:, at : span.start + span.length] = span.entry[tensor_name(layer_index, "value")][:, count:]
+                    rotate_from = at if options.reposition_keys else count
+                    _rotate_into(all_keys, at, span.entry[tensor_name(layer_index, "key")][:, count:], cos_all, sin_all, rotate_from)
                     compose_seconds += time.perf_counter() - began
-            all_keys = torch.cat(key_parts, dim=1)
-            all_values = torch.cat(value_parts, dim=1)
             core = L.attention_core(attention, query, all_keys, all_values, query_index, key_index)
             mixed = L.attention_output(attention, core, gate)
             new_state.attention[layer_index] = AttentionLayerState(all_keys, all_values)
@@ -290,7 +323,11 @@ def _linear_layer(
     )
     core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
     per_span: list[LinearLayerState] = []
+    pending: list[tuple[dict[str, torch.Tensor], int]] = []  # cached remainders not yet applied: one call per run
     for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
+        if pending and count:
+            recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+            compose_seconds += seconds
         if count:
             if span_number in batched:
                 zero_output, transition_output, transition, state = batched[span_number]
@@ -305,10 +342,14 @@ def _linear_layer(
                 core[:, offset : offset + count] = output[0]
                 recurrent = final[0]
         if span.entry is not None and count < span.length:
-            began = time.perf_counter()
-            recurrent = _apply_cached_linear(recurrent, span.entry, layer_index, count, options.composition)
-            compose_seconds += time.perf_counter() - began
+            pending.append((span.entry, count))
+            if want_checkpoints:
+                recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+                compose_seconds += seconds
         if want_checkpoints:
             per_span.append(LinearLayerState(recurrent, tails_after[span_number]))
+    if pending:
+        recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+        compose_seconds += seconds
     mixed = L.linear_mixer_output(mixer, core, output_gate, dtype)
     return mixed, LinearLayerState(recurrent, tail), per_span, compose_seconds
