@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from hypic_rag import __version__
-from hypic_rag.server import routes_admin, routes_ask, routes_completions, routes_documents
+from hypic_rag.server import routes_admin, routes_ask, routes_chat, routes_completions, routes_documents
 from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import install_error_handlers
@@ -54,7 +54,7 @@ def create_app(config: ServerConfig, *, service: Service | None = None) -> FastA
     app = FastAPI(title="hypic-rag", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
-    for module in (routes_ask, routes_completions, routes_documents, routes_admin):
+    for module in (routes_ask, routes_completions, routes_chat, routes_documents, routes_admin):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
