@@ -81,10 +81,10 @@ def bad_calls() -> list[Call]:
         Call("ask:oversize-body", "/v1/ask", b'{"question": "' + b"x" * (MAX_BODY_BYTES + 100) + b'"}', 413),
         Call("ask:oversize-chunked", "/v1/ask", "chunked-oversize", 413),
         Call("ask:malformed", "/v1/ask", b'{"question": "Who?", ', 422),
-        Call("cmpl:seed-2**64", "/v1/completions", {**completion, "seed": 2**64}, 422),
-        Call("cmpl:seed-negative:stream", "/v1/completions", {**completion, "seed": -(2**70), "stream": True}, 422),
-        Call("cmpl:surrogate", "/v1/completions", {**completion, "prompt": "Doc \ud800.<<PIC_SEP>>Who?"}, 422),
-        Call("cmpl:temperature-nan", "/v1/completions", {**completion, "temperature": float("nan")}, 422),
+        Call("cmpl:seed-2**64", "/v1/completions", {**completion, "seed": 2**64}, 400),
+        Call("cmpl:seed-negative:stream", "/v1/completions", {**completion, "seed": -(2**70), "stream": True}, 400),
+        Call("cmpl:surrogate", "/v1/completions", {**completion, "prompt": "Doc \ud800.<<PIC_SEP>>Who?"}, 400),
+        Call("cmpl:temperature-nan", "/v1/completions", {**completion, "temperature": float("nan")}, 400),
         Call("cmpl:empty-query", "/v1/completions", {**completion, "prompt": "Doc.<<PIC_SEP>>  "}, 400),
     ]
 

@@ -33,7 +33,7 @@ from hypic_rag.runtime.generation import Generation, GenerationStream, first_sto
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import ModeSpec, mode_spec
 from hypic_rag.runtime.request import Request
-from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_generator
+from hypic_rag.runtime.sampling import SamplingParams, TokenLogprob, choose_token, sampling_generator, token_logprobs
 from hypic_rag.runtime.segment_source import MemorySegmentSource, SegmentSource
 from hypic_rag.runtime.stack import Span, StackOptions, run_stack
 from hypic_rag.runtime.state import DecodeState
@@ -289,10 +289,11 @@ class Engine:
         stop_ids = set(params.stop_token_ids) | self.model.eos_token_ids
         tokenizer = self.model.tokenizer
         generated: list[int] = []
+        logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         text, decoded, finish_reason, first_token_at = "", "", "length", None
         logits, state = prefill.logits, prefill.state
         for step in range(params.max_new_tokens):
-            token = choose_token(logits, params, generator)
+            token = choose_token(logits, params, generator, generated)
             if first_token_at is None:
                 first_token_at = time.perf_counter() - began
             if token in stop_ids:
@@ -303,6 +304,8 @@ class Engine:
                     yield token, delta
                 break
             generated.append(token)
+            if logprobs is not None:
+                logprobs.append(token_logprobs(logits, token, params.logprobs or 0))
             decoded = tokenizer.decode(generated, skip_special_tokens=True) if tokenizer is not None else ""
             hit = first_stop(decoded, params.stop_strings)
             if hit is not None:
@@ -327,6 +330,7 @@ class Engine:
             prefill=prefill.stats,
             time_to_first_token=first_token_at if first_token_at is not None else total,
             total_seconds=total,
+            logprobs=logprobs,
             timings={
                 "cache_load": prefill.stats.load_seconds,
                 "encode": prefill.stats.encode_seconds,

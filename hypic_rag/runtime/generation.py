@@ -14,12 +14,14 @@ from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.runtime.engine import PrefillStats
+    from hypic_rag.runtime.sampling import TokenLogprob
 
 
 @dataclass(slots=True)
 class Generation:
     """token_ids: the generated tokens (stop tokens excluded); text: their text, cut before the first stop string;
-    finish_reason: "stop" or "length"; prefill: the prefill's `PrefillStats`; timings in seconds."""
+    finish_reason: "stop" or "length"; prefill: the prefill's `PrefillStats`; timings in seconds; logprobs: one
+    `TokenLogprob` per generated token when the sampling parameters asked for them (None otherwise)."""
 
     token_ids: list[int]
     text: str
@@ -28,6 +30,7 @@ class Generation:
     time_to_first_token: float
     total_seconds: float
     timings: dict[str, float] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None
 
     def usage(self) -> dict[str, int]:
         """Token accounting as the service and the integrations report it.

@@ -14,11 +14,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from html import escape
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
 
 from hypic_rag import __version__
-from hypic_rag.server import routes_admin, routes_ask, routes_completions, routes_documents
+from hypic_rag.server import routes_admin, routes_ask, routes_chat, routes_completions, routes_documents
 from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import install_error_handlers
@@ -51,12 +54,40 @@ def create_app(config: ServerConfig, *, service: Service | None = None) -> FastA
             logger.info("hypic-rag service shutting down")
             await asyncio.to_thread(service.stop)
 
-    app = FastAPI(title="hypic-rag", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    # Swagger UI would load its scripts from a CDN (blank offline): /docs is a local page built from the schema
+    app = FastAPI(title="hypic-rag", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     app.state.service = service
+
+    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(docs_page(app.openapi()))
+
     install_error_handlers(app)
-    for module in (routes_ask, routes_completions, routes_documents, routes_admin):
+    for module in (routes_ask, routes_completions, routes_chat, routes_documents, routes_admin):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
     app.add_middleware(UnexpectedErrors)  # outermost of ours: RequestMetrics counts its 500s
     return app
+
+
+def docs_page(schema: dict[str, Any]) -> str:
+    """A self-contained HTML page (no script, no external asset) listing every endpoint of `schema` with its
+    summary; the full OpenAPI schema is linked at /openapi.json (load it into any OpenAPI viewer)."""
+    rows = []
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            summary = operation.get("summary") or operation.get("description", "").split("\n")[0]
+            rows.append(f"<tr><td><code>{escape(method.upper())}</code></td><td><code>{escape(path)}</code></td>"
+                        f"<td>{escape(summary)}</td></tr>")
+    info = schema.get("info", {})
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{escape(info.get('title', 'API'))} API</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td{padding:.2em .8em;border-bottom:1px solid #ddd}</style>"
+        f"</head><body><h1>{escape(info.get('title', 'API'))} {escape(str(info.get('version', '')))}</h1>"
+        f"<p>{escape(info.get('description', ''))}</p>"
+        "<p>OpenAPI schema: <a href='/openapi.json'>/openapi.json</a></p>"
+        f"<table>{''.join(rows)}</table></body></html>"
+    )

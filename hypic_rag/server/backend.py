@@ -10,10 +10,11 @@ wherever it lands in a prompt.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.prompt import tokenize_segment
 from hypic_rag.runtime.generation import Generation
-from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.runtime.request import Request
+from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.jobs import Job, JobRegistry
@@ -66,6 +68,12 @@ class CompletionResult:
     finish_reason: str
     usage: dict[str, int]
     timings: dict[str, float]
+    logprobs: list[dict[str, Any]] | None = None
+    """Per generated token when asked: {"token", "bytes", "logprob", "top": [{"token", "bytes", "logprob"}]}."""
+
+
+PromptBuilder = Callable[[ModelSession], Request]
+"""Builds one prompt's request in the worker thread (which owns the tokenizer); ValueError for bad input (400)."""
 
 
 class TokenCounter:
@@ -203,32 +211,86 @@ class ServiceBackend:
         checked (deadline, client gone) between tokens and before each segment it encodes.
         """
         check_segment_count(segments, self.config.max_segments)
+        builder: PromptBuilder = lambda session: session.segmented_request(segments)  # noqa: E731
+        return self.complete_choices([builder], n=1, mode=mode, params=params, context=context, tagged=False)[0]
+
+    def complete_choices(
+        self, prompts: Sequence[PromptBuilder], *, n: int, mode: str, params: SamplingParams, context: TaskContext,
+        param: str = "prompt", tagged: bool = True,
+    ) -> list[CompletionResult]:
+        """`n` completions of each prompt, in order (choice `i * n + j` is prompt i's j-th).
+
+        Each prompt's request is built here (its builder's ValueError is a 400 naming `param`). With a seed, choice
+        k samples with seed + k (so the choices differ yet repeat). Events: ("choice", k, text delta) when `tagged`,
+        else ("token", text delta). The request is checked (deadline, client gone) between tokens and before each
+        segment it encodes.
+        """
+        session = self.pipeline.session
+        vocab = self.vocab_size
+        bad = [token for token in params.logit_bias if not 0 <= token < vocab]
+        if bad:
+            raise BadRequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
+                                  param="logit_bias")
+        results: list[CompletionResult] = []
+        for number, build in enumerate(prompts):
+            began = time.perf_counter()
+            try:
+                request = build(session)
+            except ValueError as error:
+                raise BadRequestError(f"{param}: {error}", param=param) from None
+            check_segment_count(request.segments + [request.question_ids], self.config.max_segments)
+            if any(not 0 <= token < vocab for token in request.all_ids()):
+                raise BadRequestError(f"{param}: token ids must lie in 0..{vocab - 1}", param=param)
+            if request.prompt_tokens > self.config.max_prompt_tokens:
+                raise PayloadTooLargeError(
+                    f"the prompt has {request.prompt_tokens} tokens; this server accepts at most "
+                    f"{self.config.max_prompt_tokens}",
+                    param=param,
+                )
+            tokenized = time.perf_counter() - began
+            for choice in range(n):
+                index = number * n + choice
+                seed = None if params.seed is None else (params.seed + index) % (SEED_MAX + 1)
+                results.append(self._generate(request, mode, dataclasses.replace(params, seed=seed), context,
+                                              index if tagged else None, tokenized))
+        return results
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this model takes: 0 .. vocab_size - 1."""
+        config = self.pipeline.session.model.config
+        return int(getattr(getattr(config, "text_config", None) or config, "vocab_size"))
+
+    def _generate(self, request: Request, mode: str, params: SamplingParams, context: TaskContext,
+                  index: int | None, tokenized: float) -> CompletionResult:
         began = time.perf_counter()
-        try:
-            request = self.pipeline.session.segmented_request(segments)
-        except ValueError as error:
-            raise BadRequestError(f"prompt: {error}", param="prompt") from None
-        prompt_tokens = request.prompt_tokens
-        if prompt_tokens > self.config.max_prompt_tokens:
-            raise PayloadTooLargeError(
-                f"the prompt has {prompt_tokens} tokens; this server accepts at most {self.config.max_prompt_tokens}",
-                param="prompt",
-            )
-        tokenized_at = time.perf_counter()
         stream = self.pipeline.session.engine.stream(request, mode, params, check=context.check)
         try:
             for _, delta in stream:
                 if delta:
-                    context.emit(("token", delta))
+                    context.emit(("token", delta) if index is None else ("choice", index, delta))
             generation: Generation = stream.result
         finally:
             stream.close()
             self.refresh_cache_snapshot()
         timings = dict(generation.timings)
-        timings["tokenize"] = tokenized_at - began
-        timings["time_to_first_token"] = timings["tokenize"] + generation.time_to_first_token
-        timings["total"] = time.perf_counter() - began
-        return CompletionResult(generation.text, generation.finish_reason, usage_of(generation), timings)
+        timings["tokenize"] = tokenized
+        timings["time_to_first_token"] = tokenized + generation.time_to_first_token
+        timings["total"] = tokenized + time.perf_counter() - began
+        logprobs = None if generation.logprobs is None else [
+            {**self._token_text(item.token_id), "logprob": item.logprob,
+             "top": [{**self._token_text(token), "logprob": value} for token, value in item.top]}
+            for item in generation.logprobs
+        ]
+        return CompletionResult(generation.text, generation.finish_reason, usage_of(generation), timings, logprobs)
+
+    def _token_text(self, token_id: int) -> dict[str, Any]:
+        text = self.pipeline.session.tokenizer.decode([token_id])
+        return {"token": text, "bytes": list(text.encode("utf-8", "replace"))}
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids` (special tokens kept), for `echo`."""
+        return str(self.pipeline.session.tokenizer.decode(list(token_ids)))
 
     # ------------------------------------------------------------------------------------------- documents
     def add_documents(self, documents: Sequence[NewDocument], job: Job, jobs: JobRegistry) -> Iterator[None]:

@@ -106,12 +106,18 @@ def _field_error(item: dict[str, Any]) -> dict[str, str]:
     return {"field": _field_name(item.get("loc", ())), "message": str(item.get("msg", "invalid"))}
 
 
-def validation_response(error: RequestValidationError) -> JSONResponse:
-    """422 naming every bad field: `message` reads "top_k: Input should be greater than or equal to 1"."""
+OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+"""Routes of OpenAI's API: an invalid field there is a 400 (`invalid_request_error`), as vLLM answers, so the
+official client raises `BadRequestError`; elsewhere it is a 422."""
+
+
+def validation_response(error: RequestValidationError, status: int = 422) -> JSONResponse:
+    """`status` (422) naming every bad field: `message` reads "top_k: Input should be greater than or equal to 1"."""
     fields = [_field_error(item) for item in error.errors()]
     message = "; ".join(f"{item['field']}: {item['message']}" for item in fields) or "invalid request"
     param = fields[0]["field"] if fields else None
-    return JSONResponse(error_body(message, "validation_error", 422, param, fields=fields), status_code=422)
+    kind = "invalid_request_error" if status == 400 else "validation_error"
+    return JSONResponse(error_body(message, kind, status, param, fields=fields), status_code=status)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -126,7 +132,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(error)
 
     async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return validation_response(error)
+        return validation_response(error, 400 if request.url.path in OPENAI_PATHS else 422)
 
     async def on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")

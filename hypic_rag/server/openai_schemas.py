@@ -1,8 +1,9 @@
-"""OpenAI-compatible bodies of `POST /v1/completions` and `GET /v1/models`.
+"""OpenAI-compatible bodies of `POST /v1/completions` and `GET /v1/models` (chat: `chat_schemas.py`).
 
-The request takes OpenAI's fields (unknown ones are ignored, as OpenAI clients send many) plus two extensions:
-`mode` (assembly mode, default hypic) and `separator` (what splits the prompt into segments; the server's
-default when absent). Defaults follow OpenAI: 16 tokens, temperature 1.
+The request takes OpenAI's fields (unknown ones are ignored, as OpenAI clients send many), vLLM's `top_k`, plus two
+extensions: `mode` (assembly mode, default hypic) and `separator` (what splits the prompt into segments; the
+server's default when absent). Defaults follow OpenAI: 16 tokens, temperature 1. Invalid fields are answered 400
+on these routes, as vLLM does.
 """
 
 from __future__ import annotations
@@ -18,36 +19,69 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
+MAX_CHOICES = 16
+"""The most choices (`n`) one request may ask for."""
+MAX_LOGPROBS = 20
+"""The most alternatives per token `logprobs` / `top_logprobs` may ask for (vLLM's default `max_logprobs`)."""
+
+
+class SamplingFields(BaseModel):
+    """Sampling fields shared by completions and chat (OpenAI's, and vLLM's `top_k`)."""
+
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = Field(None, description="Accepted for compatibility; the server's one model answers.")
-    prompt: str | list[str] = Field(
-        description="Segments separated by the separator (default <<PIC_SEP>>); the last segment is the query."
-    )
-    max_tokens: int = Field(16, ge=1)
+    model: str | None = Field(None, description="The served model's id (`GET /v1/models`); another id is a 404.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    n: int = Field(1, ge=1)
+    top_k: int | None = Field(None, ge=-1, description="vLLM extension: keep the k most likely tokens (-1, 0: all).")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices per prompt.")
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, le=SEED_MAX, description=SEED_DESCRIPTION)
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in -100..100.")
     user: str | None = None
     mode: str = Field("hypic", description="hypic-rag extension: the assembly mode.")
     separator: str | None = Field(None, min_length=1, description="hypic-rag extension: the segment separator.")
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _valid_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (value or {}).items():
+            if not token.strip().isdigit():
+                raise ValueError(f"keys are token ids, got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases lie in -100..100, got {bias!r} for token {token}")
+        return value
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="A string whose segments are separated by the separator (default <<PIC_SEP>>; the last "
+        "segment is the query), token ids (one recomputed query), or a list of either (several prompts)."
+    )
+    max_tokens: int = Field(16, ge=1)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = None
+    suffix: str | None = None
+
     _valid_unicode = field_validator("prompt", "stop", "mode", "separator")(valid_unicode)
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
 
 
 class CompletionChoice(BaseModel):
     text: str
     index: int = 0
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -60,6 +94,9 @@ class CompletionUsage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    encoded_tokens: int | None = Field(
+        None, description="hypic-rag extension: prompt tokens from segment entries encoded during this request."
+    )
 
 
 class HypicDetails(BaseModel):
@@ -104,12 +141,14 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(item for item in items if item)
 
 
-def chunk_payload(completion_id: str, created: int, model: str, text: str, finish_reason: str | None) -> dict[str, Any]:
-    """One streamed completion chunk, as OpenAI sends it."""
+def chunk_payload(
+    completion_id: str, created: int, model: str, text: str, finish_reason: str | None, index: int = 0
+) -> dict[str, Any]:
+    """One streamed completion chunk of choice `index`, as OpenAI sends it."""
     return {
         "id": completion_id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}],
     }

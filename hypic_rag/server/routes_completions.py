@@ -16,26 +16,34 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.runtime.request import Request as HypicRequest
 from hypic_rag.segments import split_segments
-from hypic_rag.server.backend import CompletionResult, check_segment_count
+from hypic_rag.server.backend import CompletionResult, PromptBuilder, check_segment_count
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, internal_error_body
+from hypic_rag.server.openai_common import (
+    check_at_most,
+    check_model,
+    hypic_details,
+    sampling_params,
+    total_usage,
+    usage_model,
+    usage_payload,
+)
 from hypic_rag.server.openai_schemas import (
+    MAX_CHOICES,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    CompletionUsage,
-    HypicDetails,
     ModelCard,
     ModelList,
-    PromptTokensDetails,
     chunk_payload,
     stop_strings,
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
 from hypic_rag.server.service import EventStream, Service
 from hypic_rag.server.sse import DONE, sse_event, sse_response
-from hypic_rag.server.validation import checked_at_most, checked_mode
+from hypic_rag.server.validation import checked_mode
 from hypic_rag.server.worker import TaskContext
 
 logger = logging.getLogger(__name__)
@@ -44,15 +52,8 @@ ROUTE = "/v1/completions"
 router = APIRouter(tags=["openai"])
 
 
-def split_prompt(prompt: str | list[str], separator: str, max_chars: int) -> list[str]:
-    """The prompt's segments (the last one is the query); 400 for what this endpoint does not support."""
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise BadRequestError(
-                f"prompt: batched prompts are not supported ({len(prompt)} given); send one prompt per request",
-                param="prompt",
-            )
-        prompt = prompt[0]
+def split_prompt(prompt: str, separator: str, max_chars: int) -> list[str]:
+    """The prompt's segments (the last one is the query); 413 over the size limit, 400 for an empty query."""
     if len(prompt) > max_chars:
         raise PayloadTooLargeError(
             f"prompt has {len(prompt)} characters; this server accepts at most {max_chars}", param="prompt"
@@ -63,111 +64,135 @@ def split_prompt(prompt: str | list[str], separator: str, max_chars: int) -> lis
     return segments
 
 
+def prompt_list(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
+    """The request's prompts: a string or a token-id list is one prompt; a list of either is several."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise BadRequestError("prompt: an empty list holds no prompt", param="prompt")
+    if all(isinstance(item, int) for item in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
+
+
 def _check_supported(body: CompletionRequest) -> None:
     unsupported = {
-        "n": body.n != 1,
-        "best_of": body.best_of not in (None, 1),
-        "echo": body.echo,
-        "logprobs": body.logprobs is not None,
+        "best_of": body.best_of not in (None, 1, body.n),
         "suffix": bool(body.suffix),
+        "echo with logprobs (prompt log-probabilities)": body.echo and body.logprobs is not None,
+        "logprobs with stream": body.stream and body.logprobs is not None,
+        "echo with stream": body.stream and body.echo,
     }
     for name, used in unsupported.items():
         if used:
-            raise BadRequestError(f"{name}: not supported by hypic-rag (leave it at its default)", param=name)
+            raise BadRequestError(f"{name}: not supported by hypic-rag", param=name.split()[0])
+
+
+def completion_logprobs(items: list[dict[str, Any]], offset: int) -> CompletionLogprobs:
+    """OpenAI's completions `logprobs` object; text offsets count from `offset` (the echoed prompt's length)."""
+    offsets = []
+    for item in items:
+        offsets.append(offset)
+        offset += len(item["token"])
+    return CompletionLogprobs(
+        tokens=[item["token"] for item in items],
+        token_logprobs=[item["logprob"] for item in items],
+        top_logprobs=[{**{top["token"]: top["logprob"] for top in item["top"]}, item["token"]: item["logprob"]}
+                      for item in items],
+        text_offset=offsets,
+    )
 
 
 def completion_response(
-    result: CompletionResult, completion_id: str, created: int, model: str, mode: str, segments: int, queue_s: float
+    results: list[CompletionResult], echoes: list[str], n: int, completion_id: str, created: int, model: str,
+    mode: str, segments: int, queue_s: float,
 ) -> CompletionResponse:
-    usage = result.usage
+    usage = total_usage(results, n)
+    choices = []
+    for index, result in enumerate(results):
+        echo = echoes[index // n] if echoes else ""
+        logprobs = None if result.logprobs is None else completion_logprobs(result.logprobs, len(echo))
+        choices.append(CompletionChoice(text=echo + result.text, index=index, logprobs=logprobs,
+                                        finish_reason=result.finish_reason))
     return CompletionResponse(
-        id=completion_id,
-        created=created,
-        model=model,
-        choices=[CompletionChoice(text=result.text, finish_reason=result.finish_reason)],
-        usage=CompletionUsage(
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage["completion_tokens"],
-            total_tokens=usage["prompt_tokens"] + usage["completion_tokens"],
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=usage["cached_tokens"]),
-        ),
-        hypic=HypicDetails(
-            mode=mode,
-            segments=segments,
-            encoded_tokens=usage["encoded_tokens"],
-            recomputed_tokens=usage["recomputed_tokens"],
-            cache_hits=usage["cache_hits"],
-            cache_misses=usage["cache_misses"],
-            timings={
-                "queue_ms": round(queue_s * 1000.0, 3),
-                **{f"{name}_ms": round(seconds * 1000.0, 3) for name, seconds in result.timings.items()},
-            },
-        ),
+        id=completion_id, created=created, model=model, choices=choices, usage=usage_model(usage),
+        hypic=hypic_details(usage, results[0], mode, segments, queue_s),
     )
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="OpenAI-compatible completion over separated segments")
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    """OpenAI's completions API. hypic-rag extensions: `mode` and `separator`; the response adds `hypic`."""
+    """OpenAI's completions API (vLLM's parameters). hypic-rag extensions: `mode` and `separator`; the response
+    adds `hypic` and `usage.encoded_tokens`."""
     service: Service = request.app.state.service
     config = service.config
+    model = service.backend.model_name
+    check_model(body.model, model)
     _check_supported(body)
     mode = checked_mode(body.mode)
-    checked_at_most("max_tokens", body.max_tokens, config.max_new_tokens)
-    segments = split_prompt(body.prompt, body.separator or config.separator, config.max_prompt_chars)
-    check_segment_count(segments, config.max_segments)
-    params = SamplingParams(
-        max_new_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        stop_strings=stop_strings(body.stop),
-    )
+    check_at_most("max_tokens", body.max_tokens, config.max_new_tokens)
+    prompts = prompt_list(body.prompt)
+    check_at_most("n * prompts", body.n * len(prompts), MAX_CHOICES * 4)
+    separator = body.separator or config.separator
+    builders: list[PromptBuilder] = []
+    segment_count = 0
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            segments = split_prompt(prompt, separator, config.max_prompt_chars)
+            check_segment_count(segments, config.max_segments)
+            segment_count += len(segments)
+            builders.append(lambda session, parts=segments: session.segmented_request(parts))
+        else:
+            segment_count += 1
+            builders.append(lambda session, ids=prompt: HypicRequest([], [], list(ids)))
+    params = sampling_params(body, max_tokens=body.max_tokens, stops=stop_strings(body.stop), logprobs=body.logprobs)
 
-    def run(backend: Any, context: TaskContext) -> CompletionResult:
-        return backend.complete(segments, mode=mode, params=params, context=context)
+    def run(backend: Any, context: TaskContext) -> tuple[list[CompletionResult], list[str]]:
+        results = backend.complete_choices(builders, n=body.n, mode=mode, params=params, context=context)
+        echoes = [p if isinstance(p, str) else backend.decode(p) for p in prompts] if body.echo else []
+        return results, echoes
 
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    model = service.backend.model_name
     timeout_s = service.timeout_for(None)
     if body.stream:
         stream = service.open_stream(run, timeout_s=timeout_s)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        relay = _relay(stream, service, completion_id, created, model, mode, len(segments), include_usage)
+        relay = _relay(stream, service, completion_id, created, model, mode, segment_count, body.n, include_usage)
         return sse_response(relay)
-    result, context = await service.call(run, timeout_s=timeout_s, request=request)
-    response = completion_response(result, completion_id, created, model, mode, len(segments), context.queue_seconds)
-    ttft = context.queue_seconds + result.timings.get("time_to_first_token", 0.0)
-    service.metrics.observe_generation(ROUTE, result.usage, ttft)
+    (results, echoes), context = await service.call(run, timeout_s=timeout_s, request=request)
+    response = completion_response(results, echoes, body.n, completion_id, created, model, mode, segment_count,
+                                   context.queue_seconds)
+    ttft = context.queue_seconds + results[0].timings.get("time_to_first_token", 0.0)
+    service.metrics.observe_generation(ROUTE, total_usage(results, body.n), ttft)
     return response
 
 
 async def _relay(
     stream: EventStream, service: Service, completion_id: str, created: int, model: str, mode: str, segments: int,
-    include_usage: bool,
+    n: int, include_usage: bool,
 ) -> AsyncIterator[str]:
-    """OpenAI's stream framing: one chunk per text delta, a last chunk with finish_reason, then [DONE]."""
+    """OpenAI's stream framing: one chunk per text delta (its choice's index), a chunk with each choice's
+    finish_reason, the usage chunk when asked, then [DONE]."""
     received = time.perf_counter()
     first_token_at: float | None = None
     try:
-        async for _, delta in stream.events():
+        async for _, index, delta in stream.events():
             if first_token_at is None:
                 first_token_at = time.perf_counter()
-            yield sse_event(chunk_payload(completion_id, created, model, delta, None))
+            yield sse_event(chunk_payload(completion_id, created, model, delta, None, index))
         assert stream.task is not None
-        result: CompletionResult = stream.task.future.result()
-        yield sse_event(chunk_payload(completion_id, created, model, "", result.finish_reason))
-        service.metrics.observe_generation(ROUTE, result.usage, (first_token_at or time.perf_counter()) - received)
+        results, _ = stream.task.future.result()
+        for index, result in enumerate(results):
+            yield sse_event(chunk_payload(completion_id, created, model, "", result.finish_reason, index))
+        usage = total_usage(results, n)
+        service.metrics.observe_generation(ROUTE, usage, (first_token_at or time.perf_counter()) - received)
         if include_usage:
-            full = completion_response(
-                result, completion_id, created, model, mode, segments, stream.task.context.queue_seconds
-            )
             final = chunk_payload(completion_id, created, model, "", None)
             final["choices"] = []
-            final["usage"] = full.usage.model_dump() if full.usage else None
-            final["hypic"] = full.hypic.model_dump() if full.hypic else None
+            final.update(usage_payload(usage_model(usage), hypic_details(
+                usage, results[0], mode, segments, stream.task.context.queue_seconds)))
             yield sse_event(final)
     except ServiceError as error:
         yield sse_event(error.body())
@@ -181,3 +206,11 @@ async def _relay(
 async def models(request: Request) -> ModelList:
     service: Service = request.app.state.service
     return ModelList(data=[ModelCard(id=service.backend.model_name, created=int(service.started_at))])
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES,
+            summary="One model (OpenAI-compatible); 404 unless it is the served one")
+async def model_card(model_id: str, request: Request) -> ModelCard:
+    service: Service = request.app.state.service
+    check_model(model_id, service.backend.model_name)
+    return ModelCard(id=service.backend.model_name, created=int(service.started_at))
