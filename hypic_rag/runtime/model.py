@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,11 @@ TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenize
 """File sets any one of which holds a tokenizer's vocabulary."""
 
 
-class ModelLoadError(ValueError):
-    """A model that cannot be loaded: the message is one line saying what is wrong and what to fix."""
+class ModelLoadError(HypicError, ValueError):
+    """A model that cannot be loaded: the message is one line saying what is wrong and what to fix (exit code 2;
+    still a ValueError)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class UnsupportedModelError(ModelLoadError):
