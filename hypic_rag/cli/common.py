@@ -42,6 +42,8 @@ class CliError(HypicError):
     input). Errors of the library (`HypicError`s) need no wrapping: `hypic_rag.cli.main` prints them the same way
     with their own exit code; a command wraps one only to say more or to exit with another code."""
 
+    exit_code = EXIT_BAD_INPUT
+
     def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
         super().__init__(message)
         self.exit_code = exit_code

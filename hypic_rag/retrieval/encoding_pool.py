@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens
+from hypic_rag.errors import HypicError
 from hypic_rag.retrieval.errors import RetrievalError
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ class EncodingPoolError(RetrievalError):
     """An encoding worker could not start, died, or failed a segment; the encode stopped (one-line message)."""
 
 
-class WorkerStartError(RuntimeError):
-    """Raised by a worker's tasks when the worker could not start (carries the reason as its message)."""
+class WorkerStartError(HypicError, RuntimeError):
+    """Raised by a worker's tasks when the worker could not start (carries the reason as its message); the parent
+    raises it as an `EncodingPoolError`."""
 
 
 @dataclass(frozen=True, slots=True)
