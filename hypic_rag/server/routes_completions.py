@@ -33,7 +33,7 @@ from hypic_rag.server.openai_schemas import (
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
 from hypic_rag.server.segments import split_segments
-from hypic_rag.server.service import EventStream, Service
+from hypic_rag.server.service import EventStream, Service, ServiceDep
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_at_most, checked_mode
 from hypic_rag.server.worker import TaskContext
@@ -108,9 +108,8 @@ def completion_response(
 
 @router.post("/v1/completions", response_model=CompletionResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="OpenAI-compatible completion over separated segments")
-async def completions(body: CompletionRequest, request: Request) -> Any:
+async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Any:
     """OpenAI's completions API. hypic-rag extensions: `mode` and `separator`; the response adds `hypic`."""
-    service: Service = request.app.state.service
     config = service.config
     _check_supported(body)
     mode = checked_mode(body.mode)
@@ -178,6 +177,5 @@ async def _relay(
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI-compatible)")
-async def models(request: Request) -> ModelList:
-    service: Service = request.app.state.service
+async def models(service: ServiceDep) -> ModelList:
     return ModelList(data=[ModelCard(id=service.backend.model_name, created=int(service.started_at))])
