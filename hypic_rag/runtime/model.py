@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +78,6 @@ class HybridModel:
     layer_types: tuple[str, ...]
     fingerprint: str
     tokenizer_fingerprint: str
-    source: str = "config"
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def backbone(self) -> nn.Module:
@@ -102,14 +100,6 @@ class HybridModel:
     def dtype_name(self) -> str:
         """The weights' dtype by name: "float32", "bfloat16" or "float16"."""
         return dtype_name(self.dtype)
-
-    @property
-    def linear_layer_indices(self) -> list[int]:
-        return [i for i, kind in enumerate(self.layer_types) if kind == LINEAR_LAYER]
-
-    @property
-    def attention_layer_indices(self) -> list[int]:
-        return [i for i, kind in enumerate(self.layer_types) if kind == ATTENTION_LAYER]
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -226,7 +216,7 @@ def _check_text_stack(hf_model: nn.Module) -> None:
         )
 
 
-def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, source: str = "model") -> HybridModel:
+def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None) -> HybridModel:
     """Wrap an already-built transformers causal LM (eval mode is set).
 
     hf_model: a text model (`Qwen3_5ForCausalLM`, ...) or a multimodal one (`Qwen3_5ForConditionalGeneration`,
@@ -249,7 +239,6 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, source: str = 
         layer_types=layer_types,
         fingerprint=fingerprint,
         tokenizer_fingerprint=tokenizer_digest(tokenizer),
-        source=source,
     )
 
 
@@ -333,10 +322,10 @@ def load_model(
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
     if isinstance(source, nn.Module):
-        model, label = source, type(source).__name__
+        model = source
     elif isinstance(source, PretrainedConfig):
         _check_supported(_text_config(source))
-        model, label = AutoModelForCausalLM.from_config(source, dtype=dtype), "config"
+        model = AutoModelForCausalLM.from_config(source, dtype=dtype)
     else:
         path = check_model_directory(source, require_tokenizer=require_tokenizer and tokenizer is None)
         try:
@@ -356,6 +345,5 @@ def load_model(
                 logger.warning("no tokenizer loaded from %s: %s", path, error)
         elif tokenizer is None:
             logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
-        label = str(path)
     model = model.to(device=device, dtype=dtype)
-    return wrap_model(model, tokenizer=tokenizer, source=label)
+    return wrap_model(model, tokenizer=tokenizer)
