@@ -1,4 +1,4 @@
-"""Loading models (issue 12, items 1, 8 and 12): an exact fingerprint at any thread count; Qwen3.5 hub checkpoints
+"""Loading models: an exact fingerprint at any thread count; Qwen3.5 hub checkpoints
 in their published layout (shrunken stand-ins: multimodal config, `model.language_model.*`, a vision tower, `mtp.*`
 weights, fused MoE experts, sharded safetensors with an index file) loaded as a directory or as a
 `...ForConditionalGeneration` instance; `--dtype` on precompute, ask and serve; model directories that cannot be
@@ -43,7 +43,7 @@ def a_request(vocab: int) -> Request:
     return Request(ids[:4], [ids[4:24], ids[24:41], ids[41:53]], ids[53:])
 
 
-# ------------------------------------------------------------------------------------------ fingerprint (item 1)
+# ---------------------------------------------------------------------------------------------------------- fingerprint
 
 
 @pytest.mark.skipif(not (default_model_path() / "config.json").is_file(), reason="bundled model missing")
@@ -73,7 +73,7 @@ def test_any_changed_weight_changes_the_fingerprint() -> None:
     assert load_model(model, device="cpu").fingerprint != before
 
 
-# ----------------------------------------------------------------------------- published checkpoints (item 12)
+# ------------------------------------------------------------------------------------------------ published checkpoints
 
 
 @pytest.fixture(scope="module", params=PUBLISHED_KINDS)
@@ -146,7 +146,7 @@ def test_dtype_is_part_of_the_model_identity_and_cache_namespace(published) -> N
         load_model(directory, device="cpu", dtype="int8")
 
 
-# ------------------------------------------------------------------------- --dtype through the CLI (item 12)
+# ---------------------------------------------------------------------------------------------- --dtype through the CLI
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +238,7 @@ def test_an_index_from_before_exact_fingerprints_is_adopted_once(
     assert code == 3 and "index was built for model" in err  # only the same checkpoint directory is adopted
 
 
-# --------------------------------------------------------------- model directories that cannot load (item 8)
+# ----------------------------------------------------------------------------------- model directories that cannot load
 
 
 def broken_copies(source: Path, root: Path) -> dict[str, tuple[Path, str]]:
