@@ -257,11 +257,15 @@ def broken_copies(source: Path, root: Path) -> dict[str, tuple[Path, str]]:
     no_tokenizer = copy("no-tokenizer")
     for path in no_tokenizer.glob("tokenizer*"):
         path.unlink()
+    damaged_shard = copy("damaged-shard")  # passes the cheap checks; safetensors refuses it while loading
+    shard = damaged_shard / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:64])
     return {
         "invalid-json": (invalid_json, "config.json is not valid JSON"),
         "no-weights": (no_weights, "has no weights"),
         "missing-shard": (missing_shard, "model-00002-of-00002.safetensors"),
         "no-tokenizer": (no_tokenizer, "has no tokenizer files"),
+        "damaged-shard": (damaged_shard, f"cannot load the model in '{damaged_shard}'"),
     }
 
 

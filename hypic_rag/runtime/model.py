@@ -309,6 +309,7 @@ def load_model(
     float32 on CPU, bfloat16 on CUDA. require_tokenizer: a directory without tokenizer files is an error (else it
     loads with `tokenizer=None`). A directory that cannot be loaded raises `ModelLoadError` (one line).
     """
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
     from transformers.utils import logging as transformers_logging
 
@@ -334,7 +335,7 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
         except ModelLoadError:
             raise
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:  # a damaged weight file
             raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
         if tokenizer is None and has_tokenizer_files(path):
             try:
