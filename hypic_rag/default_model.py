@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypic_rag.errors import MissingPathError
+
 _ASSETS = Path(__file__).resolve().parent / "assets"
 
 
@@ -51,14 +53,15 @@ def answers_reliably() -> tuple[bool, str]:
 def resolve_model_path(given: str | Path | None) -> Path:
     """`given` (a local checkpoint directory), else the bundled default model.
 
-    Raises FileNotFoundError with a one-line message when the directory or the bundled model is missing.
+    Raises `MissingPathError` (a FileNotFoundError, exit code 2) with a one-line message when the directory or the
+    bundled model is missing.
     """
     if given is not None:
         path = Path(given).expanduser()
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model directory {str(given)!r} does not exist or has no config.json")
+            raise MissingPathError(f"model directory {str(given)!r} does not exist or has no config.json")
         return path
     default = default_model_path()
     if not (default / "config.json").is_file():
-        raise FileNotFoundError("no model given and the bundled default model is not installed; pass a model directory")
+        raise MissingPathError("no model given and the bundled default model is not installed; pass a model directory")
     return default

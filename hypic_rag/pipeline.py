@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.prompt import PromptFormat
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream
@@ -27,8 +28,11 @@ from hypic_rag.text import unencodable_message
 logger = logging.getLogger(__name__)
 
 
-class PipelineError(ValueError):
-    """A request the pipeline cannot serve (bad question, wrong model for the index, ...)."""
+class PipelineError(HypicError, ValueError):
+    """A request the pipeline cannot serve (bad question, wrong model for the index, ...): exit code 2; still a
+    ValueError."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """Bad arguments to every command, given the way a new user would give them: real subprocesses of
 `python -m hypic_rag`, a real tiny model, index (SQLite, FAISS) and LMDB segment cache. Each gets exactly one line
 on stderr, `hypic-rag <command>: error: ...`, and the documented exit code; arguments are checked before anything
-is created (issue 12, items 8 and 9), and `--top-k` is capped at the chunks the index holds."""
+is created, and `--top-k` is capped at the chunks the index holds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Encoding workers (issue 12, item 1): `precompute --workers 2` on the bundled corpus finishes and writes the same
+"""Encoding workers: `precompute --workers 2` on the bundled corpus finishes and writes the same
 bytes as `--workers 1`, under OMP_NUM_THREADS=1 and =2 (real processes); an index built at one thread count is
 used at another; a worker that cannot start stops the encode with one error instead of being restarted forever."""
 

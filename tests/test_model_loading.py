@@ -1,4 +1,4 @@
-"""Loading models (issue 12, items 1, 8 and 12): an exact fingerprint at any thread count; Qwen3.5 hub checkpoints
+"""Loading models: an exact fingerprint at any thread count; Qwen3.5 hub checkpoints
 in their published layout (shrunken stand-ins: multimodal config, `model.language_model.*`, a vision tower, `mtp.*`
 weights, fused MoE experts, sharded safetensors with an index file) loaded as a directory or as a
 `...ForConditionalGeneration` instance; `--dtype` on precompute, ask and serve; model directories that cannot be
@@ -18,7 +18,7 @@ import torch
 
 from hypic_rag.cache.keys import CacheNamespace
 from hypic_rag.cli.main import main
-from hypic_rag.cli.precompute_command import DTYPE_CHOICES
+from hypic_rag.cli.common import DTYPE_CHOICES
 from hypic_rag.default_model import default_model_path
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.runtime.engine import Engine
@@ -43,7 +43,7 @@ def a_request(vocab: int) -> Request:
     return Request(ids[:4], [ids[4:24], ids[24:41], ids[41:53]], ids[53:])
 
 
-# ------------------------------------------------------------------------------------------ fingerprint (item 1)
+# ---------------------------------------------------------------------------------------------------------- fingerprint
 
 
 @pytest.mark.skipif(not (default_model_path() / "config.json").is_file(), reason="bundled model missing")
@@ -73,7 +73,7 @@ def test_any_changed_weight_changes_the_fingerprint() -> None:
     assert load_model(model, device="cpu").fingerprint != before
 
 
-# ----------------------------------------------------------------------------- published checkpoints (item 12)
+# ------------------------------------------------------------------------------------------------ published checkpoints
 
 
 @pytest.fixture(scope="module", params=PUBLISHED_KINDS)
@@ -146,7 +146,7 @@ def test_dtype_is_part_of_the_model_identity_and_cache_namespace(published) -> N
         load_model(directory, device="cpu", dtype="int8")
 
 
-# ------------------------------------------------------------------------- --dtype through the CLI (item 12)
+# ---------------------------------------------------------------------------------------------- --dtype through the CLI
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +238,7 @@ def test_an_index_from_before_exact_fingerprints_is_adopted_once(
     assert code == 3 and "index was built for model" in err  # only the same checkpoint directory is adopted
 
 
-# --------------------------------------------------------------- model directories that cannot load (item 8)
+# ----------------------------------------------------------------------------------- model directories that cannot load
 
 
 def broken_copies(source: Path, root: Path) -> dict[str, tuple[Path, str]]:
@@ -257,11 +257,15 @@ def broken_copies(source: Path, root: Path) -> dict[str, tuple[Path, str]]:
     no_tokenizer = copy("no-tokenizer")
     for path in no_tokenizer.glob("tokenizer*"):
         path.unlink()
+    damaged_shard = copy("damaged-shard")  # passes the cheap checks; safetensors refuses it while loading
+    shard = damaged_shard / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:64])
     return {
         "invalid-json": (invalid_json, "config.json is not valid JSON"),
         "no-weights": (no_weights, "has no weights"),
         "missing-shard": (missing_shard, "model-00002-of-00002.safetensors"),
         "no-tokenizer": (no_tokenizer, "has no tokenizer files"),
+        "damaged-shard": (damaged_shard, f"cannot load the model in '{damaged_shard}'"),
     }
 
 

@@ -78,7 +78,7 @@ def cache_entries(client: httpx.Client) -> int:
     return int(client.get("/v1/cache/stats").json()["cache"]["entries"])
 
 
-# ------------------------------------------------------------------------------------------------ item 5
+# --------------------------------------------------------------------------------------------- a huge document in steps
 def test_a_huge_document_is_indexed_in_steps_while_asks_are_answered(tmp_path: Path, index: Path) -> None:
     """Before: the whole document was chunked and embedded as one step (minutes here); an ask sent meanwhile
     waited for all of it and got 504."""
@@ -121,7 +121,7 @@ def test_a_document_over_the_token_limit_is_413(client: httpx.Client) -> None:
     assert client.get("/healthz").json()["documents"] == len(SMALL_CORPUS)  # nothing was queued
 
 
-# ------------------------------------------------------------------------------------------------ item 6
+# -------------------------------------------------------------------------------------------- a deadline stops encoding
 def test_a_completion_past_its_deadline_stops_encoding_segments(client: httpx.Client) -> None:
     """Before: 504 after the deadline, but the worker went on encoding every segment (~40 s here), so the next ask
     waited for it and the cache took in all of them."""

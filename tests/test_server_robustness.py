@@ -85,7 +85,7 @@ def completion_stream(client: httpx.Client, body: dict) -> tuple[list[str], dict
     return deltas, chunks[-1]
 
 
-# ------------------------------------------------------------------------------------------------ item 3: 422s
+# ----------------------------------------------------------------------------------------------------------------- 422s
 BAD_INPUTS = [
     ("/v1/ask", {**ASK, "seed": 2**64}, "seed", "less than or equal to 18446744073709551615"),
     ("/v1/ask", {**ASK, "seed": -(2**70)}, "seed", "greater than or equal to 0"),
@@ -148,7 +148,7 @@ def test_a_tiny_temperature_answers_as_greedy(client: httpx.Client, temperature:
     assert "".join(deltas) == greedy_text
 
 
-# ------------------------------------------------------------------------------------------------ item 3: keep-alive
+# ----------------------------------------------------------------------------------------------------------- keep-alive
 def _chunked_oversize():
     yield b'{"question": "'
     for _ in range(40):
@@ -189,7 +189,7 @@ def test_the_connection_survives_every_error_response(client: httpx.Client) -> N
     assert sum(counted) >= 2
 
 
-# ------------------------------------------------------------------------------------------------ item 4: randomness
+# ----------------------------------------------------------------------------------------------------------- randomness
 def test_unseeded_sampling_is_fresh_and_a_seed_reproduces(client: httpx.Client) -> None:
     sampled = {**COMPLETION, "temperature": 1.0, "max_tokens": 8}
     unseeded = [post(client, "/v1/completions", sampled).json()["choices"][0]["text"] for _ in range(5)]
@@ -203,7 +203,7 @@ def test_unseeded_sampling_is_fresh_and_a_seed_reproduces(client: httpx.Client) 
     assert len(set(seeded)) == 1, seeded
 
 
-# ------------------------------------------------------------------------------------------------ item 7: streams
+# -------------------------------------------------------------------------------------------------------------- streams
 @pytest.mark.parametrize("document", ["lavender.md", "volcano.md", "astronomy.md"])
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 1.2, "seed": 3}])
 def test_ask_stream_deltas_equal_the_answer(client: httpx.Client, document: str, sampling: dict) -> None:
@@ -227,7 +227,7 @@ def test_completion_stream_deltas_equal_the_text(client: httpx.Client, sampling:
         assert "".join(deltas) == cut, (stop, deltas)
 
 
-# ------------------------------------------------------------------------------------------------ item 11: accounting
+# ----------------------------------------------------------------------------------------------------------- accounting
 def _token_totals(client: httpx.Client) -> dict[str, float]:
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(client.get("/metrics").text):

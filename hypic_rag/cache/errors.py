@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 
+from hypic_rag.errors import HypicError
 
-class CacheError(Exception):
-    """Base class of segment-cache errors."""
+
+class CacheError(HypicError):
+    """Base class of segment-cache errors (exit code 1; `hypic-rag cache` calls a cache it cannot open bad input,
+    2, except a damaged one)."""
 
 
 class CacheOpenError(CacheError):

@@ -15,12 +15,10 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import (
+from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
-    EXIT_FAILURE,
-    EXIT_MISMATCH,
     EXIT_OK,
+    CliError,
     add_dtype_argument,
     device_name,
     non_negative_int,
@@ -141,28 +139,17 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
 
 
 def run_ask(args: argparse.Namespace) -> int:
-    from hypic_rag.cache.errors import CacheError
-    from hypic_rag.pipeline import PipelineError
-    from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError, IndexNotFoundError, RetrievalError
-    from hypic_rag.runtime.model import ModelLoadError
+    """Errors of the index, model, cache or pipeline reach `hypic_rag.cli.main` as they are (each carries its
+    exit code)."""
     from hypic_rag.runtime.sampling import SamplingParams
 
     question = read_question(args.question)
+    pipeline = open_pipeline(args)
     try:
-        pipeline = open_pipeline(args)
-        try:
-            params = SamplingParams(
-                max_new_tokens=args.max_new_tokens, stop_strings=(pipeline.prompt_format.answer_stop,)
-            )
-            answer = pipeline.answer(question, top_k=args.top_k, mode=args.mode, params=params)
-        finally:
-            pipeline.close()
-    except IndexMismatchError as error:
-        raise CliError(str(error), EXIT_MISMATCH) from None
-    except (IndexNotFoundError, IndexLocationError, PipelineError, FileNotFoundError, ModelLoadError) as error:
-        raise CliError(str(error), EXIT_BAD_INPUT) from None
-    except (RetrievalError, CacheError) as error:
-        raise CliError(str(error), EXIT_FAILURE) from None
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, stop_strings=(pipeline.prompt_format.answer_stop,))
+        answer = pipeline.answer(question, top_k=args.top_k, mode=args.mode, params=params)
+    finally:
+        pipeline.close()
     if args.json:
         print(json.dumps(answer_json(question, answer), ensure_ascii=False))
     else:

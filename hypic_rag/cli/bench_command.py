@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from hypic_rag.cli.common import EXIT_OK, CliError
+
 DEFAULT_OUTPUT = "hypic-rag-bench"
 
 
@@ -26,7 +28,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from hypic_rag.bench.report import markdown, write_report
     from hypic_rag.bench.run import PROFILES, run_benchmark
-    from hypic_rag.cli.main import CliError
     from hypic_rag.paths import unusable_directory_reason
 
     output = Path(args.output)
@@ -41,4 +42,4 @@ def run(args: argparse.Namespace) -> int:
     written = write_report(result, output)
     print(markdown(result))
     print("written: " + ", ".join(str(path) for path in written))
-    return 0
+    return EXIT_OK

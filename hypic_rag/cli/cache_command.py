@@ -17,11 +17,9 @@ from pathlib import Path
 from hypic_rag.cache.errors import CacheDamagedError, CacheError
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore, discard_damaged_store
 from hypic_rag.cache.stats import CacheStats, format_stats, human_bytes
-from hypic_rag.cli.main import CliError
+from hypic_rag.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, CliError
 
-EXIT_OK = 0
-EXIT_BAD_ENTRIES = 1
-EXIT_BAD_INPUT = 2
+EXIT_BAD_ENTRIES = EXIT_FAILURE
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -58,6 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _open(directory: str, *, readonly: bool) -> LmdbSegmentStore:
+    """The store in `directory`. Here, unlike other commands, a cache that cannot be opened is bad input (exit 2:
+    this command is about that directory), except a damaged one (exit 1, as `verify` finding bad entries)."""
     if not readonly:
         _refuse_read_only(Path(directory))
     try:

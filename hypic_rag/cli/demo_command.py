@@ -13,8 +13,15 @@ import os
 import shutil
 from pathlib import Path
 
-from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, non_negative_int, positive_int
+from hypic_rag.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_MISMATCH,
+    EXIT_OK,
+    CliError,
+    non_negative_int,
+    positive_int,
+    resolve_model_path,
+)
 
 
 def user_cache_dir() -> Path:
@@ -42,23 +49,8 @@ def _load_questions(path: Path, count: int) -> list[dict]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Errors of the index, cache or pipeline become one line (exit 2, 3 for a mismatched index, 1 otherwise)."""
-    from hypic_rag.cache.errors import CacheError
-    from hypic_rag.pipeline import PipelineError
-    from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError, RetrievalError
-
-    try:
-        return _run_demo(args)
-    except IndexMismatchError as error:
-        raise CliError(str(error), EXIT_MISMATCH) from None
-    except (PipelineError, FileNotFoundError, IndexLocationError) as error:
-        raise CliError(str(error), EXIT_BAD_INPUT) from None
-    except (RetrievalError, CacheError) as error:
-        raise CliError(str(error), EXIT_FAILURE) from None
-
-
-def _run_demo(args: argparse.Namespace) -> int:
-    from hypic_rag.cli.precompute_command import resolve_model_path
+    """Errors of the index, model, cache or pipeline reach `hypic_rag.cli.main` as they are (each carries its exit
+    code: 2 bad input, 3 a mismatched index, 1 otherwise)."""
     from hypic_rag.default_model import example_corpus_path
     from hypic_rag.pipeline import RagPipeline
     from hypic_rag.retrieval.errors import IndexMismatchError

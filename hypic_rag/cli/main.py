@@ -1,9 +1,13 @@
 """`hypic-rag` entry point. Each command lives in its own module with `register(subparsers)`.
 
 A command module registers a sub-parser and sets `func` on it; `func(args) -> int` returns the exit code.
-User errors raise `CliError`, which prints one line and exits with its code (never a traceback); a cache or
-retrieval error a command does not map itself prints one line and exits 1. Output cut short by its reader
-(`hypic-rag cache stats --json | head`) ends the command quietly with 141, as a tool killed by SIGPIPE.
+Errors are mapped to exit codes here, once: any `HypicError` (the library's errors, and `CliError`, which a
+command raises itself) prints one line `hypic-rag <command>: error: ...` and exits with the error's
+`exit_code` (never a traceback). Output cut short by its reader (`hypic-rag cache stats --json | head`) ends
+the command quietly with 141, as a tool killed by SIGPIPE; Ctrl-C with 130.
+
+`hypic-rag`, `python -m hypic_rag` and `python -m hypic_rag.cli.main` all run `main`; the commands import what
+they share from `hypic_rag.cli.common`, never from this module, so running it as `__main__` duplicates nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ import sys
 from typing import NoReturn
 
 from hypic_rag import __version__
+from hypic_rag.cli.common import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CliError
+from hypic_rag.errors import HypicError
+
+__all__ = ["CliError", "build_parser", "main"]  # CliError: its home is hypic_rag.cli.common
 
 # Before torch loads OpenMP: spinning worker threads slow every step ~10x whenever another process shares the
 # cores (measured on 2-core machines). An explicit OMP_WAIT_POLICY in the environment wins.
@@ -31,24 +39,12 @@ COMMAND_MODULES = (
 )
 
 
-EXIT_FAILURE = 1
-EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
-
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exits with `exit_code`."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (`hypic-rag ask: error: ... (see --help)`), exit 2, as every other
     CLI error; sub-command parsers inherit the class."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,13 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name == module_name:
-                continue  # command not built yet
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 
@@ -76,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    from hypic_rag.cache.errors import CacheError
-    from hypic_rag.retrieval.errors import RetrievalError
-
+        return EXIT_BAD_INPUT
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, so that a closed pipe is noticed while it can still be handled
@@ -88,19 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`| head`): print nothing more, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except CliError as error:
+    except HypicError as error:
         print(f"hypic-rag {args.command}: error: {error}", file=sys.stderr)
         return error.exit_code
-    except (CacheError, RetrievalError) as error:
-        print(f"hypic-rag {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"hypic-rag {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
-    # run through the imported module so command modules and this entry point share one `CliError` class
-    from hypic_rag.cli.main import main as imported_main
-
-    sys.exit(imported_main())
+    sys.exit(main())

@@ -9,74 +9,25 @@ model, tokenizer, chunker setting or --cache; 1 any other failure (unreadable in
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hypic_rag.cli.main import CliError
+from hypic_rag.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    CliError,
+    add_dtype_argument,
+    device_name,
+    non_negative_int,
+    positive_int,
+    resolve_model_path,
+    worker_count,
+)
 
 if TYPE_CHECKING:
     from hypic_rag.retrieval.precompute import PrecomputeSummary
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_BAD_INPUT = 2
-EXIT_MISMATCH = 3
 VECTOR_INDEX_KINDS = ("flat", "hnsw", "ivf")
-DTYPE_CHOICES = ("float32", "bfloat16", "float16")
-"""`--dtype` values: the names of `hypic_rag.runtime.model.DTYPES` (not imported here: it loads torch)."""
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> None:
-    """The `--dtype` option shared by precompute, ask and serve."""
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, help=f"dtype the model runs in ({default_help})")
-
-
-def device_name(text: str) -> str:
-    """A torch device this machine has ('cpu', 'cuda', 'cuda:1', ...), checked before any model loads."""
-    import torch
-
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"not a device: {text!r} (e.g. cpu, cuda, cuda:1)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available here (use --device cpu)")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA devices")
-    elif device.type not in ("cpu", "mps"):
-        raise argparse.ArgumentTypeError(f"unsupported device {text!r} (use cpu or cuda)")
-    return text
-
-
-def worker_count(text: str) -> int:
-    """1 up to the CPU cores of this machine (each worker is a process holding its own copy of the model)."""
-    value = positive_int(text)
-    cores = os.cpu_count() or 1
-    if value > cores:
-        raise argparse.ArgumentTypeError(f"at most {cores} (the CPU cores here), got {value}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,16 +48,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_dtype_argument(parser, "default: the index's; for a new one float32 on CPU, bfloat16 on CUDA")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_precompute)
-
-
-def resolve_model_path(given: str | None) -> Path:
-    """--model, else the bundled default model; a clear one-line error when neither is there."""
-    from hypic_rag.default_model import resolve_model_path as resolve
-
-    try:
-        return resolve(given)
-    except FileNotFoundError as error:
-        raise CliError(f"{error} (--model PATH)", EXIT_BAD_INPUT) from None
 
 
 def print_summary(summary: PrecomputeSummary) -> None:
@@ -137,29 +78,13 @@ def print_summary(summary: PrecomputeSummary) -> None:
 
 def run_precompute(args: argparse.Namespace) -> int:
     """Paths are checked before the corpus is read, the corpus before a model loads, all before anything is
-    created."""
-    from hypic_rag.cache.errors import CacheError
-    from hypic_rag.retrieval.errors import (
-        CorpusNotFoundError,
-        EmptyCorpusError,
-        IndexLocationError,
-        IndexMismatchError,
-        RetrievalError,
-    )
+    created. Errors reach `hypic_rag.cli.main` as they are (each carries its exit code)."""
     from hypic_rag.retrieval.faiss_index import VectorIndexConfig
     from hypic_rag.retrieval.loading import load_corpus
     from hypic_rag.retrieval.precompute import PrecomputeOptions, check_locations, precompute
-    from hypic_rag.runtime.model import ModelLoadError
 
-    try:
-        check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
-        corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
-    except (CorpusNotFoundError, EmptyCorpusError, IndexLocationError) as error:
-        raise CliError(str(error), EXIT_BAD_INPUT) from None
-    except IndexMismatchError as error:
-        raise CliError(str(error), EXIT_MISMATCH) from None
-    except RetrievalError as error:  # an unreadable manifest
-        raise CliError(str(error), EXIT_FAILURE) from None
+    check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
+    corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
     model_path = resolve_model_path(args.model)
     try:
         options = PrecomputeOptions(
@@ -178,15 +103,5 @@ def run_precompute(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
-    try:
-        summary = precompute(options, corpus=corpus)
-    except IndexLocationError as error:
-        raise CliError(str(error), EXIT_BAD_INPUT) from None
-    except IndexMismatchError as error:
-        raise CliError(str(error), EXIT_MISMATCH) from None
-    except (RetrievalError, CacheError) as error:
-        raise CliError(str(error), EXIT_FAILURE) from None
-    except (FileNotFoundError, ModelLoadError) as error:
-        raise CliError(str(error), EXIT_BAD_INPUT) from None
-    print_summary(summary)
+    print_summary(precompute(options, corpus=corpus))
     return EXIT_OK

@@ -17,10 +17,17 @@ import logging
 import math
 from pathlib import Path
 
-from hypic_rag.cli.main import CliError
-from hypic_rag.cli.precompute_command import add_dtype_argument, device_name, non_negative_int, positive_int
-
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_MISMATCH = 0, 1, 2, 3
+from hypic_rag.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    CliError,
+    add_dtype_argument,
+    device_name,
+    non_negative_int,
+    positive_int,
+)
+from hypic_rag.errors import HypicError
 
 logger = logging.getLogger(__name__)
 
@@ -79,22 +86,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check_docstore(index_dir: Path) -> None:
-    """Open the index's docstore once before anything loads: a damaged one is one line (exit 1), not a failed
-    application start-up with a traceback."""
+    """Open the index's docstore once before anything loads: a damaged one is one line (an `IndexCorruptError`,
+    exit 1), not a failed application start-up with a traceback."""
     from hypic_rag.retrieval.corpus_index import DOCSTORE_FILE
     from hypic_rag.retrieval.docstore import DocStore
-    from hypic_rag.retrieval.errors import RetrievalError
 
-    try:
-        DocStore(index_dir / DOCSTORE_FILE).close()
-    except RetrievalError as error:
-        raise CliError(str(error), EXIT_FAILURE) from None
+    DocStore(index_dir / DOCSTORE_FILE).close()
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.paths import unusable_directory_reason
     from hypic_rag.retrieval.corpus_index import check_not_locked
-    from hypic_rag.retrieval.errors import IndexLockedError, RetrievalError
+    from hypic_rag.retrieval.errors import IndexLockedError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
     from hypic_rag.runtime.model import ModelLoadError, check_model_directory
     from hypic_rag.server.config import ServerConfig
@@ -110,10 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if unwritable is not None:
         raise CliError(f"index directory unusable: {unwritable}", EXIT_BAD_INPUT)
     _check_docstore(index_dir)
-    try:
-        manifest = IndexManifest.load(index_dir.resolve())
-    except RetrievalError as error:
-        raise CliError(str(error), EXIT_FAILURE) from None
+    manifest = IndexManifest.load(index_dir.resolve())  # an unreadable one: IndexCorruptError, exit 1
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
     try:
         config = ServerConfig(
@@ -167,20 +167,16 @@ def run_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _startup_error(error: Exception) -> CliError:
-    """One line and an exit code for an error raised while the backend opened."""
-    from hypic_rag.cache.errors import CacheError
-    from hypic_rag.pipeline import PipelineError
-    from hypic_rag.retrieval.errors import IndexLockedError, IndexMismatchError, IndexNotFoundError, RetrievalError
+def _startup_error(error: Exception) -> HypicError:
+    """The error to report for one raised while the backend opened: a `HypicError` as it is (its exit code: 3 for
+    an index built for another model, 2 for bad input, 1 otherwise), a held writer lock with what to do about it,
+    anything else as a failed start (exit 1)."""
+    from hypic_rag.retrieval.errors import IndexLockedError
 
     logger.debug("start-up failed", exc_info=error)
-    if isinstance(error, IndexMismatchError):
-        return CliError(str(error), EXIT_MISMATCH)
-    if isinstance(error, (IndexNotFoundError, PipelineError, FileNotFoundError)):
-        return CliError(str(error), EXIT_BAD_INPUT)
     if isinstance(error, IndexLockedError):
         return CliError(f"{error}; stop it or pass --read-only", EXIT_FAILURE)
-    if isinstance(error, (RetrievalError, CacheError)):
-        return CliError(str(error), EXIT_FAILURE)
+    if isinstance(error, HypicError):
+        return error
     return CliError(f"the server failed to start: {type(error).__name__}: {error} (--log-level debug shows the "
                     "traceback)", EXIT_FAILURE)

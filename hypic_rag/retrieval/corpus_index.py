@@ -158,7 +158,7 @@ def _open_docstore(directory: Path) -> DocStore:
     path = directory / DOCSTORE_FILE
     try:
         return DocStore(path)
-    except (sqlite3.Error, RetrievalError) as error:  # DocStore reports its own SQLite failures as RetrievalErrors
+    except (sqlite3.Error, RetrievalError) as error:  # DocStore reports SQLite's failures as RetrievalErrors
         if not os.access(directory, os.W_OK | os.X_OK):
             raise IndexLocationError(
                 f"cannot open {path}: index directory {directory} is not writable (SQLite writes its journal there)"

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from hypic_rag.errors import MissingPathError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_EMBEDDER_NAME = "all-MiniLM-L6-v2"
@@ -115,7 +117,7 @@ class SentenceEmbedder:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         model_dir = Path(path).expanduser().resolve() if path is not None else default_embedder_path()
         if not (model_dir / "modules.json").is_file() and not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(f"{model_dir} is not a sentence-transformers model directory")
+            raise MissingPathError(f"{model_dir} is not a sentence-transformers model directory")
         self.path = model_dir
         self.source_path = None if path is None else str(model_dir)
         self.batch_size = batch_size

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens
+from hypic_rag.errors import HypicError
 from hypic_rag.retrieval.errors import RetrievalError
 from hypic_rag.session import SegmentTask, encoding_batches, lpt_order  # noqa: F401 (lpt_order re-exported)
 
@@ -56,8 +57,9 @@ class EncodingPoolError(RetrievalError):
     """An encoding worker could not start, died, or failed a segment; the encode stopped (one-line message)."""
 
 
-class WorkerStartError(RuntimeError):
-    """Raised by a worker's tasks when the worker could not start (carries the reason as its message)."""
+class WorkerStartError(HypicError, RuntimeError):
+    """Raised by a worker's tasks when the worker could not start (carries the reason as its message); the parent
+    raises it as an `EncodingPoolError`."""
 
 
 @dataclass(frozen=True, slots=True)

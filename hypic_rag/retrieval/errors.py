@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+from hypic_rag.errors import EXIT_BAD_INPUT, EXIT_MISMATCH, HypicError
 
-class RetrievalError(Exception):
-    """Base class: a user-facing problem with a corpus or an index (never a bug)."""
+
+class RetrievalError(HypicError):
+    """Base class: a user-facing problem with a corpus or an index (never a bug); exit code 1 unless a subclass
+    says otherwise."""
 
 
 class CorpusNotFoundError(RetrievalError):
     """The corpus path does not exist."""
 
+    exit_code = EXIT_BAD_INPUT
+
 
 class EmptyCorpusError(RetrievalError):
     """The corpus holds no readable document with text."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class IndexMismatchError(RetrievalError):
     """An existing index was built with another embedder, model, tokenizer or chunker setting."""
 
+    exit_code = EXIT_MISMATCH
+
 
 class IndexNotFoundError(RetrievalError):
     """The index directory holds no index (no manifest)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class IndexCorruptError(RetrievalError):
@@ -37,3 +48,5 @@ class IndexWriteError(RetrievalError):
 
 class IndexLocationError(RetrievalError):
     """The index or segment cache path cannot be used: a file, a place inside a file, an unwritable place."""
+
+    exit_code = EXIT_BAD_INPUT

@@ -25,9 +25,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 
-class UnreadableFile(ValueError):
-    """A file its parser cannot turn into text; the message is the reason, one line."""
+
+class UnreadableFile(HypicError, ValueError):
+    """A file its parser cannot turn into text; the message is the reason, one line. The loader skips the file,
+    naming it; raised to the command line it would be bad input (exit 2)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(frozen=True, slots=True)

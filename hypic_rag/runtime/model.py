@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,11 @@ TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenize
 """File sets any one of which holds a tokenizer's vocabulary."""
 
 
-class ModelLoadError(ValueError):
-    """A model that cannot be loaded: the message is one line saying what is wrong and what to fix."""
+class ModelLoadError(HypicError, ValueError):
+    """A model that cannot be loaded: the message is one line saying what is wrong and what to fix (exit code 2;
+    still a ValueError)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class UnsupportedModelError(ModelLoadError):
@@ -74,8 +78,6 @@ class HybridModel:
     layer_types: tuple[str, ...]
     fingerprint: str
     tokenizer_fingerprint: str
-    source: str = "config"
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def backbone(self) -> nn.Module:
@@ -98,14 +100,6 @@ class HybridModel:
     def dtype_name(self) -> str:
         """The weights' dtype by name: "float32", "bfloat16" or "float16"."""
         return dtype_name(self.dtype)
-
-    @property
-    def linear_layer_indices(self) -> list[int]:
-        return [i for i, kind in enumerate(self.layer_types) if kind == LINEAR_LAYER]
-
-    @property
-    def attention_layer_indices(self) -> list[int]:
-        return [i for i, kind in enumerate(self.layer_types) if kind == ATTENTION_LAYER]
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -222,7 +216,7 @@ def _check_text_stack(hf_model: nn.Module) -> None:
         )
 
 
-def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, source: str = "model") -> HybridModel:
+def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None) -> HybridModel:
     """Wrap an already-built transformers causal LM (eval mode is set).
 
     hf_model: a text model (`Qwen3_5ForCausalLM`, ...) or a multimodal one (`Qwen3_5ForConditionalGeneration`,
@@ -245,7 +239,6 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, source: str = 
         layer_types=layer_types,
         fingerprint=fingerprint,
         tokenizer_fingerprint=tokenizer_digest(tokenizer),
-        source=source,
     )
 
 
@@ -316,6 +309,7 @@ def load_model(
     float32 on CPU, bfloat16 on CUDA. require_tokenizer: a directory without tokenizer files is an error (else it
     loads with `tokenizer=None`). A directory that cannot be loaded raises `ModelLoadError` (one line).
     """
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
     from transformers.utils import logging as transformers_logging
 
@@ -329,10 +323,10 @@ def load_model(
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
     if isinstance(source, nn.Module):
-        model, label = source, type(source).__name__
+        model = source
     elif isinstance(source, PretrainedConfig):
         _check_supported(_text_config(source))
-        model, label = AutoModelForCausalLM.from_config(source, dtype=dtype), "config"
+        model = AutoModelForCausalLM.from_config(source, dtype=dtype)
     else:
         path = check_model_directory(source, require_tokenizer=require_tokenizer and tokenizer is None)
         try:
@@ -341,7 +335,7 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
         except ModelLoadError:
             raise
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:  # a damaged weight file
             raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
         if tokenizer is None and has_tokenizer_files(path):
             try:
@@ -352,6 +346,5 @@ def load_model(
                 logger.warning("no tokenizer loaded from %s: %s", path, error)
         elif tokenizer is None:
             logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
-        label = str(path)
     model = model.to(device=device, dtype=dtype)
-    return wrap_model(model, tokenizer=tokenizer, source=label)
+    return wrap_model(model, tokenizer=tokenizer)

@@ -23,13 +23,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hypic_rag.entry import check_seam_tokens
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 
 PREFIX_ENTRY_SEAM = 0
 """The seam window of the prefix segment's entry: it sits at position 0, so its seam-0 entry is exact."""
 
 
-class UnknownModeError(ValueError):
-    """A mode name that is not one of `MODES`."""
+class UnknownModeError(HypicError, ValueError):
+    """A mode name that is not one of `MODES` (exit code 2; still a ValueError)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(frozen=True, slots=True)

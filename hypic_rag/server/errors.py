@@ -14,11 +14,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hypic_rag.errors import HypicError
+
 logger = logging.getLogger(__name__)
 
 
-class ServiceError(Exception):
-    """A request the service refuses or cannot finish; `status` is the HTTP status code."""
+class ServiceError(HypicError):
+    """A request the service refuses or cannot finish; `status` is the HTTP status code (answered as JSON by the
+    handlers below; it never reaches the command line)."""
 
     status = 500
     kind = "internal_error"

@@ -5,26 +5,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from hypic_rag.server.metrics import CONTENT_TYPE
 from hypic_rag.server.schemas import CacheStatsOut, HealthOut
-from hypic_rag.server.service import Service
+from hypic_rag.server.service import ServiceDep
 from hypic_rag.server.worker import TaskContext
 
 router = APIRouter(tags=["operations"])
 
 
-def _service(request: Request) -> Service:
-    return request.app.state.service
-
-
 @router.get("/healthz", response_model=HealthOut, responses={503: {"description": "Starting or shutting down."}},
             summary="Liveness and readiness")
-async def healthz(request: Request) -> JSONResponse:
+async def healthz(service: ServiceDep) -> JSONResponse:
     """200 when the model worker is ready; 503 while it starts or shuts down. Never waits on the worker."""
-    service = _service(request)
     worker = service.worker
     backend = worker.backend
     status = "ok" if worker.ready else ("shutting_down" if worker.stopping else "starting")
@@ -46,15 +41,14 @@ async def healthz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition format."}})
-async def metrics(request: Request) -> Response:
-    return Response(_service(request).metrics.render(), media_type=CONTENT_TYPE)
+async def metrics(service: ServiceDep) -> Response:
+    return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
 
 @router.get("/v1/cache/stats", response_model=CacheStatsOut, summary="Segment cache and index statistics")
-async def cache_stats(request: Request) -> CacheStatsOut:
+async def cache_stats(service: ServiceDep) -> CacheStatsOut:
     """Fresh counters of the persistent segment cache (read by the model worker), the index's size, and this
     server's segment lookups and token accounting."""
-    service = _service(request)
 
     def run(backend: Any, context: TaskContext) -> tuple[dict[str, Any], Any]:
         return backend.refresh_cache_snapshot(), backend.counts

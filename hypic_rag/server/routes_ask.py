@@ -13,7 +13,7 @@ from hypic_rag.pipeline import Answer, Source
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.errors import ServiceError, internal_error_body
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
-from hypic_rag.server.service import EventStream, Service
+from hypic_rag.server.service import EventStream, Service, ServiceDep
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question
 from hypic_rag.server.worker import TaskContext
@@ -76,18 +76,13 @@ def ask_response(answer: Answer, queue_seconds: float) -> AskResponse:
     )
 
 
-def _service(request: Request) -> Service:
-    return request.app.state.service
-
-
 @router.post("/v1/ask", response_model=AskResponse, responses=ERROR_RESPONSES, summary="Answer a question")
-async def ask(body: AskRequest, request: Request) -> Any:
+async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
     """Retrieve `top_k` chunks, assemble their cached segments under `mode`, generate the answer.
 
     With `stream: true` the answer comes as server-sent events: one `sources` event, `token` events, a `done`
     event (usage and timings), then `data: [DONE]`; an error after the stream started is an `error` event.
     """
-    service = _service(request)
     config = service.config
     question = checked_question(body.question, config)
     mode = checked_mode(body.mode)

@@ -37,7 +37,7 @@ from hypic_rag.server.openai_common import (
 )
 from hypic_rag.server.openai_schemas import stop_strings
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
-from hypic_rag.server.service import EventStream, Service
+from hypic_rag.server.service import EventStream, Service, ServiceDep
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_mode
 from hypic_rag.server.worker import TaskContext
@@ -76,10 +76,9 @@ def chat_logprobs(items: list[dict[str, Any]] | None) -> dict[str, Any] | None:
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="OpenAI-compatible chat completion; documents cached as segments")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Any:
     """OpenAI's chat completions API (vLLM's parameters). hypic-rag extensions: `mode`, `separator`; the response
     adds `hypic` and `usage.encoded_tokens`."""
-    service: Service = request.app.state.service
     config = service.config
     model = service.backend.model_name
     check_model(body.model, model)

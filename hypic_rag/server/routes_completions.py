@@ -41,7 +41,7 @@ from hypic_rag.server.openai_schemas import (
     stop_strings,
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
-from hypic_rag.server.service import EventStream, Service
+from hypic_rag.server.service import EventStream, Service, ServiceDep
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_mode
 from hypic_rag.server.worker import TaskContext
@@ -122,10 +122,9 @@ def completion_response(
 
 @router.post("/v1/completions", response_model=CompletionResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="OpenAI-compatible completion over separated segments")
-async def completions(body: CompletionRequest, request: Request) -> Any:
+async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Any:
     """OpenAI's completions API (vLLM's parameters). hypic-rag extensions: `mode` and `separator`; the response
     adds `hypic` and `usage.encoded_tokens`."""
-    service: Service = request.app.state.service
     config = service.config
     model = service.backend.model_name
     check_model(body.model, model)
@@ -203,14 +202,12 @@ async def _relay(
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI-compatible)")
-async def models(request: Request) -> ModelList:
-    service: Service = request.app.state.service
+async def models(service: ServiceDep) -> ModelList:
     return ModelList(data=[ModelCard(id=service.backend.model_name, created=int(service.started_at))])
 
 
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES,
             summary="One model (OpenAI-compatible); 404 unless it is the served one")
-async def model_card(model_id: str, request: Request) -> ModelCard:
-    service: Service = request.app.state.service
+async def model_card(model_id: str, service: ServiceDep) -> ModelCard:
     check_model(model_id, service.backend.model_name)
     return ModelCard(id=service.backend.model_name, created=int(service.started_at))

@@ -11,14 +11,10 @@ from fastapi.responses import JSONResponse
 from hypic_rag.server.backend import NewDocument
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.schemas import AddDocumentsRequest, DeletedDocument, JobAccepted, JobOut
-from hypic_rag.server.service import Service
+from hypic_rag.server.service import Service, ServiceDep
 from hypic_rag.server.worker import TaskContext
 
 router = APIRouter(tags=["documents"])
-
-
-def _service(request: Request) -> Service:
-    return request.app.state.service
 
 
 def checked_documents(body: AddDocumentsRequest, service: Service) -> list[NewDocument]:
@@ -84,11 +80,10 @@ async def check_document_tokens(documents: list[NewDocument], service: Service) 
                429: {"description": "Too many document jobs pending."}},
     summary="Add or replace documents (indexed and encoded in the background)",
 )
-async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
+async def add_documents(body: AddDocumentsRequest, request: Request, service: ServiceDep) -> JSONResponse:
     """Chunk, embed and index the documents, then encode their chunks into the segment cache, as a background
     job. A document is searchable once `progress.documents_indexed` counts it; the job succeeds when every chunk
     is cached. Re-adding an id replaces that document."""
-    service = _service(request)
     if service.config.read_only:
         raise ConflictError("the server opened its index read-only (--read-only); documents cannot be added")
     documents = checked_documents(body, service)
@@ -114,8 +109,8 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
     responses={404: {"description": "No such job."}},
     summary="A background job's status and progress",
 )
-async def get_job(job_id: str, request: Request) -> Any:
-    snapshot = _service(request).jobs.snapshot(job_id)
+async def get_job(job_id: str, service: ServiceDep) -> Any:
+    snapshot = service.jobs.snapshot(job_id)
     if snapshot is None:
         raise NotFoundError(f"no job with id {job_id!r} (finished jobs are kept for a while only)", param="job_id")
     return snapshot
@@ -124,8 +119,7 @@ async def get_job(job_id: str, request: Request) -> Any:
 @router.delete("/v1/documents/{doc_id:path}", response_model=DeletedDocument,
                responses={404: {"description": "No such document."}, 409: {"description": "The index is read-only."}},
                summary="Remove a document and its chunks from the index")
-async def delete_document(doc_id: str, request: Request) -> DeletedDocument:
-    service = _service(request)
+async def delete_document(doc_id: str, service: ServiceDep) -> DeletedDocument:
     if service.config.read_only:
         raise ConflictError("the server opened its index read-only (--read-only); documents cannot be deleted")
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from hypic_rag.errors import HypicError
 from hypic_rag.server.config import ServerConfig
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
 
-class AddressInUseError(OSError):
-    """The address to serve on cannot be bound (another server holds the port, or the host is not local)."""
+class AddressInUseError(HypicError, OSError):
+    """The address to serve on cannot be bound (another server holds the port, or the host is not local); still an
+    OSError, raised as `AddressInUseError(errno, message)`. Exit code 1 (`serve` adds what to do about it)."""
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

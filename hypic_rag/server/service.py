@@ -12,8 +12,9 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
+from fastapi import Depends
 from starlette.requests import Request
 
 from hypic_rag.server.config import ServerConfig
@@ -160,3 +161,13 @@ class Service:
         stream = EventStream(asyncio.get_running_loop())
         stream.task = self.worker.submit(fn, timeout_s=timeout_s, emit_sink=stream.push)
         return stream
+
+
+async def current_service(request: Request) -> Service:
+    """The app's `Service` (`create_app` keeps it in `app.state.service`). A coroutine, so FastAPI calls it on the
+    event loop, never in its thread pool (`/healthz` must answer while that pool is busy)."""
+    return request.app.state.service
+
+
+ServiceDep = Annotated[Service, Depends(current_service)]
+"""The FastAPI dependency every route takes its service through: `async def route(service: ServiceDep)`."""
