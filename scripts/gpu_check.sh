@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 16): GPU tests, then the GPU benchmark; under 8 minutes on one H200.
+# The prepared GPU check: GPU tests, then the GPU benchmark; under 8 minutes on one H200.
 #
 #   scripts/gpu_check.sh --fetch-wheels   on a machine with network: download the wheels the GPU machine lacks
 #                                         (flash-linear-attention for python 3.12) into .whl/ (git-ignored)

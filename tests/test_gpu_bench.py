@@ -25,7 +25,7 @@ def test_gpu_benchmark_runs_and_reports(tmp_path: Path) -> None:
         assert row["stats"]["hypic"]["recomputed_tokens"] == 3 + row["k"] * 8  # every chunk's 8-token seam
     assert result["target"]["k"] == 3 and result["kernels"]["compose_torch_us"] > 0
     report = (tmp_path / "gpu_bench.md").read_text()
-    assert "| hypic (resident) |" in report and "Target (issue 16)" in report
+    assert "| hypic (resident) |" in report and "Target: hypic" in report
     partial = {name: value for name, value in result.items() if name not in ("target", "kernels")}
     assert "Partial: 2 of 2 prompt sizes" in markdown(partial)  # what a run stopped by its time limit leaves
 

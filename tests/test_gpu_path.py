@@ -91,7 +91,7 @@ def test_triton_kernels_equal_the_torch_path(models, mode: str, monkeypatch: pyt
     result = engine.prefill(request, mode)  # CUDA + triton: the kernels
     scale = float(expected.logits.abs().max())
     assert relative(result.logits, expected.logits, scale) <= 0.02  # RoPE in fp32 vs bf16 arithmetic
-    first_attention = min(engine.model.attention_layer_indices)
+    first_attention = engine.model.layer_types.index("full_attention")
     for layer_index, state in expected.state.linear.items():
         if layer_index < first_attention:  # before any attention layer only the float32 composition differs (then
             # fla's TF32 runs of the question / seams start from those states): a wiring error is off by O(1)

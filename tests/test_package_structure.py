@@ -156,6 +156,8 @@ def test_nothing_outside_the_cache_reaches_into_a_cache_store() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr == "store":
+                if isinstance(node.value, ast.Name) and node.value.id == "tl":  # triton.language.store in kernels
+                    continue
                 offenders.append(f"{module}:{node.lineno}")
     assert offenders == []
 

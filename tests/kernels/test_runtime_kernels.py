@@ -65,7 +65,8 @@ def test_kernel_path_equals_torch_path(engine: Engine, mode: str, monkeypatch: p
         torch.testing.assert_close(result.state.attention[layer_index].values, state.values, **close)
 
     model = engine.model
-    linear_layers, attention_layers = len(model.linear_layer_indices), len(model.attention_layer_indices)
+    linear_layers = model.layer_types.count("linear_attention")
+    attention_layers = model.layer_types.count("full_attention")
     cached_spans = len(request.segments)  # the prefix and every chunk come from entries
     assert len(launches["rope"]) == attention_layers * cached_spans
     if mode == "hypic":  # a seam between every two cached remainders: one map per launch
