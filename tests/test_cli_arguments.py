@@ -21,7 +21,7 @@ import pytest
 
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.server.testing import SMALL_CORPUS, tiny_model_checkpoint, write_corpus
+from hypic_rag.testing import SMALL_CORPUS, tiny_model_checkpoint, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300

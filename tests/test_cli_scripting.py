@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hypic_rag.cli.main import main
-from hypic_rag.server.testing import build_index, tiny_model_checkpoint
+from hypic_rag.testing import build_index, tiny_model_checkpoint
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 DOCUMENTS = {

@@ -28,7 +28,7 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
     HypicLLM,
     HypicQueryEngine,
 )
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, tiny_model_checkpoint  # noqa: E402
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, tiny_model_checkpoint  # noqa: E402
 
 SEAM = 8
 TOP_K = 2

@@ -24,7 +24,7 @@ from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import DTYPES, ModelLoadError, load_model, wrap_model
 from hypic_rag.runtime.request import Request
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
 from hypic_rag.testing import PUBLISHED_KINDS, build_tiny_model, save_published_checkpoint
 
 TEXTS = (list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())) * 4

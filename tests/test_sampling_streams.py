@@ -15,7 +15,7 @@ from hypic_rag.runtime.generation import Generation, GenerationStream
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams, sampling_probabilities
-from hypic_rag.server.testing import tiny_model_checkpoint
+from hypic_rag.testing import tiny_model_checkpoint
 from hypic_rag.streaming import ResultStream, StrippedDeltas, drain
 
 TEMPERATURES = [5e-324, 1e-45, 1e-30, 1e-6, 0.01, 0.7, 1.0, 5.0, 1e6, 1e300]

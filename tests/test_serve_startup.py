@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.server.testing import SMALL_CORPUS, build_index, free_port, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, build_index, free_port, tiny_model_checkpoint
 from hypic_rag.testing import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

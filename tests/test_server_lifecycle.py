@@ -20,7 +20,7 @@ from hypic_rag.cache.maintenance import verify_store
 from hypic_rag.cli.main import main
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, free_port, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, free_port, tiny_model_checkpoint
 
 STARTUP_TIMEOUT_S = 240.0
 

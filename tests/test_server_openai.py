@@ -17,7 +17,7 @@ from hypic_rag.chat import ChatMessage, chat_prompt
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, tokenize_segment
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, build_index, tiny_model_checkpoint
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, tiny_model_checkpoint
 
 SEAM = 8
 UNHANDLED = "/v1/test-only/unhandled"
