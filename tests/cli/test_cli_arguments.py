@@ -23,7 +23,7 @@ from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.testing import SMALL_CORPUS, tiny_model_checkpoint, write_corpus
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 

@@ -46,7 +46,7 @@ from hypic_rag.testing import (
     SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, tiny_model_checkpoint, write_corpus,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SIGBUS_EXITS = (-signal.SIGBUS, 128 + signal.SIGBUS)
 CHUNK_TOKENS = 96
 NS = CacheNamespace(model_fingerprint="m", tokenizer_fingerprint="t", seam_tokens=8)

@@ -18,7 +18,7 @@ import pytest
 from hypic_rag.testing import SMALL_CORPUS, build_index, free_port, tiny_model_checkpoint
 from hypic_rag.testing import save_tiny_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 120
 
 
