@@ -43,7 +43,7 @@ from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
 from hypic_rag.retrieval.errors import IndexWriteError
 from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import (
-    SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, tiny_model_checkpoint, write_corpus,
+    SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -98,8 +98,8 @@ def options(corpus: Path, index: Path, model: Path, cache: Path | None = None) -
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
+def model(tiny_model: Path) -> Path:
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
