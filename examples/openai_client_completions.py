@@ -26,7 +26,7 @@ from hypic_rag.default_model import default_model_path, example_corpus_path
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import build_index
+from hypic_rag.testing import build_index
 
 
 def complete(base_url: str, prompt: str) -> dict[str, Any]:

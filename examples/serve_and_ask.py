@@ -24,7 +24,7 @@ from hypic_rag.example_corpus import read_questions
 from hypic_rag.default_model import default_model_path, example_corpus_path
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import build_index
+from hypic_rag.testing import build_index
 
 NEW_DOCUMENT = {
     "id": "added/fenwick-observatory.md",

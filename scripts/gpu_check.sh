@@ -58,7 +58,7 @@ PYTHON
 
 echo "== GPU tests" | tee "$OUT/gpu_tests.log"
 timeout 210 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml "$OUT/gpu_tests.xml" \
-    tests/test_gpu_path.py tests/test_kernels_gpu.py tests/kernels 2>&1 | tee -a "$OUT/gpu_tests.log"
+    tests/runtime/test_gpu_path.py tests/ops/test_kernels_gpu.py tests/kernels 2>&1 | tee -a "$OUT/gpu_tests.log"
 tests_status=${PIPESTATUS[0]}
 
 echo "== GPU benchmark" | tee "$OUT/gpu_bench.log"

@@ -14,7 +14,7 @@ Layout of one batch (B contexts of T tokens, N standalone documents of at most L
   convolution, gate and beta): the recurrence over them is the runtime's `h <- P h + Z` composition.
 
 `block_layout_logits` with no cached token is the model's ordinary forward; with cached tokens its logits at live
-positions equal `run_stack` under `hypic` (tests/test_block_layout.py checks both).
+positions equal `run_stack` under `hypic` (tests/training/test_block_layout.py checks both).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Each hop place is filled by the best new hit of one such follow-up query.
 On the synthetic held-out corpus (500 questions, k = 8, MiniLM), both gold documents of a two-hop question are
 retrieved for 36% of them without a hop, 72% with one hop place following the most question-like sentence, and
 98% with two hop places and names first (the default); single-hop recall stays 100% (`gold_recall_*` in
-`evals/eval_default_model.py`'s report; `tests/test_multi_hop.py` checks the rise on real indexes).
+`evals/eval_default_model.py`'s report; `tests/retrieval/test_multi_hop.py` checks the rise on real indexes).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
 
 SEAM = 8
 UNHANDLED = "/v1/test-only/unhandled"
@@ -30,9 +30,9 @@ COMPLETION = {"prompt": DEFAULT_SEPARATOR.join(["Kestrel Bay has a lighthouse.",
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
-    index = build_index(tmp_path_factory.mktemp("server_robustness") / "index", model, SMALL_CORPUS, seam_tokens=SEAM)
+def server(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index):
+    index = copy_tiny_index(tmp_path_factory.mktemp("server_robustness") / "index")
+    assert json.loads((index / "manifest.json").read_text())["seam_tokens"] == SEAM
     running = ServerThread(ServerConfig(index_dir=index, device="cpu", **LIMITS))
 
     async def unhandled() -> None:  # a bug no handler knows, to check what a 500 leaves behind

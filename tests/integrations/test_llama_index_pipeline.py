@@ -28,15 +28,15 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
     HypicLLM,
     HypicQueryEngine,
 )
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, tiny_model_checkpoint  # noqa: E402
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
 
 SEAM = 8
 TOP_K = 2
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory):
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
+def llm(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
+    model = tiny_model
     cache_dir = tmp_path_factory.mktemp("llama_index") / "segment_cache"
     hypic_llm = HypicLLM(model_path=str(model), cache_dir=str(cache_dir), seam_tokens=SEAM, device="cpu",
                          max_new_tokens=6)

@@ -27,7 +27,7 @@ from hypic_rag.bench.report import (
     workload_title,
 )
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPOSITORY / "docs" / "benchmarks"
 PROFILES = ("quick", "standard")
 

@@ -24,7 +24,7 @@ from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import DTYPES, ModelLoadError, load_model, wrap_model
 from hypic_rag.runtime.request import Request
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
 from hypic_rag.testing import PUBLISHED_KINDS, build_tiny_model, save_published_checkpoint
 
 TEXTS = (list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())) * 4
@@ -293,7 +293,7 @@ def test_a_model_without_tokenizer_files_fails_in_a_real_process(tmp_path: Path,
     model = Path(shutil.copytree(moe_checkpoint, tmp_path / "model"))
     for path in model.glob("tokenizer*"):
         path.unlink()
-    environment = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_WAIT_POLICY="PASSIVE")
+    environment = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OMP_WAIT_POLICY="PASSIVE")
     done = subprocess.run(
         [sys.executable, "-m", "hypic_rag", "precompute", str(bf16_index.with_name("corpus")), "--index",
          str(tmp_path / "index"), "--model", str(model), "--no-progress"],

@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from hypic_rag.server import routes_admin, routes_ask, routes_completions, routes_documents
 from hypic_rag.server.service import current_service
 
-SERVER = Path(__file__).resolve().parents[1] / "hypic_rag" / "server"
+SERVER = Path(__file__).resolve().parents[2] / "hypic_rag" / "server"
 
 
 def dependency_calls(dependant: Dependant) -> set[object]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hypic_rag.runtime.model import HybridModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "hypic_rag").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")])
 
 

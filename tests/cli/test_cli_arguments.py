@@ -21,9 +21,9 @@ import pytest
 
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.server.testing import SMALL_CORPUS, tiny_model_checkpoint, write_corpus
+from hypic_rag.testing import SMALL_CORPUS, write_corpus
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 
@@ -60,11 +60,11 @@ def listing(directory: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def work(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, object]:
     """A corpus, a tiny model, a plain file; `precompute --cache <the file>` (refused), then the same with a good
     --cache (the module's index, whose segment cache lives outside it)."""
     root = tmp_path_factory.mktemp("cli_arguments")
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
+    model = tiny_model
     corpus = write_corpus(root / "corpus", SMALL_CORPUS)
     a_file = root / "a_file.txt"
     a_file.write_text("not a directory\n")

@@ -23,7 +23,7 @@ import pytest
 
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
 
 CLIENTS = 16
 REQUESTS = 100
@@ -152,9 +152,8 @@ async def send(http: httpx.AsyncClient, call: Call) -> Outcome:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
-    index = build_index(tmp_path_factory.mktemp("server_load") / "index", model, SMALL_CORPUS)
+def server(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index):
+    index = copy_tiny_index(tmp_path_factory.mktemp("server_load") / "index")
     config = ServerConfig(index_dir=index, device="cpu", max_body_bytes=MAX_BODY_BYTES, max_question_chars=500,
                           max_new_tokens=32, request_timeout_s=120.0)
     with ServerThread(config) as running:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
 
 LIMITS = dict(
     queue_size=1,
@@ -29,9 +29,8 @@ LIMITS = dict(
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
-    index = build_index(tmp_path_factory.mktemp("server_errors") / "index", model, SMALL_CORPUS)
+def server(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index):
+    index = copy_tiny_index(tmp_path_factory.mktemp("server_errors") / "index")
     with ServerThread(ServerConfig(index_dir=index, device="cpu", **LIMITS)) as running:
         yield running
 

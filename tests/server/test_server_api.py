@@ -18,15 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS
 
 SEAM = 8
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
-    index = build_index(tmp_path_factory.mktemp("server_api") / "index", model, SMALL_CORPUS, seam_tokens=SEAM)
+def server(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index):
+    index = copy_tiny_index(tmp_path_factory.mktemp("server_api") / "index")
+    assert json.loads((index / "manifest.json").read_text())["seam_tokens"] == SEAM
     with ServerThread(ServerConfig(index_dir=index, device="cpu")) as running:
         yield running
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from hypic_rag.cli.main import main
-from hypic_rag.server.testing import build_index, tiny_model_checkpoint
+from hypic_rag.testing import build_index, tiny_model_checkpoint
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 DOCUMENTS = {
     "ada.md": "Ada Lind was born in 1970 in the town of Orrin. She works for Kestrel Works as a welder.",
     "kestrel.md": "Kestrel Works is a shipyard based in Tarrow, on the southern coast.",

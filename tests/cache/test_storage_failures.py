@@ -42,11 +42,11 @@ from hypic_rag.retrieval.chunking import ChunkerConfig
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
 from hypic_rag.retrieval.errors import IndexWriteError
 from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
-from hypic_rag.server.testing import (
-    SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, tiny_model_checkpoint, write_corpus,
+from hypic_rag.testing import (
+    SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SIGBUS_EXITS = (-signal.SIGBUS, 128 + signal.SIGBUS)
 CHUNK_TOKENS = 96
 NS = CacheNamespace(model_fingerprint="m", tokenizer_fingerprint="t", seam_tokens=8)
@@ -98,8 +98,8 @@ def options(corpus: Path, index: Path, model: Path, cache: Path | None = None) -
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
+def model(tiny_model: Path) -> Path:
+    return tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ that start inside an earlier token included; a stripped RAG answer streams strip
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,6 @@ from hypic_rag.runtime.generation import Generation, GenerationStream
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams, sampling_probabilities
-from hypic_rag.server.testing import tiny_model_checkpoint
 from hypic_rag.streaming import ResultStream, StrippedDeltas, drain
 
 TEMPERATURES = [5e-324, 1e-45, 1e-30, 1e-6, 0.01, 0.7, 1.0, 5.0, 1e6, 1e300]
@@ -23,8 +23,8 @@ TOP_PS = [1e-12, 0.1, 0.5, 0.999, 1.0]
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    model = load_model(tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model"), device="cpu")
+def engine(tiny_model: Path) -> Engine:
+    model = load_model(tiny_model, device="cpu")
     return Engine(model, seam_tokens=4)
 
 

@@ -8,7 +8,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hypic_rag"
 SOURCE_DIRS = {"hypic_rag": PACKAGE, "hypic_rag.kernels": ROOT / "kernels"}
 """Where each installed package's source lives (`kernels/` installs as `hypic_rag.kernels`, see pyproject.toml)."""

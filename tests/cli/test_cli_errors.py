@@ -20,7 +20,7 @@ from hypic_rag.cli import main as cli_main
 from hypic_rag.cli.common import CliError
 from hypic_rag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, HypicError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def package_exception_classes() -> set[type[BaseException]]:

@@ -17,7 +17,7 @@ from hypic_rag.chat import ChatMessage, chat_prompt
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, tokenize_segment
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, build_index
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -39,11 +39,6 @@ def templated_checkpoint(directory: Path, base: Path) -> Path:
         tokenizer.chat_template = CHAT_TEMPLATE
         tokenizer.save_pretrained(directory)
     return directory
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS
 
 REQUEST_TIMEOUT_S = 5.0
 PROMPT_ASK_S = 3.5
@@ -44,9 +44,8 @@ def prose(characters: int, seed: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
-    return build_index(tmp_path_factory.mktemp("server_bounded") / "index", model, SMALL_CORPUS)
+def index(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Path:
+    return copy_tiny_index(tmp_path_factory.mktemp("server_bounded") / "index")
 
 
 @pytest.fixture(scope="module")

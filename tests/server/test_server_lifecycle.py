@@ -20,15 +20,14 @@ from hypic_rag.cache.maintenance import verify_store
 from hypic_rag.cli.main import main
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.server.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, free_port, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port
 
 STARTUP_TIMEOUT_S = 240.0
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
-    return build_index(tmp_path_factory.mktemp("server_lifecycle") / "index", model, SMALL_CORPUS)
+def index(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Path:
+    return copy_tiny_index(tmp_path_factory.mktemp("server_lifecycle") / "index")
 
 
 def test_serve_without_an_index_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

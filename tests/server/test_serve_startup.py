@@ -15,21 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.server.testing import SMALL_CORPUS, build_index, free_port, tiny_model_checkpoint
+from hypic_rag.testing import SMALL_CORPUS, free_port
 from hypic_rag.testing import save_tiny_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
+def model(tiny_model: Path) -> Path:
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Path:
-    return build_index(tmp_path_factory.mktemp("serve_startup") / "index", model, SMALL_CORPUS)
+def index(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Path:
+    return copy_tiny_index(tmp_path_factory.mktemp("serve_startup") / "index")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from hypic_rag.runtime.ops.gated_delta_rule import (
 )
 import itertools
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_python(code: str, *extra: str, env: dict[str, str] | None = None) -> str:
