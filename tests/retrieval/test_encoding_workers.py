@@ -99,7 +99,7 @@ WORKER_SCRIPT = textwrap.dedent(
     def encode_and_kill_a_worker(model, model_path: str) -> str:
         spec = EncoderSpec(model_path=model_path, device="cpu", dtype="float32", seam_tokens=4,
                            fingerprint=model.fingerprint)
-        tasks = [SegmentTask(tuple(range(3, 200)), 4) for _ in range(40)]
+        tasks = [SegmentTask(tuple(range(3, 200)), 4) for _ in range(200)]  # ~40 batches: many still pending at the kill
         try:
             with SegmentEncoder(Engine(model, seam_tokens=4), spec, workers=2) as encoder:
                 for count, _ in enumerate(encoder.encode(tasks)):
