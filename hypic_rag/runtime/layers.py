@@ -49,7 +49,8 @@ def advance_conv_tail(tail: torch.Tensor, preconv: torch.Tensor) -> torch.Tensor
     width = tail.shape[-1]
     if width == 0:
         return tail
-    return torch.cat([tail, preconv.float().transpose(0, 1)], dim=1)[:, -width:].contiguous()
+    recent = preconv[-width:].float().transpose(0, 1)  # only the last inputs can reach the tail
+    return torch.cat([tail, recent], dim=1)[:, -width:].contiguous()
 
 
 def _project(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -68,12 +68,12 @@ def chunk_gated_delta_rule(
     strictly_lower = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril(-1)
     interaction = (key_beta @ key.transpose(-1, -2) * decay_matrix).masked_fill(~strictly_lower, 0.0)
     unit_lower = interaction + torch.eye(chunk, dtype=torch.float32, device=device)
-    corrected_values = torch.linalg.solve_triangular(
-        unit_lower, value * beta[..., None], upper=False, unitriangular=True
-    )  # T (b*V): [B, H, N, C, V]
-    state_read_weights = torch.linalg.solve_triangular(
-        unit_lower, key_beta * gamma.exp()[..., None], upper=False, unitriangular=True
-    )  # T (b*exp(gamma)*K): [B, H, N, C, K]
+    # one triangular solve for both right-hand sides: T [b*V | b*exp(gamma)*K]
+    solved = torch.linalg.solve_triangular(
+        unit_lower, torch.cat([value * beta[..., None], key_beta * gamma.exp()[..., None]], dim=-1),
+        upper=False, unitriangular=True,
+    )
+    corrected_values, state_read_weights = solved.split([value_dim, key_dim], dim=-1)  # [B, H, N, C, V], [.., K]
     intra_attention = query @ key.transpose(-1, -2) * decay_matrix  # [B, H, N, C, C], lower incl. diagonal
     query_decayed = query * gamma.exp()[..., None]
     key_to_end = key * (gamma[..., -1:] - gamma).exp()[..., None]
