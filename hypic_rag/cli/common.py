@@ -49,24 +49,23 @@ class CliError(HypicError):
         self.exit_code = exit_code
 
 
-def positive_int(text: str) -> int:
+def integer_at_least(text: str, minimum: int, *, what: str = "an integer") -> int:
+    """`text` as an integer >= `minimum`, or an argparse error naming what is wrong."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return integer_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+    return integer_at_least(text, 0)
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> None:

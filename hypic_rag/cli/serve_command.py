@@ -24,6 +24,7 @@ from hypic_rag.cli.common import (
     CliError,
     add_dtype_argument,
     device_name,
+    integer_at_least,
     non_negative_int,
     positive_int,
 )
@@ -43,11 +44,8 @@ def _positive_float(text: str) -> float:
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
+    value = integer_at_least(text, 0, what="a port number")
+    if value > 65535:
         raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
     return value
 
