@@ -20,20 +20,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.lru import ByteBudgetLRU
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment, encode_segments, plan_encode_batches
-from hypic_rag.runtime.generation import Generation, GenerationStream, first_stop, settled_length
+from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import ModeSpec, mode_spec
 from hypic_rag.runtime.request import Request
-from hypic_rag.runtime.sampling import SamplingParams, TokenLogprob, choose_token, sampling_generator, token_logprobs
+from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.segment_source import MemorySegmentSource, SegmentSource
 from hypic_rag.runtime.stack import Span, StackOptions, run_stack
 from hypic_rag.runtime.state import DecodeState
@@ -80,6 +80,39 @@ class PrefillResult:
     logits: torch.Tensor
     state: DecodeState
     stats: PrefillStats
+
+
+@dataclass(slots=True)
+class PrefillPlan:
+    """One planned prefill (`Engine.plan_prefill`): the spans the stack runs (entries in place), its options, the
+    start state (a prefix-mode checkpoint, else None) and whether span-end checkpoints are wanted (prefix mode keeps
+    them under `checkpoint_keys`, one per recomputed segment). `stats` has the lookups so far; `began` is when
+    planning started (the prefill's time counts from there)."""
+
+    request: Request
+    mode: str
+    spans: list[Span]
+    options: StackOptions
+    initial: DecodeState | None = None
+    want_checkpoints: bool = False
+    checkpoint_keys: list[str] = field(default_factory=list)
+    stats: PrefillStats = field(default_factory=lambda: PrefillStats(mode=""))
+    began: float = 0.0
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Tokens the stack runs for this prefill."""
+        return sum(span.recompute for span in self.spans)
+
+
+class StackOutcome(Protocol):
+    """What `finish_prefill` reads of a stack pass over a plan (`StackResult`, or one item of a batched pass)."""
+
+    logits: torch.Tensor
+    state: Any
+    recomputed_tokens: int
+    checkpoints: list[DecodeState]
+    compose_seconds: float
 
 
 class Engine:
@@ -174,36 +207,72 @@ class Engine:
         """Assemble `request` under `mode`; returns next-token logits and the decode state.
 
         check: runs before each segment the prefill has to encode (raising stops it there)."""
+        plan = self.plan_prefill(request, mode, seam_tokens, check=check)
+        result = run_stack(self.model, plan.spans, initial=plan.initial, options=plan.options,
+                           want_checkpoints=plan.want_checkpoints)
+        return self.finish_prefill(plan, result)
+
+    def plan_prefill(
+        self,
+        request: Request,
+        mode: str = "hypic",
+        seam_tokens: int | None = None,
+        *,
+        check: Check | None = None,
+        provided: Mapping[tuple[int, tuple[int, ...]], Entry] | None = None,
+    ) -> PrefillPlan:
+        """What the prefill of `request` under `mode` runs through the stack: its spans (entries fetched, or encoded
+        and kept, now), options and start state. `run_stack` (or a batched pass) runs it; `finish_prefill` ends it.
+
+        provided: entries already encoded for this request, by (entry seam, token ids): used as they are and
+        counted as misses whose tokens were encoded (the scheduler encodes a batch's cold segments together)."""
         spec = mode_spec(mode)
         seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
-        began = time.perf_counter()
-        stats = PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens)
+        plan = PrefillPlan(request, mode, [], StackOptions(), began=time.perf_counter(),
+                           stats=PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens))
         if mode == "full":
-            spans = [Span(request.all_ids(), 0, request.prompt_tokens)]
-            result = run_stack(self.model, spans)
+            plan.spans = [Span(request.all_ids(), 0, request.prompt_tokens)]
         elif mode == "prefix":
-            result = self._prefill_prefix(request, stats)
+            self._plan_prefix(plan)
         else:
-            result = self._prefill_composed(request, spec, seam, stats, check)
+            self._plan_composed(plan, spec, seam, check, provided or {})
+        return plan
+
+    def finish_prefill(self, plan: PrefillPlan, result: StackOutcome) -> PrefillResult:
+        """The `PrefillResult` of a planned prefill once the stack ran it (prefix mode keeps its checkpoints)."""
+        stats = plan.stats
+        for key, checkpoint in zip(plan.checkpoint_keys, result.checkpoints[:-1]):
+            self._prefix_checkpoints.put(key, _detach_checkpoint(checkpoint))
         stats.recomputed_tokens = result.recomputed_tokens
         stats.cached_tokens = (
-            request.prompt_tokens - result.recomputed_tokens - stats.prefix_reused_tokens - stats.encoded_tokens
+            plan.request.prompt_tokens - result.recomputed_tokens - stats.prefix_reused_tokens - stats.encoded_tokens
         )
         stats.compose_seconds = result.compose_seconds
-        stats.total_seconds = time.perf_counter() - began
+        stats.total_seconds = time.perf_counter() - plan.began
         stats.prefill_seconds = stats.total_seconds - stats.load_seconds - stats.encode_seconds - stats.compose_seconds
         return PrefillResult(result.logits, result.state, stats)
 
-    def _prefill_composed(
-        self, request: Request, spec: ModeSpec, seam: int, stats: PrefillStats, check: Check | None
-    ):
+    def _plan_composed(
+        self, plan: PrefillPlan, spec: ModeSpec, seam: int, check: Check | None,
+        provided: Mapping[tuple[int, tuple[int, ...]], Entry],
+    ) -> None:
+        request, stats = plan.request, plan.stats
         segments = request.segments
         # the prefix always sits at position 0: its seam-0 entry is exact (Z is its state). In hypic every chunk
         # recomputes its seam (the first one, when there is no prefix, from the zero start: exact as well).
         seams = spec.segment_seams(seam, has_prefix=bool(request.prefix_ids), segments=len(segments))
         entries: list[Entry | None] = [None] * len(segments)
+        for number, entry_seam in enumerate(seams):
+            entry = provided.get((entry_seam, tuple(segments[number])))
+            if entry is not None:  # encoded for this request by its caller: a miss whose tokens were encoded
+                entries[number] = {name: tensor.to(self.model.device) for name, tensor in entry.items()}
+                stats.cache_misses += 1
+                stats.cache_bytes_loaded += entry_tensor_bytes(entry)
+                stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
         for entry_seam in sorted(set(seams)):
-            numbers = [number for number, s in enumerate(seams) if s == entry_seam]
+            numbers = [number for number, s in enumerate(seams) if s == entry_seam and entries[number] is None]
+            if not numbers:
+                continue
             fetched, hits = self._fetch_entries([segments[n] for n in numbers], entry_seam, stats, check)
             for number, entry, hit in zip(numbers, fetched, hits):
                 entries[number] = entry
@@ -211,16 +280,15 @@ class Engine:
                     stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
         if check is not None:  # the entries are in (and kept); a request past its deadline stops before assembly
             check()
-        spans: list[Span] = []
         position = 0
         for segment, entry, entry_seam in zip(segments, entries, seams):
-            spans.append(Span(segment, position, min(entry_seam, len(segment)), entry))
+            plan.spans.append(Span(segment, position, min(entry_seam, len(segment)), entry))
             position += len(segment)
-        spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
-        options = StackOptions(reposition_keys=spec.reposition_keys, composition=spec.composition)
-        return run_stack(self.model, spans, options=options)
+        plan.spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
+        plan.options = StackOptions(reposition_keys=spec.reposition_keys, composition=spec.composition)
 
-    def _prefill_prefix(self, request: Request, stats: PrefillStats):
+    def _plan_prefix(self, plan: PrefillPlan) -> None:
+        request, stats = plan.request, plan.stats
         segments = request.segments
         keys: list[str] = []
         chain = hashlib.sha256(self.model.fingerprint.encode())
@@ -237,15 +305,13 @@ class Engine:
         stats.cache_hits += reused
         stats.cache_misses += len(segments) - reused
         position = stats.prefix_reused_tokens
-        spans = []
         for segment in segments[reused:]:
-            spans.append(Span(segment, position, len(segment)))
+            plan.spans.append(Span(segment, position, len(segment)))
             position += len(segment)
-        spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
-        result = run_stack(self.model, spans, initial=initial, want_checkpoints=True)
-        for key, checkpoint in zip(keys[reused:], result.checkpoints[:-1]):
-            self._prefix_checkpoints.put(key, _detach_checkpoint(checkpoint))
-        return result
+        plan.spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
+        plan.initial = initial
+        plan.want_checkpoints = True
+        plan.checkpoint_keys = keys[reused:]
 
     # ------------------------------------------------------------------ decode
 
@@ -285,61 +351,16 @@ class Engine:
         params = params or SamplingParams()
         began = time.perf_counter()
         prefill = self.prefill(request, mode, seam_tokens, check=check)
-        generator = sampling_generator(params.seed)
-        stop_ids = set(params.stop_token_ids) | self.model.eos_token_ids
-        tokenizer = self.model.tokenizer
-        generated: list[int] = []
-        logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
-        text, decoded, finish_reason, first_token_at = "", "", "length", None
+        progress = GenerationProgress(params, self.model.eos_token_ids, self.model.tokenizer, began)
         logits, state = prefill.logits, prefill.state
-        for step in range(params.max_new_tokens):
-            token = choose_token(logits, params, generator, generated)
-            if first_token_at is None:
-                first_token_at = time.perf_counter() - began
-            if token in stop_ids:
-                finish_reason = "stop"
-                if len(decoded) > len(text):  # text held back for a stop string that never came
-                    delta = decoded[len(text) :]
-                    text += delta
-                    yield token, delta
+        while True:
+            item = progress.advance(logits)
+            if item is not None:
+                yield item
+            if progress.finished:
                 break
-            generated.append(token)
-            if logprobs is not None:
-                logprobs.append(token_logprobs(logits, token, params.logprobs or 0))
-            decoded = tokenizer.decode(generated, skip_special_tokens=True) if tokenizer is not None else ""
-            hit = first_stop(decoded, params.stop_strings)
-            if hit is not None:
-                delta = decoded[len(text) : hit]  # text was held back from where a stop string may start
-                text += delta
-                if delta:
-                    yield token, delta
-                finish_reason = "stop"
-                break
-            last = step + 1 == params.max_new_tokens
-            ready = len(decoded) if last else settled_length(decoded, len(text), params.stop_strings)
-            delta = decoded[len(text) : ready]
-            text += delta
-            yield token, delta
-            if not last:
-                logits, state = self.decode_step(state, token)
-        total = time.perf_counter() - began
-        return Generation(
-            token_ids=generated,
-            text=text,
-            finish_reason=finish_reason,
-            prefill=prefill.stats,
-            time_to_first_token=first_token_at if first_token_at is not None else total,
-            total_seconds=total,
-            logprobs=logprobs,
-            timings={
-                "cache_load": prefill.stats.load_seconds,
-                "encode": prefill.stats.encode_seconds,
-                "compose": prefill.stats.compose_seconds,
-                "prefill": prefill.stats.prefill_seconds,
-                "time_to_first_token": first_token_at if first_token_at is not None else total,
-                "total": total,
-            },
-        )
+            logits, state = self.decode_step(state, progress.token_ids[-1])
+        return progress.generation(prefill.stats)
 
     def generate(
         self,

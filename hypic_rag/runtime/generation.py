@@ -3,13 +3,20 @@
 `Engine.stream` returns a `GenerationStream`; iterate it for ``(token_id, text_delta)`` pairs, then read `.result`
 (the `Generation`). The deltas add up exactly to `Generation.text`: text that may still become a stop string, or
 that ends inside a multi-byte character, is held back until the next token settles it (`settled_length`).
+`GenerationProgress` is one generation's token loop (choose, stop, stream text), driven by whoever computes the
+logits: `Engine.stream` one sequence at a time, the scheduler many per batched step.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_generator, token_logprobs
 from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
@@ -79,3 +86,84 @@ def first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
     """Where the earliest stop string starts in `text`, or None."""
     positions = [text.find(stop) for stop in stop_strings if stop and stop in text]
     return min(positions) if positions else None
+
+
+class GenerationProgress:
+    """One generation's token loop, fed one logits vector per step: chooses the token (its own seeded generator),
+    stops at an end-of-sequence or stop token, a stop string or `max_new_tokens`, and cuts the text deltas.
+
+    `advance(logits)` returns the (token_id, text_delta) to stream, or None when nothing is streamed for that token
+    (a stop token with no held text, a stop string right at the start of the new text); `finished` then says
+    whether generation ended. The deltas add up exactly to the final text (see `Engine.stream`).
+    """
+
+    def __init__(self, params: SamplingParams, eos_token_ids: Collection[int], tokenizer: Any, began: float) -> None:
+        self.params = params
+        self.began = began
+        self.tokenizer = tokenizer
+        self.stop_ids = set(params.stop_token_ids) | set(eos_token_ids)
+        self.generator = sampling_generator(params.seed)
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.text = ""
+        self.decoded = ""
+        self.finish_reason = "length"
+        self.finished = False
+        self.first_token_at: float | None = None
+        self.steps = 0
+
+    def advance(self, logits: torch.Tensor) -> tuple[int, str] | None:
+        """Choose the next token from `logits` [vocab]; the item to stream, if any."""
+        if self.finished:
+            raise RuntimeError("the generation has finished")
+        params = self.params
+        token = choose_token(logits, params, self.generator, self.token_ids)
+        self.steps += 1
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter() - self.began
+        if token in self.stop_ids:
+            self.finish_reason, self.finished = "stop", True
+            if len(self.decoded) > len(self.text):  # text held back for a stop string that never came
+                delta = self.decoded[len(self.text) :]
+                self.text += delta
+                return token, delta
+            return None
+        self.token_ids.append(token)
+        if self.logprobs is not None:
+            self.logprobs.append(token_logprobs(logits, token, params.logprobs or 0))
+        tokenizer = self.tokenizer
+        self.decoded = tokenizer.decode(self.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
+        hit = first_stop(self.decoded, params.stop_strings)
+        if hit is not None:
+            delta = self.decoded[len(self.text) : hit]  # text was held back from where a stop string may start
+            self.text += delta
+            self.finish_reason, self.finished = "stop", True
+            return (token, delta) if delta else None
+        last = self.steps == params.max_new_tokens
+        ready = len(self.decoded) if last else settled_length(self.decoded, len(self.text), params.stop_strings)
+        delta = self.decoded[len(self.text) : ready]
+        self.text += delta
+        self.finished = last
+        return token, delta
+
+    def generation(self, prefill: PrefillStats) -> Generation:
+        """The `Generation` so far (call once finished), with `prefill`'s stats and timings."""
+        total = time.perf_counter() - self.began
+        first = self.first_token_at if self.first_token_at is not None else total
+        return Generation(
+            token_ids=self.token_ids,
+            text=self.text,
+            finish_reason=self.finish_reason,
+            prefill=prefill,
+            time_to_first_token=first,
+            total_seconds=total,
+            logprobs=self.logprobs,
+            timings={
+                "cache_load": prefill.load_seconds,
+                "encode": prefill.encode_seconds,
+                "compose": prefill.compose_seconds,
+                "prefill": prefill.prefill_seconds,
+                "time_to_first_token": first,
+                "total": total,
+            },
+        )
