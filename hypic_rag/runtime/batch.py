@@ -1,0 +1,392 @@
+"""The batched stack pass: several sequences' recomputed tokens and decode tokens in one forward.
+
+Each `BatchItem` is what `run_stack` takes for one sequence (a plan of spans, where they start, the mode's stack
+options); `run_batch` runs them all at once and gives each exactly what `run_stack` gives it alone (up to float32
+round-off of matmuls over more rows: the tests check 1e-5 and identical greedy tokens). A prefill is an item whose
+spans are a request's plan (`Engine.plan_prefill`, any mode); a decode step is an item of one recomputed token
+after a running sequence's `SequenceState`. Per layer:
+- token-wise over the flat tokens of all items at once: embedding, norms, projections (linear-attention inputs,
+  q/k/v), output projections, MLPs, the LM head (the last token of each item);
+- per sequence: the short conv from each item's own conv tail and the gated delta rule from its own recurrent
+  state ([H, K, V]; runs of many items evaluated in one padded call: the seams' affine maps together, the last
+  runs (questions, decode tokens) together from their stacked start states [n, H, K, V]), and attention of each
+  item's queries over its own keys and values (its own causal view), one call per item.
+A running sequence's `SequenceState` is advanced in place: its new keys and values are written into its buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hypic_rag.entry import LINEAR_LAYER, tensor_name
+from hypic_rag.runtime import layers as L
+from hypic_rag.runtime.batch_state import SequenceState
+from hypic_rag.runtime.model import HybridModel
+from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
+from hypic_rag.runtime.stack import (
+    Span,
+    StackOptions,
+    _advance_tail_cached,
+    _apply_pending,
+    _merge_recomputed_spans,
+    _rotate_into,
+)
+from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
+
+
+@dataclass(slots=True)
+class BatchItem:
+    """One sequence of a batched pass: `spans` (contiguous, as `run_stack` takes them) after `state`.
+
+    state: None (the spans start at position 0), a `DecodeState` (a prefix-mode checkpoint: copied, never
+    written) or a running sequence's `SequenceState` (advanced in place). reserve: room for this many more tokens
+    in the attention buffers of a new state (the tokens the sequence will decode). want_checkpoints: decode states
+    at each span end (prefix mode), as `run_stack` gives them.
+    """
+
+    spans: list[Span]
+    state: SequenceState | DecodeState | None = None
+    options: StackOptions = field(default_factory=StackOptions)
+    want_checkpoints: bool = False
+    reserve: int = 0
+
+
+@dataclass(slots=True)
+class BatchItemResult:
+    """logits: [vocab] float32 after the item's last recomputed token; state: the sequence's state after its spans;
+    checkpoints: decode states at each span end when asked; compose_seconds: time spent composing cached state."""
+
+    logits: torch.Tensor
+    state: SequenceState
+    recomputed_tokens: int
+    checkpoints: list[DecodeState] = field(default_factory=list)
+    compose_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class _Layout:
+    """Where an item's tokens are: its spans with (offset, count) of their recomputed tokens among the item's, the
+    item's first row among the flat tokens, its start position and its length after the pass."""
+
+    item: BatchItem
+    spans: list[Span]
+    offsets: list[tuple[int, int]]
+    row: int
+    start: int
+    total: int
+    recomputed: int
+    positions: torch.Tensor  # [recomputed] sequence positions of the item's recomputed tokens
+    state: SequenceState = field(default_factory=lambda: SequenceState(0))
+    initial: DecodeState | SequenceState | None = None
+    span_linear: list[dict[int, LinearLayerState]] = field(default_factory=list)
+    compose_seconds: float = 0.0
+
+
+def _lay_out(items: list[BatchItem], device: torch.device) -> tuple[list[_Layout], list[int]]:
+    """Layouts of `items` and the flat list of their recomputed token ids."""
+    layouts: list[_Layout] = []
+    flat_ids: list[int] = []
+    for item in items:
+        spans = item.spans if item.want_checkpoints else _merge_recomputed_spans(item.spans)
+        start = item.state.length if item.state is not None else 0
+        position = start
+        offsets: list[tuple[int, int]] = []
+        positions: list[int] = []
+        count = 0
+        for span in spans:
+            if span.start != position:
+                raise ValueError(f"spans must be contiguous: expected a span at {position}, got {span.start}")
+            offsets.append((count, span.recompute))
+            flat_ids.extend(span.token_ids[: span.recompute])
+            positions.extend(range(span.start, span.start + span.recompute))
+            count += span.recompute
+            position += span.length
+        if count == 0:
+            raise ValueError("nothing to recompute: the last span (the question) must have recomputed tokens")
+        layouts.append(_Layout(
+            item, spans, offsets, len(flat_ids) - count, start, position, count,
+            torch.tensor(positions, dtype=torch.long, device=device),
+            span_linear=[dict() for _ in spans], initial=item.state,
+        ))
+    return layouts, flat_ids
+
+
+def _prepare_state(model: HybridModel, layout: _Layout, like: torch.Tensor) -> None:
+    """The state the pass writes: the running sequence's own (room made), or new buffers of the item's length plus
+    its reserve with the start state's keys and values copied in."""
+    item = layout.item
+    if isinstance(item.state, SequenceState):
+        item.state.ensure_capacity(layout.total)
+        layout.state = item.state
+        return
+    state = SequenceState(length=layout.start)
+    capacity = layout.total + item.reserve
+    for layer_index, layer in enumerate(model.layers):
+        if model.layer_types[layer_index] == LINEAR_LAYER:
+            continue
+        attention = layer.self_attn
+        heads = attention.config.num_key_value_heads
+        for table in (state.keys, state.values):
+            table[layer_index] = like.new_empty(heads, capacity, attention.head_dim)
+        if item.state is not None:
+            state.keys[layer_index][:, : layout.start] = item.state.attention[layer_index].keys
+            state.values[layer_index][:, : layout.start] = item.state.attention[layer_index].values
+    layout.state = state
+
+
+def _previous_linear(layout: _Layout, layer_index: int) -> LinearLayerState | None:
+    initial = layout.initial
+    return initial.linear.get(layer_index) if initial is not None else None
+
+
+@torch.no_grad()
+def run_batch(model: HybridModel, items: list[BatchItem]) -> list[BatchItemResult]:
+    """Run every item's spans through the stack in one pass; one result per item, in order."""
+    if not items:
+        return []
+    device = model.device
+    layouts, flat_ids = _lay_out(items, device)
+    ids = torch.tensor(flat_ids, dtype=torch.long, device=device)
+    hidden = model.backbone.embed_tokens(ids)  # [R, hidden], R = all items' recomputed tokens
+    longest = max(layout.total for layout in layouts)
+    cos_all, sin_all = L.rotary_tables(model.backbone.rotary_emb, torch.arange(longest, device=device), hidden)
+    positions = torch.cat([layout.positions for layout in layouts])
+    for layout in layouts:
+        _prepare_state(model, layout, hidden)
+    for layer_index, layer in enumerate(model.layers):
+        x = layer.input_layernorm(hidden)
+        if model.layer_types[layer_index] == LINEAR_LAYER:
+            mixed = _linear_layer_batch(layer.linear_attn, layer_index, x, layouts, model.dtype)
+        else:
+            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, positions, cos_all, sin_all)
+        hidden = hidden + mixed
+        hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
+    last_rows = torch.tensor([layout.row + layout.recomputed - 1 for layout in layouts], device=device)
+    logits = model.logits(hidden[last_rows])  # [items, vocab]
+    results = []
+    for number, layout in enumerate(layouts):
+        layout.state.length = layout.total
+        results.append(BatchItemResult(
+            logits=logits[number], state=layout.state, recomputed_tokens=layout.recomputed,
+            checkpoints=_checkpoints(layout) if layout.item.want_checkpoints else [],
+            compose_seconds=layout.compose_seconds,
+        ))
+    return results
+
+
+def decode_batch(model: HybridModel, states: list[SequenceState], token_ids: list[int]) -> torch.Tensor:
+    """Feed one token to each running sequence (of any lengths) in one pass: logits [B, vocab] float32; each state
+    is advanced in place."""
+    items = [BatchItem([Span([int(token)], state.length, 1)], state) for state, token in zip(states, token_ids, strict=True)]
+    return torch.stack([result.logits for result in run_batch(model, items)])
+
+
+def _checkpoints(layout: _Layout) -> list[DecodeState]:
+    """Decode states at each span end (keys and values are views of the sequence's buffers)."""
+    checkpoints = []
+    end = layout.start
+    for span, linear in zip(layout.spans, layout.span_linear):
+        end += span.length
+        checkpoint = DecodeState(length=end, linear=linear)
+        for layer_index, keys in layout.state.keys.items():
+            checkpoint.attention[layer_index] = AttentionLayerState(keys[:, :end], layout.state.values[layer_index][:, :end])
+        checkpoints.append(checkpoint)
+    return checkpoints
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+def _attention_layer_batch(
+    attention: torch.nn.Module,
+    layer_index: int,
+    x: torch.Tensor,
+    layouts: list[_Layout],
+    positions: torch.Tensor,
+    cos_all: torch.Tensor,
+    sin_all: torch.Tensor,
+) -> torch.Tensor:
+    """Projections and rotary over the flat tokens x [R, hidden]; each item's queries attend causally over its own
+    keys and values (fresh ones written into its buffers, cached ones rotated in when its state is new). [R, hidden]."""
+    query, key, value, gate = L.attention_inputs(attention, x)  # [Hq, R, D], [Hkv, R, D]
+    query = L.apply_rotary(query, cos_all[positions], sin_all[positions])
+    key = L.apply_rotary(key, cos_all[positions], sin_all[positions])
+    core = query.new_empty(x.shape[0], query.shape[0] * query.shape[2])
+    for layout in layouts:
+        keys, values = layout.state.keys[layer_index], layout.state.values[layer_index]
+        for span, (offset, count) in zip(layout.spans, layout.offsets):
+            row = layout.row + offset
+            if count:
+                keys[:, span.start : span.start + count] = key[:, row : row + count]
+                values[:, span.start : span.start + count] = value[:, row : row + count]
+            if span.entry is not None and count < span.length:
+                began = time.perf_counter()
+                at = span.start + count
+                values[:, at : span.start + span.length] = span.entry[tensor_name(layer_index, "value")][:, count:]
+                rotate_from = at if layout.item.options.reposition_keys else count
+                _rotate_into(keys, at, span.entry[tensor_name(layer_index, "key")][:, count:], cos_all, sin_all, rotate_from)
+                layout.compose_seconds += time.perf_counter() - began
+        rows = slice(layout.row, layout.row + layout.recomputed)
+        key_index = torch.arange(layout.total, device=x.device)
+        core[rows] = L.attention_core(
+            attention, query[:, rows], keys[:, : layout.total], values[:, : layout.total], layout.positions, key_index
+        )
+    return L.attention_output(attention, core, gate)
+
+
+# ---------------------------------------------------------------------------------------------- linear attention
+
+
+@dataclass(slots=True)
+class _Run:
+    """One recomputed run: layout number, span number, first flat row, token count, conv context [C, kernel-1]."""
+
+    layout: int
+    span: int
+    row: int
+    count: int
+    context: torch.Tensor
+
+
+def _length_class(count: int) -> int:
+    """Runs are padded to the next power of two of their length class (at most 2x padding per group)."""
+    return 1 << max(0, (count - 1).bit_length())
+
+
+def _group_runs(numbers: list[int], runs: list[_Run]) -> list[list[int]]:
+    """Run numbers grouped by length class (each group is one padded call)."""
+    groups: dict[int, list[int]] = {}
+    for number in numbers:
+        groups.setdefault(_length_class(runs[number].count), []).append(number)
+    return list(groups.values())
+
+
+def _linear_layer_batch(
+    mixer: torch.nn.Module, layer_index: int, x: torch.Tensor, layouts: list[_Layout], dtype: torch.dtype
+) -> torch.Tensor:
+    """One Gated DeltaNet layer over the flat tokens x [R, hidden] of every item (see `stack._linear_layer`, which
+    does the same for one item). Returns [R, hidden]; sets each item's new linear state (and per-span states)."""
+    device = x.device
+    preconv, output_gate, b, a = L.linear_projections(mixer, x)
+    runs: list[_Run] = []
+    item_runs: list[list[int]] = []
+    final_tails: list[torch.Tensor] = []
+    tails_after: list[list[torch.Tensor]] = []
+    for number, layout in enumerate(layouts):
+        previous = _previous_linear(layout, layer_index)
+        tail = previous.conv_tail.float() if previous is not None else L.empty_conv_tail(mixer, device)
+        mine: list[int] = []
+        after: list[torch.Tensor] = []
+        for span_number, (span, (offset, count)) in enumerate(zip(layout.spans, layout.offsets)):
+            if count:
+                row = layout.row + offset
+                mine.append(len(runs))
+                runs.append(_Run(number, span_number, row, count, tail))
+                tail = L.advance_conv_tail(tail, preconv[row : row + count])
+            if span.entry is not None and count < span.length:
+                tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count)
+            after.append(tail)
+        item_runs.append(mine)
+        final_tails.append(tail)
+        tails_after.append(after)
+
+    # conv + delta-rule inputs of every run, one padded call per length class
+    inputs: list[tuple[torch.Tensor, ...]] = [()] * len(runs)
+    for group in _group_runs(list(range(len(runs))), runs):
+        windows = [(runs[n].row, runs[n].count) for n in group]
+        parts = L.batched_delta_rule_inputs(
+            mixer, _gather(preconv, windows), _gather(b, windows), _gather(a, windows),
+            torch.stack([runs[n].context for n in group]), [count for _, count in windows],
+        )
+        for index, n in enumerate(group):
+            inputs[n] = tuple(part[index : index + 1] for part in parts)
+
+    # the affine map of every run but an item's last, for items with cached spans (one call per length class)
+    batched: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    mapped = [
+        n for layout, mine in zip(layouts, item_runs)
+        if len(mine) > 1 and any(span.entry is not None for span in layout.spans) for n in mine[:-1]
+    ]
+    for group in _group_runs(mapped, runs):
+        width = max(runs[n].count for n in group)
+        parts = [torch.cat([inputs[n][k][:, :, :width] for n in group]) for k in range(5)]
+        zero_outputs, transition_outputs, maps = gated_delta_rule_with_transition(*parts)
+        for index, n in enumerate(group):
+            batched[n] = (zero_outputs[index], transition_outputs[index], maps.transition[index], maps.state[index])
+
+    core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
+    # each item's walk over its spans; a last run with nothing after it waits for the batched call below
+    deferred: list[tuple[int, int, torch.Tensor]] = []  # (layout number, run number, start state)
+    for number, layout in enumerate(layouts):
+        previous = _previous_linear(layout, layer_index)
+        recurrent = (
+            previous.recurrent.float()
+            if previous is not None
+            else torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
+        )
+        mine = item_runs[number]
+        last_span = len(layout.spans) - 1
+        final_run = mine[-1] if mine and runs[mine[-1]].span == last_span and layout.spans[-1].entry is None else None
+        run_of = {runs[n].span: n for n in mine}
+        pending: list[tuple[dict[str, torch.Tensor], int]] = []
+        options = layout.item.options
+        for span_number, (span, (_, count)) in enumerate(zip(layout.spans, layout.offsets)):
+            if pending and count:
+                recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+                layout.compose_seconds += seconds
+            if count:
+                n = run_of[span_number]
+                run = runs[n]
+                if n == final_run:
+                    deferred.append((number, n, recurrent))
+                    break
+                if n in batched:
+                    zero_output, transition_output, transition, state = batched[n]
+                    core[:, run.row : run.row + count] = zero_output[:, :count] + transition_output[:, :count] @ recurrent
+                    recurrent = transition @ recurrent + state
+                else:
+                    query, key, value, log_decay, beta = (part[:, :, :count] for part in inputs[n])
+                    output, final = gated_delta_rule(query, key, value, log_decay, beta, recurrent[None])
+                    core[:, run.row : run.row + count] = output[0]
+                    recurrent = final[0]
+            if span.entry is not None and count < span.length:
+                pending.append((span.entry, count))
+                if layout.item.want_checkpoints:
+                    recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+                    layout.compose_seconds += seconds
+            if layout.item.want_checkpoints:
+                layout.span_linear[span_number][layer_index] = LinearLayerState(recurrent, tails_after[number][span_number])
+        else:
+            if pending:
+                recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+                layout.compose_seconds += seconds
+            layout.state.linear[layer_index] = LinearLayerState(recurrent, final_tails[number])
+
+    # the last runs (questions, decode tokens) of many items: one call per length class from stacked start states
+    by_run = {n: (number, start) for number, n, start in deferred}
+    for group in _group_runs([n for _, n, _ in deferred], runs):
+        width = max(runs[n].count for n in group)
+        parts = [torch.cat([inputs[n][k][:, :, :width] for n in group]) for k in range(5)]
+        starts = torch.stack([by_run[n][1] for n in group])
+        outputs, finals = gated_delta_rule(*parts, starts)
+        for index, n in enumerate(group):
+            run, number = runs[n], by_run[n][0]
+            core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
+            layout = layouts[number]
+            state = LinearLayerState(finals[index], final_tails[number])
+            layout.state.linear[layer_index] = state
+            if layout.item.want_checkpoints:
+                layout.span_linear[run.span][layer_index] = state
+    return L.linear_mixer_output(mixer, core, output_gate, dtype)
+
+
+def _gather(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.Tensor:
+    """Rows (offset, count) of values [R, ...] as [n, longest, ...], each run zero-padded at its end."""
+    longest = max(count for _, count in windows)
+    out = values.new_zeros(len(windows), longest, *values.shape[1:])
+    for row, (offset, count) in enumerate(windows):
+        out[row, :count] = values[offset : offset + count]
+    return out
