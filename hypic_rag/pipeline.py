@@ -87,6 +87,18 @@ def check_encodable(text: str, what: str) -> str:
     return text
 
 
+@dataclass(slots=True)
+class PreparedQuestion:
+    """A question retrieved for and laid out (`RagPipeline.prepare`): its sources (best first), its request, the
+    retrieval time and when preparing began (an answer's timings count from there)."""
+
+    mode: str
+    sources: list[Source]
+    request: Request
+    retrieval_seconds: float
+    began: float
+
+
 class RagPipeline:
     """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
     model is the one the index was built for (its tokenizer made the chunks' token ids), normally with the
@@ -199,8 +211,20 @@ class RagPipeline:
     def _answer_steps(
         self, question: str, top_k: int, mode: str, params: SamplingParams | None, check: Callable[[], None] | None
     ) -> Generator[tuple[str, Any], None, Answer]:
+        params = params or self.default_params()
+        prepared = self.prepare(question, top_k=top_k, mode=mode)
+        yield "sources", prepared.sources
+        generation: Generation = yield from _relay(self.engine.stream(prepared.request, mode, params, check=check))
+        return self.answer_of(prepared, generation)
+
+    def default_params(self) -> SamplingParams:
+        """An answer's sampling when none is given: greedy, 48 tokens, stopping at the format's answer stop."""
+        return SamplingParams(max_new_tokens=48, stop_strings=(self.prompt_format.answer_stop,))
+
+    def prepare(self, question: str, *, top_k: int = 8, mode: str = "hypic") -> PreparedQuestion:
+        """Retrieve `top_k` chunks for `question` and build its request (what generation needs; `answer_of`
+        turns the generation into the `Answer`). `PipelineError` for a bad question, mode or top_k."""
         check_mode(mode)
-        params = params or SamplingParams(max_new_tokens=48, stop_strings=(self.prompt_format.answer_stop,))
         began = time.perf_counter()
         question = check_encodable(question, "the question").strip()
         if not question:
@@ -211,14 +235,16 @@ class RagPipeline:
         retrieval_seconds = time.perf_counter() - began
         sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt keeps
         # retrieval order (direct hits, then the hop's, whose scores against the question are usually lower)
-        yield "sources", sources
         request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits])
-        generation: Generation = yield from _relay(self.engine.stream(request, mode, params, check=check))
-        timings = {"retrieval": retrieval_seconds, **generation.timings}
-        timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
-        timings["total"] = time.perf_counter() - began
-        return Answer(generation.text.strip(), sources, mode, generation.finish_reason, generation.usage(), timings,
-                      generation.token_ids)
+        return PreparedQuestion(mode, sources, request, retrieval_seconds, began)
+
+    def answer_of(self, prepared: PreparedQuestion, generation: Generation) -> Answer:
+        """The `Answer` of a prepared question once its generation has ended (the text stripped)."""
+        timings = {"retrieval": prepared.retrieval_seconds, **generation.timings}
+        timings["time_to_first_token"] = prepared.retrieval_seconds + generation.time_to_first_token
+        timings["total"] = time.perf_counter() - prepared.began
+        return Answer(generation.text.strip(), prepared.sources, prepared.mode, generation.finish_reason,
+                      generation.usage(), timings, generation.token_ids)
 
     def answer(
         self,

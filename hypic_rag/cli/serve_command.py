@@ -65,7 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
     parser.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
-                        help="requests that may wait for the model before new ones get 429 (64)")
+                        help="requests that may wait (not yet generating) before new ones get 429 (64)")
+    parser.add_argument("--max-running", type=positive_int, default=16, metavar="N",
+                        help="sequences generating together in one batch (16; 1: one request at a time)")
+    parser.add_argument("--step-tokens", type=positive_int, default=2048, metavar="N",
+                        help="tokens per batched step: one per running sequence plus new prompts' recomputed "
+                             "tokens (2048; at least --max-running)")
     parser.add_argument("--request-timeout", type=_positive_float, default=120.0, metavar="S",
                         help="per-request deadline in seconds, queue wait included (120)")
     parser.add_argument("--separator", default="<<PIC_SEP>>", metavar="STR",
@@ -122,6 +127,8 @@ def run_serve(args: argparse.Namespace) -> int:
             read_only=args.read_only,
             hop_slots=args.hop_slots,
             queue_size=args.queue_size,
+            max_running=args.max_running,
+            step_tokens=args.step_tokens,
             request_timeout_s=args.request_timeout,
             separator=args.separator,
             max_segments=args.max_segments,

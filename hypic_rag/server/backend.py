@@ -24,11 +24,14 @@ from hypic_rag.prompt import tokenize_segment
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
+from hypic_rag.scheduler import CallbackSink, Scheduler, SchedulerConfig
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
+from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.jobs import Job, JobRegistry
 from hypic_rag.server.worker import TaskContext
 from hypic_rag.session import CacheOptions, FillReport, ModelSession
+from hypic_rag.streaming import StrippedDeltas
 from hypic_rag.usage import usage_of
 
 logger = logging.getLogger(__name__)
@@ -103,6 +106,10 @@ class ServiceBackend:
         self.token_counter = TokenCounter(pipeline.session.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
         self.refresh_cache_snapshot()
+        # the model worker drives its steps (max_waiting None: the worker bounds the queue itself, --queue-size)
+        self.scheduler = Scheduler(pipeline.session.engine, SchedulerConfig(
+            max_running=config.max_running, step_tokens=config.step_tokens, max_waiting=None,
+        ))
 
     # ------------------------------------------------------------------------------------------- opening
     @classmethod
@@ -188,42 +195,53 @@ class ServiceBackend:
         return self.cache_snapshot
 
     # ------------------------------------------------------------------------------------------- answering
-    def ask(self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext) -> Answer:
-        """Retrieve, assemble and generate; emits ("sources", [Source]) then ("token", text) events."""
-        # checked (deadline, client gone) before every step and before each segment the prefill encodes
-        stream = self.pipeline.stream(question, top_k=top_k, mode=mode, params=params, check=context.check)
-        try:
-            for kind, value in stream:
-                if value or kind != "token":  # a token ending inside a character brings no text yet
-                    context.emit((kind, value))
-            answer: Answer = stream.result
-        finally:
-            stream.close()
+    def ask(
+        self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext
+    ) -> Deferred[Answer]:
+        """Retrieve and lay out the prompt now, emit ("sources", [Source]); the generation runs in the scheduler's
+        steps, emitting ("token", text) events (stripped as the answer is); the `Answer` arrives in the returned
+        `Deferred`. The scheduler checks the request (deadline, client gone) before every step."""
+        prepared = self.pipeline.prepare(question, top_k=top_k, mode=mode)
+        context.emit(("sources", prepared.sources))
+        stripped = StrippedDeltas()
+        answer: Deferred[Answer] = Deferred()
+
+        def on_token(_: int, delta: str) -> None:
+            piece = stripped.feed(delta)
+            if piece:  # a token ending inside a character brings no text yet
+                context.emit(("token", piece))
+
+        def on_finish(generation: Generation) -> None:
             self.refresh_cache_snapshot()
+            answer.resolve(self.pipeline.answer_of(prepared, generation))
+
+        self.scheduler.submit(prepared.request, mode, params, sink=CallbackSink(on_token, on_finish, answer.reject),
+                              check=context.check)
         return answer
 
     def complete(
         self, segments: Sequence[str], *, mode: str, params: SamplingParams, context: TaskContext
-    ) -> CompletionResult:
+    ) -> Deferred[CompletionResult]:
         """Generate after `segments`: all but the last are cached segments, the last is the query.
 
         Each segment is tokenized on its own; empty ones (two separators in a row) are dropped. The request is
-        checked (deadline, client gone) between tokens and before each segment it encodes.
+        checked (deadline, client gone) before every step and before each segment it encodes.
         """
         check_segment_count(segments, self.config.max_segments)
         builder: PromptBuilder = lambda session: session.segmented_request(segments)  # noqa: E731
-        return self.complete_choices([builder], n=1, mode=mode, params=params, context=context, tagged=False)[0]
+        results = self.complete_choices([builder], n=1, mode=mode, params=params, context=context, tagged=False)
+        return results.then(lambda choices: choices[0])
 
     def complete_choices(
         self, prompts: Sequence[PromptBuilder], *, n: int, mode: str, params: SamplingParams, context: TaskContext,
         param: str = "prompt", tagged: bool = True,
-    ) -> list[CompletionResult]:
-        """`n` completions of each prompt, in order (choice `i * n + j` is prompt i's j-th).
+    ) -> Deferred[list[CompletionResult]]:
+        """`n` completions of each prompt (choice `i * n + j` is prompt i's j-th), generated together in the
+        scheduler; the list arrives in the returned `Deferred`.
 
-        Each prompt's request is built here (its builder's ValueError is a 400 naming `param`). With a seed, choice
-        k samples with seed + k (so the choices differ yet repeat). Events: ("choice", k, text delta) when `tagged`,
-        else ("token", text delta). The request is checked (deadline, client gone) between tokens and before each
-        segment it encodes.
+        Each prompt's request is built here, all before any is generated (a builder's ValueError is a 400 naming
+        `param`). With a seed, choice k samples with seed + k (so the choices differ yet repeat). Events: ("choice",
+        k, text delta) when `tagged`, else ("token", text delta). A choice that fails stops the others.
         """
         session = self.pipeline.session
         vocab = self.vocab_size
@@ -231,8 +249,8 @@ class ServiceBackend:
         if bad:
             raise BadRequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
                                   param="logit_bias")
-        results: list[CompletionResult] = []
-        for number, build in enumerate(prompts):
+        built: list[tuple[Request, float]] = []
+        for build in prompts:
             began = time.perf_counter()
             try:
                 request = build(session)
@@ -247,13 +265,18 @@ class ServiceBackend:
                     f"{self.config.max_prompt_tokens}",
                     param=param,
                 )
-            tokenized = time.perf_counter() - began
+            built.append((request, time.perf_counter() - began))
+        choices: list[Deferred[CompletionResult]] = []
+        sequences: list[Any] = []
+        for number, (request, tokenized) in enumerate(built):
             for choice in range(n):
                 index = number * n + choice
                 seed = None if params.seed is None else (params.seed + index) % (SEED_MAX + 1)
-                results.append(self._generate(request, mode, dataclasses.replace(params, seed=seed), context,
-                                              index if tagged else None, tokenized))
-        return results
+                result, sequence = self._generate(request, mode, dataclasses.replace(params, seed=seed), context,
+                                                  index if tagged else None, tokenized)
+                choices.append(result)
+                sequences.append(sequence)
+        return Deferred.gather(choices, on_reject=lambda: [sequence.cancel() for sequence in sequences])
 
     @property
     def vocab_size(self) -> int:
@@ -262,27 +285,31 @@ class ServiceBackend:
         return int(getattr(getattr(config, "text_config", None) or config, "vocab_size"))
 
     def _generate(self, request: Request, mode: str, params: SamplingParams, context: TaskContext,
-                  index: int | None, tokenized: float) -> CompletionResult:
+                  index: int | None, tokenized: float) -> tuple[Deferred[CompletionResult], Any]:
         began = time.perf_counter()
-        stream = self.pipeline.session.engine.stream(request, mode, params, check=context.check)
-        try:
-            for _, delta in stream:
-                if delta:
-                    context.emit(("token", delta) if index is None else ("choice", index, delta))
-            generation: Generation = stream.result
-        finally:
-            stream.close()
+        result: Deferred[CompletionResult] = Deferred()
+
+        def on_token(_: int, delta: str) -> None:
+            if delta:
+                context.emit(("token", delta) if index is None else ("choice", index, delta))
+
+        def on_finish(generation: Generation) -> None:
             self.refresh_cache_snapshot()
-        timings = dict(generation.timings)
-        timings["tokenize"] = tokenized
-        timings["time_to_first_token"] = tokenized + generation.time_to_first_token
-        timings["total"] = tokenized + time.perf_counter() - began
-        logprobs = None if generation.logprobs is None else [
-            {**self._token_text(item.token_id), "logprob": item.logprob,
-             "top": [{**self._token_text(token), "logprob": value} for token, value in item.top]}
-            for item in generation.logprobs
-        ]
-        return CompletionResult(generation.text, generation.finish_reason, usage_of(generation), timings, logprobs)
+            timings = dict(generation.timings)
+            timings["tokenize"] = tokenized
+            timings["time_to_first_token"] = tokenized + generation.time_to_first_token
+            timings["total"] = tokenized + time.perf_counter() - began
+            logprobs = None if generation.logprobs is None else [
+                {**self._token_text(item.token_id), "logprob": item.logprob,
+                 "top": [{**self._token_text(token), "logprob": value} for token, value in item.top]}
+                for item in generation.logprobs
+            ]
+            result.resolve(CompletionResult(generation.text, generation.finish_reason, usage_of(generation), timings,
+                                            logprobs))
+
+        sink = CallbackSink(on_token, on_finish, result.reject)
+        sequence = self.scheduler.submit(request, mode, params, sink=sink, check=context.check)
+        return result, sequence
 
     def _token_text(self, token_id: int) -> dict[str, Any]:
         text = self.pipeline.session.tokenizer.decode([token_id])

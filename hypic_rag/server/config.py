@@ -16,7 +16,10 @@ class ServerConfig:
     model_path: None uses the model recorded in the index manifest (the bundled default model for an index built
     with the defaults). dtype: "float32", "bfloat16" or "float16", the dtype the model runs in (None: the one the
     manifest recorded). read_only: open the index for search only; document endpoints then answer 409 and other
-    processes may write the index. queue_size: requests waiting for the model worker before new ones get 429.
+    processes may write the index. queue_size: requests waiting (not yet running: queued for the model worker or
+    waiting for admission to the batch) before new ones get 429. max_running: sequences generating together in one
+    batch (continuous batching; a request with n choices is n sequences). step_tokens: tokens one batched step
+    runs (one per running sequence plus newly admitted prompts' recomputed tokens; see `SchedulerConfig`).
     request_timeout_s: default deadline of a request, queue wait included (a request may ask for less).
     separator: what splits an OpenAI-style completion prompt into cached segments.
     max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_segments (separated parts of
@@ -32,6 +35,8 @@ class ServerConfig:
     model_name: str | None = None
     read_only: bool = False
     queue_size: int = 64
+    max_running: int = 16
+    step_tokens: int = 2048
     request_timeout_s: float = 120.0
     separator: str = DEFAULT_SEPARATOR
     max_body_bytes: int = 8 << 20
@@ -57,6 +62,8 @@ class ServerConfig:
             object.__setattr__(self, "model_path", Path(self.model_path).expanduser())
         positive = {
             "queue_size": self.queue_size,
+            "max_running": self.max_running,
+            "step_tokens": self.step_tokens,
             "request_timeout_s": self.request_timeout_s,
             "max_body_bytes": self.max_body_bytes,
             "max_question_chars": self.max_question_chars,
@@ -75,6 +82,8 @@ class ServerConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
+        if self.step_tokens < self.max_running:
+            raise ValueError(f"step_tokens ({self.step_tokens}) must be at least max_running ({self.max_running})")
         if self.hop_slots < 0:
             raise ValueError(f"hop_slots must be >= 0, got {self.hop_slots!r}")
         if self.shutdown_grace_s < 0:

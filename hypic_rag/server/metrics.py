@@ -13,6 +13,11 @@ Exported (text format at `GET /metrics`):
     hypic_segment_cache_bytes / _entries                what the persistent cache holds (store-wide)
     hypic_segment_cache_hot_bytes                       this process's in-memory tier
     hypic_jobs{status}                                  document jobs by status
+    hypic_running_sequences / hypic_waiting_requests    sequences generating in the batch / requests waiting
+                                                        (queued, or waiting for admission to the batch)
+    hypic_batch_size                                    sequences per batched step (histogram)
+    hypic_step_tokens                                   tokens per batched step (histogram)
+    hypic_scheduler_steps_total                         batched steps run
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from prometheus_client.core import GaugeMetricFamily
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+STEP_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 2048, 4096, 16384)
 
 
 class _SnapshotCollector:
@@ -61,6 +68,8 @@ class ServiceMetrics:
         queue_capacity: int,
         cache_snapshot: Callable[[], dict[str, Any]],
         job_counts: Callable[[], dict[str, int]],
+        running: Callable[[], int] = lambda: 0,
+        waiting: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
@@ -85,6 +94,17 @@ class ServiceMetrics:
         self.cache_hits = Counter("hypic_segment_cache_hits", "Segments served from the cache.", registry=registry)
         self.cache_misses = Counter("hypic_segment_cache_misses", "Segments encoded on demand.", registry=registry)
         self.tokens = Counter("hypic_tokens", "Tokens by kind.", ["kind"], registry=registry)
+        running_gauge = Gauge("hypic_running_sequences", "Sequences generating in the batch (admitted).",
+                              registry=registry)
+        running_gauge.set_function(lambda: float(running()))
+        waiting_gauge = Gauge("hypic_waiting_requests",
+                              "Requests waiting: queued, or waiting for admission to the batch.", registry=registry)
+        waiting_gauge.set_function(lambda: float(waiting()))
+        self.batch_size = Histogram("hypic_batch_size", "Sequences in one batched step (prefills and decodes).",
+                                    buckets=BATCH_SIZE_BUCKETS, registry=registry)
+        self.step_tokens = Histogram("hypic_step_tokens", "Tokens one batched step ran through the model.",
+                                     buckets=STEP_TOKEN_BUCKETS, registry=registry)
+        self.steps = Counter("hypic_scheduler_steps", "Batched steps run.", registry=registry)
         registry.register(_SnapshotCollector(cache_snapshot, job_counts))
         self._lookups = {"cache_hits": 0, "cache_misses": 0}
         self._tokens = {"prompt": 0, "cached": 0, "encoded": 0, "recomputed": 0, "completion": 0}
@@ -100,6 +120,13 @@ class ServiceMetrics:
             count = usage.get(f"{kind}_tokens", 0)
             self.tokens.labels(kind).inc(count)
             self._tokens[kind] += count
+
+    def observe_step(self, report: Any) -> None:
+        """Record one scheduler step (`hypic_rag.scheduler.StepReport`): its batch size and tokens."""
+        self.steps.inc()
+        if report.sequences:
+            self.batch_size.observe(report.sequences)
+            self.step_tokens.observe(report.tokens)
 
     def server_summary(self) -> dict[str, Any]:
         """This server's lookups and token totals, for `/v1/cache/stats`."""

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 
 from hypic_rag.pipeline import Answer, Source
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.errors import ServiceError, internal_error_body
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
 from hypic_rag.server.service import EventStream, Service, ServiceDep
@@ -47,14 +48,15 @@ def source_out(source: Source) -> SourceOut:
 
 
 def ask_timings(answer: Answer, queue_seconds: float) -> AskTimings:
-    """Milliseconds; time to first token and total include the queue wait."""
+    """Milliseconds; time to first token and total include the queue wait. queue_ms: queued for the model worker
+    plus waiting for admission to the batch."""
     timings = answer.timings
 
     def ms(seconds: float) -> float:
         return round(seconds * 1000.0, 3)
 
     return AskTimings(
-        queue_ms=ms(queue_seconds),
+        queue_ms=ms(queue_seconds + timings.get("waiting", 0.0)),
         retrieval_ms=ms(timings.get("retrieval", 0.0)),
         cache_load_ms=ms(timings.get("cache_load", 0.0)),
         encode_ms=ms(timings.get("encode", 0.0)),
@@ -92,7 +94,7 @@ async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
                 "seed": body.seed}
     top_k = body.top_k
 
-    def run(backend: Any, context: TaskContext) -> Answer:
+    def run(backend: Any, context: TaskContext) -> Deferred[Answer]:
         params = SamplingParams(stop_strings=(backend.pipeline.prompt_format.answer_stop,), **sampling)
         return backend.ask(question, top_k=top_k, mode=mode, params=params, context=context)
 

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 
 from hypic_rag.chat import ChatMessage, chat_prompt
 from hypic_rag.server.backend import CompletionResult
+from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.chat_schemas import (
     ChatChoice,
     ChatCompletionRequest,
@@ -94,7 +95,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     params = sampling_params(body, max_tokens=max_tokens, stops=stop_strings(body.stop), logprobs=logprobs)
     documents = sum(len(message.documents) for message in messages)
 
-    def run(backend: Any, context: TaskContext) -> list[CompletionResult]:
+    def run(backend: Any, context: TaskContext) -> Deferred[list[CompletionResult]]:
         session = backend.pipeline.session
         prompt = chat_prompt(session.tokenizer, messages, session.prompt_format)
         choice_params = params

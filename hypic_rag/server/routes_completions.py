@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from hypic_rag.runtime.request import Request as HypicRequest
 from hypic_rag.segments import split_segments
 from hypic_rag.server.backend import CompletionResult, PromptBuilder, check_segment_count
+from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, internal_error_body
 from hypic_rag.server.openai_common import (
     check_at_most,
@@ -147,10 +148,10 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
             builders.append(lambda session, ids=prompt: HypicRequest([], [], list(ids)))
     params = sampling_params(body, max_tokens=body.max_tokens, stops=stop_strings(body.stop), logprobs=body.logprobs)
 
-    def run(backend: Any, context: TaskContext) -> tuple[list[CompletionResult], list[str]]:
+    def run(backend: Any, context: TaskContext) -> Deferred[tuple[list[CompletionResult], list[str]]]:
         results = backend.complete_choices(builders, n=body.n, mode=mode, params=params, context=context)
         echoes = [p if isinstance(p, str) else backend.decode(p) for p in prompts] if body.echo else []
-        return results, echoes
+        return results.then(lambda choices: (choices, echoes))
 
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())

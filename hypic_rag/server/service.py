@@ -84,13 +84,16 @@ class Service:
         self.config = config
         self.jobs = JobRegistry(keep_finished=config.finished_jobs_kept)
         self.worker = ModelWorker(
-            backend_factory, queue_size=config.queue_size, jobs=self.jobs, max_pending_jobs=config.max_pending_jobs
+            backend_factory, queue_size=config.queue_size, jobs=self.jobs, max_pending_jobs=config.max_pending_jobs,
+            on_step=lambda report: self.metrics.observe_step(report),
         )
         self.metrics = ServiceMetrics(
             queue_depth=lambda: self.worker.queue_depth,
             queue_capacity=config.queue_size,
             cache_snapshot=self._cache_snapshot,
             job_counts=self.jobs.counts,
+            running=lambda: self.worker.generating,
+            waiting=lambda: self.worker.waiting,
         )
         self.started_at = time.time()
 

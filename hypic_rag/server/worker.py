@@ -2,13 +2,19 @@
 
 The engine is not thread-safe and the index's SQLite connection belongs to the thread that opened it, so the
 backend is built inside the worker thread and never touched elsewhere. Handlers submit tasks into a bounded
-queue (`QueueFullError` when full: the service answers 429) and await a future; streaming tasks also push events
-that the handler relays as they come. Order of service: control tasks (stats, deletes), then requests, then one
-step of the oldest background job, so long jobs never hold requests up for more than one step.
+queue and await a future; streaming tasks also push events that the handler relays as they come.
 
-Shutdown: new submissions are refused, queued requests fail with 503, the running request may finish within the
-grace period (then it is cancelled between tokens), background jobs stop between steps (every step leaves the
-index and cache consistent), and the backend is closed by the worker thread itself.
+Generation is continuously batched: a request task retrieves and lays out its prompt, hands its generations to
+the backend's `Scheduler` and returns a `Deferred`; the worker runs the scheduler's steps (one batched forward
+for every running sequence and newly admitted prompts) and completes the task when its generations end. Order
+of service: control tasks (stats, deletes); queued request tasks (started for up to `START_BUDGET_S` between
+two steps while sequences are running); one scheduler step; and, when no request is queued or generating, one
+step of the oldest background job. The queue is bounded: requests not yet generating (queued here or waiting
+for admission to the batch) beyond `queue_size` get `QueueFullError` (the service answers 429).
+
+Shutdown: new submissions are refused, queued requests fail with 503, generating requests may finish within the
+grace period (then they are cancelled at the next step), background jobs stop between steps (every step leaves
+the index and cache consistent), and the backend is closed by the worker thread itself.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.errors import (
     QueueFullError,
     RequestCancelledError,
@@ -39,6 +46,9 @@ END_OF_EVENTS = object()
 """Pushed to a task's event sink after its function returned or raised."""
 
 CONTROL, REQUEST = "control", "request"
+START_BUDGET_S = 0.05
+"""How long the worker may spend starting queued requests (retrieval, prompt layout) before running the next
+scheduler step, while sequences are generating."""
 
 
 @dataclass(slots=True)
@@ -73,7 +83,7 @@ class TaskContext:
             self.emit_sink(event)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Task(Generic[T]):
     """A unit of work for the worker: `fn(backend, context)`; its outcome lands in `future`."""
 
@@ -104,8 +114,9 @@ class _JobRun:
 class ModelWorker:
     """One thread running tasks on a backend built by `factory` (called in that thread).
 
-    queue_size bounds the requests waiting (the running one excluded); max_pending_jobs bounds background jobs.
-    The backend must have `close()`.
+    queue_size bounds the requests waiting (queued here, or waiting in the scheduler for admission);
+    max_pending_jobs bounds background jobs. The backend must have `close()`; a `scheduler` attribute (a
+    `hypic_rag.scheduler.Scheduler`) is driven by this thread, and `on_step` sees each of its step reports.
     """
 
     def __init__(
@@ -116,6 +127,7 @@ class ModelWorker:
         jobs: JobRegistry,
         max_pending_jobs: int = 32,
         name: str = "hypic-model-worker",
+        on_step: Callable[[Any], None] | None = None,
     ) -> None:
         if queue_size < 1:
             raise ValueError("queue_size must be >= 1")
@@ -128,6 +140,10 @@ class ModelWorker:
         self._requests: deque[Task[Any]] = deque()
         self._job_runs: deque[_JobRun] = deque()
         self._running: Task[Any] | None = None
+        self._in_flight: dict[Task[Any], None] = {}  # tasks whose generations are in the scheduler
+        self._last_step_at = 0.0
+        self._on_step = on_step
+        self.scheduler: Any | None = None  # the backend's scheduler, once built
         self._stopping = False
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
@@ -175,10 +191,11 @@ class ModelWorker:
             return
         self._thread.join(grace_s)
         if self._thread.is_alive():
-            running = self._running
-            if running is not None:
-                logger.warning("shutdown: cancelling the running request after %.1f s of grace", grace_s)
-                running.cancel()
+            running = [task for task in [self._running, *list(self._in_flight)] if task is not None]
+            if running:
+                logger.warning("shutdown: cancelling %d running requests after %.1f s of grace", len(running), grace_s)
+            for task in running:
+                task.cancel()
             self._thread.join(max(10.0, grace_s))
         if self._thread.is_alive():
             logger.error("shutdown: the model worker did not stop; its backend may not be closed")
@@ -198,7 +215,7 @@ class ModelWorker:
         with self._condition:
             self._check_accepting()
             queue = self._control if kind == CONTROL else self._requests
-            if len(queue) >= self.queue_size:
+            if len(queue) + (self._scheduler_waiting() if kind == REQUEST else 0) >= self.queue_size:
                 retry_after = self.retry_after_seconds()
                 raise QueueFullError(
                     f"the request queue is full ({self.queue_size} waiting); retry in {retry_after} s",
@@ -227,19 +244,38 @@ class ModelWorker:
             raise ServiceUnavailableError("the model worker is not ready")
 
     # ----------------------------------------------------------------------------------------- introspection
+    def _scheduler_waiting(self) -> int:
+        scheduler = self.scheduler
+        return scheduler.waiting if scheduler is not None else 0
+
     @property
     def queue_depth(self) -> int:
-        """Requests waiting plus the one running."""
+        """Requests held: queued, being started, or generating."""
         running = self._running
-        return len(self._requests) + len(self._control) + (1 if running is not None and running.kind == REQUEST else 0)
+        starting = 1 if running is not None and running.kind == REQUEST and running not in self._in_flight else 0
+        return len(self._requests) + len(self._control) + len(self._in_flight) + starting
+
+    @property
+    def generating(self) -> int:
+        """Sequences admitted to the batch (encoding, prefilling or decoding)."""
+        scheduler = self.scheduler
+        return scheduler.running if scheduler is not None else 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued here plus sequences waiting for admission to the batch."""
+        return len(self._requests) + self._scheduler_waiting()
 
     @property
     def pending_jobs(self) -> int:
         return len(self._job_runs)
 
     def retry_after_seconds(self) -> int:
-        """An estimate of when a slot frees up: the queue's length times the mean service time, at least 1 s."""
-        return max(1, math.ceil(self._service_seconds * max(1, len(self._requests)) / 2))
+        """An estimate of when a slot frees up: the mean service time for every batch of `max_running` requests
+        waiting ahead, at least 1 s."""
+        scheduler = self.scheduler
+        slots = scheduler.config.max_running if scheduler is not None else 1
+        return max(1, math.ceil(self._service_seconds * max(1.0, self.waiting / slots)))
 
     # ----------------------------------------------------------------------------------------- the thread
     def _run(self) -> None:
@@ -250,34 +286,52 @@ class ModelWorker:
             self._startup_error = error
             self._ready.set()
             return
+        self.scheduler = getattr(self.backend, "scheduler", None)
+        if self.scheduler is not None and self._on_step is not None:
+            self.scheduler.on_step = self._on_step
         self._ready.set()
         try:
             while True:
-                item = self._next()
-                if item is None:
+                kind, item = self._next()
+                if kind == "stop":
                     break
-                if isinstance(item, Task):
-                    self._execute(item)
-                else:
-                    self._step(item)
+                try:
+                    if kind == "task":
+                        self._execute(item)
+                    elif kind == "step":
+                        self._last_step_at = time.perf_counter()
+                        self.scheduler.step()
+                    else:
+                        self._step(item)
+                except Exception as error:  # a bug: the worker goes on serving the others
+                    logger.exception("the model worker's %s failed", kind)
+                    if kind == "task":
+                        self._settle(item, None, error)
         finally:
+            if self.scheduler is not None:
+                self.scheduler.fail_all(ServiceUnavailableError("the server shut down before the request finished"))
             self._stop_jobs()
             try:
                 self.backend.close()
             except Exception:
                 logger.exception("closing the backend failed")
 
-    def _next(self) -> Task[Any] | _JobRun | None:
+    def _next(self) -> tuple[str, Any]:
+        """The next piece of work: ("task", Task), ("step", None), ("job", _JobRun) or ("stop", None)."""
         with self._condition:
             while True:
+                generating = self.scheduler is not None and self.scheduler.has_work
                 if self._control:
-                    return self._control.popleft()
-                if self._requests:
-                    return self._requests.popleft()
+                    return "task", self._control.popleft()
+                starting = not generating or time.perf_counter() - self._last_step_at < START_BUDGET_S
+                if self._requests and starting:
+                    return "task", self._requests.popleft()
+                if generating:
+                    return "step", None
                 if self._stopping:
-                    return None
+                    return "stop", None
                 if self._job_runs:
-                    return self._job_runs[0]
+                    return "job", self._job_runs[0]
                 self._condition.wait()
 
     def _execute(self, task: Task[Any]) -> None:
@@ -295,17 +349,32 @@ class ModelWorker:
         try:
             result = task.fn(self.backend, context)
         except BaseException as error:
-            if not isinstance(error, ServiceError):
-                logger.exception("task failed")
-            task.fail(error)
+            self._settle(task, None, error)
         else:
-            task.future.set_result(result)
-            context.emit(END_OF_EVENTS)
+            if isinstance(result, Deferred):  # its generations are in the scheduler: settled by a later step
+                self._in_flight[task] = None
+                result.on_settle(lambda value, error: self._settle(task, value, error))
+            else:
+                self._settle(task, result, None)
         finally:
             self._running = None
-            if task.kind == REQUEST:
-                elapsed = time.perf_counter() - context.started_at
-                self._service_seconds = 0.8 * self._service_seconds + 0.2 * elapsed
+
+    def _settle(self, task: Task[Any], result: Any, error: BaseException | None) -> None:
+        """Complete `task` with its result or error (in the worker thread)."""
+        self._in_flight.pop(task, None)
+        if error is not None:
+            if not isinstance(error, ServiceError):
+                logger.error("task failed", exc_info=error)
+            task.fail(error)
+        else:
+            try:
+                task.future.set_result(result)
+            except concurrent.futures.InvalidStateError:
+                pass  # cancelled by its waiter meanwhile
+            task.context.emit(END_OF_EVENTS)
+        if task.kind == REQUEST and task.context.started_at is not None:
+            elapsed = time.perf_counter() - task.context.started_at
+            self._service_seconds = 0.8 * self._service_seconds + 0.2 * elapsed
 
     def _step(self, run: _JobRun) -> None:
         job = run.job
