@@ -60,7 +60,3 @@ class SequenceState:
         }
         return DecodeState(length=self.length, linear=dict(self.linear), attention=attention)
 
-    def nbytes(self) -> int:
-        """Bytes held: linear states, conv tails and the attention buffers (their spare room included)."""
-        total = sum(t.numel() * t.element_size() for item in self.linear.values() for t in (item.recurrent, item.conv_tail))
-        return total + sum(t.numel() * t.element_size() for table in (self.keys, self.values) for t in table.values())
