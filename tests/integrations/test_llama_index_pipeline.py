@@ -7,6 +7,7 @@ test_llama_index_default_model.py); retrieval, source nodes, segment layout, cac
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 from pathlib import Path
@@ -145,6 +146,37 @@ def test_query_engine_stream_adds_up_to_the_answer_when_sampling(
     streamed = HypicQueryEngine(retriever=retriever, llm=sampler, streaming=True).query(question)
     deltas = list(streamed.response_gen)
     assert "".join(deltas) == plain.response and all(deltas)
+
+
+def test_concurrent_async_queries_batch_and_equal_the_same_queries_one_by_one(
+    index: VectorStoreIndex, llm: HypicLLM
+) -> None:
+    """The LLM and the query engine share the runtime's scheduler: `aquery` / `acomplete` awaited together run in
+    the same batched steps, and each answer is the one the same call gets alone."""
+    engine = HypicQueryEngine(retriever=index.as_retriever(similarity_top_k=TOP_K), llm=llm)
+    questions = list(SMALL_CORPUS_QUESTIONS.values())
+    prompt = "Orla keeps goats.<<PIC_SEP>>Who keeps goats?"
+    alone = [engine.query(question).response for question in questions]
+    completion = llm.complete(prompt).text
+    reports = []
+    scheduler = llm.runtime.scheduler
+    scheduler.on_step = reports.append
+
+    async def together() -> tuple[list, list]:
+        answers = await asyncio.gather(*(engine.aquery(question) for question in questions))
+        completions = await asyncio.gather(*(llm.acomplete(prompt) for _ in range(3)))
+        streamed = await llm.astream_complete(prompt)
+        deltas = [response.delta async for response in streamed]
+        return list(answers), [c.text for c in completions] + ["".join(deltas)]
+
+    try:
+        answers, completions = asyncio.run(together())
+    finally:
+        scheduler.on_step = None
+    assert [answer.response for answer in answers] == alone
+    assert all(isinstance(answer, Response) and answer.metadata["usage"]["cache_misses"] == 0 for answer in answers)
+    assert completions == [completion] * 4
+    assert max(report.sequences for report in reports) > 1, "the concurrent queries were not batched"
 
 
 def test_llm_sampling_is_fresh_without_a_seed_and_reproducible_with_one(llm: HypicLLM) -> None:

@@ -6,12 +6,19 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, CompletionResponse, CompletionResponseGen, LLMMetadata
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+)
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
+from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
@@ -36,7 +43,9 @@ class HypicLLM(CustomLLM):
 
     `complete(prompt)`: segments of the prompt separated by `separator` are cached and reused wherever they land;
     the last segment is the query. `chat(messages)`: each earlier message is its own cached segment. Usage
-    (prompt, cached, recomputed and completion tokens) is in `CompletionResponse.additional_kwargs`.
+    (prompt, cached, recomputed and completion tokens) is in `CompletionResponse.additional_kwargs`. Generations
+    go through the runtime's scheduler: concurrent calls (threads, or `acomplete` / `astream_complete` awaited
+    together) are batched.
     """
 
     model_path: str | None = Field(default=None, description="Checkpoint directory; None: the bundled default model.")
@@ -97,11 +106,13 @@ class HypicLLM(CustomLLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         mode = check_mode(kwargs.get("mode", self.mode))
         generation = self._runtime.generate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
-        return CompletionResponse(
-            text=generation.text,
-            additional_kwargs={**usage_of(generation), "finish_reason": generation.finish_reason, "mode": mode},
-            raw={"timings": dict(generation.timings)},
-        )
+        return _completion_response(generation, mode)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        mode = check_mode(kwargs.get("mode", self.mode))
+        generation = await self._runtime.agenerate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
+        return _completion_response(generation, mode)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
@@ -116,3 +127,25 @@ class HypicLLM(CustomLLM):
                 yield CompletionResponse(text=text, delta=delta)
 
         return generate()
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        mode = check_mode(kwargs.get("mode", self.mode))
+        request = self._request(prompt, formatted)
+        params = self.sampling(**kwargs)
+
+        async def generate() -> CompletionResponseAsyncGen:
+            text = ""
+            async for delta in self._runtime.astream(request, mode, params):
+                text += delta
+                yield CompletionResponse(text=text, delta=delta)
+
+        return generate()
+
+
+def _completion_response(generation: Generation, mode: str) -> CompletionResponse:
+    return CompletionResponse(
+        text=generation.text,
+        additional_kwargs={**usage_of(generation), "finish_reason": generation.finish_reason, "mode": mode},
+        raw={"timings": dict(generation.timings)},
+    )

@@ -53,7 +53,21 @@ class HypicQueryEngine(CustomQueryEngine):
     def custom_query(self, query_str: str) -> Response | StreamingResponse:
         began = time.perf_counter()
         nodes: list[NodeWithScore] = self.retriever.retrieve(query_str)
+        return self._answer(query_str, nodes, began, time.perf_counter() - began)
+
+    async def acustom_query(self, query_str: str) -> Response | StreamingResponse:
+        """`custom_query` on an event loop: retrieval through the retriever's `aretrieve` and the generation
+        awaited from the runtime's scheduler, so concurrent `aquery` calls batch."""
+        began = time.perf_counter()
+        nodes: list[NodeWithScore] = await self.retriever.aretrieve(query_str)
         retrieval_seconds = time.perf_counter() - began
+        if self.streaming:
+            return self._answer(query_str, nodes, began, retrieval_seconds)
+        request, mode, params = self._generation_inputs(query_str, nodes)
+        generation = await self.llm.runtime.agenerate(request, mode, params)
+        return self._response(generation, nodes, mode, began, retrieval_seconds)
+
+    def _generation_inputs(self, query_str: str, nodes: list[NodeWithScore]) -> tuple[Any, str, SamplingParams]:
         runtime = self.llm.runtime
         texts = [item.node.get_content(metadata_mode=MetadataMode.NONE) for item in nodes]
         request = runtime.rag_request(texts, query_str)
@@ -64,12 +78,19 @@ class HypicQueryEngine(CustomQueryEngine):
             seed=self.llm.seed,
             stop_strings=(runtime.prompt_format.answer_stop,) if runtime.prompt_format.answer_stop else (),
         )
+        return request, mode, params
+
+    def _answer(
+        self, query_str: str, nodes: list[NodeWithScore], began: float, retrieval_seconds: float
+    ) -> Response | StreamingResponse:
+        runtime = self.llm.runtime
+        request, mode, params = self._generation_inputs(query_str, nodes)
         if self.streaming:
             metadata: dict[str, Any] = {"mode": mode, "retrieval_seconds": retrieval_seconds}
 
             def generate() -> Iterator[str]:
                 stripped = StrippedDeltas()
-                with runtime.stream(request, mode, params) as deltas:  # stopping early releases the lock now
+                with runtime.stream(request, mode, params) as deltas:  # stopping early stops the generation
                     for raw in deltas:
                         delta = stripped.feed(raw)
                         if delta:
@@ -78,7 +99,12 @@ class HypicQueryEngine(CustomQueryEngine):
                 metadata.update(usage=usage_of(generation), timings=dict(generation.timings))
 
             return StreamingResponse(response_gen=generate(), source_nodes=nodes, metadata=metadata)
-        generation = runtime.generate(request, mode, params)
+        return self._response(runtime.generate(request, mode, params), nodes, mode, began, retrieval_seconds)
+
+    @staticmethod
+    def _response(
+        generation: Generation, nodes: list[NodeWithScore], mode: str, began: float, retrieval_seconds: float
+    ) -> Response:
         timings = {"retrieval": retrieval_seconds, **generation.timings}
         timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
         timings["total"] = time.perf_counter() - began

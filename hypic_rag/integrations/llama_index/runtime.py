@@ -1,9 +1,13 @@
-"""The state the LlamaIndex components share: one `ModelSession` per model and cache directory, with a lock."""
+"""The state the LlamaIndex components share: one `ModelSession` per model and cache directory, with one scheduler.
+
+Every generation of the LLM and the query engine goes through the runtime's `Scheduler` (continuous batching), so
+concurrent ones, from threads or async queries (`acomplete`, `aquery`), run together in batched steps."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
 from pathlib import Path
 
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
@@ -11,6 +15,7 @@ from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.scheduler import AsyncQueueSink, Scheduler, SchedulerConfig
 from hypic_rag.session import DEFAULT_SEAM_TOKENS, ModelSession
 from hypic_rag.streaming import ResultStream
 
@@ -19,10 +24,11 @@ __all__ = ["DEFAULT_SEAM_TOKENS", "HypicRuntime", "runtime_for"]
 
 class HypicRuntime(ModelSession):
     """A model, its engine, segment cache (persistent in `cache_dir`, else in memory) and prompt format (a
-    `ModelSession`), shared by the LLM, the query engine and the ingestion transformation. The engine is not
-    thread-safe: one lock serialises its use here (a streaming generation holds it until the stream is consumed
-    or closed). `HypicRuntime.open(model_path, cache_dir=..., seam_tokens=..., device=...)` loads one (None: the
-    bundled default model)."""
+    `ModelSession`), shared by the LLM, the query engine and the ingestion transformation. Generations go through
+    `scheduler` (started on first use, in a thread of its own), so concurrent ones batch; the engine is not
+    thread-safe, so anything else that uses it (precompute) holds `lock`, the lock the scheduler holds during each
+    step. `HypicRuntime.open(model_path, cache_dir=..., seam_tokens=..., device=...)` loads one (None: the bundled
+    default model)."""
 
     _shared: dict[tuple[str, str | None, int, str | None], HypicRuntime] = {}
     _shared_lock = threading.Lock()
@@ -31,7 +37,8 @@ class HypicRuntime(ModelSession):
         self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = ""
     ) -> None:
         super().__init__(engine, prompt_format=prompt_format, model_path=model_path)
-        self.lock = threading.RLock()
+        self.scheduler = Scheduler(engine, SchedulerConfig(max_waiting=None), name="hypic-llama-index-scheduler")
+        self.lock = self.scheduler.lock
 
     @classmethod
     def shared(
@@ -65,6 +72,7 @@ class HypicRuntime(ModelSession):
             for key, runtime in list(self._shared.items()):
                 if runtime is self:
                     del self._shared[key]
+        self.scheduler.stop()
         with self.lock:
             super().close()
 
@@ -94,21 +102,42 @@ class HypicRuntime(ModelSession):
         )
 
     def generate(self, request: Request, mode: str, params: SamplingParams) -> Generation:
-        with self.lock:
-            return self.engine.generate(request, mode, params)
+        """The `Generation` of `request`, batched with whatever else is generating."""
+        return self.scheduler.start().generate(request, mode, params)
 
     def stream(self, request: Request, mode: str, params: SamplingParams) -> ResultStream[str, Generation]:
-        """Non-empty text deltas as they are generated, the runtime's lock held until the stream ends or is
-        closed; its `.result` is the `Generation`."""
+        """Non-empty text deltas as they are generated (batched with whatever else is generating); closing the
+        stream early stops the generation; its `.result` is the `Generation`."""
 
         def deltas() -> Generator[str, None, Generation]:
-            with self.lock, self.engine.stream(request, mode, params) as inner:
+            with self.scheduler.start().stream(request, mode, params) as inner:
                 for _, delta in inner:
                     if delta:
                         yield delta
                 return inner.result
 
         return ResultStream(deltas())
+
+    async def agenerate(self, request: Request, mode: str, params: SamplingParams) -> Generation:
+        """`generate` for an event loop: awaits the scheduler without blocking the loop, so concurrent async
+        queries batch (a cancelled await cancels the generation)."""
+        sink = AsyncQueueSink(asyncio.get_running_loop())
+        sequence = self.scheduler.start().submit(request, mode, params, sink=sink)
+        try:
+            return await sink.future
+        finally:
+            if not sink.future.done():
+                sequence.cancel()
+
+    async def astream(self, request: Request, mode: str, params: SamplingParams) -> AsyncGenerator[str, None]:
+        """Non-empty text deltas on an event loop (stopping early cancels the generation); raises what the
+        generation raised."""
+        sink = AsyncQueueSink(asyncio.get_running_loop())
+        sequence = self.scheduler.start().submit(request, mode, params, sink=sink)
+        async for _, delta in sink.events(sequence):
+            if delta:
+                yield delta
+        await sink.future
 
 
 def runtime_for(
