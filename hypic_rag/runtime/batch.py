@@ -151,9 +151,8 @@ def run_batch(model: HybridModel, items: list[BatchItem]) -> list[BatchItemResul
     layouts, flat_ids = _lay_out(items, device)
     ids = torch.tensor(flat_ids, dtype=torch.long, device=device)
     hidden = model.backbone.embed_tokens(ids)  # [R, hidden], R = all items' recomputed tokens
-    longest = max(layout.total for layout in layouts)
-    cos_all, sin_all = L.rotary_tables(model.backbone.rotary_emb, torch.arange(longest, device=device), hidden)
     positions = torch.cat([layout.positions for layout in layouts])
+    rotary = _Rotary(model.backbone.rotary_emb, positions, hidden, layouts)
     for layout in layouts:
         _prepare_state(model, layout, hidden)
     for layer_index, layer in enumerate(model.layers):
@@ -161,7 +160,7 @@ def run_batch(model: HybridModel, items: list[BatchItem]) -> list[BatchItemResul
         if model.layer_types[layer_index] == LINEAR_LAYER:
             mixed = _linear_layer_batch(layer.linear_attn, layer_index, x, layouts, model.dtype)
         else:
-            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, positions, cos_all, sin_all)
+            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, rotary)
         hidden = hidden + mixed
         hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
     last_rows = torch.tensor([layout.row + layout.recomputed - 1 for layout in layouts], device=device)
@@ -200,20 +199,30 @@ def _checkpoints(layout: _Layout) -> list[DecodeState]:
 # ---------------------------------------------------------------------------------------------- attention
 
 
+class _Rotary:
+    """cos / sin of the pass: for the recomputed tokens' positions, and for every position up to the longest item
+    only when some item rotates cached keys in (a decode step needs its new positions only). The tables are an
+    elementwise function of the position, so either way gives the same values."""
+
+    def __init__(self, rotary_embedding: torch.nn.Module, positions: torch.Tensor, like: torch.Tensor,
+                 layouts: list[_Layout]) -> None:
+        rotates = any(span.entry is not None and span.recompute < span.length for layout in layouts for span in layout.spans)
+        if rotates:
+            longest = max(layout.total for layout in layouts)
+            self.cos_all, self.sin_all = L.rotary_tables(rotary_embedding, torch.arange(longest, device=like.device), like)
+            self.cos, self.sin = self.cos_all[positions], self.sin_all[positions]
+        else:
+            self.cos, self.sin = L.rotary_tables(rotary_embedding, positions, like)
+
+
 def _attention_layer_batch(
-    attention: torch.nn.Module,
-    layer_index: int,
-    x: torch.Tensor,
-    layouts: list[_Layout],
-    positions: torch.Tensor,
-    cos_all: torch.Tensor,
-    sin_all: torch.Tensor,
+    attention: torch.nn.Module, layer_index: int, x: torch.Tensor, layouts: list[_Layout], rotary: _Rotary
 ) -> torch.Tensor:
     """Projections and rotary over the flat tokens x [R, hidden]; each item's queries attend causally over its own
     keys and values (fresh ones written into its buffers, cached ones rotated in when its state is new). [R, hidden]."""
     query, key, value, gate = L.attention_inputs(attention, x)  # [Hq, R, D], [Hkv, R, D]
-    query = L.apply_rotary(query, cos_all[positions], sin_all[positions])
-    key = L.apply_rotary(key, cos_all[positions], sin_all[positions])
+    query = L.apply_rotary(query, rotary.cos, rotary.sin)
+    key = L.apply_rotary(key, rotary.cos, rotary.sin)
     core = query.new_empty(x.shape[0], query.shape[0] * query.shape[2])
     for layout in layouts:
         keys, values = layout.state.keys[layer_index], layout.state.values[layer_index]
@@ -227,14 +236,32 @@ def _attention_layer_batch(
                 at = span.start + count
                 values[:, at : span.start + span.length] = span.entry[tensor_name(layer_index, "value")][:, count:]
                 rotate_from = at if layout.item.options.reposition_keys else count
-                _rotate_into(keys, at, span.entry[tensor_name(layer_index, "key")][:, count:], cos_all, sin_all, rotate_from)
+                _rotate_into(keys, at, span.entry[tensor_name(layer_index, "key")][:, count:], rotary.cos_all,
+                             rotary.sin_all, rotate_from)
                 layout.compose_seconds += time.perf_counter() - began
         rows = slice(layout.row, layout.row + layout.recomputed)
+        if layout.recomputed == 1:  # a decode token sees every key: no mask, and no kernel launch overhead
+            core[rows] = _one_query_attention(attention, query[:, rows], keys[:, : layout.total], values[:, : layout.total])
+            continue
         key_index = torch.arange(layout.total, device=x.device)
         core[rows] = L.attention_core(
             attention, query[:, rows], keys[:, : layout.total], values[:, : layout.total], layout.positions, key_index
         )
     return L.attention_output(attention, core, gate)
+
+
+def _one_query_attention(
+    attention: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+) -> torch.Tensor:
+    """Attention of one query [Hq, 1, D] over all of keys / values [Hkv, N, D] (grouped-query heads share theirs):
+    two small matmuls and a softmax, without copying the keys per query head. Returns [1, Hq*D]; the same as
+    `layers.attention_core` (which goes through scaled_dot_product_attention) up to float32 round-off."""
+    heads, _, head_dim = query.shape
+    kv_heads = keys.shape[0]
+    grouped = query.reshape(kv_heads, heads // kv_heads, head_dim)  # query heads of one kv head are consecutive
+    scores = torch.matmul(grouped, keys.to(query.dtype).transpose(1, 2)) * attention.scaling  # [Hkv, G, N]
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    return torch.matmul(weights, values.to(query.dtype)).reshape(1, heads * head_dim)
 
 
 # ---------------------------------------------------------------------------------------------- linear attention
