@@ -7,10 +7,11 @@ spans are a request's plan (`Engine.plan_prefill`, any mode); a decode step is a
 after a running sequence's `SequenceState`. Per layer:
 - token-wise over the flat tokens of all items at once: embedding, norms, projections (linear-attention inputs,
   q/k/v), output projections, MLPs, the LM head (the last token of each item);
-- per sequence: the short conv from each item's own conv tail and the gated delta rule from its own recurrent
-  state ([H, K, V]; runs of many items evaluated in one padded call: the seams' affine maps together, the last
-  runs (questions, decode tokens) together from their stacked start states [n, H, K, V]), and attention of each
-  item's queries over its own keys and values (its own causal view), one call per item.
+- per sequence: the short conv from each item's own conv tail; the gated delta rule from its own recurrent state
+  ([H, K, V]), the items' walks over their spans advancing together so that the runs of many items (seams,
+  questions, decode tokens) go through one padded call from their stacked states [n, H, K, V] and their cached
+  spans' affine maps through one batched matmul; attention of each item's queries over its own keys and values
+  (its own causal view), one call per item.
 A running sequence's `SequenceState` is advanced in place: its new keys and values are written into its buffers.
 """
 
@@ -21,19 +22,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hypic_rag.entry import LINEAR_LAYER, tensor_name
+from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, tensor_name
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
-from hypic_rag.runtime.stack import (
-    Span,
-    StackOptions,
-    _advance_tail_cached,
-    _apply_pending,
-    _merge_recomputed_spans,
-    _rotate_into,
-)
+from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule
+from hypic_rag.runtime.segment_state import SegmentState
+from hypic_rag.runtime.stack import Span, StackOptions, _advance_tail_cached, _merge_recomputed_spans, _rotate_into
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 
 
@@ -278,6 +273,17 @@ class _Run:
     context: torch.Tensor
 
 
+@dataclass(slots=True)
+class _Op:
+    """One step of an item's walk over its spans in a linear layer: run `run` (a recomputed run) from the state, or
+    apply `entry`'s cached suffix map to it. `ends_span`: the state after it is the state at its span's end."""
+
+    span: int
+    run: int | None = None
+    entry: dict[str, torch.Tensor] | None = None
+    ends_span: bool = False
+
+
 def _length_class(count: int) -> int:
     """Runs are padded to the next power of two of their length class (at most 2x padding per group)."""
     return 1 << max(0, (count - 1).bit_length())
@@ -294,29 +300,41 @@ def _group_runs(numbers: list[int], runs: list[_Run]) -> list[list[int]]:
 def _linear_layer_batch(
     mixer: torch.nn.Module, layer_index: int, x: torch.Tensor, layouts: list[_Layout], dtype: torch.dtype
 ) -> torch.Tensor:
-    """One Gated DeltaNet layer over the flat tokens x [R, hidden] of every item (see `stack._linear_layer`, which
-    does the same for one item). Returns [R, hidden]; sets each item's new linear state (and per-span states)."""
+    """One Gated DeltaNet layer over the flat tokens x [R, hidden] of every item. Returns [R, hidden]; sets each
+    item's new linear state (and per-span states when it wants checkpoints).
+
+    Each item walks its spans as `stack._linear_layer` does for one: recomputed runs evaluated from the running
+    state (their conv from the running conv tail), cached remainders applied as affine maps (P h + Z, or h + Z in
+    `addition`). The walks advance together, one step of every item at a time (a wavefront): the runs of a step go
+    through the gated delta rule in one padded call per length class from their stacked states [n, H, K, V], the
+    cached maps of a step in one batched matmul. (Alone, `run_stack` evaluates a request's seams at once through
+    their affine maps instead; both are exact, and agree to float32 round-off.)
+    """
     device = x.device
     preconv, output_gate, b, a = L.linear_projections(mixer, x)
     runs: list[_Run] = []
-    item_runs: list[list[int]] = []
+    walks: list[list[_Op]] = []
     final_tails: list[torch.Tensor] = []
     tails_after: list[list[torch.Tensor]] = []
     for number, layout in enumerate(layouts):
         previous = _previous_linear(layout, layer_index)
         tail = previous.conv_tail.float() if previous is not None else L.empty_conv_tail(mixer, device)
-        mine: list[int] = []
+        walk: list[_Op] = []
         after: list[torch.Tensor] = []
         for span_number, (span, (offset, count)) in enumerate(zip(layout.spans, layout.offsets)):
             if count:
                 row = layout.row + offset
-                mine.append(len(runs))
+                walk.append(_Op(span_number, run=len(runs)))
                 runs.append(_Run(number, span_number, row, count, tail))
                 tail = L.advance_conv_tail(tail, preconv[row : row + count])
             if span.entry is not None and count < span.length:
+                if int(span.entry[SEAM_TOKENS]) != count:
+                    raise ValueError(f"entry was encoded with seam {int(span.entry[SEAM_TOKENS])}, span recomputes {count}")
+                walk.append(_Op(span_number, entry=span.entry))
                 tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count)
+            walk[-1].ends_span = True
             after.append(tail)
-        item_runs.append(mine)
+        walks.append(walk)
         final_tails.append(tail)
         tails_after.append(after)
 
@@ -331,83 +349,59 @@ def _linear_layer_batch(
         for index, n in enumerate(group):
             inputs[n] = tuple(part[index : index + 1] for part in parts)
 
-    # the affine map of every run but an item's last, for items with cached spans (one call per length class)
-    batched: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    mapped = [
-        n for layout, mine in zip(layouts, item_runs)
-        if len(mine) > 1 and any(span.entry is not None for span in layout.spans) for n in mine[:-1]
-    ]
-    for group in _group_runs(mapped, runs):
-        width = max(runs[n].count for n in group)
-        parts = [torch.cat([inputs[n][k][:, :, :width] for n in group]) for k in range(5)]
-        zero_outputs, transition_outputs, maps = gated_delta_rule_with_transition(*parts)
-        for index, n in enumerate(group):
-            batched[n] = (zero_outputs[index], transition_outputs[index], maps.transition[index], maps.state[index])
-
-    core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
-    # each item's walk over its spans; a last run with nothing after it waits for the batched call below
-    deferred: list[tuple[int, int, torch.Tensor]] = []  # (layout number, run number, start state)
-    for number, layout in enumerate(layouts):
+    states: list[torch.Tensor] = []
+    for layout in layouts:
         previous = _previous_linear(layout, layer_index)
-        recurrent = (
+        states.append(
             previous.recurrent.float()
             if previous is not None
             else torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
         )
-        mine = item_runs[number]
-        last_span = len(layout.spans) - 1
-        final_run = mine[-1] if mine and runs[mine[-1]].span == last_span and layout.spans[-1].entry is None else None
-        run_of = {runs[n].span: n for n in mine}
-        pending: list[tuple[dict[str, torch.Tensor], int]] = []
-        options = layout.item.options
-        for span_number, (span, (_, count)) in enumerate(zip(layout.spans, layout.offsets)):
-            if pending and count:
-                recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
-                layout.compose_seconds += seconds
-            if count:
-                n = run_of[span_number]
+    core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
+    for wave in range(max(len(walk) for walk in walks)):
+        steps = [(number, walk[wave]) for number, walk in enumerate(walks) if wave < len(walk)]
+        run_of = {op.run: number for number, op in steps if op.run is not None}
+        for group in _group_runs(list(run_of), runs):
+            width = max(runs[n].count for n in group)
+            parts = [torch.cat([inputs[n][k][:, :, :width] for n in group]) for k in range(5)]
+            outputs, finals = gated_delta_rule(*parts, torch.stack([states[run_of[n]] for n in group]))
+            for index, n in enumerate(group):
                 run = runs[n]
-                if n == final_run:
-                    deferred.append((number, n, recurrent))
-                    break
-                if n in batched:
-                    zero_output, transition_output, transition, state = batched[n]
-                    core[:, run.row : run.row + count] = zero_output[:, :count] + transition_output[:, :count] @ recurrent
-                    recurrent = transition @ recurrent + state
-                else:
-                    query, key, value, log_decay, beta = (part[:, :, :count] for part in inputs[n])
-                    output, final = gated_delta_rule(query, key, value, log_decay, beta, recurrent[None])
-                    core[:, run.row : run.row + count] = output[0]
-                    recurrent = final[0]
-            if span.entry is not None and count < span.length:
-                pending.append((span.entry, count))
-                if layout.item.want_checkpoints:
-                    recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
-                    layout.compose_seconds += seconds
-            if layout.item.want_checkpoints:
-                layout.span_linear[span_number][layer_index] = LinearLayerState(recurrent, tails_after[number][span_number])
-        else:
-            if pending:
-                recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
-                layout.compose_seconds += seconds
-            layout.state.linear[layer_index] = LinearLayerState(recurrent, final_tails[number])
-
-    # the last runs (questions, decode tokens) of many items: one call per length class from stacked start states
-    by_run = {n: (number, start) for number, n, start in deferred}
-    for group in _group_runs([n for _, n, _ in deferred], runs):
-        width = max(runs[n].count for n in group)
-        parts = [torch.cat([inputs[n][k][:, :, :width] for n in group]) for k in range(5)]
-        starts = torch.stack([by_run[n][1] for n in group])
-        outputs, finals = gated_delta_rule(*parts, starts)
-        for index, n in enumerate(group):
-            run, number = runs[n], by_run[n][0]
-            core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
-            layout = layouts[number]
-            state = LinearLayerState(finals[index], final_tails[number])
-            layout.state.linear[layer_index] = state
-            if layout.item.want_checkpoints:
-                layout.span_linear[run.span][layer_index] = state
+                core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
+                states[run_of[n]] = finals[index]
+        for composition in ("transition", "addition"):
+            applied = [(number, op) for number, op in steps
+                       if op.entry is not None and layouts[number].item.options.composition == composition]
+            if applied:
+                _apply_cached_batch(applied, states, layouts, layer_index, composition)
+        for number, op in steps:
+            if op.ends_span and layouts[number].item.want_checkpoints:
+                layouts[number].span_linear[op.span][layer_index] = LinearLayerState(
+                    states[number], tails_after[number][op.span]
+                )
+    for number, layout in enumerate(layouts):
+        layout.state.linear[layer_index] = LinearLayerState(states[number], final_tails[number])
     return L.linear_mixer_output(mixer, core, output_gate, dtype)
+
+
+def _apply_cached_batch(
+    applied: list[tuple[int, _Op]], states: list[torch.Tensor], layouts: list[_Layout], layer_index: int,
+    composition: str,
+) -> None:
+    """Advance the states of several items over one cached span each, in one batched matmul: P S + Z (or S + Z)."""
+    began = time.perf_counter()
+    start = torch.stack([states[number] for number, _ in applied])
+    suffix = torch.stack([op.entry[tensor_name(layer_index, "suffix_state")].float() for _, op in applied])
+    if composition == "addition":
+        end = start + suffix
+    else:
+        transition = torch.stack([op.entry[tensor_name(layer_index, "transition")].float() for _, op in applied])
+        end = SegmentState(transition, suffix).apply(start)
+    for index, (number, _) in enumerate(applied):
+        states[number] = end[index]
+    share = (time.perf_counter() - began) / len(applied)
+    for number, _ in applied:
+        layouts[number].compose_seconds += share
 
 
 def _gather(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.Tensor:
