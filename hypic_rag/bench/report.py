@@ -71,8 +71,39 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "## Seam sweep (hypic, workload rag_qa k=8)", "", "| seam | TTFT p50 (s) | recomputed | KL vs full | greedy agree |", "| --- | --- | --- | --- | --- |"]
         for row in result["seam_sweep"]:
             lines.append(f"| {row['seam_tokens']} | {_format(row['ttft_p50'])} | {row['recomputed_fraction']:.3f} | {_format(row['kl_vs_full'])} | {row['greedy_agreement_vs_full']:.2f} |")
+    lines += throughput_markdown(result.get("throughput") or {})
     lines += ["", f"Reproduce: `{result['command']}` ({result['seconds']:.0f} s)."]
     return "\n".join(lines) + "\n"
+
+
+THROUGHPUT_TITLES = {
+    "engine": "Continuous batching on the timing model (RAG k = 8, warm cache, hypic, answers of {new_tokens} tokens)",
+    "server": "Continuous batching through the service (bundled default model, example corpus, {endpoint}, "
+              "max_new_tokens {new_tokens})",
+}
+
+
+def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
+    """The throughput section's tables: per client count, batched and one at a time, and their ratios."""
+    lines: list[str] = []
+    for name, section in throughput.items():
+        lines += ["", f"## {THROUGHPUT_TITLES[name].format(**section)}", ""]
+        lines.append("Closed loop: each client sends its next request when its answer is complete; TTFT and latency "
+                     "are measured by the client (queue wait included).")
+        lines += ["", "| clients | serving | completed | req/s | TTFT p50 (s) | TTFT p95 (s) | latency p50 (s) "
+                  "| tokens/answer |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for way, label in (("one_at_a_time", "one at a time"), ("batched", "batched")):
+            for cell in section[way]:
+                lines.append(
+                    f"| {cell['clients']} | {label} (max running {cell['max_running']}) | {cell['completed']} "
+                    f"| {_format(cell['requests_per_second'])} | {_format(cell['ttft_p50'])} | {_format(cell['ttft_p95'])} "
+                    f"| {_format(cell['latency_p50'])} | {cell['mean_completion_tokens']:.1f} |"
+                )
+        lines += ["", "| clients | batched / one at a time, req/s | one at a time / batched, TTFT p50 |", "| --- | --- | --- |"]
+        for row in section["comparison"]:
+            lines.append(f"| {row['clients']} | {_format(row['requests_per_second_ratio'])}x "
+                         f"| {_format(row['ttft_p50_ratio'])}x |")
+    return lines
 
 
 WORKLOAD_TITLES = (
@@ -205,7 +236,7 @@ def plots(result: dict[str, Any], directory: Path) -> list[Path]:
         return []
     written = []
     profile = result["config"]["profile"]
-    figures = [(f"ttft_by_mode_{profile}.png", ttft_figure)]
+    figures = [(f"ttft_by_mode_{profile}.png", ttft_figure)] if result.get("workloads") else []
     if result.get("seam_sweep"):
         figures.append((f"seam_sweep_{profile}.png", seam_figure))
     for name, draw in figures:
@@ -219,9 +250,10 @@ def plots(result: dict[str, Any], directory: Path) -> list[Path]:
 
 def write_report(result: dict[str, Any], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    json_path = directory / f"bench_{result['config']['profile']}.json"
+    name = f"bench_{result['config']['profile']}{result.get('file_suffix', '')}"
+    json_path = directory / f"{name}.json"
     json_path.write_text(json.dumps(result, indent=2) + "\n")
-    markdown_path = directory / f"bench_{result['config']['profile']}.md"
+    markdown_path = directory / f"{name}.md"
     markdown_path.write_text(markdown(result))
     return [json_path, markdown_path, *plots(result, directory)]
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from hypic_rag.bench import workloads as W
+from hypic_rag.bench.batching import ThroughputConfig, engine_throughput, server_throughput
 from hypic_rag.bench.floor import measure_rates
 from hypic_rag.bench.measure import measure_workload, seam_sweep
 from hypic_rag.bench.timing_model import TIMING_MODELS, build_timing_model
@@ -46,6 +47,10 @@ class BenchConfig:
     throughput_requests: int
     throughput_seconds: float
     workloads: tuple[str, ...] = ("rag_qa", "long_context", "agentic", "cold")
+    batching_clients: tuple[int, ...] = (1, 4, 8, 16)
+    batching_requests: int = 48
+    batching_seconds: float = 120.0
+    batching_server: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.workloads) - {"rag_qa", "long_context", "agentic", "cold"}
@@ -55,6 +60,8 @@ class BenchConfig:
             raise ValueError(f"unknown timing model {self.timing_model!r}")
         if self.requests < 1 or self.pool_size < max(self.top_ks):
             raise ValueError("need at least one request and a pool at least as large as the largest k")
+        if self.pool_size < 8:
+            raise ValueError("the throughput section draws k = 8 chunks: the pool needs at least 8")
 
 
 PROFILES: dict[str, BenchConfig] = {
@@ -62,7 +69,7 @@ PROFILES: dict[str, BenchConfig] = {
         profile="quick", timing_model="small", seam_tokens=8, chunk_tokens=128, pool_size=24, top_ks=(4, 8),
         requests=5, warmup=4, long_chunks=12, long_chunk_tokens=128, long_requests=2, agentic_turns=4,
         cold_requests=2, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=3, clients=2, throughput_requests=4,
-        throughput_seconds=15.0,
+        throughput_seconds=15.0, batching_requests=24, batching_seconds=30.0,
     ),
     # the timing model at realistic chunk sizes, workload 1 at k = 8 and cold requests: ~30 min on 2 CPU cores
     "standard": BenchConfig(
@@ -76,7 +83,8 @@ PROFILES: dict[str, BenchConfig] = {
         profile="test", timing_model="tiny", seam_tokens=4, chunk_tokens=24, pool_size=8, top_ks=(4,),
         requests=2, warmup=2, long_chunks=4, long_chunk_tokens=24, long_requests=1, agentic_turns=2,
         cold_requests=1, sweep_seams=(0, 4), sweep_requests=1, clients=2, throughput_requests=2,
-        throughput_seconds=10.0,
+        throughput_seconds=10.0, batching_clients=(1, 3), batching_requests=6, batching_seconds=30.0,
+        batching_server=False,
     ),
     "full": BenchConfig(
         profile="full", timing_model="medium", seam_tokens=8, chunk_tokens=256, pool_size=48, top_ks=(4, 8, 16),
@@ -95,8 +103,17 @@ def machine_description() -> str:
     )
 
 
-def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = True, seed: int = 0) -> dict[str, Any]:
-    """Run every workload of `config` and return the result dict (see report.py for its layout)."""
+SECTIONS = ("modes", "throughput")
+"""What a run measures: the modes side by side (workloads, seam sweep) and continuous batching's throughput."""
+
+
+def run_benchmark(
+    config: BenchConfig, *, command: str, show_progress: bool = True, seed: int = 0, sections: tuple[str, ...] = SECTIONS
+) -> dict[str, Any]:
+    """Run the `sections` of `config` and return the result dict (see report.py for its layout)."""
+    unknown = set(sections) - set(SECTIONS)
+    if unknown or not sections:
+        raise ValueError(f"sections must be among {', '.join(SECTIONS)}, got {sorted(sections)}")
     began = time.time()
     rates = measure_rates()  # the machine's floor rates, first, on this run's threads
     hf_model = build_timing_model(config.timing_model, seed=seed)
@@ -104,16 +121,16 @@ def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = Tr
     parameters = sum(p.numel() for p in hf_model.parameters())
     tokens = W.TokenSource(hf_model.config.vocab_size, seed)
     workloads: list[W.Workload] = []
-    if "rag_qa" in config.workloads:
+    if "rag_qa" in config.workloads and "modes" in sections:
         workloads += [
             W.rag_qa(tokens, top_k=k, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens, requests=config.requests, warmup=config.warmup)
             for k in config.top_ks
         ]
-    if "long_context" in config.workloads:
+    if "long_context" in config.workloads and "modes" in sections:
         workloads.append(W.long_context(tokens, chunks=config.long_chunks, chunk_tokens=config.long_chunk_tokens, requests=config.long_requests))
-    if "agentic" in config.workloads:
+    if "agentic" in config.workloads and "modes" in sections:
         workloads.append(W.agentic(tokens, turns=config.agentic_turns, documents=12, document_tokens=config.chunk_tokens, tool_tokens=config.chunk_tokens // 2, per_turn=4))
-    if "cold" in config.workloads:
+    if "cold" in config.workloads and "modes" in sections:
         workloads.append(W.cold(tokens, top_k=8, chunk_tokens=config.chunk_tokens, requests=config.cold_requests))
     results = []
     for workload in workloads:
@@ -126,8 +143,14 @@ def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = Tr
                 encode_chunks=8 if workload is workloads[0] else 0,
             )
         )
-    sweep_workload = W.rag_qa(tokens, top_k=8, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens, requests=config.sweep_requests, warmup=0)
-    sweep = seam_sweep(model, sweep_workload, config.sweep_seams, show_progress) if config.sweep_seams else []
+    sweep: list[dict[str, float]] = []
+    if "modes" in sections and config.sweep_seams:
+        sweep_workload = W.rag_qa(tokens, top_k=8, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens,
+                                  requests=config.sweep_requests, warmup=0)
+        sweep = seam_sweep(model, sweep_workload, config.sweep_seams, show_progress)
+    throughput: dict[str, Any] = {}
+    if "throughput" in sections:
+        throughput = run_throughput(config, model, tokens, show_progress)
     result: dict[str, Any] = {
         "benchmark": "hypic-rag",
         "command": command,
@@ -143,6 +166,27 @@ def run_benchmark(config: BenchConfig, *, command: str, show_progress: bool = Tr
         },
         "workloads": results,
         "seam_sweep": sweep,
+        "throughput": throughput,
+        "sections": list(sections),
+        "file_suffix": "" if set(sections) == set(SECTIONS) else "_" + "_".join(sections),
     }
     result["seconds"] = time.time() - began
     return result
+
+
+def run_throughput(config: BenchConfig, model: Any, tokens: W.TokenSource, show_progress: bool) -> dict[str, Any]:
+    """Continuous batching against one request at a time, closed loop (`bench/batching.py`): RAG k = 8 on the
+    timing model, 16-token answers; and, unless the profile turns it off, the real server with the bundled model."""
+    settings = ThroughputConfig(clients=config.batching_clients, max_requests=config.batching_requests,
+                                max_seconds=config.batching_seconds)
+    workload = W.rag_qa(tokens, top_k=8, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens,
+                        requests=max(32, config.batching_requests), warmup=0)
+    logger.info("throughput: engine, %s clients", settings.clients)
+    section: dict[str, Any] = {
+        "engine": engine_throughput(model, workload.requests, settings, seam_tokens=config.seam_tokens,
+                                    show_progress=show_progress),
+    }
+    if config.batching_server:
+        logger.info("throughput: server with the bundled model, %s clients", settings.clients)
+        section["server"] = server_throughput(settings)
+    return section

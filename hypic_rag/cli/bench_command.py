@@ -21,8 +21,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="explicit profile (overrides --quick; default quick)")
     parser.add_argument("--output", default=DEFAULT_OUTPUT,
                         help=f"directory for JSON, markdown and PNG (default ./{DEFAULT_OUTPUT}, created)")
+    parser.add_argument("--sections", default="modes,throughput", type=_sections, metavar="LIST",
+                        help="what to measure, comma-separated: modes (the six modes side by side, the seam sweep), "
+                             "throughput (continuous batching against one request at a time, closed loop, on the "
+                             "timing model and through the server with the bundled model); default both")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
+
+
+def _sections(text: str) -> tuple[str, ...]:
+    from hypic_rag.bench.run import SECTIONS
+
+    sections = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [section for section in sections if section not in SECTIONS]
+    if unknown or not sections:
+        raise argparse.ArgumentTypeError(f"choose among {', '.join(SECTIONS)} (comma-separated), got {text!r}")
+    return sections
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
     profile = args.profile or "quick"
     config = PROFILES[profile]
     command = f"hypic-rag bench --profile {profile}"
+    if set(args.sections) != {"modes", "throughput"}:
+        command += f" --sections {','.join(args.sections)}"
     print(f"benchmark profile {profile}; results go to {output.resolve()}", file=sys.stderr)
-    result = run_benchmark(config, command=command, show_progress=not args.no_progress and sys.stderr.isatty())
+    result = run_benchmark(config, command=command, show_progress=not args.no_progress and sys.stderr.isatty(),
+                           sections=args.sections)
     written = write_report(result, output)
     print(markdown(result))
     print("written: " + ", ".join(str(path) for path in written))

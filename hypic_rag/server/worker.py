@@ -299,8 +299,10 @@ class ModelWorker:
                     if kind == "task":
                         self._execute(item)
                     elif kind == "step":
-                        self._last_step_at = time.perf_counter()
-                        self.scheduler.step()
+                        try:
+                            self.scheduler.step()
+                        finally:
+                            self._last_step_at = time.perf_counter()  # queued requests get their start budget now
                     else:
                         self._step(item)
                 except Exception as error:  # a bug: the worker goes on serving the others

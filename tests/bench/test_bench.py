@@ -53,6 +53,28 @@ def test_bench_end_to_end(tmp_path) -> None:
             assert rows["hypic"]["throughput"]["completed"] >= 1
     sweep = {row["seam_tokens"]: row for row in result["seam_sweep"]}
     assert sweep[0]["recomputed_fraction"] < sweep[4]["recomputed_fraction"]
+    # continuous batching against one request at a time, per client count, with the answer length asked for
+    engine = result["throughput"]["engine"]
+    assert "server" not in result["throughput"]  # the test profile leaves the bundled-model server out
+    clients = list(result["config"]["batching_clients"])
+    for way, running in (("batched", clients), ("one_at_a_time", [1] * len(clients))):
+        assert [cell["clients"] for cell in engine[way]] == clients
+        assert [cell["max_running"] for cell in engine[way]] == running
+        for cell in engine[way]:
+            assert cell["completed"] >= 1 and cell["failed"] == 0 and cell["requests_per_second"] > 0
+            assert cell["mean_completion_tokens"] == engine["new_tokens"] == 16
+            assert 0 < cell["ttft_p50"] <= cell["ttft_p95"] and cell["ttft_p50"] <= cell["latency_p50"]
+    assert [row["clients"] for row in engine["comparison"]] == clients
+    assert "batched / one at a time" in (tmp_path / "bench_test.md").read_text()
+
+
+def test_bench_sections_are_checked(tmp_path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "hypic_rag.cli.main", "bench", "--sections", "modes,speed", "--output", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 2
+    assert "--sections: choose among modes, throughput" in completed.stderr
 
 
 def test_bench_defaults_to_the_quick_profile_under_the_current_directory() -> None:
