@@ -235,28 +235,38 @@ def _attention_layer_batch(
                              rotary.sin_all, rotate_from)
                 layout.compose_seconds += time.perf_counter() - began
         rows = slice(layout.row, layout.row + layout.recomputed)
-        if layout.recomputed == 1:  # a decode token sees every key: no mask, and no kernel launch overhead
-            core[rows] = _one_query_attention(attention, query[:, rows], keys[:, : layout.total], values[:, : layout.total])
-            continue
-        key_index = torch.arange(layout.total, device=x.device)
-        core[rows] = L.attention_core(
-            attention, query[:, rows], keys[:, : layout.total], values[:, : layout.total], layout.positions, key_index
-        )
+        keys, values = keys[:, : layout.total], values[:, : layout.total]
+        if layout.recomputed <= SMALL_QUERY_TOKENS:  # seams + question, a decode token: two small matmuls
+            core[rows] = _grouped_attention(attention, query[:, rows], keys, values, layout.positions)
+        else:
+            key_index = torch.arange(layout.total, device=x.device)
+            core[rows] = L.attention_core(attention, query[:, rows], keys, values, layout.positions, key_index)
     return L.attention_output(attention, core, gate)
 
 
-def _one_query_attention(
-    attention: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+SMALL_QUERY_TOKENS = 256
+"""Up to this many queries per item, attention is two plain matmuls (scores [H_kv, N, G*T] fit easily); more (a
+`full` or `prefix` prefill) go through `layers.attention_core` (scaled_dot_product_attention)."""
+
+
+def _grouped_attention(
+    attention: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """Attention of one query [Hq, 1, D] over all of keys / values [Hkv, N, D] (grouped-query heads share theirs):
-    two small matmuls and a softmax, without copying the keys per query head. Returns [1, Hq*D]; the same as
-    `layers.attention_core` (which goes through scaled_dot_product_attention) up to float32 round-off."""
-    heads, _, head_dim = query.shape
-    kv_heads = keys.shape[0]
-    grouped = query.reshape(kv_heads, heads // kv_heads, head_dim)  # query heads of one kv head are consecutive
-    scores = torch.matmul(grouped, keys.to(query.dtype).transpose(1, 2)) * attention.scaling  # [Hkv, G, N]
-    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    return torch.matmul(weights, values.to(query.dtype)).reshape(1, heads * head_dim)
+    """Causal attention of queries [Hq, T, D] at sequence `positions` [T] over keys / values [Hkv, N, D] at
+    positions 0..N-1 (key j is seen by a query at p iff j <= p); the query heads of one kv head share its keys,
+    which are read in place (no copy per query head, no transposed copy). Returns [T, Hq*D]: `layers.attention_core`
+    (scaled_dot_product_attention) up to float32 round-off."""
+    heads, tokens, head_dim = query.shape
+    kv_heads, length = keys.shape[0], keys.shape[1]
+    groups = heads // kv_heads
+    grouped = query.reshape(kv_heads, groups * tokens, head_dim)  # head kv * groups + g, token t -> row g * T + t
+    scores = torch.matmul(keys.to(query.dtype), grouped.transpose(1, 2)).float() * attention.scaling  # [Hkv, N, G*T]
+    if int(positions.min()) < length - 1:  # some query does not see every key
+        hidden = torch.arange(length, device=keys.device)[:, None] > positions[None, :]  # [N, T]
+        scores = scores.masked_fill(hidden.repeat(1, groups)[None], float("-inf"))
+    weights = torch.softmax(scores, dim=1).to(query.dtype)
+    out = torch.matmul(weights.transpose(1, 2), values.to(query.dtype))  # [Hkv, G*T, D]
+    return out.reshape(heads, tokens, head_dim).transpose(0, 1).reshape(tokens, heads * head_dim)
 
 
 # ---------------------------------------------------------------------------------------------- linear attention
@@ -338,17 +348,6 @@ def _linear_layer_batch(
         final_tails.append(tail)
         tails_after.append(after)
 
-    # conv + delta-rule inputs of every run, one padded call per length class
-    inputs: list[tuple[torch.Tensor, ...]] = [()] * len(runs)
-    for group in _group_runs(list(range(len(runs))), runs):
-        windows = [(runs[n].row, runs[n].count) for n in group]
-        parts = L.batched_delta_rule_inputs(
-            mixer, _gather(preconv, windows), _gather(b, windows), _gather(a, windows),
-            torch.stack([runs[n].context for n in group]), [count for _, count in windows],
-        )
-        for index, n in enumerate(group):
-            inputs[n] = tuple(part[index : index + 1] for part in parts)
-
     states: list[torch.Tensor] = []
     for layout in layouts:
         previous = _previous_linear(layout, layer_index)
@@ -362,19 +361,23 @@ def _linear_layer_batch(
         steps = [(number, walk[wave]) for number, walk in enumerate(walks) if wave < len(walk)]
         run_of = {op.run: number for number, op in steps if op.run is not None}
         for group in _group_runs(list(run_of), runs):
-            width = max(runs[n].count for n in group)
-            parts = [torch.cat([inputs[n][k][:, :, :width] for n in group]) for k in range(5)]
+            # conv (each run from its own tail) and delta-rule inputs of the group, padded to its longest run
+            windows = [(runs[n].row, runs[n].count) for n in group]
+            parts = L.batched_delta_rule_inputs(
+                mixer, _gather(preconv, windows), _gather(b, windows), _gather(a, windows),
+                torch.stack([runs[n].context for n in group]), [count for _, count in windows],
+            )
             outputs, finals = gated_delta_rule(*parts, torch.stack([states[run_of[n]] for n in group]))
             for index, n in enumerate(group):
                 run = runs[n]
                 core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
                 states[run_of[n]] = finals[index]
-        for composition in ("transition", "addition"):
-            applied = [(number, op) for number, op in steps
-                       if op.entry is not None and layouts[number].item.options.composition == composition]
-            if applied:
-                _apply_cached_batch(applied, states, layouts, layer_index, composition)
         for number, op in steps:
+            if op.entry is not None:  # one item's cached map: P S + Z read in place (stacking would copy them)
+                began = time.perf_counter()
+                states[number] = _apply_cached(states[number], op.entry, layer_index,
+                                               layouts[number].item.options.composition)
+                layouts[number].compose_seconds += time.perf_counter() - began
             if op.ends_span and layouts[number].item.want_checkpoints:
                 layouts[number].span_linear[op.span][layer_index] = LinearLayerState(
                     states[number], tails_after[number][op.span]
@@ -384,24 +387,12 @@ def _linear_layer_batch(
     return L.linear_mixer_output(mixer, core, output_gate, dtype)
 
 
-def _apply_cached_batch(
-    applied: list[tuple[int, _Op]], states: list[torch.Tensor], layouts: list[_Layout], layer_index: int,
-    composition: str,
-) -> None:
-    """Advance the states of several items over one cached span each, in one batched matmul: P S + Z (or S + Z)."""
-    began = time.perf_counter()
-    start = torch.stack([states[number] for number, _ in applied])
-    suffix = torch.stack([op.entry[tensor_name(layer_index, "suffix_state")].float() for _, op in applied])
+def _apply_cached(state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, composition: str) -> torch.Tensor:
+    """The state [H, K, V] after a cached span: P S + Z with its suffix map (S + Z in `addition`)."""
+    suffix = entry[tensor_name(layer_index, "suffix_state")]
     if composition == "addition":
-        end = start + suffix
-    else:
-        transition = torch.stack([op.entry[tensor_name(layer_index, "transition")].float() for _, op in applied])
-        end = SegmentState(transition, suffix).apply(start)
-    for index, (number, _) in enumerate(applied):
-        states[number] = end[index]
-    share = (time.perf_counter() - began) / len(applied)
-    for number, _ in applied:
-        layouts[number].compose_seconds += share
+        return state + suffix.float()
+    return SegmentState(entry[tensor_name(layer_index, "transition")], suffix).apply(state)
 
 
 def _gather(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.Tensor:

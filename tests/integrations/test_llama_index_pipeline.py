@@ -155,7 +155,7 @@ def test_concurrent_async_queries_batch_and_equal_the_same_queries_one_by_one(
     the same batched steps, and each answer is the one the same call gets alone."""
     engine = HypicQueryEngine(retriever=index.as_retriever(similarity_top_k=TOP_K), llm=llm)
     questions = list(SMALL_CORPUS_QUESTIONS.values())
-    prompt = "Orla keeps goats.<<PIC_SEP>>Who keeps goats?"
+    prompt = "Ingrid Holm keeps the Kestrel Bay lighthouse.<<PIC_SEP>>Who keeps the lighthouse?"  # its own segment
     alone = [engine.query(question).response for question in questions]
     completion = llm.complete(prompt).text
     reports = []
