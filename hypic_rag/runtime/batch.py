@@ -9,9 +9,9 @@ after a running sequence's `SequenceState`. Per layer:
   q/k/v), output projections, MLPs, the LM head (the last token of each item);
 - per sequence: the short conv from each item's own conv tail; the gated delta rule from its own recurrent state
   ([H, K, V]), the items' walks over their spans advancing together so that the runs of many items (seams,
-  questions, decode tokens) go through one padded call from their stacked states [n, H, K, V] and their cached
-  spans' affine maps through one batched matmul; attention of each item's queries over its own keys and values
-  (its own causal view), one call per item.
+  questions, decode tokens) go through one padded call from their stacked states [n, H, K, V], with each item's
+  cached spans' affine maps applied to its own state between them; attention of each item's queries over its own
+  keys and values (its own causal view; two small matmuls, or scaled_dot_product_attention for long prefills).
 A running sequence's `SequenceState` is advanced in place: its new keys and values are written into its buffers.
 """
 
@@ -316,8 +316,8 @@ def _linear_layer_batch(
     Each item walks its spans as `stack._linear_layer` does for one: recomputed runs evaluated from the running
     state (their conv from the running conv tail), cached remainders applied as affine maps (P h + Z, or h + Z in
     `addition`). The walks advance together, one step of every item at a time (a wavefront): the runs of a step go
-    through the gated delta rule in one padded call per length class from their stacked states [n, H, K, V], the
-    cached maps of a step in one batched matmul. (Alone, `run_stack` evaluates a request's seams at once through
+    through the gated delta rule in one padded call per length class from their stacked states [n, H, K, V] (their
+    conv and inputs too), and each cached map is applied to its item's state in place. (Alone, `run_stack` evaluates a request's seams at once through
     their affine maps instead; both are exact, and agree to float32 round-off.)
     """
     device = x.device
