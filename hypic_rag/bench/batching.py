@@ -3,24 +3,26 @@
 N clients each send a request, wait for its whole answer, send the next; a cell stops taking new requests after
 `max_requests` or `max_seconds` (the requests in flight finish). Per cell: requests/s (completed / elapsed), time
 to first token and latency p50 / p95, both measured by the client from sending to the first streamed token (queue
-wait included) and to the last. Two ways in:
+wait included) and to the last. The two ways' runs alternate (`repeats` runs each: one at a time, batched, one at
+a time, ...), so that a machine whose speed drifts (shared cores) weighs on both alike. Two ways in:
 - `engine_throughput`: the runtime's `Scheduler` on the timing model, RAG k = 8 with warm entries (`hypic`),
   answers of exactly `new_tokens` tokens (end-of-sequence tokens banned): batched (`max_running` = the clients) and
   one at a time (`max_running` = 1: the same code, one sequence per step).
 - `server_throughput`: the real service (uvicorn on 127.0.0.1, the bundled default model and example corpus,
   `/v1/ask` streamed, top_k 8, max_new_tokens `new_tokens`: the model's answers end at its stop string, often
-  sooner), started with `--max-running 16` and `--max-running 1`.
+  sooner): two servers up side by side, started with `--max-running 16` and `--max-running 1`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,29 +45,40 @@ RunOne = Callable[[int], tuple[float, int]]
 @dataclass(frozen=True, slots=True)
 class ThroughputConfig:
     """clients: the closed-loop client counts; max_requests / max_seconds bound each cell (requests started, wall
-    time before no new request starts); new_tokens: the answer length; mode: the assembly mode."""
+    time before no new request starts), split over `repeats` runs that alternate with the other way's; new_tokens:
+    the answer length; mode: the assembly mode."""
 
     clients: tuple[int, ...] = (1, 4, 8, 16)
     max_requests: int = 48
     max_seconds: float = 120.0
     new_tokens: int = 16
     mode: str = "hypic"
+    repeats: int = 2
 
     def __post_init__(self) -> None:
         if not self.clients or any(count < 1 for count in self.clients):
             raise ValueError("clients must be positive counts")
-        if self.max_requests < 1 or self.max_seconds <= 0 or self.new_tokens < 1:
-            raise ValueError("max_requests, max_seconds and new_tokens must be positive")
+        if self.max_requests < 1 or self.max_seconds <= 0 or self.new_tokens < 1 or self.repeats < 1:
+            raise ValueError("max_requests, max_seconds, new_tokens and repeats must be positive")
 
 
-def closed_loop(run_one: RunOne, clients: int, max_requests: int, max_seconds: float) -> dict[str, Any]:
-    """`clients` threads each sending requests (numbers 0, 1, ...) one after the other until `max_requests` were
-    started or `max_seconds` passed; requests/s, time to first token and latency percentiles of the cell."""
+@dataclass(slots=True)
+class LoopSamples:
+    """What one closed-loop run measured: per completed request its time to first token, latency and completion
+    tokens; the failures; the run's wall time."""
+
+    ttfts: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def closed_loop(run_one: RunOne, clients: int, max_requests: int, max_seconds: float, first: int = 0) -> LoopSamples:
+    """`clients` threads each sending requests (numbers `first`, `first` + 1, ...) one after the other until
+    `max_requests` were started or `max_seconds` passed."""
     lock = threading.Lock()
-    ttfts: list[float] = []
-    latencies: list[float] = []
-    tokens: list[int] = []
-    errors: list[str] = []
+    samples = LoopSamples()
     started = [0]
     began = time.perf_counter()
 
@@ -74,7 +87,7 @@ def closed_loop(run_one: RunOne, clients: int, max_requests: int, max_seconds: f
             with lock:
                 if started[0] >= max_requests or time.perf_counter() - began > max_seconds:
                     return
-                number = started[0]
+                number = first + started[0]
                 started[0] += 1
             sent = time.perf_counter()
             try:
@@ -82,32 +95,56 @@ def closed_loop(run_one: RunOne, clients: int, max_requests: int, max_seconds: f
             except Exception as error:  # reported in the cell, not raised: a cell measures what completed
                 logger.warning("request %d failed: %s", number, error)
                 with lock:
-                    errors.append(f"{type(error).__name__}: {error}")
+                    samples.errors.append(f"{type(error).__name__}: {error}")
                 continue
             with lock:
-                ttfts.append(ttft)
-                latencies.append(time.perf_counter() - sent)
-                tokens.append(completion)
+                samples.ttfts.append(ttft)
+                samples.latencies.append(time.perf_counter() - sent)
+                samples.tokens.append(completion)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=max_seconds + 1200)
-    elapsed = time.perf_counter() - began
+    samples.seconds = time.perf_counter() - began
+    return samples
+
+
+def summarize(clients: int, parts: Sequence[LoopSamples]) -> dict[str, Any]:
+    """One cell from its interleaved runs: requests/s (completed over their summed wall time), TTFT and latency
+    percentiles over every request."""
+    ttfts = [value for part in parts for value in part.ttfts]
+    latencies = [value for part in parts for value in part.latencies]
+    tokens = [value for part in parts for value in part.tokens]
+    errors = [value for part in parts for value in part.errors]
+    seconds = sum(part.seconds for part in parts)
     return {
         "clients": clients,
+        "runs": len(parts),
         "completed": len(latencies),
         "failed": len(errors),
         "errors": errors[:3],
-        "seconds": elapsed,
-        "requests_per_second": len(latencies) / elapsed if elapsed > 0 else 0.0,
+        "seconds": seconds,
+        "requests_per_second": len(latencies) / seconds if seconds > 0 else 0.0,
         "ttft_p50": percentile(ttfts, 50),
         "ttft_p95": percentile(ttfts, 95),
         "latency_p50": percentile(latencies, 50),
         "latency_p95": percentile(latencies, 95),
         "mean_completion_tokens": sum(tokens) / len(tokens) if tokens else 0.0,
     }
+
+
+def interleaved(ways: dict[str, RunOne], clients: int, config: ThroughputConfig) -> dict[str, dict[str, Any]]:
+    """Each way's cell at `clients`, its `repeats` runs alternating with the other way's (one, batched, one, ...),
+    so that a machine whose speed drifts (shared cores) weighs on both alike."""
+    parts: dict[str, list[LoopSamples]] = {way: [] for way in ways}
+    per_run = -(-config.max_requests // config.repeats)
+    for repeat in range(config.repeats):
+        for way, run_one in ways.items():
+            parts[way].append(closed_loop(run_one, clients, per_run, config.max_seconds / config.repeats,
+                                          first=repeat * per_run))
+    return {way: summarize(clients, runs) for way, runs in parts.items()}
 
 
 def compare(cells: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -144,24 +181,29 @@ def engine_throughput(
     params = SamplingParams(max_new_tokens=config.new_tokens,
                             logit_bias={token: -100.0 for token in model.eos_token_ids})
     cells: dict[str, list[dict[str, Any]]] = {BATCHED: [], ONE_AT_A_TIME: []}
-    for clients in config.clients:
-        for way in (ONE_AT_A_TIME, BATCHED):
-            running = clients if way == BATCHED else 1
-            scheduler = Scheduler(engine, SchedulerConfig(max_running=running, step_tokens=max(2048, running),
-                                                          max_waiting=None)).start()
-            try:
-                def run_one(number: int) -> tuple[float, int]:
-                    request = requests[number % len(requests)]
-                    return _stream_timed(scheduler.stream(request, config.mode, params))
 
+    for clients in config.clients:
+        schedulers = {ONE_AT_A_TIME: 1, BATCHED: clients}
+        started = {name: Scheduler(engine, SchedulerConfig(max_running=running, step_tokens=max(2048, running),
+                                                           max_waiting=None)).start()
+                   for name, running in schedulers.items()}
+        try:
+            def runner(scheduler: Scheduler) -> RunOne:
+                return lambda number: _stream_timed(
+                    scheduler.stream(requests[number % len(requests)], config.mode, params))
+
+            ways = {name: runner(scheduler) for name, scheduler in started.items()}
+            for run_one in ways.values():
                 run_one(0)  # warm-up (lazy initialisation), not counted
-                cell = closed_loop(run_one, clients, config.max_requests, config.max_seconds)
-            finally:
+            measured = interleaved(ways, clients, config)  # one way at a time: the engine is never shared at once
+        finally:
+            for scheduler in started.values():
                 scheduler.stop()
-            cell["max_running"] = running
-            logger.info("engine %s, %d clients: %.3f req/s, TTFT p50 %.3f s", way, clients,
+        for name, cell in measured.items():
+            cell["max_running"] = schedulers[name]
+            logger.info("engine %s, %d clients: %.3f req/s, TTFT p50 %.3f s", name, clients,
                         cell["requests_per_second"], cell["ttft_p50"])
-            cells[way].append(cell)
+            cells[name].append(cell)
     return {"mode": config.mode, "new_tokens": config.new_tokens, "requests": len(requests), **cells,
             "comparison": compare(cells)}
 
@@ -179,39 +221,56 @@ def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dic
 
     questions = [question.text for question in read_questions()]
     cells: dict[str, list[dict[str, Any]]] = {BATCHED: [], ONE_AT_A_TIME: []}
+    limits = {ONE_AT_A_TIME: 1, BATCHED: max_running}
     with tempfile.TemporaryDirectory(prefix="hypic-bench-server-") as directory:
-        index = Path(directory) / "index"
-        precompute(PrecomputeOptions(corpus=example_corpus_path() / "documents", index_dir=index,
+        built = Path(directory) / "index"
+        precompute(PrecomputeOptions(corpus=example_corpus_path() / "documents", index_dir=built,
                                      model_path=default_model_path(), device="cpu", show_progress=False))
-        for way in (ONE_AT_A_TIME, BATCHED):
-            running = max_running if way == BATCHED else 1
-            server_config = ServerConfig(index_dir=index, device="cpu", max_running=running,
-                                         queue_size=max(64, 2 * max(config.clients)))
-            with ServerThread(server_config) as server, httpx.Client(base_url=server.url, timeout=600) as http:
-
-                def run_one(number: int) -> tuple[float, int]:
-                    body = {"question": questions[number % len(questions)], "top_k": 8,
-                            "max_new_tokens": config.new_tokens, "stream": True}
-                    began = time.perf_counter()
-                    first = None
-                    with http.stream("POST", "/v1/ask", json=body) as response:
-                        for line in response.iter_lines():
-                            if first is None and line.startswith('data: {"type":"token"'):
-                                first = time.perf_counter() - began
-                            if line.startswith('data: {"type":"done"'):
-                                usage = json.loads(line[len("data: "):])["usage"]
-                                return (first if first is not None else time.perf_counter() - began,
-                                        int(usage["completion_tokens"]))
-                            if line.startswith('data: {"type":"error"'):
-                                raise RuntimeError(line)
-                    raise RuntimeError(f"the stream ended without a done event (status {response.status_code})")
-
+        servers: dict[str, ServerThread] = {}
+        clients: dict[str, httpx.Client] = {}
+        try:
+            for name, running in limits.items():  # both up at once (each on its own copy of the index)
+                index = Path(shutil.copytree(built, Path(directory) / name))
+                server_config = ServerConfig(index_dir=index, device="cpu", max_running=running,
+                                             queue_size=max(64, 2 * max(config.clients)))
+                servers[name] = ServerThread(server_config).start()
+                clients[name] = httpx.Client(base_url=servers[name].url, timeout=600)
+            ways = {name: _asker(http, questions, config.new_tokens) for name, http in clients.items()}
+            for run_one in ways.values():
                 run_one(0)  # warm-up
-                for clients in config.clients:
-                    cell = closed_loop(run_one, clients, config.max_requests, config.max_seconds)
-                    cell["max_running"] = running
-                    logger.info("server %s, %d clients: %.3f req/s, TTFT p50 %.3f s", way, clients,
+            for count in config.clients:
+                for name, cell in interleaved(ways, count, config).items():
+                    cell["max_running"] = limits[name]
+                    logger.info("server %s, %d clients: %.3f req/s, TTFT p50 %.3f s", name, count,
                                 cell["requests_per_second"], cell["ttft_p50"])
-                    cells[way].append(cell)
+                    cells[name].append(cell)
+        finally:
+            for http in clients.values():
+                http.close()
+            for server in servers.values():
+                server.stop()
     return {"endpoint": "/v1/ask (streamed, top_k 8)", "new_tokens": config.new_tokens, **cells,
             "comparison": compare(cells)}
+
+
+def _asker(http: Any, questions: list[str], new_tokens: int) -> RunOne:
+    """Streams `/v1/ask` for question number n: (seconds to its first token event, completion tokens)."""
+
+    def run_one(number: int) -> tuple[float, int]:
+        body = {"question": questions[number % len(questions)], "top_k": 8, "max_new_tokens": new_tokens,
+                "stream": True}
+        began = time.perf_counter()
+        first = None
+        with http.stream("POST", "/v1/ask", json=body) as response:
+            for line in response.iter_lines():
+                if first is None and line.startswith('data: {"type":"token"'):
+                    first = time.perf_counter() - began
+                if line.startswith('data: {"type":"done"'):
+                    usage = json.loads(line[len("data: "):])["usage"]
+                    return (first if first is not None else time.perf_counter() - began,
+                            int(usage["completion_tokens"]))
+                if line.startswith('data: {"type":"error"'):
+                    raise RuntimeError(line)
+        raise RuntimeError(f"the stream ended without a done event (status {response.status_code})")
+
+    return run_one

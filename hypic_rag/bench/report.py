@@ -89,7 +89,8 @@ def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
     for name, section in throughput.items():
         lines += ["", f"## {THROUGHPUT_TITLES[name].format(**section)}", ""]
         lines.append("Closed loop: each client sends its next request when its answer is complete; TTFT and latency "
-                     "are measured by the client (queue wait included).")
+                     "are measured by the client (queue wait included); each cell's runs alternate with the other "
+                     "way's.")
         lines += ["", "| clients | serving | completed | req/s | TTFT p50 (s) | TTFT p95 (s) | latency p50 (s) "
                   "| tokens/answer |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for way, label in (("one_at_a_time", "one at a time"), ("batched", "batched")):
