@@ -15,7 +15,7 @@ from hypic_rag.runtime.ops.gated_delta_rule import (
 )
 from hypic_rag.runtime.ops.kda import kda
 
-TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 
 
 def randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -75,13 +75,17 @@ def kda_mixer(layer, hidden: torch.Tensor, family: str) -> torch.Tensor:
 def test_kda_mixer_matches_transformers(family: str) -> None:
     if family == "kimi_linear":
         from transformers import KimiLinearConfig
-        from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearDeltaAttention as Layer
+        from transformers.models.kimi_linear.modeling_kimi_linear import (
+            KimiLinearDeltaAttention as Layer,
+        )
 
         config = KimiLinearConfig(hidden_size=32, linear_num_heads=2, linear_head_dim=8, num_hidden_layers=2,
                                   pad_token_id=0)
     else:
         from transformers import BailingHybridConfig
-        from transformers.models.bailing_hybrid.modeling_bailing_hybrid import BailingHybridDeltaAttention as Layer
+        from transformers.models.bailing_hybrid.modeling_bailing_hybrid import (
+            BailingHybridDeltaAttention as Layer,
+        )
 
         config = BailingHybridConfig(hidden_size=32, num_attention_heads=2, head_dim=8, num_hidden_layers=2,
                                      pad_token_id=0, eos_token_id=1)
@@ -95,7 +99,8 @@ def olmo_mixer(layer, hidden: torch.Tensor) -> torch.Tensor:
     """olmo_hybrid linear layer: Gated DeltaNet with separate q/k/v/a/b/g projections and beta in [0, 2]."""
     batch, length, _ = hidden.shape
     mixed = torch.cat([layer.q_proj(hidden), layer.k_proj(hidden), layer.v_proj(hidden)], dim=-1)
-    query, key, value = F.silu(causal_conv(mixed, layer.conv1d)).split([layer.key_dim, layer.key_dim, layer.value_dim], -1)
+    convolved = F.silu(causal_conv(mixed, layer.conv1d))
+    query, key, value = convolved.split([layer.key_dim, layer.key_dim, layer.value_dim], -1)
     repeat = layer.num_v_heads // layer.num_k_heads
     query, key = (x.view(batch, length, layer.num_k_heads, layer.head_k_dim).repeat_interleave(repeat, dim=2)
                   for x in (query, key))
@@ -111,7 +116,9 @@ def olmo_mixer(layer, hidden: torch.Tensor) -> torch.Tensor:
 
 def test_olmo_hybrid_mixer_is_gated_deltanet() -> None:
     from transformers import OlmoHybridConfig
-    from transformers.models.olmo_hybrid.modeling_olmo_hybrid import OlmoHybridGatedDeltaNet
+    from transformers.models.olmo_hybrid.modeling_olmo_hybrid import (
+        OlmoHybridGatedDeltaNet,
+    )
 
     config = OlmoHybridConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, linear_num_key_heads=2,
                               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
@@ -136,8 +143,10 @@ def test_gated_delta_rule_with_beta_up_to_two(length: int) -> None:
     beta = 2 * torch.rand(batch, length, heads, generator=generator)
     start = torch.randn(batch, heads, key_dim, value_dim, generator=generator)
     run = modeling.torch_recurrent_gated_delta_rule if length == 1 else modeling.torch_chunk_gated_delta_rule
-    expected_output, expected_state = run(raw_query, raw_key, value, g=log_decay, beta=beta, initial_state=start.clone(),
-                                          output_final_state=True, use_qk_l2norm_in_kernel=True)
+    expected_output, expected_state = run(
+        raw_query, raw_key, value, g=log_decay, beta=beta, initial_state=start.clone(), output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     inputs = (head_major(modeling.l2norm(raw_query)) * key_dim**-0.5, head_major(modeling.l2norm(raw_key)),
               head_major(value), head_major(log_decay), head_major(beta))
     reference_output, reference_state = naive_recurrent_gated_delta_rule(*inputs, start)

@@ -3,9 +3,12 @@ matrix, and transformers' own torch path (kimi_linear, bailing_hybrid)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
+from hypic_rag.runtime.ops.kda import chunk as kda_chunk_module
 from hypic_rag.runtime.ops.kda import (
     chunk_kda,
     fused_recurrent_kda,
@@ -14,12 +17,13 @@ from hypic_rag.runtime.ops.kda import (
     naive_recurrent_kda,
     select_kda_backend,
 )
-from hypic_rag.runtime.ops.kda import chunk as kda_chunk_module
 
-TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 
 
-def random_inputs(batch: int, heads: int, length: int, key_dim: int, value_dim: int, seed: int, decay_scale: float = 0.3):
+def random_inputs(
+    batch: int, heads: int, length: int, key_dim: int, value_dim: int, seed: int, decay_scale: float = 0.3
+):
     generator = torch.Generator().manual_seed(seed)
     query = torch.nn.functional.normalize(torch.randn(batch, heads, length, key_dim, generator=generator), dim=-1)
     query = query * key_dim**-0.5
@@ -67,7 +71,7 @@ def test_split_sequence_carries_state(cuts: tuple[int, ...]) -> None:
     whole_output, whole_state = chunk_kda(query, key, value, log_decay, beta, start, chunk_size=16)
     bounds = [0, *cuts, 57]
     state, pieces = start, []
-    for begin, end in zip(bounds, bounds[1:]):
+    for begin, end in itertools.pairwise(bounds):
         piece = (x[:, :, begin:end] for x in (query, key, value, log_decay, beta))
         output, state = kda(*piece, state, chunk_size=16)
         pieces.append(output)

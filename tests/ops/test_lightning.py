@@ -3,6 +3,8 @@ carried states, the scalar transition, and transformers' MiniMaxLightningAttenti
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from hypic_rag.runtime.ops.lightning import (
     naive_recurrent_lightning,
 )
 
-TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 
 
 def random_inputs(batch: int, heads: int, length: int, key_dim: int, value_dim: int, seed: int, per_token: bool):
@@ -58,7 +60,7 @@ def test_split_sequence_carries_state(cuts: tuple[int, ...]) -> None:
     whole_output, whole_state = chunk_lightning(query, key, value, log_decay, start, chunk_size=16)
     bounds = [0, *cuts, 57]
     state, pieces = start, []
-    for begin, end in zip(bounds, bounds[1:]):
+    for begin, end in itertools.pairwise(bounds):
         piece = (x[:, :, begin:end] for x in (query, key, value, log_decay))
         output, state = lightning_attention(*piece, state, chunk_size=16)
         pieces.append(output)

@@ -58,7 +58,9 @@ def chunk_kda(
     padded = -(-length // chunk) * chunk
     pad = padded - length
     if pad:
-        query, key, value, log_decay = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (query, key, value, log_decay))
+        query, key, value, log_decay = (
+            torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (query, key, value, log_decay)
+        )
         beta = torch.nn.functional.pad(beta, (0, pad))
     num_chunks = padded // chunk
 

@@ -15,7 +15,10 @@ from hypic_rag.runtime.ops.lightning.dispatch import lightning_attention
 from hypic_rag.runtime.ops.lightning.naive import naive_recurrent_lightning
 from hypic_rag.runtime.ops.lightning.recurrent import fused_recurrent_lightning
 from hypic_rag.runtime.ops.lightning.slopes import minimax_log_decay
-from hypic_rag.runtime.ops.lightning.transition import ScalarDecaySpan, lightning_with_transition
+from hypic_rag.runtime.ops.lightning.transition import (
+    ScalarDecaySpan,
+    lightning_with_transition,
+)
 
 __all__ = [
     "ScalarDecaySpan",

@@ -36,7 +36,7 @@ def chunk_lightning(
     batch, heads, length, key_dim = key.shape
     value_dim = value.shape[-1]
     device = value.device
-    log_decay = log_decay.float().expand(batch, heads, length)
+    log_decay = log_decay.to(device=value.device, dtype=torch.float32).expand(batch, heads, length)
     state = (
         torch.zeros(batch, heads, key_dim, value_dim, dtype=torch.float32, device=device)
         if initial_state is None

@@ -21,7 +21,7 @@ def lightning_attention(
     initial_state: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scalar-decay linear attention through the step path (T <= 4) or the chunked one; contract of `chunk_lightning`."""
+    """Scalar-decay linear attention: the step path for T <= 4, else the chunked one; contract of `chunk_lightning`."""
     if query.shape[2] <= RECURRENT_MAX_TOKENS:
         return fused_recurrent_lightning(query, key, value, log_decay, initial_state)
     return chunk_lightning(query, key, value, log_decay, initial_state, chunk_size)

@@ -27,7 +27,7 @@ def naive_recurrent_lightning(
     query, key, value = (x.float() for x in (query, key, value))
     batch, heads, length, key_dim = key.shape
     value_dim = value.shape[-1]
-    decay = log_decay.float().expand(batch, heads, length).exp()
+    decay = log_decay.to(device=value.device, dtype=torch.float32).expand(batch, heads, length).exp()
     state = (
         torch.zeros(batch, heads, key_dim, value_dim, dtype=torch.float32, device=value.device)
         if initial_state is None

@@ -26,7 +26,8 @@ def fused_recurrent_lightning(
     query_rows, key_rows, value_rows = (
         x.float().reshape(batch * heads, length, x.shape[-1]) for x in (query, key, value)
     )
-    decay = log_decay.float().expand(batch, heads, length).reshape(batch * heads, length).exp()
+    decay = log_decay.to(device=value.device, dtype=torch.float32).expand(batch, heads, length)
+    decay = decay.reshape(batch * heads, length).exp()
     outputs = []
     for t in range(length):
         state.mul_(decay[:, t, None, None])

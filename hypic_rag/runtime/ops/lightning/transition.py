@@ -58,6 +58,6 @@ def lightning_with_transition(
     """
     batch, heads, length = key.shape[:3]
     output, state = lightning_attention(query, key, value, log_decay, None, chunk_size)
-    cumulative = log_decay.float().expand(batch, heads, length).cumsum(-1)
+    cumulative = log_decay.to(device=value.device, dtype=torch.float32).expand(batch, heads, length).cumsum(-1)
     total = cumulative[..., -1] if length else cumulative.new_zeros(batch, heads)
     return output, cumulative.exp(), ScalarDecaySpan(total.exp(), state)
