@@ -215,8 +215,8 @@ def test_jamba_final_state_and_decode_step_match_transformers() -> None:
         raw_dt = (rms_norm(mixer.x_proj(x.transpose(1, 2))[..., : mixer.time_step_rank], mixer.dt_layernorm)
                   @ mixer.dt_proj.weight.T).transpose(1, 2)
         expected, expected_state = modeling_jamba.mamba_selective_scan(
-            x[:, :, :20], raw_dt[:, :, :20], a, b[:, :20].transpose(1, 2), c[:, :20].transpose(1, 2), D=mixer.D.float(),
-            delta_bias=mixer.dt_proj.bias.float(), delta_softplus=True, return_last_state=True,
+            x[:, :, :20], raw_dt[:, :, :20], a, b[:, :20].transpose(1, 2), c[:, :20].transpose(1, 2),
+            D=mixer.D.float(), delta_bias=mixer.dt_proj.bias.float(), delta_softplus=True, return_last_state=True,
         )
         output, state = selective_scan(x[:, :, :20], dt[:, :, :20], a, b[:, :20], c[:, :20], mixer.D)
         close(output, expected)

@@ -26,7 +26,8 @@ def tiny_config(family: str, **overrides) -> transformers.PretrainedConfig:
                                         mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=16, **overrides)
     if family == "granitemoehybrid":
         return transformers.GraniteMoeHybridConfig(
-            **SIZES, shared_intermediate_size=48, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+            **SIZES, shared_intermediate_size=48, num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"],
             mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=16, num_local_experts=4,
             num_experts_per_tok=2, **overrides)
     if family == "nemotron_h":
@@ -84,7 +85,8 @@ def mixer_with_ops(mixer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor
     gate, conv_input, raw_dt = projected.split([inner, inner + 2 * groups * state_size, heads], dim=-1)
     kernel = mixer.conv1d.weight.shape[-1]
     convolved = torch.nn.functional.conv1d(
-        conv_input.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=kernel - 1, groups=conv_input.shape[-1]
+        conv_input.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=kernel - 1,
+        groups=conv_input.shape[-1],
     )[..., :length].transpose(1, 2)
     x, b, c = torch.nn.functional.silu(convolved).split([inner, groups * state_size, groups * state_size], dim=-1)
     dt = softplus_time_step(raw_dt, mixer.dt_bias, mixer.time_step_limit)  # [batch, T, H]

@@ -15,7 +15,8 @@ def check_selective_scan_shapes(
     if a.dim() != 2 or a.shape[0] != channels:
         raise ValueError(f"a {tuple(a.shape)} must be [D, N] with D = {channels}")
     if tuple(b.shape) != (batch, length, a.shape[1]) or b.shape != c.shape:
-        raise ValueError(f"b {tuple(b.shape)} and c {tuple(c.shape)} must be [batch, T, N] = {(batch, length, a.shape[1])}")
+        expected = (batch, length, a.shape[1])
+        raise ValueError(f"b {tuple(b.shape)} and c {tuple(c.shape)} must be [batch, T, N] = {expected}")
 
 
 def naive_selective_scan(

@@ -30,7 +30,8 @@ def compose_prefixes(decay: torch.Tensor, update: torch.Tensor) -> tuple[torch.T
     length = decay.shape[-2]
     offset = 1
     while offset < length:
-        update = torch.cat([update[..., :offset, :], decay[..., offset:, :] * update[..., :-offset, :] + update[..., offset:, :]], dim=-2)
+        carried = decay[..., offset:, :] * update[..., :-offset, :] + update[..., offset:, :]
+        update = torch.cat([update[..., :offset, :], carried], dim=-2)
         decay = torch.cat([decay[..., :offset, :], decay[..., offset:, :] * decay[..., :-offset, :]], dim=-2)
         offset *= 2
     return decay, update

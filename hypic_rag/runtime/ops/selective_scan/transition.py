@@ -64,7 +64,9 @@ def selective_scan_start_output(
     return result
 
 
-def apply_selective_scan_transition(transition: torch.Tensor, state: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+def apply_selective_scan_transition(
+    transition: torch.Tensor, state: torch.Tensor, start: torch.Tensor
+) -> torch.Tensor:
     """End state P * S_0 + Z of a span; all three [..., D, N] (float32)."""
     return transition.float() * start.float() + state.float()
 
