@@ -26,7 +26,7 @@ from llama_index.core.base.response.schema import (
     Response,
     StreamingResponse,
 )
-from llama_index.core.callbacks import CBEventType, EventPayload
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.synthesis import SynthesizeEndEvent, SynthesizeStartEvent
 from llama_index.core.prompts import BasePromptTemplate
@@ -96,8 +96,8 @@ def check_response_mode(response_mode: Any, streaming: bool) -> str:
         what = "LlamaIndex response mode" if name in known else "response mode"
         raise ValueError(
             f"{what} {name!r} is not supported by hypic-rag's segment synthesizer; supported: "
-            f"{', '.join(SUPPORTED_RESPONSE_MODES)} (refine and tree_summarize feed earlier answers back into "
-            "the prompt, which leaves nothing to reuse)"
+            f"{', '.join(SUPPORTED_RESPONSE_MODES)} (refine, tree_summarize and compact_accumulate chain further "
+            "calls over rewritten text; compact answers over every node, each its own cached segment, in one call)"
         )
     if name == "accumulate" and streaming:
         raise ValueError("response mode 'accumulate' cannot stream (one answer per node); use compact to stream")
@@ -144,14 +144,24 @@ class HypicSynthesizer(BaseSynthesizer):
         self._metadata_mode = MetadataMode(options.get("metadata_mode", MetadataMode.NONE))
         template = options.get("text_qa_template")
         self._text_qa_template = check_template(template or default_qa_template(llm.runtime.prompt_format))
-        super().__init__(
-            llm=llm, callback_manager=options.get("callback_manager"), streaming=streaming,
-            empty_response=options.get("empty_response"),
-        )
+        # LlamaIndex's synthesizers also hand their callback manager to the (shared) LLM; this one sends the LLM
+        # events itself, so the LLM is left as it is
+        super().__init__(llm=llm, streaming=streaming, empty_response=options.get("empty_response"))
+        if options.get("callback_manager") is not None:
+            self._callback_manager = options["callback_manager"]
         self.last_metadata: dict[str, Any] | None = None
         """The metadata of the last response (for a stream, complete once it has ended)."""
 
     # ------------------------------------------------------------------------------------------- settings
+    @property
+    def callback_manager(self) -> CallbackManager:
+        return self._callback_manager
+
+    @callback_manager.setter
+    def callback_manager(self, callback_manager: CallbackManager) -> None:
+        """Where this synthesizer's synthesize and LLM events go (the LLM's own callback manager is left alone)."""
+        self._callback_manager = callback_manager
+
     @property
     def llm(self) -> HypicLLM:
         return self._llm  # type: ignore[return-value]
