@@ -53,7 +53,7 @@ async def relay_stream(open_items: Callable[[], Iterator[Item]]) -> AsyncGenerat
                 close = getattr(items, "close", None)
                 if close is not None:
                     close()
-        except BaseException as error:  # handed to the consumer, raised there
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
             post("error", error)
             return
         post("end", None)

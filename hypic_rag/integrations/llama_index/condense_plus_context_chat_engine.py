@@ -36,8 +36,10 @@ class HypicCondensePlusContextChatEngine(CondensePlusContextChatEngine):
     TypeError naming it. `chat` / `achat` replies carry the answer's usage and timings in `metadata`.
     """
 
-    _hypic_options: dict[str, Any] = {}
-    _last_synthesizer: HypicSynthesizer | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hypic_options: dict[str, Any] = {}
+        self._last_synthesizer: HypicSynthesizer | None = None
 
     @classmethod
     def from_defaults(  # type: ignore[override]

@@ -40,11 +40,15 @@ class HypicContextChatEngine(ContextChatEngine):
     TypeError naming it. The refine template is unused (every node fits one call).
     """
 
-    _hypic_options: dict[str, Any] = {}
-    _last_synthesizer: HypicSynthesizer | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hypic_options: dict[str, Any] = {}
+        self._last_synthesizer: HypicSynthesizer | None = None
 
     @classmethod
-    def from_defaults(cls, retriever: BaseRetriever, llm: Any = None, **options: Any) -> HypicContextChatEngine:  # type: ignore[override]
+    def from_defaults(  # type: ignore[override]
+        cls, retriever: BaseRetriever, llm: Any = None, **options: Any
+    ) -> HypicContextChatEngine:
         refuse_unknown_options(f"{cls.__name__}.from_defaults", options, (*LLAMA_INDEX_OPTIONS, *CHAT_OPTIONS))
         llm = chat_llm(llm)
         hypic = checked_chat_options(llm, {key: options.pop(key) for key in CHAT_OPTIONS if key in options})

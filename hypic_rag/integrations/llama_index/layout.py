@@ -98,7 +98,9 @@ def template_pieces(template: BasePromptTemplate, query: str) -> tuple[list[str]
     return [piece for piece in head if piece], [piece for piece in tail if piece]
 
 
-def segmented_request(session: ModelSession, head: Sequence[str], chunks: Sequence[str], tail: Sequence[str]) -> Request:
+def segmented_request(
+    session: ModelSession, head: Sequence[str], chunks: Sequence[str], tail: Sequence[str]
+) -> Request:
     """The request of `head` pieces (the first one the prefix), `chunks` (formatted segments, one per node) and
     `tail` pieces (the last one the question), each tokenized on its own; empty segments are dropped.
     ValueError when a piece holds a lone surrogate."""

@@ -60,7 +60,9 @@ class HypicQueryEngine(RetrieverQueryEngine):
         )
 
     @classmethod
-    def from_args(cls, retriever: BaseRetriever, llm: Any = None, **options: Any) -> HypicQueryEngine:  # type: ignore[override]
+    def from_args(  # type: ignore[override]
+        cls, retriever: BaseRetriever, llm: Any = None, **options: Any
+    ) -> HypicQueryEngine:
         """The same as the constructor (LlamaIndex's `from_args` spelling)."""
         return cls(retriever, llm, **options)
 

@@ -53,7 +53,7 @@ from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.streaming import StrippedDeltas
 from hypic_rag.usage import usage_of
 
-__all__ = ["HypicSynthesizer", "SUPPORTED_RESPONSE_MODES", "check_response_mode", "hypic_llm"]
+__all__ = ["SUPPORTED_RESPONSE_MODES", "HypicSynthesizer", "check_response_mode", "hypic_llm"]
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
