@@ -337,19 +337,19 @@ def test_aquery_leaves_the_event_loop_free(index: VectorStoreIndex, llm: HypicLL
         def hold() -> None:
             with runtime.lock:
                 held.set()
-                outcome["released_in_time"] = release.wait(timeout=5)
+                outcome["released_in_time"] = release.wait(timeout=30)
 
         holder = threading.Thread(target=hold)
         holder.start()
         held.wait()
         started = len(recorder.named("LLMCompletionStartEvent"))
         queries = [asyncio.create_task(engine.aquery(question)) for question in questions]
-        for _ in range(1000):
+        for _ in range(4000):  # up to 20 s on a loaded machine
             if len(recorder.named("LLMCompletionStartEvent")) - started == 2:
                 break
             await asyncio.sleep(0.005)
         at = ticks
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         outcome.update(ticked=ticks - at, waiting=[not query.done() for query in queries],
                        started=len(recorder.named("LLMCompletionStartEvent")) - started)
         release.set()
@@ -361,7 +361,7 @@ def test_aquery_leaves_the_event_loop_free(index: VectorStoreIndex, llm: HypicLL
     outcome = asyncio.run(scenario())
     assert outcome["released_in_time"], "the event loop stalled while the model was busy"
     assert outcome["started"] == 2 and outcome["waiting"] == [True, True]  # both in flight at once
-    assert outcome["ticked"] >= 5
+    assert outcome["ticked"] >= 3
     assert [response.response for response in outcome["responses"]] == expected
 
 
