@@ -39,8 +39,10 @@ _NEEDED = (
     "llama_index.core.base.embeddings.base",
     "llama_index.core.base.llms.types",
     "llama_index.core.base.response.schema",
+    "llama_index.core.chat_engine",
     "llama_index.core.llms.custom",
     "llama_index.core.query_engine",
+    "llama_index.core.response_synthesizers",
     "llama_index.core.schema",
 )
 try:
@@ -52,17 +54,26 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "`pip install 'hypic-rag[llamaindex]'` (or `pip install 'llama-index-core>=0.14,<0.15'`)"
     ) from error
 
+from hypic_rag.integrations.llama_index.condense_plus_context_chat_engine import (  # noqa: E402
+    HypicCondensePlusContextChatEngine,
+)
+from hypic_rag.integrations.llama_index.context_chat_engine import HypicContextChatEngine  # noqa: E402
 from hypic_rag.integrations.llama_index.embedding import HypicEmbedding  # noqa: E402
 from hypic_rag.integrations.llama_index.ingestion import HypicCacheTransformation  # noqa: E402
 from hypic_rag.integrations.llama_index.llm import HypicLLM, segmented_messages_to_prompt  # noqa: E402
 from hypic_rag.integrations.llama_index.query_engine import HypicQueryEngine  # noqa: E402
 from hypic_rag.integrations.llama_index.runtime import HypicRuntime  # noqa: E402
+from hypic_rag.integrations.llama_index.synthesizer import SUPPORTED_RESPONSE_MODES, HypicSynthesizer  # noqa: E402
 
 __all__ = [
+    "SUPPORTED_RESPONSE_MODES",
     "HypicCacheTransformation",
+    "HypicCondensePlusContextChatEngine",
+    "HypicContextChatEngine",
     "HypicEmbedding",
     "HypicLLM",
     "HypicQueryEngine",
     "HypicRuntime",
+    "HypicSynthesizer",
     "segmented_messages_to_prompt",
 ]

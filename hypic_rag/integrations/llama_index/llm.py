@@ -6,11 +6,25 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, CompletionResponse, CompletionResponseGen, LLMMetadata
+from llama_index.core.base.llms.generic_utils import (
+    completion_response_to_chat_response,
+    stream_completion_response_to_chat_response,
+)
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+)
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
+from hypic_rag.integrations.llama_index.aio import in_thread, relay_stream
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.request import Request
@@ -93,26 +107,83 @@ class HypicLLM(CustomLLM):
             prompt = self.completion_to_prompt(prompt)
         return self._runtime.segmented_request(split_segments(prompt, self.separator))
 
-    @llm_completion_callback()
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+    def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """One completion, no events (the public methods send them); its usage in `additional_kwargs` and in
+        `raw["usage"]`, where LlamaIndex's `TokenCountingHandler` reads token counts."""
         mode = check_mode(kwargs.get("mode", self.mode))
-        generation = self._runtime.generate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
+        with self._runtime.lock:  # tokenizing too: the tokenizer is shared with whichever thread generates
+            generation = self._runtime.generate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
+        usage = usage_of(generation)
         return CompletionResponse(
             text=generation.text,
-            additional_kwargs={**usage_of(generation), "finish_reason": generation.finish_reason, "mode": mode},
-            raw={"timings": dict(generation.timings)},
+            additional_kwargs={**usage, "finish_reason": generation.finish_reason, "mode": mode},
+            raw={"usage": usage, "timings": dict(generation.timings)},
         )
 
-    @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+    def _stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        """The deltas of one completion, no events; a last item with an empty delta carries the usage (as
+        `_complete`'s response does)."""
         mode = check_mode(kwargs.get("mode", self.mode))
-        request = self._request(prompt, formatted)
+        with self._runtime.lock:
+            request = self._request(prompt, formatted)
         params = self.sampling(**kwargs)
 
         def generate() -> CompletionResponseGen:
             text = ""
-            for delta in self._runtime.stream(request, mode, params):
-                text += delta
-                yield CompletionResponse(text=text, delta=delta)
+            with self._runtime.stream(request, mode, params) as deltas:
+                for delta in deltas:
+                    text += delta
+                    yield CompletionResponse(text=text, delta=delta)
+            generation = deltas.result
+            usage = usage_of(generation)
+            yield CompletionResponse(
+                text=text, delta="",
+                additional_kwargs={**usage, "finish_reason": generation.finish_reason, "mode": mode},
+                raw={"usage": usage, "timings": dict(generation.timings)},
+            )
 
         return generate()
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._complete(prompt, formatted, **kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        """Deltas that add up exactly to the text `complete` returns; the last item (empty delta) carries the
+        usage."""
+        return self._stream_complete(prompt, formatted, **kwargs)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """`complete` in a worker thread: the event loop keeps running meanwhile."""
+        return await in_thread(self._complete, prompt, formatted, **kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        """`stream_complete` iterated in its own thread, the deltas relayed to the event loop."""
+        items = await in_thread(self._stream_complete, prompt, formatted, **kwargs)
+        return relay_stream(lambda: items)
+
+    # Chat: the messages laid out as separated segments (`messages_to_prompt`), one LLM chat event per call (the
+    # completion underneath sends none, so LlamaIndex's token counting sees each call once).
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return completion_response_to_chat_response(self._complete(self.messages_to_prompt(messages), True, **kwargs))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        items = self._stream_complete(self.messages_to_prompt(messages), True, **kwargs)
+        return stream_completion_response_to_chat_response(items)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        response = await in_thread(self._complete, self.messages_to_prompt(messages), True, **kwargs)
+        return completion_response_to_chat_response(response)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        items = await in_thread(self._stream_complete, self.messages_to_prompt(messages), True, **kwargs)
+        return relay_stream(lambda: stream_completion_response_to_chat_response(items))
