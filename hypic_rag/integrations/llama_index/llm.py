@@ -1,4 +1,5 @@
-"""`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments."""
+"""`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments, and whose
+prompts are cut around the chunks its runtime knows (`hypic_rag.reuse`), so LlamaIndex's own engines reuse them."""
 
 from __future__ import annotations
 
@@ -6,14 +7,25 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, CompletionResponse, CompletionResponseGen, LLMMetadata
+from llama_index.core.base.llms.generic_utils import (
+    completion_response_to_chat_response,
+    stream_completion_response_to_chat_response,
+)
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseGen,
+    LLMMetadata,
+)
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
+from hypic_rag.reuse import Piece, SegmentedPrompt, separated_pieces
 from hypic_rag.runtime.modes import check_mode
-from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.segments import DEFAULT_SEPARATOR, split_segments
 from hypic_rag.usage import usage_of
@@ -21,22 +33,29 @@ from hypic_rag.usage import usage_of
 __all__ = ["HypicLLM", "segmented_messages_to_prompt"]
 
 
-def segmented_messages_to_prompt(messages: Sequence[ChatMessage], separator: str = DEFAULT_SEPARATOR) -> str:
-    """Chat messages as separated segments: every message is its own (cached) segment; the last one, followed by
-    the assistant's turn, is the query."""
+def _message_texts(messages: Sequence[ChatMessage]) -> list[str]:
     parts = [f"{message.role.value}: {message.content or ''}\n" for message in messages]
     if not parts:
         raise ValueError("no messages given")
     parts[-1] += "assistant:"
-    return separator.join(parts)
+    return parts
+
+
+def segmented_messages_to_prompt(messages: Sequence[ChatMessage], separator: str = DEFAULT_SEPARATOR) -> str:
+    """Chat messages as separated segments: every message is its own (cached) segment; the last one, followed by
+    the assistant's turn, is the query."""
+    return separator.join(_message_texts(messages))
 
 
 class HypicLLM(CustomLLM):
     """A LlamaIndex LLM that generates with hypic-rag (the bundled default model unless `model_path`).
 
     `complete(prompt)`: segments of the prompt separated by `separator` are cached and reused wherever they land;
-    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment. Usage
-    (prompt, cached, recomputed and completion tokens) is in `CompletionResponse.additional_kwargs`.
+    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment. With
+    `match_segments` (the default) the text not marked as a segment (the query part; each message in chat) is
+    cut around the chunks the runtime knows (nodes of `HypicCacheTransformation` and `HypicQueryEngine`,
+    segments seen), so LlamaIndex's own engines, which send one formatted prompt, reuse their entries. Usage
+    (prompt, cached, recomputed, completion and matched tokens) is in `CompletionResponse.additional_kwargs`.
     """
 
     model_path: str | None = Field(default=None, description="Checkpoint directory; None: the bundled default model.")
@@ -51,14 +70,21 @@ class HypicLLM(CustomLLM):
         description="Makes sampling reproducible (0 to 2**64 - 1); None: every call samples afresh.",
     )
     separator: str = Field(default=DEFAULT_SEPARATOR, min_length=1, description="What separates prompt segments.")
+    match_segments: bool = Field(
+        default=True, description="Cut prompts around the chunks the runtime knows, reusing their entries."
+    )
     _runtime: HypicRuntime = PrivateAttr()
+    _own_chat_layout: bool = PrivateAttr(default=True)
 
     def __init__(self, *, runtime: HypicRuntime | None = None, **kwargs: Any) -> None:
         separator = kwargs.get("separator", DEFAULT_SEPARATOR)
-        kwargs.setdefault("messages_to_prompt", partial(segmented_messages_to_prompt, separator=separator))
+        own_chat_layout = kwargs.get("messages_to_prompt") is None
+        if own_chat_layout:
+            kwargs["messages_to_prompt"] = partial(segmented_messages_to_prompt, separator=separator)
         super().__init__(**kwargs)
         check_mode(self.mode)
         self._runtime = runtime_for(runtime, self.model_path, self.cache_dir, self.seam_tokens, self.device)
+        self._own_chat_layout = own_chat_layout
 
     @classmethod
     def class_name(cls) -> str:
@@ -88,31 +114,67 @@ class HypicLLM(CustomLLM):
             stop_strings=(stop,) if isinstance(stop, str) else tuple(stop),
         )
 
-    def _request(self, prompt: str, formatted: bool) -> Request:
+    def segmented(self, prompt: str, formatted: bool = False) -> SegmentedPrompt:
+        """How `complete(prompt)` cuts the prompt: at `separator` (each part but the last an explicit segment),
+        then the last part around the chunks the runtime knows (with `match_segments`)."""
         if not formatted:
             prompt = self.completion_to_prompt(prompt)
-        return self._runtime.segmented_request(split_segments(prompt, self.separator))
+        pieces = separated_pieces(split_segments(prompt, self.separator))
+        return self._runtime.segmented_prompt(pieces, match=self.match_segments)
 
-    @llm_completion_callback()
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+    def segmented_chat(self, messages: Sequence[ChatMessage]) -> SegmentedPrompt:
+        """How `chat(messages)` cuts the conversation: each message its own segment (`segmented_messages_to_prompt`;
+        parts a message separates with `separator` explicit segments), each message's text cut around the chunks
+        the runtime knows (with `match_segments`). With a custom `messages_to_prompt`, its prompt as `complete`
+        would cut it."""
+        if not self._own_chat_layout:
+            return self.segmented(self.messages_to_prompt(messages), formatted=True)
+        pieces: list[Piece] = []
+        for text in _message_texts(messages):
+            *marked, rest = split_segments(text, self.separator)
+            pieces.extend(Piece(part, explicit=True) for part in marked)
+            pieces.append(Piece(rest))
+        return self._runtime.segmented_prompt(pieces, match=self.match_segments)
+
+    def _generate(self, prompt: SegmentedPrompt, **kwargs: Any) -> CompletionResponse:
         mode = check_mode(kwargs.get("mode", self.mode))
-        generation = self._runtime.generate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
+        generation = self._runtime.generate(prompt.request, mode, self.sampling(**kwargs))
+        usage = {**usage_of(generation), **prompt.matching_usage(generation.prefill.segment_reused_tokens)}
         return CompletionResponse(
             text=generation.text,
-            additional_kwargs={**usage_of(generation), "finish_reason": generation.finish_reason, "mode": mode},
+            additional_kwargs={**usage, "finish_reason": generation.finish_reason, "mode": mode},
             raw={"timings": dict(generation.timings)},
         )
 
-    @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+    def _stream(self, prompt: SegmentedPrompt, **kwargs: Any) -> CompletionResponseGen:
         mode = check_mode(kwargs.get("mode", self.mode))
-        request = self._request(prompt, formatted)
         params = self.sampling(**kwargs)
 
         def generate() -> CompletionResponseGen:
             text = ""
-            for delta in self._runtime.stream(request, mode, params):
-                text += delta
-                yield CompletionResponse(text=text, delta=delta)
+            with self._runtime.stream(prompt.request, mode, params) as deltas:
+                for delta in deltas:
+                    text += delta
+                    yield CompletionResponse(text=text, delta=delta)
+            generation = deltas.result
+            usage = {**usage_of(generation), **prompt.matching_usage(generation.prefill.segment_reused_tokens)}
+            yield CompletionResponse(text=text, delta="", additional_kwargs={
+                **usage, "finish_reason": generation.finish_reason, "mode": mode})
 
         return generate()
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._generate(self.segmented(prompt, formatted), **kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        return self._stream(self.segmented(prompt, formatted), **kwargs)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return completion_response_to_chat_response(self._generate(self.segmented_chat(messages), **kwargs))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return stream_completion_response_to_chat_response(self._stream(self.segmented_chat(messages), **kwargs))
