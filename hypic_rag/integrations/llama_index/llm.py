@@ -4,58 +4,48 @@ prompts are cut around the chunks its runtime knows (`hypic_rag.reuse`), so Llam
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
-from llama_index.core.base.llms.generic_utils import (
-    completion_response_to_chat_response,
-    stream_completion_response_to_chat_response,
-)
-from llama_index.core.base.llms.types import (
-    ChatMessage,
-    ChatResponse,
-    ChatResponseGen,
-    CompletionResponse,
-    CompletionResponseGen,
-    LLMMetadata,
-)
+from llama_index.core.base.llms.types import ChatMessage, CompletionResponse, CompletionResponseGen, LLMMetadata
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
-from hypic_rag.reuse import Piece, SegmentedPrompt, separated_pieces
+from hypic_rag.reuse import Piece, SegmentedPrompt
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.segments import DEFAULT_SEPARATOR, split_segments
 from hypic_rag.usage import usage_of
 
-__all__ = ["HypicLLM", "segmented_messages_to_prompt"]
+__all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "segmented_messages_to_prompt"]
+
+MESSAGE_BOUNDARY = "<<PIC_MSG>>"
+"""Where `segmented_messages_to_prompt` ends a message: `HypicLLM` cuts the prompt there (each message is its own
+segment) and, unlike at a separator, still looks for known chunks inside each message (a context chat engine
+puts its retrieved nodes in the system message)."""
 
 
-def _message_texts(messages: Sequence[ChatMessage]) -> list[str]:
+def segmented_messages_to_prompt(messages: Sequence[ChatMessage]) -> str:
+    """Chat messages as `"{role}: {content}\n"` segments joined by `MESSAGE_BOUNDARY`: every message is its own
+    (cached) segment; the last one, followed by the assistant's turn, is the query."""
     parts = [f"{message.role.value}: {message.content or ''}\n" for message in messages]
     if not parts:
         raise ValueError("no messages given")
     parts[-1] += "assistant:"
-    return parts
-
-
-def segmented_messages_to_prompt(messages: Sequence[ChatMessage], separator: str = DEFAULT_SEPARATOR) -> str:
-    """Chat messages as separated segments: every message is its own (cached) segment; the last one, followed by
-    the assistant's turn, is the query."""
-    return separator.join(_message_texts(messages))
+    return MESSAGE_BOUNDARY.join(parts)
 
 
 class HypicLLM(CustomLLM):
     """A LlamaIndex LLM that generates with hypic-rag (the bundled default model unless `model_path`).
 
     `complete(prompt)`: segments of the prompt separated by `separator` are cached and reused wherever they land;
-    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment. With
-    `match_segments` (the default) the text not marked as a segment (the query part; each message in chat) is
-    cut around the chunks the runtime knows (nodes of `HypicCacheTransformation` and `HypicQueryEngine`,
-    segments seen), so LlamaIndex's own engines, which send one formatted prompt, reuse their entries. Usage
-    (prompt, cached, recomputed, completion and matched tokens) is in `CompletionResponse.additional_kwargs`.
+    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment
+    (`segmented_messages_to_prompt`). With `match_segments` (the default) the text not marked by a separator (the
+    query part; each message) is cut around the chunks the runtime knows (nodes of `HypicCacheTransformation`
+    and `HypicQueryEngine`, segments seen), so LlamaIndex's own engines, which send one formatted prompt, reuse
+    their entries. Usage (prompt, cached, recomputed, completion and matched tokens) is in
+    `CompletionResponse.additional_kwargs` (streamed: in the last response).
     """
 
     model_path: str | None = Field(default=None, description="Checkpoint directory; None: the bundled default model.")
@@ -74,17 +64,14 @@ class HypicLLM(CustomLLM):
         default=True, description="Cut prompts around the chunks the runtime knows, reusing their entries."
     )
     _runtime: HypicRuntime = PrivateAttr()
-    _own_chat_layout: bool = PrivateAttr(default=True)
 
     def __init__(self, *, runtime: HypicRuntime | None = None, **kwargs: Any) -> None:
-        separator = kwargs.get("separator", DEFAULT_SEPARATOR)
-        own_chat_layout = kwargs.get("messages_to_prompt") is None
-        if own_chat_layout:
-            kwargs["messages_to_prompt"] = partial(segmented_messages_to_prompt, separator=separator)
+        kwargs.setdefault("messages_to_prompt", segmented_messages_to_prompt)
+        if kwargs.get("separator") == MESSAGE_BOUNDARY:
+            raise ValueError(f"separator: {MESSAGE_BOUNDARY!r} marks message boundaries; choose another")
         super().__init__(**kwargs)
         check_mode(self.mode)
         self._runtime = runtime_for(runtime, self.model_path, self.cache_dir, self.seam_tokens, self.device)
-        self._own_chat_layout = own_chat_layout
 
     @classmethod
     def class_name(cls) -> str:
@@ -115,23 +102,14 @@ class HypicLLM(CustomLLM):
         )
 
     def segmented(self, prompt: str, formatted: bool = False) -> SegmentedPrompt:
-        """How `complete(prompt)` cuts the prompt: at `separator` (each part but the last an explicit segment),
-        then the last part around the chunks the runtime knows (with `match_segments`)."""
+        """How `complete(prompt)` cuts the prompt: at `MESSAGE_BOUNDARY` into messages, each message at `separator`
+        (every part but its last an explicit segment), and, with `match_segments`, each message's last part around
+        the chunks the runtime knows."""
         if not formatted:
             prompt = self.completion_to_prompt(prompt)
-        pieces = separated_pieces(split_segments(prompt, self.separator))
-        return self._runtime.segmented_prompt(pieces, match=self.match_segments)
-
-    def segmented_chat(self, messages: Sequence[ChatMessage]) -> SegmentedPrompt:
-        """How `chat(messages)` cuts the conversation: each message its own segment (`segmented_messages_to_prompt`;
-        parts a message separates with `separator` explicit segments), each message's text cut around the chunks
-        the runtime knows (with `match_segments`). With a custom `messages_to_prompt`, its prompt as `complete`
-        would cut it."""
-        if not self._own_chat_layout:
-            return self.segmented(self.messages_to_prompt(messages), formatted=True)
         pieces: list[Piece] = []
-        for text in _message_texts(messages):
-            *marked, rest = split_segments(text, self.separator)
+        for message in prompt.split(MESSAGE_BOUNDARY):
+            *marked, rest = split_segments(message, self.separator)
             pieces.extend(Piece(part, explicit=True) for part in marked)
             pieces.append(Piece(rest))
         return self._runtime.segmented_prompt(pieces, match=self.match_segments)
@@ -170,11 +148,3 @@ class HypicLLM(CustomLLM):
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         return self._stream(self.segmented(prompt, formatted), **kwargs)
-
-    @llm_chat_callback()
-    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return completion_response_to_chat_response(self._generate(self.segmented_chat(messages), **kwargs))
-
-    @llm_chat_callback()
-    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return stream_completion_response_to_chat_response(self._stream(self.segmented_chat(messages), **kwargs))
