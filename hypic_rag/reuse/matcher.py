@@ -117,8 +117,8 @@ class SegmentMatcher:
         self._known: dict[str, KnownSegment] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._anchors: dict[int, list[str]] = {}
-        self._anchor_array = np.zeros(0, dtype=np.uint64)
-        self._anchors_changed = False
+        self._anchor_array = np.zeros(0, dtype=np.uint64)  # sorted anchor hashes (may hold forgotten ones)
+        self._recent_anchors: set[int] = set()  # added since the array was last rebuilt
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -163,7 +163,7 @@ class SegmentMatcher:
             self._known[known.key] = known
             anchor = int(window_hashes(text_codes(known.key[: self.settings.min_chars]), self.settings.min_chars)[0])
             self._anchors.setdefault(anchor, []).append(known.key)
-            self._anchors_changed = True
+            self._recent_anchors.add(anchor)
             if origin == "seen":
                 self._seen[known.key] = None
                 while len(self._seen) > self.settings.seen_capacity:
@@ -179,6 +179,7 @@ class SegmentMatcher:
         keys.remove(key)
         if not keys:
             del self._anchors[anchor]
+            self._recent_anchors.discard(anchor)
 
     # ------------------------------------------------------------------------------------------- finding
     def normalised(self, text: str) -> NormalisedText:
@@ -191,19 +192,28 @@ class SegmentMatcher:
         with self._lock:
             if not self._known or len(text) < width:
                 return []
-            if self._anchors_changed:
-                self._anchor_array = np.unique(np.fromiter(self._anchors, dtype=np.uint64, count=len(self._anchors)))
-                self._anchors_changed = False
-            anchors = self._anchor_array
             hashes = window_hashes(text_codes(text), width)
-            slots = np.minimum(np.searchsorted(anchors, hashes), len(anchors) - 1)
             found: list[Occurrence] = []
-            for position in np.flatnonzero(anchors[slots] == hashes).tolist():
+            for position in np.flatnonzero(self._anchor_hits(hashes)).tolist():
                 for key in self._anchors.get(int(hashes[position]), ()):
                     end = position + len(key)
                     if text.startswith(key, position) and not inside_word(text, position, end):
                         found.append(Occurrence(position, end, key))
             return found
+
+    def _anchor_hits(self, hashes: np.ndarray) -> np.ndarray:
+        """bool [n]: which of `hashes` are anchors. The sorted array is searched; anchors added since it was built
+        are a small set searched on their own, merged into the array once they reach a sixteenth of it (so a
+        request that adds a seen segment does not re-sort every anchor)."""
+        if len(self._recent_anchors) > max(1024, len(self._anchor_array) // 16):
+            self._anchor_array = np.unique(np.fromiter(self._anchors, dtype=np.uint64, count=len(self._anchors)))
+            self._recent_anchors.clear()
+        hits = np.zeros(hashes.shape, dtype=bool)
+        for anchors in (self._anchor_array, np.sort(np.fromiter(self._recent_anchors, dtype=np.uint64))):
+            if len(anchors):
+                slots = np.minimum(np.searchsorted(anchors, hashes), len(anchors) - 1)
+                hits |= anchors[slots] == hashes
+        return hits
 
     def find(self, prompt: str) -> list[Match]:
         """The known segments in `prompt`: non-overlapping, covering the most characters, in prompt order (none
