@@ -19,9 +19,10 @@ all built on a session and never build a model, an engine, a cache or a prompt l
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
 prompts, `segmented_prompt` for prompts cut around the known chunks its `matcher` finds, `hypic_rag.reuse`;
-`know_chunks` tells the matcher an index's chunks), and filling the cache (`fill_steps` / `fill_cache`: look up which planned entries the segment source
-lacks, encode only those, in batches through `Engine.encode_segments` or with an external encoder such as the
-process pool of `retrieval.encoding_pool`, and keep them through the source's own get-or-encode path).
+`know_chunks` tells the matcher an index's chunks), and filling the cache (`fill_steps` / `fill_cache`: look up
+which planned entries the segment source lacks, encode only those, in batches through `Engine.encode_segments` or
+with an external encoder such as the process pool of `retrieval.encoding_pool`, and keep them through the source's
+own get-or-encode path).
 The prompt format of an index is the whole `PromptFormat` its manifest records, so the prefix whose entry
 precompute encoded is the prefix `ask` and `serve` compose.
 """

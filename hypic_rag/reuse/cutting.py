@@ -23,6 +23,7 @@ with that prefix gets it as the request's prefix segment (position 0, its exact 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from hypic_rag.prompt import tokenize_segment
 from hypic_rag.reuse.matcher import Match, SegmentMatcher
 from hypic_rag.runtime.request import Request
 
+logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Piece:
@@ -62,11 +64,12 @@ def cut_around(text: str, matches: Sequence[Match]) -> list[PromptSegment]:
     for number, match in enumerate(matches):
         known = match.known
         start, end = match.start, match.end
-        if known.lead_chars and start - known.lead_chars >= cursor and text[start - known.lead_chars : start] == known.lead:
-            start -= known.lead_chars
+        lead, trail = known.lead_chars, known.trail_chars
+        if lead and start - lead >= cursor and text[start - lead : start] == known.lead:
+            start -= lead
         limit = matches[number + 1].start if number + 1 < len(matches) else len(text)
-        if known.trail_chars and end + known.trail_chars <= limit and text[end : end + known.trail_chars] == known.trail:
-            end += known.trail_chars
+        if trail and end + trail <= limit and text[end : end + trail] == known.trail:
+            end += trail
         body = text[start:end]
         if not match.exact:
             body = text[start : match.start] + known.core + text[match.end : end]
@@ -140,6 +143,11 @@ def segment_prompt(
             piece_cut = cut_around(piece.text, matches[:-1])  # nothing after it: it stays in the query
         found = found or any(item.match is not None for item in piece_cut)
         cut.extend(piece_cut if piece_cut or number < last else [PromptSegment(piece.text)])
+    limit = matcher.settings.max_segments if matcher is not None else None
+    if found and limit is not None and sum(bool(item.text) for item in cut) > limit:
+        logger.warning("matching would cut the prompt into more than %d segments; it is cut at its separators only",
+                       limit)
+        return segment_prompt(tokenizer, pieces, matcher=None, prefix=prefix)
     with_prefix = False
     if prefix and len(cut) > 1 and cut[0].match is None:
         first = cut[0].text

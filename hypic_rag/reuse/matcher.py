@@ -41,18 +41,24 @@ class MatchSettings:
     """enabled: match at all (off: prompts are cut only at explicit separators, as before); min_chars: the
     shortest core matched, also the width of the hashed window; collapse_whitespace: match with whitespace runs
     collapsed (off: exact text only); seen_capacity: how many segments seen in requests are remembered (least
-    recently matched forgotten first; indexed chunks are always kept)."""
+    recently matched forgotten first; indexed chunks are always kept); max_segments: a prompt that matching would
+    cut into more segments than this (the query included) is cut only at its separators, as without matching
+    (None: no limit; the service passes its `--max-segments`, so matching never makes a request too large).
+    """
 
     enabled: bool = True
     min_chars: int = DEFAULT_MIN_CHARS
     collapse_whitespace: bool = True
     seen_capacity: int = 4096
+    max_segments: int | None = None
 
     def __post_init__(self) -> None:
         if self.min_chars < 1:
             raise ValueError(f"min_chars must be positive, got {self.min_chars}")
         if self.seen_capacity < 0:
             raise ValueError(f"seen_capacity must be >= 0, got {self.seen_capacity}")
+        if self.max_segments is not None and self.max_segments < 1:
+            raise ValueError(f"max_segments must be positive, got {self.max_segments}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,9 @@ class ServiceBackend:
         self.chunker = chunker
         self.model_name = config.model_name or Path(str(pipeline.index.manifest.model.path)).name or "hypic-rag"
         self.counts = pipeline.index.counts()
-        pipeline.session.set_matching(MatchSettings(enabled=config.match_segments))
+        pipeline.session.set_matching(
+            MatchSettings(enabled=config.match_segments, max_segments=config.max_segments)
+        )
         if config.match_segments:
             known = pipeline.session.know_chunks(pipeline.index.docstore.iter_chunk_texts())
             logger.info("segment matching: %d of %d indexed chunks can be found in prompts", known, self.counts.chunks)

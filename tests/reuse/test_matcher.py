@@ -129,7 +129,8 @@ def test_a_prompt_is_cut_at_chunk_boundaries_as_the_separated_path_would(tokeniz
               "\n---\nQuery: Who is the champion?\nAnswer: ")
     segmented = cut(tokenizer, matcher, prompt)
     assert segmented.texts == ("Context information is below.\nfile_name: chess.md\n\n", CHESS + "\n",
-                               "\nfile_name: bicycles.md\n\n", BIKES + "\n", "---\nQuery: Who is the champion?\nAnswer: ")
+                               "\nfile_name: bicycles.md\n\n", BIKES + "\n",
+                               "---\nQuery: Who is the champion?\nAnswer: ")
     assert "".join(segmented.texts) == prompt and segmented.matched == (False, True, False, True)
     chunk_ids = [tokenize_segment(tokenizer, FMT.chunk(text)) for text in (CHESS, BIKES)]
     assert [segmented.request.chunk_ids[1], segmented.request.chunk_ids[3]] == chunk_ids  # the cached keys
@@ -194,6 +195,13 @@ def test_explicit_separators_take_precedence_and_their_segments_are_remembered(t
     again = cut(tokenizer, matcher, f"Docs: {GLASS}\nWho founded it?")
     assert again.texts == ("Docs: ", GLASS + "\n", "Who founded it?") and again.matched == (False, True)
     assert matcher.counts() == {"index": 1, "seen": 2}
+
+
+def test_matching_never_cuts_a_prompt_into_more_segments_than_allowed(tokenizer) -> None:
+    prompt = f"Docs:\n{CHESS}\n{BIKES}\nWho won?"
+    assert len(cut(tokenizer, matcher_of(CHESS, BIKES, max_segments=4), prompt).texts) == 4
+    limited = cut(tokenizer, matcher_of(CHESS, BIKES, max_segments=3), prompt)
+    assert limited.matched_segments == 0 and limited.request == segmented_request(tokenizer, [prompt])
 
 
 def test_a_chunk_with_nothing_after_it_stays_in_the_query(tokenizer) -> None:

@@ -80,8 +80,8 @@ def test_completion_reuses_pasted_chunks_and_answers_as_with_separators(client, 
     assert separated.choices[0].text == second.choices[0].text
     assert separated.usage.prompt_tokens == second.usage.prompt_tokens
     assert separated.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens_details.cached_tokens
-    streamed = list(client.completions.create(model=model_of(client), prompt=pasted, max_tokens=5, temperature=0, stream=True,
-                                              stream_options={"include_usage": True}))
+    streamed = list(client.completions.create(model=model_of(client), prompt=pasted, max_tokens=5, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == second.choices[0].text
     assert streamed[-1].model_extra["hypic"]["matched_segments"] == 2
 
