@@ -18,9 +18,11 @@ all built on a session and never build a model, an engine, a cache or a prompt l
 
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
-prompts), and filling the cache (`fill_steps` / `fill_cache`: look up which planned entries the segment source
-lacks, encode only those, in batches through `Engine.encode_segments` or with an external encoder such as the
-process pool of `retrieval.encoding_pool`, and keep them through the source's own get-or-encode path).
+prompts, `segmented_prompt` for prompts cut around the known chunks its `matcher` finds, `hypic_rag.reuse`;
+`know_chunks` tells the matcher an index's chunks), and filling the cache (`fill_steps` / `fill_cache`: look up
+which planned entries the segment source lacks, encode only those, in batches through `Engine.encode_segments` or
+with an external encoder such as the process pool of `retrieval.encoding_pool`, and keep them through the source's
+own get-or-encode path).
 The prompt format of an index is the whole `PromptFormat` its manifest records, so the prefix whose entry
 precompute encoded is the prefix `ask` and `serve` compose.
 """
@@ -29,13 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
+from hypic_rag.reuse import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.encode import plan_encode_batches
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import HybridModel
@@ -209,6 +212,8 @@ class ModelSession:
         self.prompt_format = prompt_format
         self.model_path = str(model_path)
         self._prefix_ids = tuple(self.tokenize_segment(prompt_format.prefix, "the prompt prefix"))
+        self.matcher = SegmentMatcher()
+        """The chunks and seen segments prompts without separators are matched against (`hypic_rag.reuse`)."""
 
     @classmethod
     def open(
@@ -364,8 +369,25 @@ class ModelSession:
 
     def segmented_request(self, segments: Sequence[str]) -> Request:
         """A separated prompt's request (`segments.segmented_request`): every segment but the last cached, the
-        last the query. ValueError for an empty query or a lone surrogate."""
-        return segmented_request(self.tokenizer, segments)
+        last the query; a first segment equal to the prompt prefix is the prefix segment. ValueError for an empty
+        query or a lone surrogate."""
+        return segmented_request(self.tokenizer, segments, self.prompt_format.prefix)
+
+    def segmented_prompt(self, pieces: Sequence[Piece], *, match: bool = True) -> SegmentedPrompt:
+        """The request of `pieces` (`hypic_rag.reuse.segment_prompt`): explicit pieces kept whole, searchable ones
+        cut around the indexed chunks and seen segments `matcher` finds (when `match` and the matcher is on), the
+        prompt prefix recognised. ValueError for an empty query or a lone surrogate."""
+        matcher = self.matcher if match and self.matcher.settings.enabled else None
+        return segment_prompt(self.tokenizer, pieces, matcher=matcher, prefix=self.prompt_format.prefix)
+
+    def set_matching(self, settings: MatchSettings) -> None:
+        """Match with `settings` from now on (the segments known so far are forgotten)."""
+        self.matcher = SegmentMatcher(settings)
+
+    def know_chunks(self, texts: Iterable[str]) -> int:
+        """Let the matcher find these indexed chunks' texts in prompts (each cached as its formatted segment,
+        `chunk_ids`); returns how many are long enough to be matched."""
+        return self.matcher.add_chunks((text, self.prompt_format.chunk(text)) for text in texts)
 
     # ------------------------------------------------------------------------------------------- filling
     def plan(

@@ -364,6 +364,29 @@ def tiny_model_checkpoint(directory: Path, texts: list[str] | None = None) -> Pa
     return save_tiny_checkpoint(directory, corpus * 4)
 
 
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A ChatML-style chat template (the layout of Qwen checkpoints' templates) for tiny test checkpoints."""
+
+
+def templated_checkpoint(directory: Path, base: Path, template: str = TINY_CHAT_TEMPLATE) -> Path:
+    """A copy of the checkpoint `base` whose tokenizer carries `template` as its chat template (reused when
+    `directory` already holds one)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        shutil.copytree(base, directory)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        tokenizer.chat_template = template
+        tokenizer.save_pretrained(directory)
+    return directory
+
+
 def write_corpus(directory: Path, documents: Mapping[str, str]) -> Path:
     """Write `documents` (file name -> text) into `directory`; returns it."""
     directory = Path(directory)

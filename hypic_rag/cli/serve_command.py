@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="per-request deadline in seconds, queue wait included (120)")
     parser.add_argument("--separator", default="<<PIC_SEP>>", metavar="STR",
                         help="segment separator of /v1/completions prompts (<<PIC_SEP>>)")
+    parser.add_argument("--no-segment-matching", dest="match_segments", action="store_false",
+                        help="cut completion and chat prompts only at separators: do not look for indexed chunks "
+                        "and seen segments in them (matching is on by default)")
     parser.add_argument("--max-segments", type=positive_int, default=256, metavar="N",
                         help="separated segments of one completion prompt, the query included; more get 413 (256)")
     parser.add_argument("--max-document-tokens", type=positive_int, default=500_000, metavar="N",
@@ -124,6 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
             queue_size=args.queue_size,
             request_timeout_s=args.request_timeout,
             separator=args.separator,
+            match_segments=args.match_segments,
             max_segments=args.max_segments,
             max_document_tokens=args.max_document_tokens,
             max_body_bytes=args.max_body_bytes,

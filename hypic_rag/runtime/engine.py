@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,6 +52,8 @@ class PrefillStats:
     cached_tokens come from segment entries that existed before this prefill (cache hits), encoded_tokens from
     entries this prefill had to encode (cache misses), recomputed_tokens ran through the model in the assembly
     pass (seams, question, full/prefix mode) and prefix_reused_tokens came from a prefix-mode checkpoint.
+    segment_reused_tokens: per segment of the request (`Request.segments`), its tokens taken from an entry held
+    before this prefill or from a prefix checkpoint (0 for a segment encoded now, and in `full` mode).
     """
 
     mode: str
@@ -68,6 +70,7 @@ class PrefillStats:
     compose_seconds: float = 0.0
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
+    segment_reused_tokens: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -177,7 +180,8 @@ class Engine:
         spec = mode_spec(mode)
         seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
         began = time.perf_counter()
-        stats = PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens)
+        stats = PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens,
+                             segment_reused_tokens=[0] * len(request.segments))
         if mode == "full":
             spans = [Span(request.all_ids(), 0, request.prompt_tokens)]
             result = run_stack(self.model, spans)
@@ -207,7 +211,9 @@ class Engine:
             fetched, hits = self._fetch_entries([segments[n] for n in numbers], entry_seam, stats, check)
             for number, entry, hit in zip(numbers, fetched, hits):
                 entries[number] = entry
-                if not hit:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
+                if hit:
+                    stats.segment_reused_tokens[number] = len(segments[number]) - min(entry_seam, len(segments[number]))
+                else:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
                     stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
         if check is not None:  # the entries are in (and kept); a request past its deadline stops before assembly
             check()
@@ -236,6 +242,8 @@ class Engine:
         stats.prefix_reused_tokens = initial.length if initial is not None else 0
         stats.cache_hits += reused
         stats.cache_misses += len(segments) - reused
+        for number in range(reused):
+            stats.segment_reused_tokens[number] = len(segments[number])
         position = stats.prefix_reused_tokens
         spans = []
         for segment in segments[reused:]:

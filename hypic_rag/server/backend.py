@@ -21,6 +21,7 @@ from typing import Any
 
 from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.prompt import tokenize_segment
+from hypic_rag.reuse import NO_MATCHING, MatchSettings, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
@@ -72,8 +73,9 @@ class CompletionResult:
     """Per generated token when asked: {"token", "bytes", "logprob", "top": [{"token", "bytes", "logprob"}]}."""
 
 
-PromptBuilder = Callable[[ModelSession], Request]
-"""Builds one prompt's request in the worker thread (which owns the tokenizer); ValueError for bad input (400)."""
+PromptBuilder = Callable[[ModelSession], Request | SegmentedPrompt]
+"""Builds one prompt's request (or a `SegmentedPrompt`, which says which segments were matched) in the worker
+thread (which owns the tokenizer and the matcher); ValueError for bad input (400)."""
 
 
 class TokenCounter:
@@ -100,6 +102,12 @@ class ServiceBackend:
         self.chunker = chunker
         self.model_name = config.model_name or Path(str(pipeline.index.manifest.model.path)).name or "hypic-rag"
         self.counts = pipeline.index.counts()
+        pipeline.session.set_matching(
+            MatchSettings(enabled=config.match_segments, max_segments=config.max_segments)
+        )
+        if config.match_segments:
+            known = pipeline.session.know_chunks(pipeline.index.docstore.iter_chunk_texts())
+            logger.info("segment matching: %d of %d indexed chunks can be found in prompts", known, self.counts.chunks)
         self.token_counter = TokenCounter(pipeline.session.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
         self.refresh_cache_snapshot()
@@ -235,9 +243,11 @@ class ServiceBackend:
         for number, build in enumerate(prompts):
             began = time.perf_counter()
             try:
-                request = build(session)
+                built = build(session)
             except ValueError as error:
                 raise BadRequestError(f"{param}: {error}", param=param) from None
+            request = built.request if isinstance(built, SegmentedPrompt) else built
+            matched = built if isinstance(built, SegmentedPrompt) else None
             check_segment_count(request.segments + [request.question_ids], self.config.max_segments)
             if any(not 0 <= token < vocab for token in request.all_ids()):
                 raise BadRequestError(f"{param}: token ids must lie in 0..{vocab - 1}", param=param)
@@ -252,7 +262,7 @@ class ServiceBackend:
                 index = number * n + choice
                 seed = None if params.seed is None else (params.seed + index) % (SEED_MAX + 1)
                 results.append(self._generate(request, mode, dataclasses.replace(params, seed=seed), context,
-                                              index if tagged else None, tokenized))
+                                              index if tagged else None, tokenized, matched))
         return results
 
     @property
@@ -262,7 +272,7 @@ class ServiceBackend:
         return int(getattr(getattr(config, "text_config", None) or config, "vocab_size"))
 
     def _generate(self, request: Request, mode: str, params: SamplingParams, context: TaskContext,
-                  index: int | None, tokenized: float) -> CompletionResult:
+                  index: int | None, tokenized: float, matched: SegmentedPrompt | None = None) -> CompletionResult:
         began = time.perf_counter()
         stream = self.pipeline.session.engine.stream(request, mode, params, check=context.check)
         try:
@@ -282,7 +292,11 @@ class ServiceBackend:
              "top": [{**self._token_text(token), "logprob": value} for token, value in item.top]}
             for item in generation.logprobs
         ]
-        return CompletionResult(generation.text, generation.finish_reason, usage_of(generation), timings, logprobs)
+        usage = usage_of(generation)
+        usage["segments"] = len(request.segments) + 1
+        usage.update(NO_MATCHING if matched is None else
+                     matched.matching_usage(generation.prefill.segment_reused_tokens))
+        return CompletionResult(generation.text, generation.finish_reason, usage, timings, logprobs)
 
     def _token_text(self, token_id: int) -> dict[str, Any]:
         text = self.pipeline.session.tokenizer.decode([token_id])
@@ -325,6 +339,8 @@ class ServiceBackend:
             totals["chunks_added"] += report.chunks_added
             for document in batch:
                 segments.extend(index.docstore.token_ids_of(document.doc_id))
+                if self.config.match_segments:
+                    self.pipeline.session.know_chunks(index.docstore.iter_chunk_texts(document.doc_id))
             self.counts = index.counts()
             jobs.update(job, documents_indexed=start + len(batch))
             yield

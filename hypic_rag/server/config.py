@@ -19,6 +19,8 @@ class ServerConfig:
     processes may write the index. queue_size: requests waiting for the model worker before new ones get 429.
     request_timeout_s: default deadline of a request, queue wait included (a request may ask for less).
     separator: what splits an OpenAI-style completion prompt into cached segments.
+    match_segments: cut completion and chat prompts around the indexed chunks and seen segments they contain
+    (`hypic_rag.reuse`), so text pasted without separators reuses its cached entries (a request may turn it off).
     max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_segments (separated parts of
     one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
     document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
@@ -34,6 +36,7 @@ class ServerConfig:
     queue_size: int = 64
     request_timeout_s: float = 120.0
     separator: str = DEFAULT_SEPARATOR
+    match_segments: bool = True
     max_body_bytes: int = 8 << 20
     max_question_chars: int = 4_000
     max_prompt_chars: int = 200_000

@@ -21,7 +21,8 @@ One class kind per module:
   own segment (never one concatenated string), so a node's cached entry is reused wherever it lands in a prompt.
 - `llm.HypicLLM` is a LlamaIndex LLM for `Settings.llm`: plain completion (a prompt whose segments are separated
   by `<<PIC_SEP>>` reuses each segment's cache entry; the last segment is the query) and chat (each earlier
-  message is its own cached segment).
+  message is its own cached segment); text no separator marks is cut around the nodes the runtime knows
+  (`hypic_rag.reuse`), so LlamaIndex's own engines (`index.as_query_engine()`, chat engines) reuse them too.
 - `ingestion.HypicCacheTransformation` is an ingestion step that encodes every node's segment-cache entry ahead
   of queries.
 - `embedding.HypicEmbedding` wraps the shipped all-MiniLM-L6-v2 sentence-transformers model (offline).

@@ -1,9 +1,9 @@
-"""`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments."""
+"""`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments, and whose
+prompts are cut around the chunks its runtime knows (`hypic_rag.reuse`), so LlamaIndex's own engines reuse them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from llama_index.core.base.llms.generic_utils import (
@@ -26,31 +26,40 @@ from llama_index.core.llms.custom import CustomLLM
 
 from hypic_rag.integrations.llama_index.aio import in_thread, relay_stream
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
+from hypic_rag.reuse import Piece, SegmentedPrompt
 from hypic_rag.runtime.modes import check_mode
-from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.segments import DEFAULT_SEPARATOR, split_segments
 from hypic_rag.usage import usage_of
 
-__all__ = ["HypicLLM", "segmented_messages_to_prompt"]
+__all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "segmented_messages_to_prompt"]
+
+MESSAGE_BOUNDARY = "<<PIC_MSG>>"
+"""Where `segmented_messages_to_prompt` ends a message: `HypicLLM` cuts the prompt there (each message is its own
+segment) and, unlike at a separator, still looks for known chunks inside each message (a context chat engine
+puts its retrieved nodes in the system message)."""
 
 
-def segmented_messages_to_prompt(messages: Sequence[ChatMessage], separator: str = DEFAULT_SEPARATOR) -> str:
-    """Chat messages as separated segments: every message is its own (cached) segment; the last one, followed by
-    the assistant's turn, is the query."""
+def segmented_messages_to_prompt(messages: Sequence[ChatMessage], boundary: str = MESSAGE_BOUNDARY) -> str:
+    """Chat messages as `"{role}: {content}\n"` segments joined by `boundary` (`MESSAGE_BOUNDARY`): every message is
+    its own (cached) segment; the last one, followed by the assistant's turn, is the query."""
     parts = [f"{message.role.value}: {message.content or ''}\n" for message in messages]
     if not parts:
         raise ValueError("no messages given")
     parts[-1] += "assistant:"
-    return separator.join(parts)
+    return boundary.join(parts)
 
 
 class HypicLLM(CustomLLM):
     """A LlamaIndex LLM that generates with hypic-rag (the bundled default model unless `model_path`).
 
     `complete(prompt)`: segments of the prompt separated by `separator` are cached and reused wherever they land;
-    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment. Usage
-    (prompt, cached, recomputed and completion tokens) is in `CompletionResponse.additional_kwargs`.
+    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment
+    (`segmented_messages_to_prompt`). With `match_segments` (the default) the text not marked by a separator (the
+    query part; each message) is cut around the chunks the runtime knows (nodes of `HypicCacheTransformation`
+    and `HypicQueryEngine`, segments seen), so LlamaIndex's own engines, which send one formatted prompt, reuse
+    their entries. Usage (prompt, cached, recomputed, completion and matched tokens) is in
+    `CompletionResponse.additional_kwargs` (streamed: in the last response).
     """
 
     model_path: str | None = Field(default=None, description="Checkpoint directory; None: the bundled default model.")
@@ -65,11 +74,15 @@ class HypicLLM(CustomLLM):
         description="Makes sampling reproducible (0 to 2**64 - 1); None: every call samples afresh.",
     )
     separator: str = Field(default=DEFAULT_SEPARATOR, min_length=1, description="What separates prompt segments.")
+    match_segments: bool = Field(
+        default=True, description="Cut prompts around the chunks the runtime knows, reusing their entries."
+    )
     _runtime: HypicRuntime = PrivateAttr()
 
     def __init__(self, *, runtime: HypicRuntime | None = None, **kwargs: Any) -> None:
-        separator = kwargs.get("separator", DEFAULT_SEPARATOR)
-        kwargs.setdefault("messages_to_prompt", partial(segmented_messages_to_prompt, separator=separator))
+        kwargs.setdefault("messages_to_prompt", segmented_messages_to_prompt)
+        if kwargs.get("separator") == MESSAGE_BOUNDARY:
+            raise ValueError(f"separator: {MESSAGE_BOUNDARY!r} marks message boundaries; choose another")
         super().__init__(**kwargs)
         check_mode(self.mode)
         self._runtime = runtime_for(runtime, self.model_path, self.cache_dir, self.seam_tokens, self.device)
@@ -102,18 +115,28 @@ class HypicLLM(CustomLLM):
             stop_strings=(stop,) if isinstance(stop, str) else tuple(stop),
         )
 
-    def _request(self, prompt: str, formatted: bool) -> Request:
+    def segmented(self, prompt: str, formatted: bool = False) -> SegmentedPrompt:
+        """How `complete(prompt)` cuts the prompt: at `MESSAGE_BOUNDARY` into messages, each message at `separator`
+        (every part but its last an explicit segment), and, with `match_segments`, each message's last part around
+        the chunks the runtime knows."""
         if not formatted:
             prompt = self.completion_to_prompt(prompt)
-        return self._runtime.segmented_request(split_segments(prompt, self.separator))
+        pieces: list[Piece] = []
+        for message in prompt.split(MESSAGE_BOUNDARY):
+            *marked, rest = split_segments(message, self.separator)
+            pieces.extend(Piece(part, explicit=True) for part in marked)
+            pieces.append(Piece(rest))
+        return self._runtime.segmented_prompt(pieces, match=self.match_segments)
 
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        """One completion, no events (the public methods send them); its usage in `additional_kwargs` and in
-        `raw["usage"]`, where LlamaIndex's `TokenCountingHandler` reads token counts."""
+        """One completion, no events (the public methods send them); its usage (with how much of the prompt was
+        matched to known chunks) in `additional_kwargs` and in `raw["usage"]`, where LlamaIndex's
+        `TokenCountingHandler` reads token counts."""
         mode = check_mode(kwargs.get("mode", self.mode))
         with self._runtime.lock:  # tokenizing too: the tokenizer is shared with whichever thread generates
-            generation = self._runtime.generate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
-        usage = usage_of(generation)
+            prompt_segments = self.segmented(prompt, formatted)
+            generation = self._runtime.generate(prompt_segments.request, mode, self.sampling(**kwargs))
+        usage = {**usage_of(generation), **prompt_segments.matching_usage(generation.prefill.segment_reused_tokens)}
         return CompletionResponse(
             text=generation.text,
             additional_kwargs={**usage, "finish_reason": generation.finish_reason, "mode": mode},
@@ -125,17 +148,17 @@ class HypicLLM(CustomLLM):
         `_complete`'s response does)."""
         mode = check_mode(kwargs.get("mode", self.mode))
         with self._runtime.lock:
-            request = self._request(prompt, formatted)
+            prompt_segments = self.segmented(prompt, formatted)
         params = self.sampling(**kwargs)
 
         def generate() -> CompletionResponseGen:
             text = ""
-            with self._runtime.stream(request, mode, params) as deltas:
+            with self._runtime.stream(prompt_segments.request, mode, params) as deltas:
                 for delta in deltas:
                     text += delta
                     yield CompletionResponse(text=text, delta=delta)
             generation = deltas.result
-            usage = usage_of(generation)
+            usage = {**usage_of(generation), **prompt_segments.matching_usage(generation.prefill.segment_reused_tokens)}
             yield CompletionResponse(
                 text=text, delta="",
                 additional_kwargs={**usage, "finish_reason": generation.finish_reason, "mode": mode},
