@@ -27,7 +27,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from hypic_rag.cache.errors import RemoteTierConfigError
@@ -72,6 +72,15 @@ class RemoteCounters:
     puts_dropped: int = 0
     bytes_written: int = 0
     deletes: int = 0
+
+
+@dataclass(slots=True)
+class RemoteInventory:
+    """What a remote tier holds: objects, their bytes, and objects per namespace digest (hex)."""
+
+    objects: int = 0
+    bytes: int = 0
+    per_namespace: dict[str, int] = field(default_factory=dict)
 
 
 def value_crc32(value: Buffer) -> int | None:
@@ -333,6 +342,27 @@ class RemoteTier:
         return list(readers.map(function, keys))
 
     # ------------------------------------------------------------------------------------------- admin
+    def inventory(self) -> RemoteInventory | None:
+        """Objects and bytes under the prefix, per namespace digest (one LIST request per 1000 objects); None
+        when the remote fails (the reason is `health.last_error`)."""
+        prefix = f"{self.config.prefix}/" if self.config.prefix else ""
+
+        def listing() -> RemoteInventory:
+            inventory = RemoteInventory()
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.config.bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    namespace, _, rest = item["Key"][len(prefix):].partition("/")
+                    if not rest:
+                        continue  # not one of ours
+                    inventory.objects += 1
+                    inventory.bytes += int(item.get("Size", 0))
+                    inventory.per_namespace[namespace] = inventory.per_namespace.get(namespace, 0) + 1
+            return inventory
+
+        result = self._call("listing", listing, missing_is_failure=True)
+        return result if isinstance(result, RemoteInventory) else None
+
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait for queued uploads (True when none is left; False if `timeout_s` passed first)."""
         return True if self._writer is None else self._writer.flush(timeout_s)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hypic_rag.cache.codec import decode_entry, encode_entry
+from hypic_rag.cache.codec import decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CacheDamagedError, CacheWriteError, CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.hot_tier import HotTier
 from hypic_rag.cache.keys import CacheNamespace, segment_key
@@ -409,6 +409,29 @@ class SegmentCache:
             result["remote_hits"] = self._remote_hits
             result["remote_misses"] = self._remote_misses
         return result
+
+    def publish(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
+        """Upload to the remote tier the disk store's entries of these token sequences that the remote lacks (a
+        precompute that finds them already on disk, made before a remote was configured or while it failed);
+        the number handed to the remote tier. Entries that fail their crc32 here are left out. No remote tier,
+        or a read-only cache: 0."""
+        if self.remote is None or not self._remote_writable:
+            return 0
+        keys = list(dict.fromkeys(segment_key(namespace, ids) for ids in token_id_lists))
+        local = [key for key, held in zip(keys, self.store.batched_contains(keys)) if held]
+        absent = [key for key, held in zip(local, self.remote.contains_many(local)) if not held]
+        handed = 0
+        for key in absent:
+            value = self.store.get(key, touch=False)
+            if value is None:
+                continue
+            try:
+                read_header(value)  # the crc32 and the layout: never upload damaged bytes
+            except (CorruptEntryError, IncompatibleEntryError) as error:
+                log.warning("cache entry %s in %s not published (%s)", key.hex()[:16], self.store.path, error)
+                continue
+            handed += self.remote.put_many([(key, value)])
+        return handed
 
     def flush_remote(self, timeout_s: float | None = None) -> bool:
         """Wait for the remote tier's queued uploads (True when none is left, or there is no remote tier)."""
