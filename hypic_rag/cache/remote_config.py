@@ -48,7 +48,7 @@ class RemoteTierConfig:
     endpoint_url: str | None = None
     region: str | None = None
     connect_timeout_s: float = 1.0
-    read_timeout_s: float = 10.0
+    read_timeout_s: float = 5.0
     max_attempts: int = 2
     cooldown_s: float = 5.0
     max_cooldown_s: float = 60.0

@@ -45,6 +45,7 @@ from hypic_rag.cache.remote_writer import UploadJob, WriteBehindQueue  # noqa: E
 from hypic_rag.cache.segment_cache import SegmentCache  # noqa: E402
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry  # noqa: E402
 from hypic_rag.cache.errors import RemoteTierConfigError  # noqa: E402
+from hypic_rag.cli.main import main  # noqa: E402
 from hypic_rag.pipeline import RagPipeline  # noqa: E402
 from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute  # noqa: E402
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM  # noqa: E402
@@ -505,7 +506,8 @@ def hypic_rag(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[s
 
 
 def test_cli_ask_and_cache_stats_use_the_remote_tier(host_a: tuple[Path, str], reference: tuple[list[int], str],
-                                                     s3: MotoServer, copy_tiny_index, tmp_path: Path) -> None:
+                                                     s3: MotoServer, copy_tiny_index, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     index_b = empty_host(copy_tiny_index, tmp_path)
     remote = ["--remote-cache", f"s3://{host_a[1]}/segments", "--remote-endpoint", s3.url]
     asked = hypic_rag("ask", QUESTION, "--index", str(index_b), "--top-k", "3", "--max-new-tokens", "6",
@@ -513,17 +515,22 @@ def test_cli_ask_and_cache_stats_use_the_remote_tier(host_a: tuple[Path, str], r
     assert asked.returncode == 0 and "Traceback" not in asked.stderr and not asked.stderr.strip(), asked.stderr
     answer = json.loads(asked.stdout)
     assert answer["usage"]["cache_misses"] == 0 and answer["answer"] == reference[1]
-    stats = hypic_rag("cache", "stats", "--cache", str(index_b / "segment_cache"), "--json", *remote)
-    assert stats.returncode == 0, stats.stderr
-    data = json.loads(stats.stdout)
+    # the rest in this process (no model loads)
+    cache_dir = str(index_b / "segment_cache")
+    assert main(["cache", "stats", "--cache", cache_dir, "--json", *remote]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert data["entries"] == 4 and data["hits"] == 4  # filled from the remote, nothing encoded
     assert data["remote_objects"] == len(objects(s3.url, host_a[1])) and data["remote_bytes"] > 0
-    down = hypic_rag("cache", "stats", "--cache", str(index_b / "segment_cache"), "--remote-cache",
-                     f"s3://{host_a[1]}/segments", "--remote-endpoint", refused_endpoint())
-    assert down.returncode == 0 and "unavailable" in down.stdout, (down.stdout, down.stderr)
-    bad = hypic_rag("ask", QUESTION, "--index", str(index_b), "--remote-endpoint", s3.url)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+    down = ["--remote-cache", f"s3://{host_a[1]}/segments", "--remote-endpoint", refused_endpoint()]
+    assert main(["cache", "stats", "--cache", cache_dir, *down]) == 0
+    shown = capsys.readouterr().out
+    assert "entries         4" in shown and f"s3://{host_a[1]}/segments: unavailable" in shown, shown
+    assert main(["ask", QUESTION, "--index", str(index_b), "--remote-endpoint", s3.url]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "hypic-rag ask: error: --remote-endpoint needs --remote-cache s3://BUCKET[/PREFIX]"]
+    with pytest.raises(SystemExit) as exited:
+        main(["ask", QUESTION, "--index", str(index_b), "--remote-cache", "http://not-s3/x"])
+    assert exited.value.code == 2 and "not a remote cache URL" in capsys.readouterr().err
 
 
 def test_serve_shares_the_remote_tier(host_a: tuple[Path, str], s3: MotoServer, copy_tiny_index,
