@@ -34,7 +34,8 @@ class RemoteTierConfig:
     profile; us-east-1 otherwise). connect_timeout_s / read_timeout_s: per socket connect and per read (not per
     transfer). max_attempts: tries per call, first included (botocore's standard retry mode: 5xx, throttling,
     connection errors). cooldown_s / max_cooldown_s: after a failure the tier is skipped (lookups miss at once,
-    writes are dropped) for `cooldown_s`, doubling while it keeps failing, up to `max_cooldown_s`.
+    writes are dropped) until a background probe finds it answering; the first probe goes out `cooldown_s`
+    after the failure, each further one after twice the previous wait, up to `max_cooldown_s`.
     warn_interval_s: at most one warning per interval (the others are counted and summarised in the next one).
     max_concurrency: parallel requests of one batched lookup or of the writer. queue_bytes: encoded bytes the
     write-behind queue holds; wait_when_full: a put waits for room (precompute) instead of being dropped
@@ -48,7 +49,7 @@ class RemoteTierConfig:
     endpoint_url: str | None = None
     region: str | None = None
     connect_timeout_s: float = 1.0
-    read_timeout_s: float = 5.0
+    read_timeout_s: float = 3.0
     max_attempts: int = 2
     cooldown_s: float = 5.0
     max_cooldown_s: float = 60.0

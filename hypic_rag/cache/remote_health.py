@@ -1,8 +1,9 @@
 """Whether the remote tier is worth asking now, and warnings about it at a bounded rate.
 
-A failing remote must cost little: after a failure the tier is *cooling down* (every lookup is a miss at once,
-every write is dropped) for `cooldown_s`, doubled after each further failure up to `max_cooldown_s`; the first
-call after the cool-down is a probe, and a success ends it. Warnings go to the ``hypic_rag.cache`` loggers at most
+A failing remote must cost little: after a failure the tier is *down* (every lookup is a miss at once, every
+write is dropped) and *cooling down* for `cooldown_s`, doubled after each further failure up to `max_cooldown_s`;
+once a cool-down is over the tier's owner may probe it (`remote_tier.RemoteTier` does, on a background thread),
+and a success ends the outage. Warnings go to the ``hypic_rag.cache`` loggers at most
 once per `warn_interval_s`; failures in between are counted and named in the next warning.
 """
 
@@ -42,7 +43,7 @@ class RemoteHealth:
         self.last_error: str | None = None
 
     def available(self) -> bool:
-        """False while cooling down after a failure (callers then skip the remote)."""
+        """False while cooling down after a failure (not even a probe should go out)."""
         return self._clock() >= self._down_until
 
     @property

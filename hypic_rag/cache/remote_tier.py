@@ -13,9 +13,11 @@ value as it verifies a local one (crc32, length, namespace, token ids); a bad ob
 
 Failure model: nothing here raises for a remote that fails (connection refused, timeouts, 5xx, access denied,
 missing bucket, no credentials). A failed lookup is a miss, a failed write is dropped, each counted; the first
-failure logs one warning and starts a cool-down (`remote_health.RemoteHealth`) during which the tier is not asked
-at all, so a dead remote costs one short timeout, not one per request. botocore's timeouts and retries are set
-short (`RemoteTierConfig`). Only a wrong configuration raises (`RemoteTierConfigError`, when the tier is made).
+failure logs one warning and marks the tier down (`remote_health.RemoteHealth`): no call goes out until a
+background probe (one HEAD of the bucket, made once the cool-down is over, and again after each failed probe)
+finds it answering. So a dead remote costs the one call that found it dead (short timeouts, bounded retries:
+`RemoteTierConfig`), not one per request, and no request waits on the probes. Only a wrong configuration raises
+(`RemoteTierConfigError`, when the tier is made).
 
 A `RemoteTier` pickles as its configuration (a Ray task or actor rebuilds its own client and threads).
 """
@@ -130,7 +132,7 @@ class RemoteTier:
         client_config = Config(
             connect_timeout=config.connect_timeout_s,
             read_timeout=config.read_timeout_s,
-            retries={"max_attempts": config.max_attempts, "mode": "standard"},
+            retries={"total_max_attempts": config.max_attempts, "mode": "standard"},
             max_pool_connections=config.max_concurrency + WRITER_THREADS + 2,
             response_checksum_validation="when_required",  # the codec's crc32 checks every value read
             s3={"addressing_style": "path" if config.endpoint_url else "auto"},
@@ -148,6 +150,7 @@ class RemoteTier:
         self._distrusted: set[bytes] = set()
         self._readers: ThreadPoolExecutor | None = None
         self._closed = False
+        self._probing = False
         self._writer: WriteBehindQueue | None = None
         if config.write_behind and not config.read_only:
             self._writer = WriteBehindQueue(
@@ -275,7 +278,7 @@ class RemoteTier:
 
     def _upload(self, job: UploadJob) -> None:
         """Upload one value unless the same one is there (runs on a writer thread; never raises)."""
-        if not self.health.available():
+        if not self._usable():
             with self._lock:
                 self._counters.puts_dropped += 1
             return
@@ -306,9 +309,32 @@ class RemoteTier:
             self._distrusted.discard(job.key)
 
     # ------------------------------------------------------------------------------------------- calls
-    def _call(self, what: str, call: Callable[[], _T], *, missing_is_failure: bool = False) -> _T | object:
+    def _usable(self) -> bool:
+        """Whether calls go out now. After a failure they do not, until a background probe (started once the
+        cool-down is over) finds the remote answering again: no request ever waits on a remote that failed."""
+        if not self.health.down:
+            return True
+        if self.health.available():
+            with self._lock:
+                start = not self._probing and not self._closed
+                self._probing = self._probing or start
+            if start:
+                threading.Thread(target=self._probe, name="hypic-remote-probe", daemon=True).start()
+        return False
+
+    def _probe(self) -> None:
+        try:
+            self._call("checking whether it is back", lambda: self._client.head_bucket(Bucket=self.config.bucket),
+                       missing_is_failure=True, probe=True)
+        finally:
+            with self._lock:
+                self._probing = False
+
+    def _call(
+        self, what: str, call: Callable[[], _T], *, missing_is_failure: bool = False, probe: bool = False
+    ) -> _T | object:
         """Run one client call: its result, `_MISSING` (no such object), or `_FAILED` (failed or not tried)."""
-        if not self.health.available():
+        if not probe and not self._usable():
             with self._lock:
                 self._counters.skipped += 1
             return _FAILED

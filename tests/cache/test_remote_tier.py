@@ -381,7 +381,14 @@ def test_the_remote_coming_back_ends_the_cool_down(s3: MotoServer, bucket: str, 
             assert cache.stats()["remote_puts"] == 0
             back = MotoServer(own.port)
             try:
-                time.sleep(0.3)  # past the cool-down: the next call is tried
+                time.sleep(0.3)  # past the cool-down: the next call starts a probe in the background, and misses
+                began = time.monotonic()
+                assert cache.get(NS, CHUNKS[0]) is not None and cache.remote.get_many([b"k" * 48]) == [None]
+                assert time.monotonic() - began < 1
+                deadline = time.monotonic() + 10
+                while cache.remote.health.down and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not cache.remote.health.down, "the probe found the remote back"
                 cache.get_or_encode_many(NS, CHUNKS[2:4], encode_synthetic)
                 assert cache.flush_remote(30)
                 assert cache.publish(NS, CHUNKS[:4]) == 2  # what the outage kept from the remote
