@@ -179,6 +179,8 @@ def test_round_trip_is_bit_exact_and_a_remote_hit_fills_the_local_tiers(
         raise AssertionError(f"host B encoded {len(missing)} chunks that host A had stored")
 
     with SegmentCache.open(tmp_path / "b", namespace=namespace, remote=remote) as host_b:
+        other = list(range(1000, 1010))
+        assert host_b.missing_segments([*CHUNKS, other], 8) == [other]  # what host A uploaded is not missing
         served, hits = host_b.get_or_encode_many(namespace, CHUNKS, never)
         assert all(hits)
         for mine, theirs in zip(made, served):
@@ -499,6 +501,21 @@ def test_remote_stopped_during_a_query_answers_stay_right(
     assert answer.usage["cache_misses"] == 4 and stats["remote_hits"] == 0
     assert stats["remote_errors"] >= 1 and stats["remote_puts"] == 0 and stats["remote_available"] is False
     assert len(remote_warnings(caplog)) == 1, remote_warnings(caplog)
+
+
+def test_precompute_on_another_host_encodes_nothing_the_remote_holds(
+    host_a: tuple[Path, str], s3: MotoServer, copy_tiny_index, tiny_index_master: Path, tiny_model: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    index_b = empty_host(copy_tiny_index, tmp_path)
+    corpus = tiny_index_master.with_name(tiny_index_master.name + ".corpus")
+    code = main(["precompute", str(corpus), "--index", str(index_b), "--model", str(tiny_model), "--chunk-tokens",
+                 "96", "--device", "cpu", "--no-progress", "--remote-cache", f"s3://{host_a[1]}/segments",
+                 "--remote-endpoint", s3.url])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "encoded: 0 of" in printed, printed
+    assert f"remote: s3://{host_a[1]}/segments: 0 uploaded (0 B), 0 already there, 0 dropped" in printed, printed
 
 
 # ------------------------------------------------------------------------------------------------ CLI, server
