@@ -137,10 +137,13 @@ class RemoteTier:
             response_checksum_validation="when_required",  # the codec's crc32 checks every value read
             s3={"addressing_style": "path" if config.endpoint_url else "auto"},
         )
-        session = boto3.session.Session()  # a session of its own: sessions are not thread-safe, clients are
-        self._client = session.client(
-            "s3", endpoint_url=config.endpoint_url, region_name=config.region, config=client_config
-        )
+        try:
+            session = boto3.session.Session()  # a session of its own: sessions are not thread-safe, clients are
+            self._client = session.client(
+                "s3", endpoint_url=config.endpoint_url, region_name=config.region, config=client_config
+            )
+        except (exceptions.BotoCoreError, ValueError) as error:  # a bad region or AWS_ENDPOINT_URL, a broken profile
+            raise RemoteTierConfigError(f"cannot set up the remote cache {config.url}: {error}") from None
         self.health = RemoteHealth(
             config.url, cooldown_s=config.cooldown_s, max_cooldown_s=config.max_cooldown_s,
             warn_interval_s=config.warn_interval_s,
