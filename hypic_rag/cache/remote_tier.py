@@ -183,12 +183,6 @@ class RemoteTier:
         return f"{self.config.prefix}/{name}" if self.config.prefix else name
 
     # ------------------------------------------------------------------------------------------- reading
-    def check(self) -> str | None:
-        """Ask for the bucket once: None when it answers, else the reason (also warned, and the tier cools down)."""
-        result = self._call("checking the bucket", lambda: self._client.head_bucket(Bucket=self.config.bucket),
-                            missing_is_failure=True)
-        return self.health.last_error if result is _FAILED else None
-
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether an object is stored under each key (HEAD requests; a failed or skipped one says False)."""
         return self._parallel(self._contains_one, list(keys))
