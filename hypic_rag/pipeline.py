@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.prompt import PromptFormat
@@ -24,6 +24,9 @@ from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.streaming import ResultStream, StrippedDeltas
 from hypic_rag.text import unencodable_message
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.remote_config import RemoteTierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -131,12 +134,14 @@ class RagPipeline:
         readonly_cache: bool = False,
         hop_slots: int = 2,
         dtype: str | None = None,
+        remote_cache: RemoteTierConfig | None = None,
     ) -> RagPipeline:
         """Open an index and the session it was built for (`ModelSession.for_index`: its model, the one recorded
         in the manifest unless `model_path`, in the dtype recorded there unless `dtype`, checked against the
         manifest: another model or dtype raises `IndexMismatchError`; its prompt format; its segment cache), and
         its embedder (loaded now, so the first question's timing is the question's). A model directory that cannot
-        be loaded raises `ModelLoadError`."""
+        be loaded raises `ModelLoadError`. remote_cache: the shared remote tier below the segment cache
+        (`hypic_rag.cache.remote_config.RemoteTierConfig`; None: none)."""
         from hypic_rag.retrieval.corpus_index import CorpusIndex
         from hypic_rag.retrieval.manifest import IndexManifest
 
@@ -146,7 +151,8 @@ class RagPipeline:
         if not (model_path / "config.json").is_file():
             raise PipelineError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model")
         # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
-        cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes)
+        cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes,
+                             remote=remote_cache)
         session = ModelSession.for_index(
             manifest, index_dir, model_path=model_path, device=device, dtype=dtype, seam_tokens=seam_tokens,
             cache=cache,

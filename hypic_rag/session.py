@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
@@ -48,6 +48,9 @@ from hypic_rag.runtime.segment_source import SegmentSource
 from hypic_rag.segments import segmented_request
 from hypic_rag.streaming import drain
 from hypic_rag.text import unencodable_message
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.remote_config import RemoteTierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +69,15 @@ class CacheOptions:
     readonly: misses are computed, not stored (the directory must exist). best_effort: a damaged store disables
     the cache (warned) and a failed write is logged, not raised (ask, serve: the cache only saves work); without
     it both raise (precompute, whose job is to fill it). hot_budget_bytes: the in-process hot tier's budget
-    (None: the cache's default).
+    (None: the cache's default). remote: the shared remote tier below the disk store
+    (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g. ``RemoteTierConfig.from_url("s3://bucket/prefix")``;
+    None: none); it is always best effort (a failing remote is a miss, never an error).
     """
 
     readonly: bool = False
     best_effort: bool = False
     hot_budget_bytes: int | None = None
+    remote: RemoteTierConfig | None = None
 
 
 class ModelRecord(Protocol):
@@ -483,13 +489,17 @@ class ModelSession:
 
 
 def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: CacheOptions) -> SegmentSource:
-    """`directory` opened as the persistent segment cache of `model`'s entries."""
+    """`directory` opened as the persistent segment cache of `model`'s entries (over its remote tier, if any)."""
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
 
     extra: dict[str, Any] = {}
     if options.hot_budget_bytes is not None:
         extra["hot_budget_bytes"] = options.hot_budget_bytes
+    if options.remote is not None:
+        from hypic_rag.cache.remote_tier import RemoteTier
+
+        extra["remote"] = RemoteTier(options.remote)
     namespace = CacheNamespace.for_model(model, seam_tokens)
     return SegmentCache.open(
         directory, namespace=namespace, readonly=options.readonly, best_effort=options.best_effort, **extra

@@ -20,9 +20,11 @@ from hypic_rag.cli.common import (
     EXIT_OK,
     CliError,
     add_dtype_argument,
+    add_remote_cache_arguments,
     device_name,
     non_negative_int,
     positive_int,
+    remote_cache_config,
 )
 from hypic_rag.runtime.modes import MODES
 
@@ -47,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
+    add_remote_cache_arguments(parser)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: question, answer, sources (by score), usage, timings (seconds)")
     parser.set_defaults(func=run_ask)
@@ -135,7 +138,7 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     from hypic_rag.pipeline import RagPipeline
 
     return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device,
-                            hop_slots=args.hop_slots, dtype=args.dtype)
+                            hop_slots=args.hop_slots, dtype=args.dtype, remote_cache=remote_cache_config(args))
 
 
 def run_ask(args: argparse.Namespace) -> int:

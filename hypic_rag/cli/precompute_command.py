@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     CliError,
     add_dtype_argument,
+    add_remote_cache_arguments,
     device_name,
     non_negative_int,
     positive_int,
+    remote_cache_config,
     resolve_model_path,
     worker_count,
 )
@@ -46,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", type=device_name,
                         help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the index's; for a new one float32 on CPU, bfloat16 on CUDA")
+    add_remote_cache_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_precompute)
 
@@ -70,10 +73,24 @@ def print_summary(summary: PrecomputeSummary) -> None:
         f"in {encode.seconds:.2f} s ({encode.tokens_per_second:.0f} tokens/s)"
     )
     print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}")
+    if summary.remote is not None:
+        print(remote_summary_line(summary.remote))
     overall = summary.tokens / summary.elapsed_seconds if summary.elapsed_seconds > 0 else 0.0
     print(f"elapsed: {summary.elapsed_seconds:.2f} s ({overall:.0f} corpus tokens/s)")
     if not summary.did_work:
         print("index is up to date: nothing embedded, indexed or encoded")
+
+
+def remote_summary_line(remote: dict[str, Any]) -> str:
+    """'remote: s3://... 12 uploaded (1.2 GiB), 3 already there, 0 dropped' (and the last error, if any)."""
+    from hypic_rag.cache.stats import human_bytes
+
+    line = (f"remote: {remote['remote_url']}: {remote['remote_puts']} uploaded "
+            f"({human_bytes(remote['remote_bytes_written'])}), {remote['remote_puts_skipped']} already there, "
+            f"{remote['remote_puts_dropped']} dropped")
+    if remote.get("remote_last_error"):
+        line += f" (the remote is failing: {remote['remote_last_error']})"
+    return line
 
 
 def run_precompute(args: argparse.Namespace) -> int:
@@ -84,6 +101,7 @@ def run_precompute(args: argparse.Namespace) -> int:
     from hypic_rag.retrieval.precompute import PrecomputeOptions, check_locations, precompute
 
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
+    remote = remote_cache_config(args)
     corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
     model_path = resolve_model_path(args.model)
     try:
@@ -100,6 +118,7 @@ def run_precompute(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             show_progress=not args.no_progress,
+            remote_cache=remote,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

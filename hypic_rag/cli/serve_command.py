@@ -23,10 +23,12 @@ from hypic_rag.cli.common import (
     EXIT_OK,
     CliError,
     add_dtype_argument,
+    add_remote_cache_arguments,
     device_name,
     integer_at_least,
     non_negative_int,
     positive_int,
+    remote_cache_config,
 )
 from hypic_rag.errors import HypicError
 
@@ -61,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
+    add_remote_cache_arguments(parser)
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
@@ -132,6 +135,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_document_tokens=args.max_document_tokens,
             max_body_bytes=args.max_body_bytes,
             shutdown_grace_s=args.shutdown_grace,
+            remote_cache=remote_cache_config(args),
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

@@ -38,11 +38,12 @@ from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
-from hypic_rag.session import ModelSession, SegmentPlan, distinct_segments, plan_segments
+from hypic_rag.session import CacheOptions, ModelSession, SegmentPlan, distinct_segments, plan_segments
 from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.remote_config import RemoteTierConfig
     from hypic_rag.cache.segment_cache import SegmentCache
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,9 @@ class PrecomputeOptions:
     (None: `<index_dir>/segment_cache`). embedder_path: a local sentence-transformers directory (None: shipped
     default). device: model device (None: CUDA when available, else CPU). dtype: "float32", "bfloat16" or
     "float16", the dtype the model runs in (None: the one an existing index recorded, else float32 on CPU and
-    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype.
+    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype. remote_cache: a shared remote tier
+    (`hypic_rag.cache.remote_config.RemoteTierConfig`): chunks it holds are not encoded again, every entry
+    encoded (or found on disk but not in the remote) is uploaded, and the run waits for the uploads.
     """
 
     corpus: Path
@@ -89,6 +92,7 @@ class PrecomputeOptions:
     embed_batch_size: int = 64
     prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
     show_progress: bool = True
+    remote_cache: RemoteTierConfig | None = None
 
     def __post_init__(self) -> None:
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
@@ -130,6 +134,8 @@ class PrecomputeSummary:
     cache_dir: Path
     elapsed_seconds: float
     skipped: tuple[SkippedInput, ...] = field(default_factory=tuple)
+    remote: dict[str, Any] | None = None
+    """The remote tier's counters after the run (`RemoteTier.stats`), when one was given."""
 
     @property
     def did_work(self) -> bool:
@@ -242,10 +248,13 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         cache_dir=options.cache_dir,
     )
     # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
+    remote = options.remote_cache
+    # precompute fills the remote tier: an upload waits for room in the queue instead of being dropped
+    cache_options = CacheOptions(remote=remote.with_options(wait_when_full=True) if remote is not None else None)
     with (
         ModelSession.of_model(
             model, model_path=options.model_path, seam_tokens=options.seam_tokens, cache_dir=cache_dir,
-            prompt_format=options.prompt_format,
+            prompt_format=options.prompt_format, cache=cache_options,
         ) as session,
         CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
     ):
@@ -258,6 +267,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         else:
             encode = encode_plans(session, plans, show_progress=options.show_progress)
         cache = session.segment_source
+        remote_stats = publish_to_remote(cache, plans) if remote is not None else None
         cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
         counts = index.counts()
         return PrecomputeSummary(
@@ -270,7 +280,18 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             cache_dir=index.cache_dir,
             elapsed_seconds=time.perf_counter() - began,
             skipped=tuple(corpus.skipped),
+            remote=remote_stats,
         )
+
+
+def publish_to_remote(cache: SegmentCache, plans: Sequence[SegmentPlan]) -> dict[str, Any]:
+    """Upload the planned entries the disk holds and the remote tier lacks, wait for every queued upload, and
+    return the remote tier's counters (``remote_*`` of `SegmentCache.stats`)."""
+    published = sum(cache.publish(cache.namespace_for(plan.seam_tokens), plan.segments) for plan in plans)
+    if published:
+        logger.info("%d entries on disk but not in the remote tier handed to it", published)
+    cache.flush_remote()
+    return {name: value for name, value in cache.stats().items() if name.startswith("remote_")}
 
 
 def encoder_spec(options: PrecomputeOptions, model: Any) -> EncoderSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypic_rag.cache.remote_config import RemoteTierConfig
 from hypic_rag.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
 
 
@@ -24,7 +25,10 @@ class ServerConfig:
     max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_segments (separated parts of
     one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
     document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
-    new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish.
+    new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish. remote_cache: the
+    shared remote tier below the index's segment cache (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g.
+    ``RemoteTierConfig.from_url("s3://bucket/prefix", endpoint_url=...)``; None: none); replicas given the same
+    one share their entries.
     """
 
     index_dir: Path
@@ -53,6 +57,7 @@ class ServerConfig:
     hot_cache_bytes: int | None = None
     shutdown_grace_s: float = 30.0
     startup_timeout_s: float = 600.0
+    remote_cache: RemoteTierConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -82,6 +87,8 @@ class ServerConfig:
             raise ValueError(f"hop_slots must be >= 0, got {self.hop_slots!r}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
+        if self.remote_cache is not None and not isinstance(self.remote_cache, RemoteTierConfig):
+            raise ValueError(f"remote_cache must be a RemoteTierConfig, got {type(self.remote_cache).__name__}")
         if not self.separator:
             raise ValueError("separator must be a non-empty string")
         if self.dtype is not None:
