@@ -90,3 +90,21 @@ def test_llama_index_engines_with_the_segment_synthesizer_answer_alike(query_eng
         assert answer.metadata["usage"]["cache_misses"] == 0
         assert asyncio.run(streamed(question.text)) == reference.response
         assert normalised(reference.response) == normalised(question.answer)
+
+
+def test_stock_as_query_engine_answers_stop_at_the_answer_and_reuse_chunks(query_engine: HypicQueryEngine) -> None:
+    """LlamaIndex's own `as_query_engine()` with `HypicLLM` as `Settings.llm` (no synthesizer of ours): the answer
+    ends where the model ends it (the prompt format's answer stop), not `max_new_tokens` later, and the retrieved
+    chunks pasted into LlamaIndex's template are found and reused."""
+    llm = query_engine.llm
+    assert llm.default_stop() == (llm.runtime.prompt_format.answer_stop,)
+    assert HypicLLM(runtime=llm.runtime, stop=[]).sampling().stop_strings == ()
+    assert llm.sampling(stop=["."]).stop_strings == (".",)
+    question = [q for q in read_questions(example_corpus_path() / "questions.jsonl") if q.hops == 1][0]
+    answer = RetrieverQueryEngine.from_args(query_engine.retriever, llm=llm).query(question.text).response
+    assert llm.runtime.prompt_format.answer_stop not in answer.strip()
+    assert len(llm.runtime.tokenize(answer)) < llm.max_new_tokens
+    # without the stop (the behaviour before) the same engine runs on to max_new_tokens
+    unstopped = HypicLLM(runtime=llm.runtime, stop=[], max_new_tokens=llm.max_new_tokens)
+    run_on = RetrieverQueryEngine.from_args(query_engine.retriever, llm=unstopped).query(question.text).response
+    assert len(llm.runtime.tokenize(run_on)) >= llm.max_new_tokens - 1

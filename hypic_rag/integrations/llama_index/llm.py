@@ -74,6 +74,10 @@ class HypicLLM(CustomLLM):
         description="Makes sampling reproducible (0 to 2**64 - 1); None: every call samples afresh.",
     )
     separator: str = Field(default=DEFAULT_SEPARATOR, min_length=1, description="What separates prompt segments.")
+    stop: list[str] | None = Field(
+        default=None,
+        description="Stop strings; None: the prompt format's answer stop (as HypicQueryEngine answers), []: none.",
+    )
     match_segments: bool = Field(
         default=True, description="Cut prompts around the chunks the runtime knows, reusing their entries."
     )
@@ -107,13 +111,23 @@ class HypicLLM(CustomLLM):
     def sampling(self, **kwargs: Any) -> SamplingParams:
         """Sampling for one call: `max_new_tokens` (or `max_tokens`), `temperature`, `seed`, `stop` override the
         fields. Without a seed, sampling (temperature > 0) draws fresh randomness on every call."""
-        stop = kwargs.get("stop") or ()
+        stop = kwargs.get("stop")
+        if stop is None:
+            stop = self.default_stop()
         return SamplingParams(
             max_new_tokens=int(kwargs.get("max_new_tokens", kwargs.get("max_tokens", self.max_new_tokens))),
             temperature=float(kwargs.get("temperature", self.temperature)),
             seed=kwargs.get("seed", self.seed),
             stop_strings=(stop,) if isinstance(stop, str) else tuple(stop),
         )
+
+    def default_stop(self) -> tuple[str, ...]:
+        """The stop strings of a call that names none: the `stop` field, else the prompt format's answer stop, so
+        LlamaIndex's own engines get an answer that ends where the model ends it (not `max_new_tokens` later)."""
+        if self.stop is not None:
+            return tuple(self.stop)
+        answer_stop = self._runtime.prompt_format.answer_stop
+        return (answer_stop,) if answer_stop else ()
 
     def segmented(self, prompt: str, formatted: bool = False) -> SegmentedPrompt:
         """How `complete(prompt)` cuts the prompt: at `MESSAGE_BOUNDARY` into messages, each message at `separator`
