@@ -59,6 +59,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         cache.CacheWriteError: EXIT_FAILURE,
         cache.CorruptEntryError: EXIT_FAILURE,
         cache.IncompatibleEntryError: EXIT_FAILURE,
+        cache.RemoteTierConfigError: EXIT_BAD_INPUT,  # docs/cache.md "Remote tier": a bad --remote-cache is exit 2
         retrieval.RetrievalError: EXIT_FAILURE,
         retrieval.CorpusNotFoundError: EXIT_BAD_INPUT,
         retrieval.EmptyCorpusError: EXIT_BAD_INPUT,
