@@ -359,12 +359,10 @@ def _recurrent_mixer(
         if count:
             row = row_of[span_number]
             if batched is not None and row < len(batched_numbers):
-                rows = slice(row, row + 1)
-                outputs = mixer.outputs_from_start(
-                    batched.zero_outputs[rows], batched.transition_outputs[rows], recurrent[None]
-                )
+                run = batched.select(slice(row, row + 1))
+                outputs = mixer.outputs_from_start(run.zero_outputs, run.transition_outputs, recurrent[None])
                 write(offset, count, outputs[0])
-                recurrent = batched.segment.select(row).apply(recurrent)
+                recurrent = run.segment.apply(recurrent[None])[0]
             else:
                 outputs, final = mixer.run(inputs.select(slice(row, row + 1), 0, count), recurrent[None])
                 write(offset, count, outputs[0])
