@@ -30,7 +30,23 @@ import torch
 
 from hypic_rag.entry import entry_tensor_bytes
 
-SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid")
+SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2")
+
+
+def _tiny_lfm2_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """A small `lfm2` config: gated short-conv layers (kernel 3) and RoPE attention (one in four layers)."""
+    from transformers import Lfm2Config
+
+    layer_types = ["conv"] * num_hidden_layers
+    if num_hidden_layers > 1:
+        layer_types[num_hidden_layers // 2] = "full_attention"
+    settings: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=96, block_auto_adjust_ff_dim=False, conv_L_cache=3,
+        layer_types=layer_types, max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.2,
+    )
+    settings.update(overrides)
+    return Lfm2Config(**settings)
 
 
 def _tiny_granite_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
@@ -58,6 +74,8 @@ def tiny_config(model_type: str = "qwen3_5", *, vocab_size: int = 256, num_hidde
     """A small config of `model_type` (3 linear layers : 1 attention layer by default), fp32."""
     if model_type == "granitemoehybrid":
         return _tiny_granite_config(vocab_size, num_hidden_layers, overrides)
+    if model_type == "lfm2":
+        return _tiny_lfm2_config(vocab_size, num_hidden_layers, overrides)
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=64,

@@ -112,8 +112,9 @@ class RecurrentMixer(ABC):
         return torch.zeros(self.conv_channels, self.conv_width, dtype=torch.float32, device=device)
 
     def zero_state(self, device: torch.device) -> torch.Tensor:
-        """Zero recurrent state [*state_shape], float32."""
-        return torch.zeros(self.state_shape, dtype=torch.float32, device=device)
+        """Zero recurrent state [*state_shape], float32 (an empty [0] tensor for a mixer without a state)."""
+        shape = self.state_shape if self.transition_kind is not None else (0,)
+        return torch.zeros(shape, dtype=torch.float32, device=device)
 
     def identity_segment(self, runs: int, device: torch.device) -> SegmentState:
         """The empty span's map for `runs` runs: transition [runs, ...], state [runs, *state_shape]."""
