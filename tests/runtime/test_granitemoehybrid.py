@@ -137,3 +137,24 @@ def test_a_checkpoint_directory_loads_and_decodes(tmp_path) -> None:
     with torch.no_grad():
         expected = model.hf_model(ids, use_cache=False).logits[0, -1]
     torch.testing.assert_close(engine.prefill(request, "full").logits, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_entries_round_trip_through_the_segment_cache(tiny, tmp_path, state_dtype: str) -> None:
+    """Scalar transitions and SSD states stored in the LMDB cache (and, lowered to bfloat16) serve the same request."""
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.segment_cache import SegmentCache
+
+    _, engine = tiny
+    request = random_request(torch.Generator().manual_seed(7), [19, 26, 11])
+    expected = engine.prefill(request, "hypic").logits
+    namespace = CacheNamespace.for_model(engine.model, 4, state_dtype=state_dtype)
+    for attempt in ("encode", "hit"):
+        cache = SegmentCache.open(tmp_path / "cache", namespace=namespace)
+        try:
+            result = Engine(engine.model, seam_tokens=4, segment_source=cache).prefill(request, "hypic")
+        finally:
+            cache.close()
+        assert (result.stats.cache_misses == 0) == (attempt == "hit")
+        tolerance = 1e-5 if state_dtype == "float32" else 2e-2  # P and Z stored in bfloat16: ~3 digits
+        torch.testing.assert_close(result.logits, expected, atol=tolerance, rtol=tolerance)
