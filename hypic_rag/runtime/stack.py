@@ -99,13 +99,17 @@ def _apply_cached_linear(
 
 
 def _apply_pending(
-    state: torch.Tensor, pending: list[tuple[Entry, int]], layer_index: int, composition: str, kind: str
+    state: torch.Tensor, pending: list[tuple[Entry, int]], layer_index: int, composition: str, kind: str = "matrix"
 ) -> tuple[torch.Tensor, float]:
     """`_apply_cached_linear` over `pending` (then emptied); returns the new state and the seconds it took."""
     began = time.perf_counter()
     state = _apply_cached_linear(state, pending, layer_index, composition, kind)
     pending.clear()
     return state, time.perf_counter() - began
+
+
+_rotate_into = L.rotate_into
+"""Cached pre-RoPE keys rotated into the K buffer (`layers.rotate_into`; the batched pass imports it by this name)."""
 
 
 def _merge_recomputed_spans(spans: list[Span]) -> list[Span]:

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from hypic_rag.kernels import triton_enabled
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.mixers.base import AttentionMixer, AttentionProjections, Positioner
 
@@ -36,14 +35,7 @@ class RotaryPositions(Positioner):
 
     def place(self, buffer: torch.Tensor, at: int, keys: torch.Tensor, tables: Any, position: int) -> None:
         cos, sin = tables
-        length = keys.shape[1]
-        if triton_enabled(buffer):
-            from hypic_rag.kernels.rope import rope_into
-
-            rope_into(buffer, at, keys.to(buffer.device), cos, sin, position)
-            return
-        keys = keys.to(device=buffer.device, dtype=buffer.dtype)
-        buffer[:, at : at + length] = L.apply_rotary(keys, cos[position : position + length], sin[position : position + length])
+        L.rotate_into(buffer, at, keys, cos, sin, position)
 
 
 class ProjectedAttention(AttentionMixer):
