@@ -126,6 +126,13 @@ def test_linear_only_conv_kernel_four_needs_the_seam() -> None:
 def test_a_checkpoint_directory_loads_and_decodes(tmp_path) -> None:
     path = save_tiny_checkpoint(tmp_path / "granite", ["a small corpus", "of a few words"] * 20,
                                 model_type="granitemoehybrid", seed=4)
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as weights:  # the names Granite 4.0-H publishes
+        names = set(weights.keys())
+    assert {"model.layers.0.mamba.in_proj.weight", "model.layers.0.block_sparse_moe.input_linear.weight",
+            "model.layers.0.block_sparse_moe.router.layer.weight", "model.layers.0.shared_mlp.output_linear.weight",
+            "model.layers.2.self_attn.q_proj.weight"} <= names
     model = load_model(path, device="cpu")
     assert model.family.model_types == ("granitemoehybrid",) and model.tokenizer is not None
     engine = Engine(model, seam_tokens=4)
