@@ -30,11 +30,77 @@ import torch
 
 from hypic_rag.entry import entry_tensor_bytes
 
-SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid")
+"""Families beyond Gated DeltaNet whose tiny configs `linear_family_config` writes (docs/families_linear.md)."""
+SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", *LINEAR_FAMILY_TINY_TYPES)
+
+
+def _tiny_layer_types(count: int, linear: str = "linear_attention") -> list[str]:
+    """Per layer: attention at every fourth layer (i % 4 == 3), or the middle layer of a shorter stack."""
+    kinds = [linear] * count
+    for index in range(3, count, 4):
+        kinds[index] = "full_attention"
+    if count > 1 and "full_attention" not in kinds:
+        kinds[count // 2] = "full_attention"
+    return kinds
+
+
+def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
+    """A small config of a family in `LINEAR_FAMILY_TINY_TYPES` (hidden 64, 4 heads; attention at i % 4 == 3).
+
+    kimi_linear / bailing_hybrid: KDA with 4 heads of 16, conv 4; MLA with 4 heads, latent 16, nope 16, rope 8,
+    value 16; a dense MLP in layer 0, then MoE (4 experts, top 2, one shared expert).
+    """
+    layer_types = _tiny_layer_types(num_hidden_layers)
+    settings: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_hidden_layers, intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=4, layer_types=layer_types, max_position_embeddings=4096,
+        tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    )
+    if model_type in ("kimi_linear", "bailing_hybrid"):
+        settings.update(
+            moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            first_k_dense_replace=1,
+        )
+    if model_type == "kimi_linear":
+        from transformers import KimiLinearConfig as config_class
+
+        settings.update(linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4, n_group=1, topk_group=1)
+    elif model_type == "bailing_hybrid":
+        from transformers import BailingHybridConfig as config_class
+
+        settings.update(head_dim=16, short_conv_kernel_size=4, n_group=2, topk_group=1, num_mtp_layers=0,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    else:
+        raise ValueError(f"unknown linear family {model_type!r}; choose one of {LINEAR_FAMILY_TINY_TYPES}")
+    settings.update(overrides)
+    return config_class(**settings)
+
+
+@torch.no_grad()
+def adjust_linear_family_model(model: Any, generator: torch.Generator, *, slow_decay: bool, attention_gain: float | None) -> None:
+    """What `build_tiny_model` does for the Qwen families, for a model of `LINEAR_FAMILY_TINY_TYPES`.
+
+    slow_decay: Ling's bounded KDA gate g = -5 sigmoid(A (f(x) + dt_bias)) decays fast at its default init; with A = 1
+    and dt_bias uniform in [-9, -3] its per-channel decays lie in (-0.25, -6e-4) (Kimi's softplus gate gets its slow
+    A from `build_tiny_model`). attention_gain: MLA's latent norm gain (keys and values) set to about this value,
+    so attention is peaked.
+    """
+    for module in model.modules():
+        name = type(module).__name__
+        if slow_decay and name == "BailingHybridForgetGate":
+            module.A_log.zero_()
+            module.dt_bias.copy_(torch.rand(module.dt_bias.shape, generator=generator) * 6.0 - 9.0)
+        if attention_gain is not None and hasattr(module, "kv_a_layernorm"):
+            weight = module.kv_a_layernorm.weight
+            weight.copy_(attention_gain + 0.1 * torch.randn(weight.shape, generator=generator))
 
 
 def tiny_config(model_type: str = "qwen3_5", *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
     """A small config of `model_type` (3 linear layers : 1 attention layer by default), fp32."""
+    if model_type in LINEAR_FAMILY_TINY_TYPES:
+        return linear_family_config(model_type, vocab_size=vocab_size, num_hidden_layers=num_hidden_layers, **overrides)
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -104,6 +170,8 @@ def build_tiny_model(
             for norm in (module.q_norm, module.k_norm):
                 # zero-centred RMSNorm: the gain is (1 + weight)
                 norm.weight.copy_(qk_norm_scale - 1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
+    if config.model_type in LINEAR_FAMILY_TINY_TYPES:
+        adjust_linear_family_model(model, generator, slow_decay=slow_decay, attention_gain=qk_norm_scale)
     return model.eval()
 
 
