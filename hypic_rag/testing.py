@@ -30,7 +30,7 @@ import torch
 
 from hypic_rag.entry import entry_tensor_bytes
 
-LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid")
+LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid")
 """Families beyond Gated DeltaNet whose tiny configs `linear_family_config` writes (docs/families_linear.md)."""
 SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", *LINEAR_FAMILY_TINY_TYPES)
 
@@ -50,6 +50,8 @@ def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_l
 
     kimi_linear / bailing_hybrid: KDA with 4 heads of 16, conv 4; MLA with 4 heads, latent 16, nope 16, rope 8,
     value 16; a dense MLP in layer 0, then MoE (4 experts, top 2, one shared expert).
+    olmo_hybrid: Gated DeltaNet with 2 key heads and 4 value heads of 16, conv 4; NoPE attention (4 heads of 16, 2
+    KV heads) unless `rope_parameters` sets a theta.
     """
     layer_types = _tiny_layer_types(num_hidden_layers)
     settings: dict[str, Any] = dict(
@@ -72,6 +74,12 @@ def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_l
 
         settings.update(head_dim=16, short_conv_kernel_size=4, n_group=2, topk_group=1, num_mtp_layers=0,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    elif model_type == "olmo_hybrid":
+        from transformers import OlmoHybridConfig as config_class
+
+        settings.update(num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4,
+                        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                        rope_parameters={"rope_type": "default", "rope_theta": None})
     else:
         raise ValueError(f"unknown linear family {model_type!r}; choose one of {LINEAR_FAMILY_TINY_TYPES}")
     settings.update(overrides)
@@ -84,14 +92,17 @@ def adjust_linear_family_model(model: Any, generator: torch.Generator, *, slow_d
 
     slow_decay: Ling's bounded KDA gate g = -5 sigmoid(A (f(x) + dt_bias)) decays fast at its default init; with A = 1
     and dt_bias uniform in [-9, -3] its per-channel decays lie in (-0.25, -6e-4) (Kimi's softplus gate gets its slow
-    A from `build_tiny_model`). attention_gain: MLA's latent norm gain (keys and values) set to about this value,
-    so attention is peaked.
+    A from `build_tiny_model`). attention_gain: MLA's latent norm gain (keys and values), OLMo's q / k norm gains set
+    to about this value, so attention is peaked.
     """
     for module in model.modules():
         name = type(module).__name__
         if slow_decay and name == "BailingHybridForgetGate":
             module.A_log.zero_()
             module.dt_bias.copy_(torch.rand(module.dt_bias.shape, generator=generator) * 6.0 - 9.0)
+        if attention_gain is not None and name == "OlmoHybridAttention":  # plain (not zero-centred) RMSNorm gains
+            for norm in (module.q_norm, module.k_norm):
+                norm.weight.copy_(attention_gain + 0.1 * torch.randn(norm.weight.shape, generator=generator))
         if attention_gain is not None and hasattr(module, "kv_a_layernorm"):
             weight = module.kv_a_layernorm.weight
             weight.copy_(attention_gain + 0.1 * torch.randn(weight.shape, generator=generator))
