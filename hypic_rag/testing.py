@@ -30,7 +30,7 @@ import torch
 
 from hypic_rag.entry import entry_tensor_bytes
 
-LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid")
+LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid", "minimax")
 """Families beyond Gated DeltaNet whose tiny configs `linear_family_config` writes (docs/families_linear.md)."""
 SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", *LINEAR_FAMILY_TINY_TYPES)
 
@@ -52,6 +52,8 @@ def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_l
     value 16; a dense MLP in layer 0, then MoE (4 experts, top 2, one shared expert).
     olmo_hybrid: Gated DeltaNet with 2 key heads and 4 value heads of 16, conv 4; NoPE attention (4 heads of 16, 2
     KV heads) unless `rope_parameters` sets a theta.
+    minimax: lightning attention with 4 heads of 16 (computed by transformers in blocks of 16), softmax attention
+    with 2 KV heads and RoPE, residual factors (alpha, beta) that differ per layer type, MoE (4 experts, top 2).
     """
     layer_types = _tiny_layer_types(num_hidden_layers)
     settings: dict[str, Any] = dict(
@@ -80,6 +82,13 @@ def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_l
         settings.update(num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4,
                         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
                         rope_parameters={"rope_type": "default", "rope_theta": None})
+    elif model_type == "minimax":
+        from transformers import MiniMaxConfig as config_class
+
+        settings.update(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, block_size=16,
+                        linear_attn_alpha_factor=1.4, linear_attn_beta_factor=0.9, full_attn_alpha_factor=1.3,
+                        full_attn_beta_factor=1.1, mlp_alpha_factor=1.2, mlp_beta_factor=0.8,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     else:
         raise ValueError(f"unknown linear family {model_type!r}; choose one of {LINEAR_FAMILY_TINY_TYPES}")
     settings.update(overrides)
