@@ -56,11 +56,12 @@ def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_l
     with 2 KV heads and RoPE, residual factors (alpha, beta) that differ per layer type, MoE (4 experts, top 2).
     """
     layer_types = _tiny_layer_types(num_hidden_layers)
-    settings: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_hidden_layers, intermediate_size=96,
-        num_attention_heads=4, num_key_value_heads=4, layer_types=layer_types, max_position_embeddings=4096,
-        tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-    )
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "num_hidden_layers": num_hidden_layers, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "layer_types": layer_types,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": None,
+    }
     if model_type in ("kimi_linear", "bailing_hybrid"):
         settings.update(
             moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
@@ -96,7 +97,9 @@ def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_l
 
 
 @torch.no_grad()
-def adjust_linear_family_model(model: Any, generator: torch.Generator, *, slow_decay: bool, attention_gain: float | None) -> None:
+def adjust_linear_family_model(
+    model: Any, generator: torch.Generator, *, slow_decay: bool, attention_gain: float | None
+) -> None:
     """What `build_tiny_model` does for the Qwen families, for a model of `LINEAR_FAMILY_TINY_TYPES`.
 
     slow_decay: Ling's bounded KDA gate g = -5 sigmoid(A (f(x) + dt_bias)) decays fast at its default init; with A = 1
@@ -469,7 +472,9 @@ def linear_family_published_config(model_type: str, *, vocab_size: int = 512, eo
     raise ValueError(f"unknown linear family {model_type!r}; choose one of {LINEAR_FAMILY_TINY_TYPES}")
 
 
-def _unfused_experts(name: str, tensor: torch.Tensor, prefix: str, gate: str, up: str, down: str) -> dict[str, torch.Tensor]:
+def _unfused_experts(
+    name: str, tensor: torch.Tensor, prefix: str, gate: str, up: str, down: str
+) -> dict[str, torch.Tensor]:
     """Fused expert weights (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) as published: one
     tensor per expert and projection, `{prefix}experts.{e}.{gate|up|down}.weight`."""
     if name.endswith("experts.gate_up_proj"):

@@ -33,7 +33,10 @@ class KimiLinear(Family):
         positions = self.positions(hf_model)
         blocks: list[Block] = []
         for layer, kind in zip(self.backbone(hf_model).layers, hf_model.config.layer_types):
-            mixer: Mixer = KdaMixer(layer.self_attn) if kind == LINEAR_LAYER else LatentAttention(layer.self_attn, positions)
+            if kind == LINEAR_LAYER:
+                mixer: Mixer = KdaMixer(layer.self_attn)
+            else:
+                mixer = LatentAttention(layer.self_attn, positions)
             blocks.append(ResidualBlock(mixer, layer.input_layernorm, layer.mlp, layer.post_attention_layernorm))
         return tuple(blocks)
 

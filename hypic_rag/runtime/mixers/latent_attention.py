@@ -53,7 +53,8 @@ class InterleavedTailRotary(Positioner):
         cos, sin = tables
         length = keys.shape[1]
         keys = keys.to(device=buffer.device, dtype=buffer.dtype)
-        buffer[:, at : at + length] = self._rotate(keys, cos[position : position + length], sin[position : position + length])
+        span = slice(position, position + length)
+        buffer[:, at : at + length] = self._rotate(keys, cos[span], sin[span])
 
 
 class LatentAttention(AttentionMixer):

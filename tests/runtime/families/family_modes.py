@@ -60,7 +60,8 @@ def check_linear_only_transition_is_exact(engine: Engine, chunks: int) -> None:
     transition = engine.prefill(request, "transition")
     torch.testing.assert_close(transition.logits, full.logits, atol=1e-5, rtol=1e-5)
     for layer_index, state in full.state.linear.items():
-        torch.testing.assert_close(transition.state.linear[layer_index].recurrent, state.recurrent, atol=1e-5, rtol=1e-5)
+        composed = transition.state.linear[layer_index].recurrent
+        torch.testing.assert_close(composed, state.recurrent, atol=1e-5, rtol=1e-5)
     addition = engine.prefill(request, "addition").logits
     assert (addition - full.logits).abs().max() > 1e-3  # the transition is what makes it exact
 

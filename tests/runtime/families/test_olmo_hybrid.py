@@ -79,8 +79,8 @@ def test_gated_deltanet_meets_the_mixer_contract(tiny) -> None:
 @pytest.mark.parametrize("chunks", [2, 4, 6])
 def test_linear_only_transition_is_exact_with_conv_kernel_one(chunks: int) -> None:
     # OLMo's config refuses a stack without attention: build [linear, attention] and keep the linear layer only
-    hf_model = build_tiny_model(MODEL_TYPE, seed=9, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-                                linear_conv_kernel_dim=1)
+    hf_model = build_tiny_model(MODEL_TYPE, seed=9, num_hidden_layers=2,
+                                layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=1)
     del hf_model.model.layers[1]
     check_linear_only_transition_is_exact(Engine(wrap_model(hf_model), seam_tokens=3), chunks)
 
