@@ -30,7 +30,94 @@ import torch
 
 from hypic_rag.entry import entry_tensor_bytes
 
-SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2")
+LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid", "minimax")
+"""Families beyond Gated DeltaNet whose tiny configs `linear_family_config` writes (docs/families_linear.md)."""
+SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2", *LINEAR_FAMILY_TINY_TYPES)
+
+
+def _tiny_layer_types(count: int, linear: str = "linear_attention") -> list[str]:
+    """Per layer: attention at every fourth layer (i % 4 == 3), or the middle layer of a shorter stack."""
+    kinds = [linear] * count
+    for index in range(3, count, 4):
+        kinds[index] = "full_attention"
+    if count > 1 and "full_attention" not in kinds:
+        kinds[count // 2] = "full_attention"
+    return kinds
+
+
+def linear_family_config(model_type: str, *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
+    """A small config of a family in `LINEAR_FAMILY_TINY_TYPES` (hidden 64, 4 heads; attention at i % 4 == 3).
+
+    kimi_linear / bailing_hybrid: KDA with 4 heads of 16, conv 4; MLA with 4 heads, latent 16, nope 16, rope 8,
+    value 16; a dense MLP in layer 0, then MoE (4 experts, top 2, one shared expert).
+    olmo_hybrid: Gated DeltaNet with 2 key heads and 4 value heads of 16, conv 4; NoPE attention (4 heads of 16, 2
+    KV heads) unless `rope_parameters` sets a theta.
+    minimax: lightning attention with 4 heads of 16 (computed by transformers in blocks of 16), softmax attention
+    with 2 KV heads and RoPE, residual factors (alpha, beta) that differ per layer type, MoE (4 experts, top 2).
+    """
+    layer_types = _tiny_layer_types(num_hidden_layers)
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "num_hidden_layers": num_hidden_layers, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "layer_types": layer_types,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": None,
+    }
+    if model_type in ("kimi_linear", "bailing_hybrid"):
+        settings.update(
+            moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            first_k_dense_replace=1,
+        )
+    if model_type == "kimi_linear":
+        from transformers import KimiLinearConfig as config_class
+
+        settings.update(linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4, n_group=1, topk_group=1)
+    elif model_type == "bailing_hybrid":
+        from transformers import BailingHybridConfig as config_class
+
+        settings.update(head_dim=16, short_conv_kernel_size=4, n_group=2, topk_group=1, num_mtp_layers=0,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    elif model_type == "olmo_hybrid":
+        from transformers import OlmoHybridConfig as config_class
+
+        settings.update(num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4,
+                        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                        rope_parameters={"rope_type": "default", "rope_theta": None})
+    elif model_type == "minimax":
+        from transformers import MiniMaxConfig as config_class
+
+        settings.update(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, block_size=16,
+                        linear_attn_alpha_factor=1.4, linear_attn_beta_factor=0.9, full_attn_alpha_factor=1.3,
+                        full_attn_beta_factor=1.1, mlp_alpha_factor=1.2, mlp_beta_factor=0.8,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    else:
+        raise ValueError(f"unknown linear family {model_type!r}; choose one of {LINEAR_FAMILY_TINY_TYPES}")
+    settings.update(overrides)
+    return config_class(**settings)
+
+
+@torch.no_grad()
+def adjust_linear_family_model(
+    model: Any, generator: torch.Generator, *, slow_decay: bool, attention_gain: float | None
+) -> None:
+    """What `build_tiny_model` does for the Qwen families, for a model of `LINEAR_FAMILY_TINY_TYPES`.
+
+    slow_decay: Ling's bounded KDA gate g = -5 sigmoid(A (f(x) + dt_bias)) decays fast at its default init; with A = 1
+    and dt_bias uniform in [-9, -3] its per-channel decays lie in (-0.25, -6e-4) (Kimi's softplus gate gets its slow
+    A from `build_tiny_model`). attention_gain: MLA's latent norm gain (keys and values), OLMo's q / k norm gains set
+    to about this value, so attention is peaked.
+    """
+    for module in model.modules():
+        name = type(module).__name__
+        if slow_decay and name == "BailingHybridForgetGate":
+            module.A_log.zero_()
+            module.dt_bias.copy_(torch.rand(module.dt_bias.shape, generator=generator) * 6.0 - 9.0)
+        if attention_gain is not None and name == "OlmoHybridAttention":  # plain (not zero-centred) RMSNorm gains
+            for norm in (module.q_norm, module.k_norm):
+                norm.weight.copy_(attention_gain + 0.1 * torch.randn(norm.weight.shape, generator=generator))
+        if attention_gain is not None and hasattr(module, "kv_a_layernorm"):
+            weight = module.kv_a_layernorm.weight
+            weight.copy_(attention_gain + 0.1 * torch.randn(weight.shape, generator=generator))
 
 
 def _tiny_lfm2_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
@@ -76,6 +163,8 @@ def tiny_config(model_type: str = "qwen3_5", *, vocab_size: int = 256, num_hidde
         return _tiny_granite_config(vocab_size, num_hidden_layers, overrides)
     if model_type == "lfm2":
         return _tiny_lfm2_config(vocab_size, num_hidden_layers, overrides)
+    if model_type in LINEAR_FAMILY_TINY_TYPES:
+        return linear_family_config(model_type, vocab_size=vocab_size, num_hidden_layers=num_hidden_layers, **overrides)
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -145,6 +234,8 @@ def build_tiny_model(
             for norm in (module.q_norm, module.k_norm):
                 # zero-centred RMSNorm: the gain is (1 + weight)
                 norm.weight.copy_(qk_norm_scale - 1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
+    if config.model_type in LINEAR_FAMILY_TINY_TYPES:
+        adjust_linear_family_model(model, generator, slow_decay=slow_decay, attention_gain=qk_norm_scale)
     return model.eval()
 
 
@@ -331,8 +422,6 @@ def save_published_checkpoint(
     `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I]) split over `shards`
     `model-0000i-of-0000n.safetensors` files with a `model.safetensors.index.json`; a byte-level BPE tokenizer.
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
@@ -341,6 +430,17 @@ def save_published_checkpoint(
     model = build_published_model(config, seed=seed, dtype=dtype)
     tensors = {name: tensor.to(dtype).contiguous() for name, tensor in model.state_dict().items()}
     tensors.update(_mtp_tensors(model, dtype))
+    write_sharded_safetensors(path, tensors, shards)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save_pretrained(path)
+    return path, model
+
+
+def write_sharded_safetensors(path: Path, tensors: dict[str, torch.Tensor], shards: int) -> None:
+    """`tensors` split by sorted name over `shards` `model-0000i-of-0000n.safetensors` files in `path`, with the
+    `model.safetensors.index.json` naming each tensor's file (the hub's sharded layout)."""
+    from safetensors.torch import save_file
+
     names = sorted(tensors)
     per_shard = math.ceil(len(names) / shards)
     weight_map: dict[str, str] = {}
@@ -352,9 +452,162 @@ def save_published_checkpoint(
     total = entry_tensor_bytes(tensors)  # the bytes of a dict of tensors, as for a cache entry
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------- published layouts of the linear families
+
+
+def linear_family_published_config(model_type: str, *, vocab_size: int = 512, eos_token_id: int = 0) -> dict[str, Any]:
+    """config.json of a `LINEAR_FAMILY_TINY_TYPES` checkpoint with its keys as published and its sizes shrunk (the
+    sizes of `linear_family_config`). Key names follow transformers 5.24's config attribute maps, which mirror the
+    hub files: Kimi's `linear_attn_config` (1-indexed layer lists), `num_experts`, `num_experts_per_token`,
+    `num_shared_experts`, `num_expert_group`, `moe_renormalize`, `model_max_length` and its remote-code `auto_map`;
+    Ling's `head_dim` (the KDA head dim), `num_nextn_predict_layers` and a bare `rope_theta`; OLMo-Hybrid's
+    `rope_theta` of null (NoPE); MiniMax's per-layer-type residual factors. Not checked against the hub files."""
+    layers = 4
+    common: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "num_hidden_layers": layers, "intermediate_size": 96,
+        "num_attention_heads": 4, "hidden_act": "silu", "initializer_range": 0.02, "tie_word_embeddings": False,
+        "use_cache": True, "torch_dtype": "bfloat16", "eos_token_id": eos_token_id, "bos_token_id": eos_token_id,
+        "pad_token_id": eos_token_id, "transformers_version": "4.57.1",
+    }
+    mla = {"kv_lora_rank": 16, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+           "num_key_value_heads": 4, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_token": 2,
+           "num_shared_experts": 1, "moe_renormalize": True, "routed_scaling_factor": 2.446, "first_k_dense_replace": 1,
+           "attention_bias": False, "model_max_length": 4096, "rms_norm_eps": 1e-5}
+    if model_type == "kimi_linear":
+        return {
+            "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear",
+            "auto_map": {"AutoConfig": "configuration_kimi.KimiLinearConfig",
+                         "AutoModel": "modeling_kimi.KimiLinearModel",
+                         "AutoModelForCausalLM": "modeling_kimi.KimiLinearForCausalLM"},
+            **common, **mla, "num_expert_group": 1, "topk_group": 1, "use_grouped_topk": True,
+            "moe_router_activation_func": "sigmoid", "mla_use_nope": True, "rope_theta": 10000.0,
+            "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3], "head_dim": 16, "num_heads": 4,
+                                   "short_conv_kernel_size": 4},
+        }
+    if model_type == "bailing_hybrid":
+        return {
+            "architectures": ["BailingHybridForCausalLM"], "model_type": "bailing_hybrid", **common, **mla,
+            "head_dim": 16, "short_conv_kernel_size": 4, "layer_group_size": 4, "num_expert_group": 2,
+            "topk_group": 1, "num_nextn_predict_layers": 0, "kda_safe_gate": True, "kda_lower_bound": -5.0,
+            "rope_theta": 10000.0,
+        }
+    if model_type == "olmo_hybrid":
+        return {
+            "architectures": ["OlmoHybridForCausalLM"], "model_type": "olmo_hybrid", **common,
+            "num_key_value_heads": 4, "layer_types": _tiny_layer_types(layers), "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": True, "rope_theta": None, "rope_scaling": None,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "attention_bias": False,
+        }
+    if model_type == "minimax":
+        return {
+            "architectures": ["MiniMaxForCausalLM"], "model_type": "minimax", **common,
+            "num_key_value_heads": 2, "head_dim": 16, "layer_types": _tiny_layer_types(layers),
+            "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 16, "rope_theta": 10000.0,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None,
+            "linear_attn_alpha_factor": 1.4, "linear_attn_beta_factor": 0.9, "full_attn_alpha_factor": 1.3,
+            "full_attn_beta_factor": 1.1, "mlp_alpha_factor": 1.2, "mlp_beta_factor": 0.8,
+        }
+    raise ValueError(f"unknown linear family {model_type!r}; choose one of {LINEAR_FAMILY_TINY_TYPES}")
+
+
+def _unfused_experts(
+    name: str, tensor: torch.Tensor, prefix: str, gate: str, up: str, down: str
+) -> dict[str, torch.Tensor]:
+    """Fused expert weights (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) as published: one
+    tensor per expert and projection, `{prefix}experts.{e}.{gate|up|down}.weight`."""
+    if name.endswith("experts.gate_up_proj"):
+        half = tensor.shape[1] // 2
+        out = {f"{prefix}experts.{e}.{gate}.weight": tensor[e, :half] for e in range(tensor.shape[0])}
+        out.update({f"{prefix}experts.{e}.{up}.weight": tensor[e, half:] for e in range(tensor.shape[0])})
+        return out
+    return {f"{prefix}experts.{e}.{down}.weight": tensor[e] for e in range(tensor.shape[0])}
+
+
+MINIMAX_DECAY_BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")
+"""MiniMax lightning layers' decay buffers: functions of the config, which transformers computes at load."""
+
+
+def linear_family_published_tensors(model_type: str, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers state dict of a `LINEAR_FAMILY_TINY_TYPES` model under its published names (what transformers'
+    conversion mapping renames on load): the q / k / v convs as three `q_conv1d` / `k_conv1d` / `v_conv1d` tensors;
+    per-expert MoE weights (Kimi, MiniMax: `block_sparse_moe.experts.{e}.w1/w2/w3`; Ling: `mlp.experts.{e}.
+    gate_proj/up_proj/down_proj`); Kimi / Ling's forget-gate weights on the attention module; Ling's
+    `word_embeddings`, `attention.*`, `attention.dense` and `gate.expert_bias`; OLMo's linear layers'
+    `attention_layer_norm` / `feedforward_layer_norm`. MiniMax's lightning decay buffers are left out (transformers
+    recomputes them at load, exactly; stored in bfloat16 its block tables would round the decays)."""
+    published: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if model_type == "minimax" and name.endswith(MINIMAX_DECAY_BUFFERS):
+            continue
+        name = name.replace(".forget_gate.", ".")
+        moe = any(part in name for part in (".mlp.experts.", ".mlp.gate.", ".mlp.shared_experts."))
+        if model_type in ("kimi_linear", "minimax") and moe:  # a dense layer's `mlp.gate_proj` keeps its name
+            name = name.replace(".mlp.", ".block_sparse_moe.")
+            if ".block_sparse_moe.experts." in name:
+                prefix = name[: name.index("experts.")]
+                published.update(_unfused_experts(name, tensor, prefix, "w1", "w3", "w2"))
+                continue
+        if model_type == "bailing_hybrid":
+            if ".mlp.experts." in name:
+                prefix = name[: name.index("experts.")]
+                published.update(_unfused_experts(name, tensor, prefix, "gate_proj", "up_proj", "down_proj"))
+                continue
+            name = (name.replace("model.embed_tokens.", "model.word_embeddings.").replace(".self_attn.", ".attention.")
+                    .replace(".attention.o_proj.", ".attention.dense.")
+                    .replace(".gate.e_score_correction_bias", ".gate.expert_bias"))
+        if model_type == "olmo_hybrid" and ".input_layernorm." in name:  # only the linear layers have one
+            layer = name[: name.index(".input_layernorm.")]
+            published[f"{layer}.attention_layer_norm.weight"] = tensor
+            published[f"{layer}.feedforward_layer_norm.weight"] = state[f"{layer}.post_attention_layernorm.weight"]
+            continue
+        if model_type == "olmo_hybrid" and ".post_attention_layernorm." in name:
+            layer = name[: name.index(".post_attention_layernorm.")]
+            if f"{layer}.input_layernorm.weight" in state:
+                continue  # written with its input norm above
+        if name.endswith("conv1d.weight"):
+            stem = name[: -len("conv1d.weight")]
+            for part, piece in zip("qkv", tensor.chunk(3, dim=0)):
+                published[f"{stem}{part}_conv1d.weight"] = piece
+            continue
+        published[name] = tensor
+    return published
+
+
+def save_linear_family_checkpoint(
+    path: str | Path,
+    texts: Iterable[str],
+    *,
+    model_type: str,
+    seed: int = 0,
+    shards: int = 2,
+    dtype: torch.dtype = torch.bfloat16,
+    tokenizer_vocab_size: int = 512,
+) -> tuple[Path, Any]:
+    """Write a shrunken stand-in of a `model_type` hub checkpoint (a `LINEAR_FAMILY_TINY_TYPES` family) in its
+    published layout: config.json as `linear_family_published_config`, weights in `dtype` under the names of
+    `linear_family_published_tensors` over `shards` safetensors files with an index, a byte-level BPE tokenizer.
+    Returns the directory and the `...ForCausalLM` instance whose weights it holds (rounded to `dtype`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
+    config = linear_family_published_config(model_type, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    settings = {key: value for key, value in config.items() if key not in ("model_type", "auto_map")}
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings), dtype=torch.float32)
+    with torch.no_grad():  # what the checkpoint holds, rounded to its dtype (not the buffers it leaves out)
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point() and not name.endswith(MINIMAX_DECAY_BUFFERS):
+                tensor.copy_(tensor.to(dtype))
+    tensors = linear_family_published_tensors(model_type, model.state_dict())
+    write_sharded_safetensors(path, {name: t.to(dtype).contiguous() for name, t in tensors.items()}, shards)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save_pretrained(path)
-    return path, model
+    return path, model.eval()
 
 
 SMALL_CORPUS: dict[str, str] = {
