@@ -72,7 +72,10 @@ class PrecomputeOptions:
     (None: `<index_dir>/segment_cache`). embedder_path: a local sentence-transformers directory (None: shipped
     default). device: model device (None: CUDA when available, else CPU). dtype: "float32", "bfloat16" or
     "float16", the dtype the model runs in (None: the one an existing index recorded, else float32 on CPU and
-    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype.
+    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype. ray: None (this machine only) or
+    a Ray cluster to run on (`distributed.cluster`: "local", "auto" or an address): loading, chunking and
+    embedding run as Ray tasks and encoding on Ray actors (`ray_actors` of them; None: one per GPU of the cluster
+    when the model runs on CUDA, else one per CPU slot), while this process stays the index's single writer.
     """
 
     corpus: Path
@@ -89,11 +92,17 @@ class PrecomputeOptions:
     embed_batch_size: int = 64
     prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
     show_progress: bool = True
+    ray: str | None = None
+    ray_actors: int | None = None
 
     def __post_init__(self) -> None:
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.ray is not None and self.workers > 1:
+            raise ValueError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
+        if self.ray_actors is not None and (self.ray is None or self.ray_actors < 1):
+            raise ValueError("ray_actors needs ray and must be >= 1")
         check_seam_tokens(self.seam_tokens)
         if self.embed_batch_size < 1:
             raise ValueError(f"embed_batch_size must be positive, got {self.embed_batch_size}")
@@ -149,8 +158,10 @@ def encode_plans(
     lookup = next(fill)
     logger.info("%d of %d segments missing from the cache (%d tokens)",
                 lookup.to_encode, lookup.segments, lookup.tokens_to_encode)
+    actors = getattr(encoder, "actors", None)  # a Ray pool: its rate is the cluster's
     with tqdm(
-        total=lookup.tokens_to_encode, unit="tok", unit_scale=True, desc="encoding",
+        total=lookup.tokens_to_encode, unit="tok", unit_scale=True,
+        desc=f"encoding on {actors} actors" if actors else "encoding",
         disable=not show_progress or not lookup.to_encode,
     ) as progress:
         for report in fill:
@@ -252,7 +263,12 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
-        if options.workers > 1:
+        if options.ray is not None:
+            from hypic_rag.distributed.precompute import ray_encoder_pool
+
+            with ray_encoder_pool(options, session.engine, encoder_spec(options, model, threads=1)) as pool:
+                encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
+        elif options.workers > 1:
             with SegmentEncoder(session.engine, encoder_spec(options, model), workers=options.workers) as pool:
                 encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
         else:
@@ -273,14 +289,15 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         )
 
 
-def encoder_spec(options: PrecomputeOptions, model: Any) -> EncoderSpec:
-    """How each encoding worker process rebuilds `model` (same path, device, dtype and fingerprint)."""
+def encoder_spec(options: PrecomputeOptions, model: Any, *, threads: int | None = None) -> EncoderSpec:
+    """How each encoding worker process (or Ray actor) rebuilds `model` (same path, device, dtype and
+    fingerprint); `threads`: torch threads of each (None: this process's shared out over `options.workers`)."""
     return EncoderSpec(
         model_path=str(options.model_path),
         device=str(model.device),
         dtype=model.dtype_name,
         seam_tokens=options.seam_tokens,
         fingerprint=model.fingerprint,
-        threads_per_worker=threads_per_worker(options.workers),
+        threads_per_worker=threads if threads is not None else threads_per_worker(options.workers),
         preload_modules=("hypic_rag.runtime.engine", "hypic_rag.runtime.model", type(model.hf_model).__module__),
     )
