@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 LOCAL = "local"
 """`--ray` without an address: start a Ray instance in this process (it ends with the process)."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long a cluster address gets to accept a TCP connection before `--ray ADDRESS` gives up."""
 RAY_EXTRA_HINT = "install it with: pip install 'hypic-rag[ray]'"
 
 
@@ -87,6 +90,7 @@ def connect(options: ClusterOptions | str = LOCAL) -> Any:
     if options.address == LOCAL:
         arguments.update(num_cpus=options.num_cpus, num_gpus=options.num_gpus)
     else:
+        check_reachable(options.address)
         arguments["address"] = options.address
     try:
         ray.init(**arguments)
@@ -95,6 +99,21 @@ def connect(options: ClusterOptions | str = LOCAL) -> Any:
         raise RayUnavailableError(f"cannot reach the Ray cluster at {options.address!r}: {message}") from None
     logger.info("connected to Ray: %s", ray.cluster_resources())
     return ray
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """A `host:port` (or `ray://host:port`) address that accepts TCP connections, else `RayUnavailableError` at
+    once (Ray itself would retry for many seconds, logging every attempt). "auto" is left to Ray."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise RayUnavailableError(f"not a Ray address: {address!r} (use local, auto, host:port or ray://host:port)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise RayUnavailableError(f"cannot reach the Ray cluster at {address!r}: {reason}") from None
 
 
 def _forwarded_environment() -> dict[str, str]:

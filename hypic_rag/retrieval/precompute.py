@@ -238,7 +238,13 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
 
     began = time.perf_counter()
     cache_dir = check_locations(options.index_dir, options.cache_dir)
-    corpus = corpus if corpus is not None else load_corpus(options.corpus)
+    distributed: Any = None
+    if options.ray is not None:  # Ray is imported only here
+        from hypic_rag.distributed import precompute as distributed
+
+        distributed.connect_for(options)
+    if corpus is None:
+        corpus = load_corpus(options.corpus) if distributed is None else distributed.load_corpus_on_ray(options)
     model = load_model(
         options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
         require_tokenizer=True,
@@ -261,12 +267,11 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
     ):
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
-        ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
+        hooks = {} if distributed is None else distributed.ingest_hooks(index, corpus, chunker)
+        ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
-        if options.ray is not None:
-            from hypic_rag.distributed.precompute import ray_encoder_pool
-
-            with ray_encoder_pool(options, session.engine, encoder_spec(options, model, threads=1)) as pool:
+        if distributed is not None:
+            with distributed.ray_encoder_pool(options, session.engine, encoder_spec(options, model, threads=1)) as pool:
                 encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
         elif options.workers > 1:
             with SegmentEncoder(session.engine, encoder_spec(options, model), workers=options.workers) as pool:
