@@ -224,3 +224,21 @@ def _reason(error: BaseException) -> str:
         return " ".join(f"{type(cause).__name__}: {cause}".split())[:500]
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return (lines[-1] if lines else type(error).__name__)[:500]
+
+
+def pool_for_engine(ray: Any, engine: Any, model_path: str, *, actors: int | None = None) -> RayEncoderPool:
+    """A pool whose actors rebuild `engine`'s model (from `model_path`, same device kind, dtype and fingerprint) and
+    run its batches (`encode_batch_tokens`): what `Engine.miss_encoder` takes. actors: None for one per GPU of the
+    cluster when the model runs on CUDA, else one per CPU slot."""
+    from hypic_rag.distributed.cluster import encoder_slots
+
+    model = engine.model
+    device = str(model.device)
+    gpu = device.startswith("cuda")
+    spec = EncoderSpec(
+        model_path=str(model_path), device="cuda" if gpu else device, dtype=model.dtype_name,
+        seam_tokens=engine.seam_tokens, fingerprint=model.fingerprint, threads_per_worker=1,
+        preload_modules=(),
+    )
+    count = actors if actors is not None else encoder_slots(ray, gpu=gpu)
+    return RayEncoderPool(ray, spec, actors=count, encode_batch_tokens=engine.encode_batch_tokens, gpu=gpu)

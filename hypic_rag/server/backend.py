@@ -102,6 +102,7 @@ class ServiceBackend:
         self.counts = pipeline.index.counts()
         self.token_counter = TokenCounter(pipeline.session.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
+        self.miss_encoder: Any = None  # a Ray pool encoding cache misses (`ServerConfig.encode_actors`), closed with us
         self.refresh_cache_snapshot()
 
     # ------------------------------------------------------------------------------------------- opening
@@ -158,6 +159,14 @@ class ServiceBackend:
         )
         backend = cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
         try:
+            if config.encode_actors:  # Ray is imported only here
+                from hypic_rag.distributed.cluster import connect
+                from hypic_rag.distributed.ray_encoder import pool_for_engine
+
+                pool = pool_for_engine(connect(config.ray_address or "local"), session.engine, session.model_path,
+                                       actors=config.encode_actors)
+                backend.miss_encoder = pool.start()
+                session.engine.miss_encoder = pool
             backend.warm_up()
         except BaseException:
             backend.close()
@@ -174,8 +183,12 @@ class ServiceBackend:
         self.refresh_cache_snapshot()
 
     def close(self) -> None:
-        """Close the cache (flushing pending access notes) and the index."""
-        self.pipeline.close()
+        """Close the cache (flushing pending access notes), the index and the miss encoder's actors."""
+        try:
+            self.pipeline.close()
+        finally:
+            if self.miss_encoder is not None:
+                self.miss_encoder.close()
 
     @property
     def cache(self) -> Any:

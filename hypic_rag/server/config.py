@@ -23,6 +23,8 @@ class ServerConfig:
     one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
     document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
     new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish.
+    ray_address: a Ray cluster ("local", "auto" or an address; None: no Ray). encode_actors: Ray actors that encode
+    each request's cache misses in parallel, longest batches first (0: misses are encoded here, in batches).
     """
 
     index_dir: Path
@@ -50,6 +52,8 @@ class ServerConfig:
     hot_cache_bytes: int | None = None
     shutdown_grace_s: float = 30.0
     startup_timeout_s: float = 600.0
+    ray_address: str | None = None
+    encode_actors: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -77,6 +81,10 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive, got {value!r}")
         if self.hop_slots < 0:
             raise ValueError(f"hop_slots must be >= 0, got {self.hop_slots!r}")
+        if self.encode_actors < 0:
+            raise ValueError(f"encode_actors must be >= 0, got {self.encode_actors!r}")
+        if self.encode_actors and self.ray_address is None:
+            raise ValueError("encode_actors needs a Ray cluster (ray_address)")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
         if not self.separator:
