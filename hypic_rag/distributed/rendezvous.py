@@ -78,9 +78,7 @@ class RendezvousRouter:
         higher summed weight, then the name."""
         in_flight = self._in_flight if in_flight is None else in_flight
         distinct = list(dict.fromkeys(keys))
-        owned = dict.fromkeys(self.replicas, 0)
-        for key in distinct:
-            owned[owner(self.replicas, key)] += 1
+        owned = self._owned(distinct)
         summed = {replica: sum(weight(replica, key) for key in distinct) for replica in self.replicas}
         return sorted(self.replicas,
                       key=lambda r: (-owned[r], in_flight.get(r, 0), -summed[r], r))
@@ -91,32 +89,44 @@ class RendezvousRouter:
         with self._lock:
             return self._choose(keys)
 
+    def _owned(self, keys: Sequence[str]) -> dict[str, int]:
+        owned = dict.fromkeys(self.replicas, 0)
+        for key in dict.fromkeys(keys):
+            owned[owner(self.replicas, key)] += 1
+        return owned
+
     def _choose(self, keys: Sequence[str]) -> RouteDecision:
         ranking = self.ranking(keys, self._in_flight)
-        distinct = list(dict.fromkeys(keys))
-        owned = dict.fromkeys(self.replicas, 0)
-        for key in distinct:
-            owned[owner(self.replicas, key)] += 1
-        affine = ranking[0] if distinct else None
+        owned = self._owned(keys)
+        affine = ranking[0] if keys else None
         for replica in ranking:
             if self._in_flight[replica] < self.max_in_flight:
                 return RouteDecision(replica, owned, affine, overflowed=replica != ranking[0])
         least = min(ranking, key=lambda r: (self._in_flight[r], ranking.index(r)))  # all busy: least loaded
         return RouteDecision(least, owned, affine, overflowed=least != ranking[0])
 
-    @contextmanager
-    def routed(self, keys: Sequence[str]) -> Iterator[RouteDecision]:
-        """Choose a replica and count the request in flight on it until the block ends."""
+    def acquire(self, keys: Sequence[str]) -> RouteDecision:
+        """Choose a replica and count the request in flight on it until `release(decision)`."""
         with self._lock:
             decision = self._choose(keys)
             self._in_flight[decision.replica] += 1
             self._routed[decision.replica] += 1
             self._overflowed += decision.overflowed
+        return decision
+
+    def release(self, decision: RouteDecision) -> None:
+        """The request `acquire` routed has finished (its response ended or failed)."""
+        with self._lock:
+            self._in_flight[decision.replica] -= 1
+
+    @contextmanager
+    def routed(self, keys: Sequence[str]) -> Iterator[RouteDecision]:
+        """Choose a replica and count the request in flight on it until the block ends."""
+        decision = self.acquire(keys)
         try:
             yield decision
         finally:
-            with self._lock:
-                self._in_flight[decision.replica] -= 1
+            self.release(decision)
 
     def snapshot(self) -> dict[str, object]:
         """Requests routed and in flight per replica, and how many overflowed past their affine replica."""
