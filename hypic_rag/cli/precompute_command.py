@@ -97,17 +97,17 @@ def run_precompute(args: argparse.Namespace) -> int:
     if args.ray_actors is not None and args.ray is None:
         raise CliError("--ray-actors needs --ray")
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
+    scale_out = None
     if args.ray is None:
         corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
     else:  # Ray is imported only here: an unreachable cluster fails before anything loads
-        from hypic_rag.distributed.cluster import ClusterOptions, connect
-        from hypic_rag.distributed.ray_ingest import RayFileLoader
+        from hypic_rag.distributed.ray_scale_out import RayScaleOut
 
         try:
-            cluster = ClusterOptions(address=args.ray)
+            scale_out = RayScaleOut(address=args.ray, actors=args.ray_actors)
         except ValueError as error:
             raise CliError(str(error)) from None
-        corpus = load_corpus(args.corpus, load_files=RayFileLoader(connect(cluster)))
+        corpus = scale_out.load_corpus(Path(args.corpus))
     model_path = resolve_model_path(args.model)
     try:
         options = PrecomputeOptions(
@@ -123,8 +123,7 @@ def run_precompute(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             show_progress=not args.no_progress,
-            ray=args.ray,
-            ray_actors=args.ray_actors,
+            scale_out=scale_out,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

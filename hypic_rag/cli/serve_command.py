@@ -146,8 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_document_tokens=args.max_document_tokens,
             max_body_bytes=args.max_body_bytes,
             shutdown_grace_s=args.shutdown_grace,
-            ray_address=(args.ray or "local") if args.encode_actors else None,
-            encode_actors=args.encode_actors,
+            miss_encoders=_miss_encoders(args),
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
@@ -188,6 +187,15 @@ def run_serve(args: argparse.Namespace) -> int:
     if not started:
         raise CliError("the server failed to start (reason logged above)", EXIT_FAILURE)
     return EXIT_OK
+
+
+def _miss_encoders(args: argparse.Namespace):  # noqa: ANN202 - a RayMissEncoders, or None
+    """`--encode-actors K`: the factory of each replica's (or this server's) Ray actors; Ray is imported only here."""
+    if not args.encode_actors:
+        return None
+    from hypic_rag.distributed.ray_encoder import RayMissEncoders
+
+    return RayMissEncoders(address=args.ray or "local", actors=args.encode_actors)
 
 
 def _serve_replicated(args: argparse.Namespace, config, port: int, sock, announce) -> bool:  # noqa: ANN001

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hypic_rag.entry import Entry
@@ -242,3 +243,17 @@ def pool_for_engine(ray: Any, engine: Any, model_path: str, *, actors: int | Non
     )
     count = actors if actors is not None else encoder_slots(ray, gpu=gpu)
     return RayEncoderPool(ray, spec, actors=count, encode_batch_tokens=engine.encode_batch_tokens, gpu=gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class RayMissEncoders:
+    """A `server.config.MissEncoderFactory`: `actors` encoding actors on the Ray cluster at `address`, started when
+    the model worker calls it (`serve --encode-actors K [--ray ADDRESS]`)."""
+
+    address: str = "local"
+    actors: int | None = None
+
+    def __call__(self, engine: Any, model_path: str) -> RayEncoderPool:
+        from hypic_rag.distributed.cluster import connect
+
+        return pool_for_engine(connect(self.address), engine, model_path, actors=self.actors).start()

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
@@ -39,6 +40,7 @@ from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.session import ModelSession, SegmentPlan, distinct_segments, plan_segments
+from hypic_rag.session import SegmentEncoder as SegmentEncoderLike
 from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ __all__ = [
     "EncodeReport",
     "PrecomputeOptions",
     "PrecomputeSummary",
+    "ScaleOut",
     "SegmentPlan",
     "cache_bytes_of",
     "distinct_segments",
@@ -72,10 +75,10 @@ class PrecomputeOptions:
     (None: `<index_dir>/segment_cache`). embedder_path: a local sentence-transformers directory (None: shipped
     default). device: model device (None: CUDA when available, else CPU). dtype: "float32", "bfloat16" or
     "float16", the dtype the model runs in (None: the one an existing index recorded, else float32 on CPU and
-    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype. ray: None (this machine only) or
-    a Ray cluster to run on (`distributed.cluster`: "local", "auto" or an address): loading, chunking and
-    embedding run as Ray tasks and encoding on Ray actors (`ray_actors` of them; None: one per GPU of the cluster
-    when the model runs on CUDA, else one per CPU slot), while this process stays the index's single writer.
+    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype. scale_out: None (this machine
+    only) or where loading, chunking, embedding and encoding run instead (`ScaleOut`; e.g.
+    `hypic_rag.distributed.ray_scale_out.RayScaleOut`: Ray tasks and actors), while this process stays the
+    index's single writer.
     """
 
     corpus: Path
@@ -92,17 +95,14 @@ class PrecomputeOptions:
     embed_batch_size: int = 64
     prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
     show_progress: bool = True
-    ray: str | None = None
-    ray_actors: int | None = None
+    scale_out: ScaleOut | None = None
 
     def __post_init__(self) -> None:
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.ray is not None and self.workers > 1:
+        if self.scale_out is not None and self.workers > 1:
             raise ValueError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
-        if self.ray_actors is not None and (self.ray is None or self.ray_actors < 1):
-            raise ValueError("ray_actors needs ray and must be >= 1")
         check_seam_tokens(self.seam_tokens)
         if self.embed_batch_size < 1:
             raise ValueError(f"embed_batch_size must be positive, got {self.embed_batch_size}")
@@ -110,6 +110,23 @@ class PrecomputeOptions:
             from hypic_rag.runtime.model import resolve_dtype
 
             resolve_dtype(self.dtype)  # validates the name
+
+
+class ScaleOut(Protocol):
+    """Where precompute's work runs when not all in this process (`PrecomputeOptions.scale_out`); this process
+    stays the index's and cache's single writer, in corpus order, so the result is a local run's."""
+
+    def load_corpus(self, path: Path) -> LoadedCorpus:
+        """The corpus at `path`, as `load_corpus(path)` would load it."""
+        ...
+
+    def ingest_hooks(self, index: CorpusIndex, corpus: LoadedCorpus, chunker: Chunker) -> dict[str, Any]:
+        """`cut` and `embed` for `CorpusIndex.ingest` (what this process's chunker and embedder would return)."""
+        ...
+
+    def encoder(self, engine: Any, spec: EncoderSpec) -> AbstractContextManager[SegmentEncoderLike]:
+        """An encoder of `spec`'s model running `engine`'s batches (closed at the end of the `with`)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,13 +255,9 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
 
     began = time.perf_counter()
     cache_dir = check_locations(options.index_dir, options.cache_dir)
-    distributed: Any = None
-    if options.ray is not None:  # Ray is imported only here
-        from hypic_rag.distributed import precompute as distributed
-
-        distributed.connect_for(options)
+    scale_out = options.scale_out
     if corpus is None:
-        corpus = load_corpus(options.corpus) if distributed is None else distributed.load_corpus_on_ray(options)
+        corpus = load_corpus(options.corpus) if scale_out is None else scale_out.load_corpus(options.corpus)
     model = load_model(
         options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
         require_tokenizer=True,
@@ -267,11 +280,11 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
     ):
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
-        hooks = {} if distributed is None else distributed.ingest_hooks(index, corpus, chunker)
+        hooks = {} if scale_out is None else scale_out.ingest_hooks(index, corpus, chunker)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
-        if distributed is not None:
-            with distributed.ray_encoder_pool(options, session.engine, encoder_spec(options, model, threads=1)) as pool:
+        if scale_out is not None:
+            with scale_out.encoder(session.engine, encoder_spec(options, model, threads=1)) as pool:
                 encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
         elif options.workers > 1:
             with SegmentEncoder(session.engine, encoder_spec(options, model), workers=options.workers) as pool:

@@ -102,7 +102,7 @@ class ServiceBackend:
         self.counts = pipeline.index.counts()
         self.token_counter = TokenCounter(pipeline.session.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
-        self.miss_encoder: Any = None  # a Ray pool encoding cache misses (`ServerConfig.encode_actors`), closed with us
+        self.miss_encoder: Any = None  # where cache misses are encoded (`ServerConfig.miss_encoders`), closed with us
         self.refresh_cache_snapshot()
 
     # ------------------------------------------------------------------------------------------- opening
@@ -159,14 +159,9 @@ class ServiceBackend:
         )
         backend = cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
         try:
-            if config.encode_actors:  # Ray is imported only here
-                from hypic_rag.distributed.cluster import connect
-                from hypic_rag.distributed.ray_encoder import pool_for_engine
-
-                pool = pool_for_engine(connect(config.ray_address or "local"), session.engine, session.model_path,
-                                       actors=config.encode_actors)
-                backend.miss_encoder = pool.start()
-                session.engine.miss_encoder = pool
+            if config.miss_encoders is not None:
+                backend.miss_encoder = config.miss_encoders(session.engine, session.model_path)
+                session.engine.miss_encoder = backend.miss_encoder
             backend.warm_up()
         except BaseException:
             backend.close()

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from hypic_rag.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
+
+
+class MissEncoderFactory(Protocol):
+    """Called once by the model worker with its engine and model path; returns the started miss encoder (an
+    `Engine.miss_encoder` with a `close()`), which the backend closes when it closes. Must pickle (replicas)."""
+
+    def __call__(self, engine: Any, model_path: str) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +31,8 @@ class ServerConfig:
     one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
     document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
     new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish.
-    ray_address: a Ray cluster ("local", "auto" or an address; None: no Ray). encode_actors: Ray actors that encode
-    each request's cache misses in parallel, longest batches first (0: misses are encoded here, in batches).
+    miss_encoders: builds where each request's cache misses are encoded in parallel (an `Engine.miss_encoder`, e.g.
+    `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
     """
 
     index_dir: Path
@@ -52,8 +60,7 @@ class ServerConfig:
     hot_cache_bytes: int | None = None
     shutdown_grace_s: float = 30.0
     startup_timeout_s: float = 600.0
-    ray_address: str | None = None
-    encode_actors: int = 0
+    miss_encoders: MissEncoderFactory | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -81,10 +88,6 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive, got {value!r}")
         if self.hop_slots < 0:
             raise ValueError(f"hop_slots must be >= 0, got {self.hop_slots!r}")
-        if self.encode_actors < 0:
-            raise ValueError(f"encode_actors must be >= 0, got {self.encode_actors!r}")
-        if self.encode_actors and self.ray_address is None:
-            raise ValueError("encode_actors needs a Ray cluster (ray_address)")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
         if not self.separator:

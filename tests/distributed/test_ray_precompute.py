@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from hypic_rag.cache.errors import CacheOpenError
+from hypic_rag.distributed.ray_scale_out import RayScaleOut
 from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.retrieval.corpus_index import CorpusIndex
@@ -118,11 +118,11 @@ def test_without_ray_nothing_imports_it() -> None:
 def test_distributed_precompute_gives_the_local_index_and_entries(
     ray_cluster: Any, corpus: Path, model: Path, local_index: Path, tmp_path: Path
 ) -> None:
-    summary = precompute(options(corpus, tmp_path / "index", model, ray="local"))
+    summary = precompute(options(corpus, tmp_path / "index", model, scale_out=RayScaleOut()))
     assert summary.encode.encoded == summary.encode.segments > 20
     assert [str(skip) for skip in summary.skipped] == ["broken.txt: binary file"]
     assert_same_index(local_index, tmp_path / "index")
-    again = precompute(options(corpus, tmp_path / "index", model, ray="local"))
+    again = precompute(options(corpus, tmp_path / "index", model, scale_out=RayScaleOut()))
     assert not again.did_work
 
 
@@ -160,7 +160,7 @@ def test_ingest_feeder_predicts_every_embedding_batch(ray_cluster: Any, corpus: 
 
 
 def test_killed_distributed_precompute_resumes(
-    ray_address: str, corpus: Path, model: Path, local_index: Path, tmp_path: Path
+    ray_cluster: Any, ray_address: str, corpus: Path, model: Path, local_index: Path, tmp_path: Path
 ) -> None:
     index = tmp_path / "index"
     command = [sys.executable, "-m", "hypic_rag", "precompute", str(corpus), "--index", str(index), "--model",
@@ -183,13 +183,10 @@ def test_killed_distributed_precompute_resumes(
     assert victim.returncode == -signal.SIGKILL
     stored = cached_entries(index)
 
-    rerun = subprocess.run([*command[:-2], "--ray-actors", "2"], env=env, capture_output=True, text=True,
-                           timeout=DEADLINE_S)
-    assert rerun.returncode == 0, rerun.stderr[-2000:]
-    encoded = re.search(r"^encoded: (\d+) of (\d+) segments", rerun.stdout, flags=re.MULTILINE)
-    assert encoded, rerun.stdout
-    encoded_now, segments = int(encoded.group(1)), int(encoded.group(2))
+    rerun = precompute(options(corpus, index, model, scale_out=RayScaleOut(address=ray_address, actors=2)))
+    encoded_now, segments = rerun.encode.encoded, rerun.encode.segments
     assert 0 < encoded_now == segments - stored < segments  # the killed run had stored some; only the rest ran
+    assert rerun.ingest.documents_unchanged == 40  # every document was committed before the kill
     manifest = IndexManifest.load(index)
     namespace = CacheNamespace(manifest.model.fingerprint, manifest.model.tokenizer_fingerprint, manifest.seam_tokens)
     with CorpusIndex.open(index) as opened:
