@@ -137,9 +137,17 @@ def test_unreachable_or_malformed_clusters_are_one_line(tmp_path: Path, copy_tin
     closed = f"127.0.0.1:{free_port()}"
     assert_one_line(run_cli("precompute", str(corpus), "--index", str(tmp_path / "i"), "--ray", closed),
                     "precompute", f"cannot reach the Ray cluster at '{closed}'")
-    assert_one_line(run_cli("precompute", str(corpus), "--index", str(tmp_path / "i"), "--ray", "no-port"),
-                    "precompute", "not a Ray address: 'no-port'")
     assert not (tmp_path / "i").exists()
     index = copy_tiny_index(tmp_path / "index")
     assert_one_line(run_cli("serve", "--index", str(index), "--port", "0", "--replicas", "2", "--ray", closed,
                             "--log-level", "warning"), "serve", "cannot reach the Ray cluster")
+
+
+def test_malformed_addresses_are_refused_before_any_connection() -> None:
+    from hypic_rag.distributed.cluster import ClusterOptions, RayUnavailableError, check_reachable
+
+    for address in ("no-port", "host:", "ray://:80"):
+        with pytest.raises(RayUnavailableError, match="not a Ray address"):
+            check_reachable(address)
+    with pytest.raises(ValueError):
+        ClusterOptions(address=" ")
