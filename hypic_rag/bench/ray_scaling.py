@@ -28,7 +28,7 @@ import torch
 
 from hypic_rag.session import SegmentTask, encoding_batches
 
-DEFAULT_SEGMENTS = 96
+DEFAULT_SEGMENTS = 64
 MODEL_SHAPE: dict[str, Any] = {"hidden_size": 256, "num_hidden_layers": 8, "intermediate_size": 512,
                                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
                                "linear_num_key_heads": 4, "linear_num_value_heads": 8,
