@@ -144,7 +144,9 @@ def routing_simulation(
     rng = random.Random(seed)
     names = [f"replica-{n}" for n in range(replicas)]
     cumulative, total = _zipf_cumulative(chunks, zipf)
-    draw = lambda: min(chunks - 1, _bisect(cumulative, rng.random() * total))  # noqa: E731
+    def draw() -> int:
+        return min(chunks - 1, _bisect(cumulative, rng.random() * total))
+
     if queries is None:
         stream = [[draw() for _ in range(k)] for _ in range(requests)]
     else:
@@ -199,6 +201,16 @@ def _bisect(cumulative: list[float], value: float) -> int:
     return low
 
 
+def harmonic(m: int) -> float:
+    """H(m) ~ ln m + 0.5772: the mass of the top m chunks under Zipf(1.0), unnormalised."""
+    return math.log(m) + 0.5772 if m > 0 else 0.0
+
+
+def _below_hot_tier(requests_per_s: float, chunks_per_request: int, entry: float) -> Any:
+    """Bytes/s read from below the hot tier at a hit rate."""
+    return lambda hit: requests_per_s * chunks_per_request * (1 - hit) * entry
+
+
 def run_model(a: Assumptions = Assumptions(), layout: Layout = Layout(), *, simulate: bool = True) -> dict[str, Any]:
     bf16 = entry_bytes(layout, a)
     fp32 = entry_bytes(layout, Assumptions(**{**asdict(a), "state_bytes": 4}))
@@ -214,11 +226,10 @@ def run_model(a: Assumptions = Assumptions(), layout: Layout = Layout(), *, simu
     result["serving"] = []
     for gpus in (8, 64):
         distinct_hot_affine = min(a.chunks, gpus * hot_entries_per_replica)
-        harmonic = lambda m: math.log(m) + 0.5772 if m > 0 else 0.0  # noqa: E731 - H(m), Zipf(1) top-m mass
         hit_affine = harmonic(distinct_hot_affine) / harmonic(a.chunks)
         hit_random = harmonic(hot_entries_per_replica) / harmonic(a.chunks)
         requests = gpus * a.requests_per_s_per_gpu
-        below = lambda hit: requests * a.chunks_per_request * (1 - hit) * entry  # noqa: E731 - bytes/s from below
+        below = _below_hot_tier(requests, a.chunks_per_request, entry)
         result["serving"].append({
             "gpus": gpus, "hot_entries_per_replica": hot_entries_per_replica,
             "distinct_hot_entries": {"perfect_partition": distinct_hot_affine, "random": hot_entries_per_replica},

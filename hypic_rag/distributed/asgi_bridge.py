@@ -94,7 +94,7 @@ async def stream_asgi(app: Any, request: ForwardedRequest) -> AsyncIterator[Resp
     async def run() -> None:
         try:
             await app(_scope(request), receive, send)
-        except Exception as error:  # noqa: BLE001 - reported as a 500 if nothing was sent yet
+        except Exception as error:  # reported as a 500 if nothing was sent yet
             logger.exception("the application failed on %s %s", request.method, request.path)
             await messages.put(error)
         finally:

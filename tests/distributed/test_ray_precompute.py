@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from hypic_rag.cache.errors import CacheOpenError
-from hypic_rag.distributed.ray_scale_out import RayScaleOut
 from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+from hypic_rag.distributed.ray_scale_out import RayScaleOut
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute

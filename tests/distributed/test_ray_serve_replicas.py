@@ -117,7 +117,7 @@ def test_streams_and_completions_pass_through_unchanged(replicated: dict[str, An
                       timeout=120) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
-    assert [event["type"] for event in events][0] == "sources" and events[-1]["type"] == "done"
+    assert events[0]["type"] == "sources" and events[-1]["type"] == "done"
     streamed = "".join(event["text"] for event in events if event["type"] == "token")
     assert streamed == events[-1]["answer"] == ask(single, question).json()["answer"]
 
