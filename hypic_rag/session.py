@@ -122,10 +122,12 @@ class SegmentPlan:
 
 @dataclass(frozen=True, slots=True)
 class SegmentTask:
-    """One segment to encode and the seam width its entry is for."""
+    """One segment to encode and the seam width its entry is for; `batch`: the encoding batch it belongs to, when
+    the batches were planned over more segments than these (`ModelSession.fill_steps`), else None."""
 
     token_ids: tuple[int, ...]
     seam_tokens: int
+    batch: int | None = None
 
 
 def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
@@ -136,7 +138,13 @@ def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
 def encoding_batches(tasks: Sequence[SegmentTask], batch_tokens: int) -> list[list[int]]:
     """Positions of `tasks` grouped into the batches every encoder runs (`Engine.encode_segments`): per seam width,
     longest first, at most `batch_tokens` padded tokens each. A pure function of the tasks, so the same segments
-    form the same batches in this process and in any number of workers, and give the same bytes."""
+    form the same batches in this process and in any number of workers, and give the same bytes. Tasks that all
+    carry a `batch` number keep those batches (planned over a larger set: see `ModelSession.fill_steps`)."""
+    if tasks and all(task.batch is not None for task in tasks):
+        planned: dict[int, list[int]] = {}
+        for position in lpt_order(tasks):
+            planned.setdefault(tasks[position].batch, []).append(position)  # type: ignore[arg-type]
+        return sorted(planned.values(), key=lambda batch: -len(tasks[batch[0]].token_ids))
     by_seam: dict[int, list[int]] = {}
     for position in lpt_order(tasks):
         by_seam.setdefault(tasks[position].seam_tokens, []).append(position)
@@ -427,23 +435,37 @@ class ModelSession:
             raise ValueError(f"commit_entries must be positive, got {commit_entries}")
         began = time.perf_counter()
         report = FillReport()
-        tasks: list[SegmentTask] = []
+        planned: list[SegmentTask] = []
+        lacked: list[bool] = []
         for plan in plans:
             segments = [tuple(int(token) for token in ids) for ids in plan.segments if len(ids)]
             lacking = self.segment_source.missing_segments([list(ids) for ids in segments], plan.seam_tokens)
             missing = {tuple(ids) for ids in lacking}
             report.segments += len(segments)
             report.cache_misses += sum(ids in missing for ids in segments)
-            tasks.extend(SegmentTask(ids, plan.seam_tokens) for ids in dict.fromkeys(segments) if ids in missing)
+            for ids in dict.fromkeys(segments):
+                planned.append(SegmentTask(ids, plan.seam_tokens))
+                lacked.append(ids in missing)
+        # The batches are planned over every planned segment, held or not, and each batch holding a missing one
+        # runs whole: an entry's bytes depend on its batch's padded shape, so a resumed fill (some entries stored
+        # by an interrupted one) stores the bytes an uninterrupted fill would. Held members are recomputed, dropped.
+        batches = encoding_batches(planned, self.engine.encode_batch_tokens)
+        batch_of = {position: number for number, batch in enumerate(batches) if any(lacked[p] for p in batch)
+                    for position in batch}
+        kept = [position for position in range(len(planned)) if position in batch_of]
+        tasks = [SegmentTask(planned[p].token_ids, planned[p].seam_tokens, batch_of[p]) for p in kept]
+        wanted = [lacked[p] for p in kept]
         report.cache_hits = report.segments - report.cache_misses
-        report.to_encode = len(tasks)
-        report.tokens_to_encode = sum(len(task.token_ids) for task in tasks)
+        report.to_encode = sum(wanted)
+        report.tokens_to_encode = sum(len(task.token_ids) for task, want in zip(tasks, wanted) if want)
         report.seconds = time.perf_counter() - began
         yield report
         pending: dict[int, list[tuple[tuple[int, ...], Entry]]] = {}
         pending_entries = pending_bytes = 0
         encoded = encoder.encode(tasks) if encoder is not None else self._encode_here(tasks, commit_entries)
         for position, entry in encoded:
+            if not wanted[position]:  # held already: recomputed only to keep its batch whole
+                continue
             task = tasks[position]
             pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
             pending_entries += 1

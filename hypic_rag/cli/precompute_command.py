@@ -1,8 +1,11 @@
 """`hypic-rag precompute CORPUS --index DIR`: load, chunk, embed, index, and encode every chunk into the cache.
 
 Resumable: interrupted and rerun, it finishes what is left; rerun on an unchanged corpus it does nothing.
+With --ray the corpus is loaded, chunked and embedded by Ray tasks and encoded on Ray actors, longest batches
+first; this process stays the index's single writer, so the result is the same index and byte-identical cache
+entries as a local run, and a killed run resumes the same way.
 Exit codes: 0 done; 2 bad input (missing or empty corpus, missing model, bad option, an --index or --cache that
-is a file or not writable: checked before anything is created); 3 the index was built with another embedder,
+is a file or not writable: checked before anything is created; Ray missing or unreachable with --ray); 3 the index was built with another embedder,
 model, tokenizer, chunker setting or --cache; 1 any other failure (unreadable index or cache).
 """
 
@@ -41,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="local model checkpoint (default: the bundled default model)")
     parser.add_argument("--chunk-tokens", type=positive_int, default=256, metavar="N", help="tokens per chunk (256)")
     parser.add_argument("--workers", type=worker_count, default=1, metavar="N", help="encoding processes (1)")
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="run on a Ray cluster: load, chunk and embed as tasks, encode on actors; ADDRESS is "
+                             "'auto' (the cluster on this machine), host:port or ray://host:port; without one a "
+                             "private Ray instance is started here (needs the ray extra)")
+    parser.add_argument("--ray-actors", type=positive_int, default=None, metavar="N",
+                        help="encoding actors with --ray (default: one per GPU of the cluster, or per CPU slot)")
     parser.add_argument("--seam-tokens", type=non_negative_int, default=8, metavar="W", help="seam window (8)")
     parser.add_argument("--vector-index", choices=VECTOR_INDEX_KINDS, help="FAISS index kind for a new index (flat)")
     parser.add_argument("--cache", metavar="DIR", help="segment cache directory (default: DIR/segment_cache)")
@@ -100,9 +109,23 @@ def run_precompute(args: argparse.Namespace) -> int:
     from hypic_rag.retrieval.loading import load_corpus
     from hypic_rag.retrieval.precompute import PrecomputeOptions, check_locations, precompute
 
+    if args.ray is not None and args.workers > 1:
+        raise CliError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
+    if args.ray_actors is not None and args.ray is None:
+        raise CliError("--ray-actors needs --ray")
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
     remote = remote_cache_config(args)
-    corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
+    scale_out = None
+    if args.ray is None:
+        corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
+    else:  # Ray is imported only here: an unreachable cluster fails before anything loads
+        from hypic_rag.distributed.ray_scale_out import RayScaleOut
+
+        try:
+            scale_out = RayScaleOut(address=args.ray, actors=args.ray_actors)
+        except ValueError as error:
+            raise CliError(str(error)) from None
+        corpus = scale_out.load_corpus(Path(args.corpus))
     model_path = resolve_model_path(args.model)
     try:
         options = PrecomputeOptions(
@@ -119,6 +142,7 @@ def run_precompute(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             show_progress=not args.no_progress,
             remote_cache=remote,
+            scale_out=scale_out,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

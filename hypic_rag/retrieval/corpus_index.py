@@ -19,7 +19,7 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -276,10 +276,16 @@ class CorpusIndex:
         )
 
     def ingest(
-        self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False
+        self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False,
+        cut: Callable[[Document], list[Chunk]] | None = None, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> IngestReport:
-        """Bring the index in line with `corpus` (see the module docstring) and save it if anything changed."""
-        return drain(self.ingest_steps(corpus, chunker, delete_missing=delete_missing, show_progress=show_progress))
+        """Bring the index in line with `corpus` (see the module docstring) and save it if anything changed.
+
+        cut / embed: where a changed document's chunks and a batch of new chunks' vectors come from (None: this
+        process's `chunker` and embedder). Given (Ray tasks, `distributed.ray_ingest`), they must return what
+        those would: the documents are still stored here, in corpus order, one transaction each."""
+        return drain(self.ingest_steps(corpus, chunker, delete_missing=delete_missing, show_progress=show_progress,
+                                       cut=cut, embed=embed))
 
     def ingest_steps(
         self,
@@ -289,6 +295,8 @@ class CorpusIndex:
         delete_missing: bool = True,
         show_progress: bool = False,
         step_chunks: int | None = None,
+        cut: Callable[[Document], list[Chunk]] | None = None,
+        embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> Generator[int, None, IngestReport]:
         """`ingest` as a generator of bounded steps, for callers that interleave other work between them (the
         service's document jobs); its return value is the report.
@@ -298,7 +306,7 @@ class CorpusIndex:
         final save. Each yield says how many of the corpus's documents are done (stored or found unchanged).
         Without it, the steps are whole batches of `embed_batch_chunks` new chunks (what `ingest` does). Closed
         between steps, the index holds the documents stored so far and stays consistent (the FAISS file catches
-        up with the docstore on the next save or open).
+        up with the docstore on the next save or open). `cut` and `embed`: as in `ingest`.
         """
         if step_chunks is not None and step_chunks < 1:
             raise ValueError(f"step_chunks must be positive, got {step_chunks}")
@@ -319,8 +327,8 @@ class CorpusIndex:
                 if root != source_root:
                     moved.append(document.doc_id)
                 continue
-            chunks: list[Chunk] = []
-            for number, chunk in enumerate(chunker.chunk_steps(document), 1):
+            chunks: list[Chunk] = [] if cut is None else cut(document)
+            for number, chunk in enumerate(chunker.chunk_steps(document) if cut is None else (), 1):
                 if chunk is not None:
                     chunks.append(chunk)
                 if step_chunks is not None and number % step_chunks == 0:
@@ -330,9 +338,9 @@ class CorpusIndex:
             pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in stored))
             pending_chunks += len(new_chunks)
             if pending_chunks >= self.embed_batch_chunks:
-                done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done)
+                done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done, embed)
                 pending, pending_chunks = [], 0
-        done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done)
+        done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done, embed)
         if moved:
             self.docstore.move_documents(moved, source_root)
         deleted = 0
@@ -364,15 +372,16 @@ class CorpusIndex:
         counts: dict[str, int],
         step_chunks: int | None,
         done: int,
+        embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> Generator[int, None, int]:
-        """Embed the pending documents' new chunks (`step_chunks` at a time, or all at once) and store each
-        document in its own transaction; yields and returns the number of documents done."""
+        """Embed the pending documents' new chunks (`step_chunks` at a time, or all at once, with `embed` when
+        given) and store each document in its own transaction; yields and returns the number of documents done."""
         if not pending:
             return done
         new_chunks = [chunk for item in pending for chunk in item.new_chunks]
         texts = [chunk.text for chunk in new_chunks]
         if step_chunks is None:
-            vectors = self.embedder.embed(texts)
+            vectors = (embed or self.embedder.embed)(texts)
         else:
             parts = []
             for start in range(0, len(texts), step_chunks):

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
@@ -39,6 +40,7 @@ from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.session import CacheOptions, ModelSession, SegmentPlan, distinct_segments, plan_segments
+from hypic_rag.session import SegmentEncoder as SegmentEncoderLike
 from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ __all__ = [
     "EncodeReport",
     "PrecomputeOptions",
     "PrecomputeSummary",
+    "ScaleOut",
     "SegmentPlan",
     "cache_bytes_of",
     "distinct_segments",
@@ -75,7 +78,10 @@ class PrecomputeOptions:
     "float16", the dtype the model runs in (None: the one an existing index recorded, else float32 on CPU and
     bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype. remote_cache: a shared remote tier
     (`hypic_rag.cache.remote_config.RemoteTierConfig`): chunks it holds are not encoded again, every entry
-    encoded (or found on disk but not in the remote) is uploaded, and the run waits for the uploads.
+    encoded (or found on disk but not in the remote) is uploaded, and the run waits for the uploads. scale_out: None (this machine
+    only) or where loading, chunking, embedding and encoding run instead (`ScaleOut`; e.g.
+    `hypic_rag.distributed.ray_scale_out.RayScaleOut`: Ray tasks and actors), while this process stays the
+    index's single writer.
     """
 
     corpus: Path
@@ -93,11 +99,14 @@ class PrecomputeOptions:
     prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
     show_progress: bool = True
     remote_cache: RemoteTierConfig | None = None
+    scale_out: ScaleOut | None = None
 
     def __post_init__(self) -> None:
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.scale_out is not None and self.workers > 1:
+            raise ValueError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
         check_seam_tokens(self.seam_tokens)
         if self.embed_batch_size < 1:
             raise ValueError(f"embed_batch_size must be positive, got {self.embed_batch_size}")
@@ -105,6 +114,23 @@ class PrecomputeOptions:
             from hypic_rag.runtime.model import resolve_dtype
 
             resolve_dtype(self.dtype)  # validates the name
+
+
+class ScaleOut(Protocol):
+    """Where precompute's work runs when not all in this process (`PrecomputeOptions.scale_out`); this process
+    stays the index's and cache's single writer, in corpus order, so the result is a local run's."""
+
+    def load_corpus(self, path: Path) -> LoadedCorpus:
+        """The corpus at `path`, as `load_corpus(path)` would load it."""
+        ...
+
+    def ingest_hooks(self, index: CorpusIndex, corpus: LoadedCorpus, chunker: Chunker) -> dict[str, Any]:
+        """`cut` and `embed` for `CorpusIndex.ingest` (what this process's chunker and embedder would return)."""
+        ...
+
+    def encoder(self, engine: Any, spec: EncoderSpec) -> AbstractContextManager[SegmentEncoderLike]:
+        """An encoder of `spec`'s model running `engine`'s batches (closed at the end of the `with`)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +181,10 @@ def encode_plans(
     lookup = next(fill)
     logger.info("%d of %d segments missing from the cache (%d tokens)",
                 lookup.to_encode, lookup.segments, lookup.tokens_to_encode)
+    actors = getattr(encoder, "actors", None)  # a Ray pool: its rate is the cluster's
     with tqdm(
-        total=lookup.tokens_to_encode, unit="tok", unit_scale=True, desc="encoding",
+        total=lookup.tokens_to_encode, unit="tok", unit_scale=True,
+        desc=f"encoding on {actors} actors" if actors else "encoding",
         disable=not show_progress or not lookup.to_encode,
     ) as progress:
         for report in fill:
@@ -233,7 +261,9 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
 
     began = time.perf_counter()
     cache_dir = check_locations(options.index_dir, options.cache_dir)
-    corpus = corpus if corpus is not None else load_corpus(options.corpus)
+    scale_out = options.scale_out
+    if corpus is None:
+        corpus = load_corpus(options.corpus) if scale_out is None else scale_out.load_corpus(options.corpus)
     model = load_model(
         options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
         require_tokenizer=True,
@@ -259,9 +289,13 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
     ):
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
-        ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
+        hooks = {} if scale_out is None else scale_out.ingest_hooks(index, corpus, chunker)
+        ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
-        if options.workers > 1:
+        if scale_out is not None:
+            with scale_out.encoder(session.engine, encoder_spec(options, model, threads=1)) as pool:
+                encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
+        elif options.workers > 1:
             with SegmentEncoder(session.engine, encoder_spec(options, model), workers=options.workers) as pool:
                 encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
         else:
@@ -294,14 +328,15 @@ def publish_to_remote(cache: SegmentCache, plans: Sequence[SegmentPlan]) -> dict
     return {name: value for name, value in cache.stats().items() if name.startswith("remote_")}
 
 
-def encoder_spec(options: PrecomputeOptions, model: Any) -> EncoderSpec:
-    """How each encoding worker process rebuilds `model` (same path, device, dtype and fingerprint)."""
+def encoder_spec(options: PrecomputeOptions, model: Any, *, threads: int | None = None) -> EncoderSpec:
+    """How each encoding worker process (or Ray actor) rebuilds `model` (same path, device, dtype and
+    fingerprint); `threads`: torch threads of each (None: this process's shared out over `options.workers`)."""
     return EncoderSpec(
         model_path=str(options.model_path),
         device=str(model.device),
         dtype=model.dtype_name,
         seam_tokens=options.seam_tokens,
         fingerprint=model.fingerprint,
-        threads_per_worker=threads_per_worker(options.workers),
+        threads_per_worker=threads if threads is not None else threads_per_worker(options.workers),
         preload_modules=("hypic_rag.runtime.engine", "hypic_rag.runtime.model", type(model.hf_model).__module__),
     )

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -42,6 +42,14 @@ logger = logging.getLogger(__name__)
 
 Check = Callable[[], None]
 """A per-step check (deadline, cancellation): returns to go on, raises to stop."""
+
+
+class MissEncoder(Protocol):
+    """Encodes a request's cache misses somewhere else, in parallel (segment parallelism, docs/design.md): e.g.
+    `hypic_rag.distributed.ray_encoder.RayEncoderPool`, which runs the batches `plan_encode_batches` makes, longest
+    first, on Ray actors. It must return what `Engine.encode_segments` would, in the order of `segments`."""
+
+    def encode_segments(self, segments: list[list[int]], seam_tokens: int, check: Check | None = None) -> list[Entry]: ...
 
 
 @dataclass(slots=True)
@@ -93,6 +101,7 @@ class Engine:
     processes), or None for an in-process `MemorySegmentSource` of `memory_cache_bytes`. A source that holds
     another model's entries is refused (ValueError).
     prefix_cache_bytes: the budget of `prefix` mode's chunk-boundary checkpoints.
+    miss_encoder: where cache misses are encoded (None: here, in batches); settable later (`engine.miss_encoder`).
     """
 
     def __init__(
@@ -104,11 +113,13 @@ class Engine:
         memory_cache_bytes: int = 1 << 30,
         prefix_cache_bytes: int = 1 << 30,
         encode_batch_tokens: int = DEFAULT_ENCODE_BATCH_TOKENS,
+        miss_encoder: MissEncoder | None = None,
     ) -> None:
         if encode_batch_tokens < 1:
             raise ValueError(f"encode_batch_tokens must be positive, got {encode_batch_tokens}")
         self.model = model
         self.encode_batch_tokens = encode_batch_tokens
+        self.miss_encoder = miss_encoder
         self.seam_tokens = check_seam_tokens(seam_tokens)
         self.segment_source: SegmentSource = (
             segment_source if segment_source is not None else MemorySegmentSource(memory_cache_bytes)
@@ -127,8 +138,11 @@ class Engine:
     ) -> list[Entry]:
         """Encode the segments, several per forward (batches of similar lengths up to `encode_batch_tokens` padded
         tokens; `encode_segments` in encode.py). `check` runs before each batch (raising stops there: none of the
-        segments is kept). Entries come back in the order of `segments`."""
+        segments is kept). Entries come back in the order of `segments`. With a `miss_encoder` the batches run there
+        (on several encoders at once), with the same bytes."""
         seam = self.seam_tokens if seam_tokens is None else seam_tokens
+        if self.miss_encoder is not None and segments:
+            return self.miss_encoder.encode_segments([list(segment) for segment in segments], seam, check)
         entries: list[Entry | None] = [None] * len(segments)
         for batch in plan_encode_batches([len(segment) for segment in segments], self.encode_batch_tokens):
             if check is not None:

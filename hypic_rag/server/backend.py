@@ -110,6 +110,7 @@ class ServiceBackend:
             logger.info("segment matching: %d of %d indexed chunks can be found in prompts", known, self.counts.chunks)
         self.token_counter = TokenCounter(pipeline.session.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
+        self.miss_encoder: Any = None  # where cache misses are encoded (`ServerConfig.miss_encoders`), closed with us
         self.refresh_cache_snapshot()
 
     # ------------------------------------------------------------------------------------------- opening
@@ -166,6 +167,9 @@ class ServiceBackend:
         )
         backend = cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
         try:
+            if config.miss_encoders is not None:
+                backend.miss_encoder = config.miss_encoders(session.engine, session.model_path)
+                session.engine.miss_encoder = backend.miss_encoder
             backend.warm_up()
         except BaseException:
             backend.close()
@@ -182,8 +186,12 @@ class ServiceBackend:
         self.refresh_cache_snapshot()
 
     def close(self) -> None:
-        """Close the cache (flushing pending access notes) and the index."""
-        self.pipeline.close()
+        """Close the cache (flushing pending access notes), the index and the miss encoder's actors."""
+        try:
+            self.pipeline.close()
+        finally:
+            if self.miss_encoder is not None:
+                self.miss_encoder.close()
 
     @property
     def cache(self) -> Any:

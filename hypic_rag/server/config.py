@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from hypic_rag.cache.remote_config import RemoteTierConfig
 from hypic_rag.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
+
+
+class MissEncoderFactory(Protocol):
+    """Called once by the model worker with its engine and model path; returns the started miss encoder (an
+    `Engine.miss_encoder` with a `close()`), which the backend closes when it closes. Must pickle (replicas)."""
+
+    def __call__(self, engine: Any, model_path: str) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +37,8 @@ class ServerConfig:
     shared remote tier below the index's segment cache (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g.
     ``RemoteTierConfig.from_url("s3://bucket/prefix", endpoint_url=...)``; None: none); replicas given the same
     one share their entries.
+    miss_encoders: builds where each request's cache misses are encoded in parallel (an `Engine.miss_encoder`, e.g.
+    `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
     """
 
     index_dir: Path
@@ -58,6 +68,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     startup_timeout_s: float = 600.0
     remote_cache: RemoteTierConfig | None = None
+    miss_encoders: MissEncoderFactory | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())

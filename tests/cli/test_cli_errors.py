@@ -47,6 +47,8 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.retrieval.formats import UnreadableFile
     from hypic_rag.runtime.model import ModelLoadError, UnsupportedModelError
     from hypic_rag.runtime.modes import UnknownModeError
+    from hypic_rag.distributed.cluster import RayUnavailableError
+    from hypic_rag.distributed.serve_front import ReplicaStartError
     from hypic_rag.server.runner import AddressInUseError
 
     return {
@@ -77,6 +79,8 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         UnsupportedModelError: EXIT_BAD_INPUT,
         UnknownModeError: EXIT_BAD_INPUT,
         AddressInUseError: EXIT_FAILURE,
+        RayUnavailableError: EXIT_BAD_INPUT,
+        ReplicaStartError: EXIT_FAILURE,
     }
 
 
