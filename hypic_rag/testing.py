@@ -30,11 +30,52 @@ import torch
 
 from hypic_rag.entry import entry_tensor_bytes
 
-SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2")
+
+
+def _tiny_lfm2_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """A small `lfm2` config: gated short-conv layers (kernel 3) and RoPE attention (one in four layers)."""
+    from transformers import Lfm2Config
+
+    layer_types = ["conv"] * num_hidden_layers
+    if num_hidden_layers > 1:
+        layer_types[num_hidden_layers // 2] = "full_attention"
+    settings: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=96, block_auto_adjust_ff_dim=False, conv_L_cache=3,
+        layer_types=layer_types, max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.2,
+    )
+    settings.update(overrides)
+    return Lfm2Config(**settings)
+
+
+def _tiny_granite_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """A small `granitemoehybrid` config: Mamba2 layers (2 groups of B/C) and NoPE attention, MoE + shared MLP,
+    multipliers like Granite 4.0-H's (embedding x12, logits / 2, residual x0.22, attention scale 1/16) and weights
+    large enough (initializer_range 0.2) that the modes' deviations are far above float32 round-off."""
+    from transformers import GraniteMoeHybridConfig
+
+    layer_types = ["linear_attention"] * num_hidden_layers
+    if num_hidden_layers > 1:
+        layer_types[num_hidden_layers // 2] = "full_attention"
+    settings: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=48, shared_intermediate_size=48, num_local_experts=4,
+        num_experts_per_tok=2, mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=16, layer_types=layer_types, embedding_multiplier=12.0, logits_scaling=2.0,
+        residual_multiplier=0.22, attention_multiplier=0.0625, max_position_embeddings=4096,
+        tie_word_embeddings=False, position_embedding_type="nope", initializer_range=0.2,
+    )
+    settings.update(overrides)
+    return GraniteMoeHybridConfig(**settings)
 
 
 def tiny_config(model_type: str = "qwen3_5", *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
     """A small config of `model_type` (3 linear layers : 1 attention layer by default), fp32."""
+    if model_type == "granitemoehybrid":
+        return _tiny_granite_config(vocab_size, num_hidden_layers, overrides)
+    if model_type == "lfm2":
+        return _tiny_lfm2_config(vocab_size, num_hidden_layers, overrides)
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=64,

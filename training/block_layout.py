@@ -163,19 +163,18 @@ def block_layout_logits(model: nn.Module, token_ids: torch.Tensor, layout: Block
             hidden = torch.where(layout.cached[..., None], _gather(standalone, layout), hidden)
             if index < last or block.recurrent is not None:  # the standalone stream feeds the next layer's inputs
 
-                def mix_standalone(mixer: Mixer, x: torch.Tensor) -> torch.Tensor:
+                def mix_standalone(mixer: Mixer, x: torch.Tensor, recorded: list = standalone_convolved) -> torch.Tensor:
                     out, convolved = _mix(mixer, x, standalone_tables)
                     if convolved is not None:
-                        standalone_convolved.append(convolved)
+                        recorded.append(convolved)
                     return out
 
                 advanced = block.forward(standalone, mix_standalone, standalone_context)
                 if index < last:
                     standalone = advanced
 
-        def mix_live(mixer: Mixer, x: torch.Tensor) -> torch.Tensor:
-            replacement = standalone_convolved[0] if standalone_convolved else None
-            return _mix(mixer, x, tables, layout, replacement)[0]
+        def mix_live(mixer: Mixer, x: torch.Tensor, recorded: list = standalone_convolved) -> torch.Tensor:
+            return _mix(mixer, x, tables, layout, recorded[0] if recorded else None)[0]
 
         hidden = block.forward(hidden, mix_live, context)
     return family.logits(model, hidden)

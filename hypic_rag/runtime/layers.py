@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_rag.kernels import triton_enabled
+
 if TYPE_CHECKING:
     from hypic_rag.runtime.mixers.base import AttentionMixer
 
@@ -47,6 +49,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     turned = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)
     out = rotated * cos.to(x.dtype) + turned * sin.to(x.dtype)
     return torch.cat([out, passed], dim=-1)
+
+
+def rotate_into(
+    buffer: torch.Tensor, at: int, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: int
+) -> None:
+    """buffer[:, at : at + L] = pre-RoPE keys [H, L, D] rotated at positions position .. position + L - 1 (cos, sin
+    [P, R] by position): the Triton kernel on CUDA (`hypic_rag.kernels.rope`), `apply_rotary` elsewhere."""
+    length = keys.shape[1]
+    if triton_enabled(buffer):
+        from hypic_rag.kernels.rope import rope_into
+
+        rope_into(buffer, at, keys.to(buffer.device), cos, sin, position)
+        return
+    keys = keys.to(device=buffer.device, dtype=buffer.dtype)
+    buffer[:, at : at + length] = apply_rotary(keys, cos[position : position + length], sin[position : position + length])
 
 
 def attention_core(
@@ -94,3 +111,70 @@ def call_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(out, tuple):
         out = out[0]
     return out if batched else out[0]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Gated DeltaNet and gated attention as free functions over the transformers modules, in the signatures callers
+# written before the mixer interface use (the batched pass). They delegate to `mixers.gated_deltanet` and
+# `mixers.attention`; new code drives the mixers (and so any family) directly.
+
+
+def mlp_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`call_mlp(layer.mlp, x)`."""
+    return call_mlp(layer.mlp, x)
+
+
+def attention_inputs(attention: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [..., T, hidden] -> query [..., Hq, T, D], key [..., Hkv, T, D] (normed, pre-RoPE), value, output gate
+    [..., T, Hq*D] (an empty tensor without one)."""
+    from hypic_rag.runtime.mixers.attention import ProjectedAttention
+    from hypic_rag.runtime.mixers.base import NoPositions
+
+    projections = ProjectedAttention(attention, NoPositions()).project(x)
+    gate = projections.extras[0] if projections.extras else x.new_empty(0)
+    return projections.query, projections.key, projections.value, gate
+
+
+def attention_output(attention: nn.Module, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Output gate (when `gate` is not empty) and projection: core [T, Hq*D] -> [T, hidden]."""
+    if gate.numel():
+        core = core * torch.sigmoid(gate)
+    return attention.o_proj(core)
+
+
+def linear_projections(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's token-wise projections: preconv [..., T, C], z [..., T, H, V], b, a [..., T, H]."""
+    from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
+
+    projections = GatedDeltaNetMixer(mixer).project(x)
+    return (projections.preconv, *projections.extras)
+
+
+def empty_conv_tail(mixer: nn.Module, device: torch.device) -> torch.Tensor:
+    """Gated DeltaNet's zero conv context [C, kernel-1]."""
+    from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
+
+    return GatedDeltaNetMixer(mixer).empty_conv_tail(device)
+
+
+def batched_delta_rule_inputs(
+    mixer: nn.Module, preconv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_context: torch.Tensor,
+    lengths: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Conv and delta-rule inputs of n runs: preconv [n, T, C], b, a [n, T, H], conv_context [n, C, kernel-1] ->
+    query, key [n, H, T, K], value [n, H, T, V], log_decay, beta [n, H, T]."""
+    from hypic_rag.runtime.mixers.base import Projections
+    from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
+
+    gated = GatedDeltaNetMixer(mixer)
+    convolved = gated.convolve(preconv, conv_context)
+    return gated.recurrence_inputs(convolved, Projections(preconv, (b, b, a)), lengths).as_tuple()
+
+
+def linear_mixer_output(mixer: nn.Module, core: torch.Tensor, output_gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gated RMS norm and output projection: core [..., H, T, V] (head-major), output_gate [..., T, H, V] ->
+    [..., T, hidden]."""
+    from hypic_rag.runtime.mixers.base import Projections
+    from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
+
+    return GatedDeltaNetMixer(mixer).output(core.transpose(-3, -2), Projections(output_gate, (output_gate,)), dtype)

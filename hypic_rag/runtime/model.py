@@ -91,6 +91,11 @@ class HybridModel:
         return self.family.backbone(self.hf_model)
 
     @property
+    def layers(self) -> nn.ModuleList:
+        """The model's own decoder layers (the runtime drives `blocks`, built over them)."""
+        return self.backbone.layers
+
+    @property
     def device(self) -> torch.device:
         return self.hf_model.get_input_embeddings().weight.device
 

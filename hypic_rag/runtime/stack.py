@@ -99,13 +99,17 @@ def _apply_cached_linear(
 
 
 def _apply_pending(
-    state: torch.Tensor, pending: list[tuple[Entry, int]], layer_index: int, composition: str, kind: str
+    state: torch.Tensor, pending: list[tuple[Entry, int]], layer_index: int, composition: str, kind: str = "matrix"
 ) -> tuple[torch.Tensor, float]:
     """`_apply_cached_linear` over `pending` (then emptied); returns the new state and the seconds it took."""
     began = time.perf_counter()
     state = _apply_cached_linear(state, pending, layer_index, composition, kind)
     pending.clear()
     return state, time.perf_counter() - began
+
+
+_rotate_into = L.rotate_into
+"""Cached pre-RoPE keys rotated into the K buffer (`layers.rotate_into`; the batched pass imports it by this name)."""
 
 
 def _merge_recomputed_spans(spans: list[Span]) -> list[Span]:
@@ -359,12 +363,10 @@ def _recurrent_mixer(
         if count:
             row = row_of[span_number]
             if batched is not None and row < len(batched_numbers):
-                rows = slice(row, row + 1)
-                outputs = mixer.outputs_from_start(
-                    batched.zero_outputs[rows], batched.transition_outputs[rows], recurrent[None]
-                )
+                run = batched.select(slice(row, row + 1))
+                outputs = mixer.outputs_from_start(run.zero_outputs, run.transition_outputs, recurrent[None])
                 write(offset, count, outputs[0])
-                recurrent = batched.segment.select(row).apply(recurrent)
+                recurrent = run.segment.apply(recurrent[None])[0]
             else:
                 outputs, final = mixer.run(inputs.select(slice(row, row + 1), 0, count), recurrent[None])
                 write(offset, count, outputs[0])

@@ -34,13 +34,14 @@ def test_the_registry_serves_the_qwen_families_and_refuses_others() -> None:
     for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"):
         assert isinstance(family_for(model_type), QwenHybrid), model_type
         assert model_type in supported_model_types()
+    assert family_for("granitemoehybrid").model_types == ("granitemoehybrid",)
     assert family_for("llama") is None and family_for(None) is None
     with pytest.raises(ValueError, match="already served by QwenHybrid"):
         register_family(type("Impostor", (QwenHybrid,), {})())
     from transformers import LlamaConfig
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
-    with pytest.raises(UnsupportedModelError, match="model type 'llama' is not supported; supported: qwen3_5"):
+    with pytest.raises(UnsupportedModelError, match="model type 'llama' is not supported; supported: qwen3_5, .*granitemoehybrid"):
         load_model(config, device="cpu")
 
 

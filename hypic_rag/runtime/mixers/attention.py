@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from hypic_rag.kernels import triton_enabled
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.mixers.base import AttentionMixer, AttentionProjections, Positioner
 
@@ -36,29 +35,35 @@ class RotaryPositions(Positioner):
 
     def place(self, buffer: torch.Tensor, at: int, keys: torch.Tensor, tables: Any, position: int) -> None:
         cos, sin = tables
-        length = keys.shape[1]
-        if triton_enabled(buffer):
-            from hypic_rag.kernels.rope import rope_into
-
-            rope_into(buffer, at, keys.to(buffer.device), cos, sin, position)
-            return
-        keys = keys.to(device=buffer.device, dtype=buffer.dtype)
-        buffer[:, at : at + length] = L.apply_rotary(keys, cos[position : position + length], sin[position : position + length])
+        L.rotate_into(buffer, at, keys, cos, sin, position)
 
 
 class ProjectedAttention(AttentionMixer):
     """q/k/v/o attention over a transformers module (`module.head_dim`, `module.scaling`, `module.config`).
 
-    project: query [..., Hq, T, D], key / value [..., Hkv, T, D] (q_norm / k_norm applied when the module has
-    them), extras (gate [..., T, Hq*D],) when q_proj also emits the output gate, else ().
+    q_norm / k_norm / o_proj default to the module's attributes of those names (LFM2 calls them q_layernorm,
+    k_layernorm, out_proj: pass them). project: query [..., Hq, T, D], key / value [..., Hkv, T, D] (per-head
+    norms applied when present), extras (gate [..., T, Hq*D],) when q_proj also emits the output gate, else ().
     """
 
-    def __init__(self, module: nn.Module, positions: Positioner, num_heads: int | None = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        positions: Positioner,
+        num_heads: int | None = None,
+        *,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        o_proj: nn.Module | None = None,
+    ) -> None:
         self.module = module
         self.positions = positions
         self.scaling = float(module.scaling)
         self.num_heads = int(num_heads if num_heads is not None else module.config.num_attention_heads)
         self.head_dim = int(module.head_dim)
+        self.q_norm = q_norm if q_norm is not None else getattr(module, "q_norm", None)
+        self.k_norm = k_norm if k_norm is not None else getattr(module, "k_norm", None)
+        self.o_proj = o_proj if o_proj is not None else module.o_proj
 
     def project(self, x: torch.Tensor) -> AttentionProjections:
         module, tokens, head_dim, heads = self.module, x.shape[:-1], self.head_dim, self.num_heads
@@ -70,14 +75,14 @@ class ProjectedAttention(AttentionMixer):
         else:
             query = projected.view(*tokens, heads, head_dim)
         key = module.k_proj(x).view(*tokens, -1, head_dim)
-        if getattr(module, "q_norm", None) is not None:
-            query = module.q_norm(query)
-        if getattr(module, "k_norm", None) is not None:
-            key = module.k_norm(key)
+        if self.q_norm is not None:
+            query = self.q_norm(query)
+        if self.k_norm is not None:
+            key = self.k_norm(key)
         value = module.v_proj(x).view(*tokens, -1, head_dim)
         return AttentionProjections(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2), extras)
 
     def output(self, core: torch.Tensor, projections: AttentionProjections) -> torch.Tensor:
         if projections.extras:
             core = core * torch.sigmoid(projections.extras[0])
-        return self.module.o_proj(core)
+        return self.o_proj(core)

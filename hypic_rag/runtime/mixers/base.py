@@ -55,12 +55,20 @@ class RecurrenceInputs(ABC):
 @dataclass(slots=True)
 class TransitionRun:
     """A span run from the identity start: zero_outputs [n, T, *output_shape] (outputs from S_0 = 0);
-    transition_outputs: what `RecurrentMixer.outputs_from_start` needs to add a start state's contribution
-    (mixer-specific layout); segment: the span's affine map, transition [n, ...] and state [n, *state_shape]."""
+    transition_outputs: what `RecurrentMixer.outputs_from_start` needs to add a start state's contribution, in the
+    mixer's own layout, a tensor or a tuple of tensors with the runs along dim 0 (Gated DeltaNet / SSD: P_t^T q_t
+    [n, H, T, K]; Mamba1 may keep (C, cumulative dt)); segment: the span's affine map, transition [n, ...] and
+    state [n, *state_shape]."""
 
     zero_outputs: torch.Tensor
-    transition_outputs: torch.Tensor
+    transition_outputs: torch.Tensor | tuple[torch.Tensor, ...]
     segment: SegmentState
+
+    def select(self, rows: slice) -> TransitionRun:
+        """The runs `rows` of every part."""
+        outputs = self.transition_outputs
+        selected = tuple(t[rows] for t in outputs) if isinstance(outputs, tuple) else outputs[rows]
+        return TransitionRun(self.zero_outputs[rows], selected, self.segment.select(rows))
 
 
 class RecurrentMixer(ABC):
@@ -104,8 +112,9 @@ class RecurrentMixer(ABC):
         return torch.zeros(self.conv_channels, self.conv_width, dtype=torch.float32, device=device)
 
     def zero_state(self, device: torch.device) -> torch.Tensor:
-        """Zero recurrent state [*state_shape], float32."""
-        return torch.zeros(self.state_shape, dtype=torch.float32, device=device)
+        """Zero recurrent state [*state_shape], float32 (an empty [0] tensor for a mixer without a state)."""
+        shape = self.state_shape if self.transition_kind is not None else (0,)
+        return torch.zeros(shape, dtype=torch.float32, device=device)
 
     def identity_segment(self, runs: int, device: torch.device) -> SegmentState:
         """The empty span's map for `runs` runs: transition [runs, ...], state [runs, *state_shape]."""
@@ -143,7 +152,8 @@ class RecurrentMixer(ABC):
 
     @abstractmethod
     def outputs_from_start(
-        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
+        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor | tuple[torch.Tensor, ...],
+        start: torch.Tensor,
     ) -> torch.Tensor:
         """Outputs [n, T, *output_shape] of runs of a `TransitionRun` had they started from start
         [n, *state_shape] (exact: outputs are affine in the start state)."""
