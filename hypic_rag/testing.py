@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from hypic_rag.entry import entry_tensor_bytes
+from hypic_rag.testing_ssm import SSM_TINY_TYPES, adjust_ssm_model, ssm_tiny_config
 
-SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2")
+SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2", *SSM_TINY_TYPES)
 
 
 def _tiny_lfm2_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
@@ -76,6 +77,8 @@ def tiny_config(model_type: str = "qwen3_5", *, vocab_size: int = 256, num_hidde
         return _tiny_granite_config(vocab_size, num_hidden_layers, overrides)
     if model_type == "lfm2":
         return _tiny_lfm2_config(vocab_size, num_hidden_layers, overrides)
+    if model_type in SSM_TINY_TYPES:
+        return ssm_tiny_config(model_type, vocab_size=vocab_size, num_hidden_layers=num_hidden_layers, **overrides)
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -145,6 +148,8 @@ def build_tiny_model(
             for norm in (module.q_norm, module.k_norm):
                 # zero-centred RMSNorm: the gain is (1 + weight)
                 norm.weight.copy_(qk_norm_scale - 1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
+    if model.config.model_type in SSM_TINY_TYPES:
+        adjust_ssm_model(model, generator, slow_decay=slow_decay)
     return model.eval()
 
 

@@ -1,0 +1,175 @@
+"""Tiny random Mamba-family hybrids (jamba, bamba, nemotron_h, falcon_h1, zamba2) for tests and benchmarks, and
+shrunken stand-ins of their hub checkpoints in the published layout (config.json keys and safetensors names as the
+hub releases have them). `hypic_rag.testing.tiny_config` / `build_tiny_model` dispatch here for these types.
+
+Tiny configs: hidden 64, 4 layers with attention in the middle one (jamba: layer 2; nemotron_h: its pattern), conv
+kernel 4, weights drawn with initializer_range 0.2 (as the Granite tiny config) so that the modes' deviations are far
+above float32 round-off. `adjust_ssm_model` gives the recurrent layers slow decays (so composition bugs cannot hide
+behind fast forgetting).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SSM_TINY_TYPES = ("jamba",)
+"""Model types whose tiny configs this module writes."""
+
+
+def _jamba_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """Jamba: Mamba1 (D = 2 x 64, N 8, dt rank 4), attention at layer 2 of every 4 (NoPE, 4 heads / 2 KV), MoE (4
+    experts, top 2) on odd layers, SwiGLU MLP on even ones."""
+    from transformers import JambaConfig
+
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_period": 4, "attn_layer_offset": 2,
+        "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2,
+        "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 4,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "initializer_range": 0.2,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+    }
+    settings.update(overrides)
+    return JambaConfig(**settings)
+
+
+_CONFIGS = {"jamba": _jamba_config}
+
+
+def ssm_tiny_config(model_type: str, *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
+    """A small config of a family in `SSM_TINY_TYPES`, fp32."""
+    if model_type not in _CONFIGS:
+        raise ValueError(f"unknown Mamba-family tiny type {model_type!r}; choose one of {SSM_TINY_TYPES}")
+    return _CONFIGS[model_type](vocab_size, num_hidden_layers, overrides)
+
+
+@torch.no_grad()
+def adjust_ssm_model(model: torch.nn.Module, generator: torch.Generator, *, slow_decay: bool) -> None:
+    """Slow decays for the Mamba layers `hypic_rag.testing.build_tiny_model`'s own loop does not reach: Mamba1's
+    A [D, N] (jamba keeps dt in `dt_proj.bias`, not `dt_bias`) drawn log-uniform in [0.005, 0.5] like the SSD
+    heads' A there (transformers initialises it to 1..N per channel: every state forgets within a few tokens)."""
+    if not slow_decay:
+        return
+    low, high = math.log(0.005), math.log(0.5)
+    for module in model.modules():
+        if hasattr(module, "A_log") and hasattr(module, "dt_proj") and not hasattr(module, "dt_bias"):
+            module.A_log.copy_(torch.rand(module.A_log.shape, generator=generator) * (high - low) + low)
+
+
+# ------------------------------------------------------------------------------------- published-layout stand-ins
+
+PUBLISHED_SSM_KINDS = ("jamba",)
+"""Families of `save_published_ssm_checkpoint`."""
+
+
+def _published_jamba(vocab_size: int) -> dict[str, Any]:
+    """ai21labs/Jamba-v0.1's config.json (keys and quirks as published from memory of the hub file: the remote-code
+    `auto_map` of the first release, `n_ctx`, `num_logits_to_keep`, `use_mamba_kernels`, an explicit
+    `mamba_dt_rank`), sizes shrunk: 8 layers with attention at 4 of every 8, MoE on odd layers."""
+    return {
+        "architectures": ["JambaForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_jamba.JambaConfig",
+                     "AutoModelForCausalLM": "modeling_jamba.JambaForCausalLM"},
+        "model_type": "jamba",
+        "attention_dropout": 0.0, "attn_layer_offset": 4, "attn_layer_period": 8, "bos_token_id": 1,
+        "eos_token_id": 2, "expert_layer_offset": 1, "expert_layer_period": 2, "hidden_act": "silu",
+        "hidden_size": 64, "initializer_range": 0.2, "intermediate_size": 96, "mamba_conv_bias": True,
+        "mamba_d_conv": 4, "mamba_d_state": 8, "mamba_dt_rank": 4, "mamba_expand": 2, "mamba_proj_bias": False,
+        "max_position_embeddings": 262144, "n_ctx": 262144, "num_attention_heads": 4, "num_experts": 4,
+        "num_experts_per_tok": 2, "num_hidden_layers": 8, "num_key_value_heads": 2, "num_logits_to_keep": 1,
+        "output_router_logits": False, "pad_token_id": 0, "rms_norm_eps": 1e-06, "router_aux_loss_coef": 0.001,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.0.dev0", "use_cache": True, "use_mamba_kernels": True,
+        "vocab_size": vocab_size,
+    }
+
+
+def _jamba_tensor_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5's names -> Jamba's published ones: the fused experts `feed_forward.experts.gate_up_proj`
+    [E, 2F, h] / `down_proj` [E, h, F] split into `feed_forward.experts.{e}.gate_proj|up_proj|down_proj.weight`
+    (transformers fuses them back on load, `conversion_mapping.py`)."""
+    published: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if name.endswith("feed_forward.experts.gate_up_proj"):
+            base = name.removesuffix("gate_up_proj")
+            for expert, fused in enumerate(tensor):
+                gate, up = fused.chunk(2, dim=0)
+                published[f"{base}{expert}.gate_proj.weight"] = gate
+                published[f"{base}{expert}.up_proj.weight"] = up
+        elif name.endswith("feed_forward.experts.down_proj"):
+            base = name.removesuffix("down_proj")
+            for expert, weight in enumerate(tensor):
+                published[f"{base}{expert}.down_proj.weight"] = weight
+        else:
+            published[name] = tensor
+    return published
+
+
+_PUBLISHED = {"jamba": (_published_jamba, _jamba_tensor_names)}
+
+
+def published_ssm_config(kind: str, *, vocab_size: int = 512) -> dict[str, Any]:
+    """The config.json of a hub checkpoint of `kind` (one of `PUBLISHED_SSM_KINDS`), keys as published, sizes shrunk."""
+    if kind not in _PUBLISHED:
+        raise ValueError(f"unknown published kind {kind!r}; choose one of {PUBLISHED_SSM_KINDS}")
+    return _PUBLISHED[kind][0](vocab_size)
+
+
+@torch.no_grad()
+def save_published_ssm_checkpoint(
+    path: str | Path,
+    texts: Iterable[str],
+    *,
+    kind: str = "jamba",
+    seed: int = 0,
+    shards: int = 2,
+    dtype: torch.dtype = torch.bfloat16,
+    tokenizer_vocab_size: int = 512,
+) -> tuple[Path, Any]:
+    """Write a shrunken stand-in of a hub checkpoint of `kind` in its published layout; returns the directory and the
+    fp32 causal LM whose weights (rounded to `dtype`) it holds.
+
+    Layout: config.json as `published_ssm_config`; weights in `dtype` under their published names (see each
+    family's renaming), split over `shards` `model-0000i-of-0000n.safetensors` files with a
+    `model.safetensors.index.json`; a byte-level BPE tokenizer (`hypic_rag.testing.train_tiny_tokenizer`).
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hypic_rag.entry import entry_tensor_bytes
+    from hypic_rag.testing import train_tiny_tokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
+    config = published_ssm_config(kind, vocab_size=len(tokenizer))
+    config["eos_token_id"] = tokenizer.eos_token_id
+    config["pad_token_id"] = tokenizer.pad_token_id
+    torch.manual_seed(seed)
+    settings = {key: value for key, value in config.items() if key not in ("auto_map", "architectures")}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**settings), dtype=torch.float32).eval()
+    adjust_ssm_model(model, torch.Generator().manual_seed(seed + 1), slow_decay=True)
+    for tensor in model.state_dict().values():
+        if tensor.is_floating_point():
+            tensor.copy_(tensor.to(dtype))
+    renamed = _PUBLISHED[kind][1](model.state_dict())
+    tensors = {name: tensor.to(dtype).contiguous() for name, tensor in renamed.items()}
+    names = sorted(tensors)
+    per_shard = math.ceil(len(names) / shards)
+    weight_map: dict[str, str] = {}
+    for number in range(shards):
+        file_name = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[number * per_shard : (number + 1) * per_shard]
+        save_file({name: tensors[name] for name in part}, str(path / file_name), metadata={"format": "pt"})
+        weight_map.update({name: file_name for name in part})
+    index = {"metadata": {"total_size": entry_tensor_bytes(tensors)}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save_pretrained(path)
+    return path, model
