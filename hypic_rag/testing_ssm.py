@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-SSM_TINY_TYPES = ("jamba",)
+SSM_TINY_TYPES = ("jamba", "bamba")
 """Model types whose tiny configs this module writes."""
 
 
@@ -39,7 +39,28 @@ def _jamba_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, 
     return JambaConfig(**settings)
 
 
-_CONFIGS = {"jamba": _jamba_config}
+def _middle_attention(num_hidden_layers: int) -> list[int]:
+    """The attention layer indices of a tiny stack: the middle layer (none in a one-layer stack)."""
+    return [num_hidden_layers // 2] if num_hidden_layers > 1 else []
+
+
+def _bamba_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """Bamba: Mamba2 (4 heads of 32, 2 groups of B/C, N 16, chunk 16), attention in the middle layer (4 heads of
+    16 / 2 KV, partial RoPE on half of each head), SwiGLU MLP."""
+    from transformers import BambaConfig
+
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_indices": _middle_attention(num_hidden_layers),
+        "mamba_n_heads": 4, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+        "mamba_chunk_size": 16, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "initializer_range": 0.2, "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+    }
+    settings.update(overrides)
+    return BambaConfig(**settings)
+
+
+_CONFIGS = {"jamba": _jamba_config, "bamba": _bamba_config}
 
 
 def ssm_tiny_config(model_type: str, *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
@@ -64,7 +85,7 @@ def adjust_ssm_model(model: torch.nn.Module, generator: torch.Generator, *, slow
 
 # ------------------------------------------------------------------------------------- published-layout stand-ins
 
-PUBLISHED_SSM_KINDS = ("jamba",)
+PUBLISHED_SSM_KINDS = ("jamba", "bamba")
 """Families of `save_published_ssm_checkpoint`."""
 
 
@@ -111,7 +132,29 @@ def _jamba_tensor_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return published
 
 
-_PUBLISHED = {"jamba": (_published_jamba, _jamba_tensor_names)}
+def _published_bamba(vocab_size: int) -> dict[str, Any]:
+    """ibm-ai-platform/Bamba-9B's config.json (keys as published, from memory of the hub file: top-level
+    `rope_theta` and `attn_rotary_emb` (the rotated dims, half a head), `mamba_d_head`, `num_logits_to_keep`,
+    `use_mamba_kernels`), sizes shrunk: 8 layers with attention at 3 and 6."""
+    return {
+        "architectures": ["BambaForCausalLM"], "model_type": "bamba",
+        "attention_bias": False, "attention_dropout": 0.0, "attn_layer_indices": [3, 6], "attn_rotary_emb": 8,
+        "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.2,
+        "intermediate_size": 96, "mamba_chunk_size": 16, "mamba_conv_bias": True, "mamba_d_conv": 4,
+        "mamba_d_head": 32, "mamba_d_state": 16, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 4,
+        "mamba_proj_bias": False, "max_position_embeddings": 262144, "num_attention_heads": 4,
+        "num_hidden_layers": 8, "num_key_value_heads": 2, "num_logits_to_keep": 1, "pad_token_id": 0,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.48.0.dev0", "use_cache": True, "use_mamba_kernels": True, "vocab_size": vocab_size,
+    }
+
+
+def _same_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoints published under transformers' own names (the port was written by the model's authors)."""
+    return dict(tensors)
+
+
+_PUBLISHED = {"jamba": (_published_jamba, _jamba_tensor_names), "bamba": (_published_bamba, _same_names)}
 
 
 def published_ssm_config(kind: str, *, vocab_size: int = 512) -> dict[str, Any]:

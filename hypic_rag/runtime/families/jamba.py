@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from hypic_rag.runtime.blocks import Block, ResidualBlock
@@ -23,17 +22,11 @@ class Jamba(Family):
     with input_layernorm, pre_ff_layernorm and feed_forward (MLP or MoE)."""
 
     model_types = ("jamba",)
+    final_norm_name = "final_layernorm"
 
     def unsupported_reason(self, config: Any) -> str | None:
         unknown = sorted({kind for kind in config.layers_block_type if kind not in JAMBA_LAYER_KINDS})
         return f"unknown layer type {unknown[0]!r}" if unknown else None
-
-    def structure_problem(self, hf_model: nn.Module) -> str | None:
-        backbone = self.backbone(hf_model)
-        parts = [getattr(backbone, name, None) for name in ("embed_tokens", "layers", "final_layernorm")]
-        if any(part is None for part in parts) or getattr(hf_model, "lm_head", None) is None:
-            return f"{type(hf_model).__name__} is not a Jamba causal LM with a language-model head; pass a JambaForCausalLM"
-        return None
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         positions = NoPositions()
@@ -43,9 +36,6 @@ class Jamba(Family):
             mixer = Mamba1Mixer(mamba) if mamba is not None else ProjectedAttention(layer.self_attn, positions)
             blocks.append(ResidualBlock(mixer, layer.input_layernorm, layer.feed_forward, layer.pre_ff_layernorm))
         return tuple(blocks)
-
-    def logits(self, hf_model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return hf_model.lm_head(self.backbone(hf_model).final_layernorm(hidden)).float()
 
 
 JAMBA = register_family(Jamba())
