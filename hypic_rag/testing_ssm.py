@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-SSM_TINY_TYPES = ("jamba", "bamba")
+SSM_TINY_TYPES = ("jamba", "bamba", "nemotron_h")
 """Model types whose tiny configs this module writes."""
 
 
@@ -60,7 +60,29 @@ def _bamba_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, 
     return BambaConfig(**settings)
 
 
-_CONFIGS = {"jamba": _jamba_config, "bamba": _bamba_config}
+def _nemotron_h_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """Nemotron-H: `num_hidden_layers` mixer layers, Mamba2 (4 heads of 32, 2 groups, N 16, chunk 16) with NoPE
+    attention in the middle one; with more than one, an MoE layer (4 routed experts, top 2, one shared) after the
+    first and a squared-ReLU MLP layer at the end (so 4 gives M E M * M -)."""
+    from transformers import NemotronHConfig
+
+    kinds = ["linear_attention"] * num_hidden_layers
+    if num_hidden_layers > 1:
+        kinds[num_hidden_layers // 2] = "full_attention"
+        kinds = [kinds[0], "moe", *kinds[1:], "mlp"]
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "layers_block_type": kinds, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96, "mamba_num_heads": 4,
+        "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4, "chunk_size": 16,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+        "moe_shared_expert_intermediate_size": 48, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "initializer_range": 0.2, "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+    }
+    settings.update(overrides)
+    return NemotronHConfig(**settings)
+
+
+_CONFIGS = {"jamba": _jamba_config, "bamba": _bamba_config, "nemotron_h": _nemotron_h_config}
 
 
 def ssm_tiny_config(model_type: str, *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
@@ -85,7 +107,7 @@ def adjust_ssm_model(model: torch.nn.Module, generator: torch.Generator, *, slow
 
 # ------------------------------------------------------------------------------------- published-layout stand-ins
 
-PUBLISHED_SSM_KINDS = ("jamba", "bamba")
+PUBLISHED_SSM_KINDS = ("jamba", "bamba", "nemotron_h")
 """Families of `save_published_ssm_checkpoint`."""
 
 
@@ -154,7 +176,43 @@ def _same_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return dict(tensors)
 
 
-_PUBLISHED = {"jamba": (_published_jamba, _jamba_tensor_names), "bamba": (_published_bamba, _same_names)}
+def _published_nemotron_h(vocab_size: int) -> dict[str, Any]:
+    """nvidia/Nemotron-H-8B-Base-8K's config.json (keys as published, from memory of the hub file: the remote-code
+    `auto_map`, `hybrid_override_pattern` ("M" Mamba2, "-" MLP, "*" attention), the `mamba_*` / `time_step_*`
+    names, `attention_head_dim`, `rescale_prenorm_residual`, `residual_in_fp32`), sizes shrunk: 8 layers
+    M-M*-M-M, Mamba2 with 4 heads of 32, 2 groups (the 8B has 8), N 16. transformers 5.24 reads no
+    `attention_head_dim` (its `head_dim` defaults to 128, the 8B's value), so the stand-in keeps heads of 128."""
+    return {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+        "auto_map": {"AutoConfig": "configuration_nemotron_h.NemotronHConfig",
+                     "AutoModelForCausalLM": "modeling_nemotron_h.NemotronHForCausalLM"},
+        "attention_bias": False, "attention_dropout": 0.0, "attention_head_dim": 128, "bos_token_id": 1,
+        "chunk_size": 16, "conv_kernel": 4, "eos_token_id": 2, "expand": 2, "hidden_dropout": 0.0,
+        "hidden_size": 64, "hybrid_override_pattern": "M-M*-M-M", "initializer_range": 0.2,
+        "intermediate_size": 96, "layer_norm_epsilon": 1e-05, "mamba_head_dim": 32, "mamba_hidden_act": "silu",
+        "mamba_num_heads": 4, "mamba_proj_bias": False, "max_position_embeddings": 8192, "mlp_bias": False,
+        "mlp_hidden_act": "relu2", "n_groups": 2, "num_attention_heads": 4, "num_hidden_layers": 8,
+        "num_key_value_heads": 2, "num_logits_to_keep": 1, "pad_token_id": 0, "rescale_prenorm_residual": True,
+        "residual_in_fp32": False, "rms_norm_eps": 1e-05, "sliding_window": None, "ssm_state_size": 16,
+        "tie_word_embeddings": False, "time_step_floor": 0.0001, "time_step_limit": [0.0, float("inf")],
+        "time_step_max": 0.1, "time_step_min": 0.001, "time_step_rank": 256, "torch_dtype": "bfloat16",
+        "transformers_version": "4.48.0.dev0", "use_bias": False, "use_cache": True, "use_conv_bias": True,
+        "use_mamba_kernels": True, "vocab_size": vocab_size,
+    }
+
+
+def _nemotron_h_tensor_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5's names -> Nemotron-H's published ones: the decoder under `backbone.` instead of `model.`
+    (`backbone.embeddings`, `backbone.layers.{i}.norm|mixer.*`, `backbone.norm_f`); `lm_head` as is."""
+    return {("backbone." + name.removeprefix("model.")) if name.startswith("model.") else name: tensor
+            for name, tensor in tensors.items()}
+
+
+_PUBLISHED = {
+    "jamba": (_published_jamba, _jamba_tensor_names),
+    "bamba": (_published_bamba, _same_names),
+    "nemotron_h": (_published_nemotron_h, _nemotron_h_tensor_names),
+}
 
 
 def published_ssm_config(kind: str, *, vocab_size: int = 512) -> dict[str, Any]:
