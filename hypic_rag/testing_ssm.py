@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-SSM_TINY_TYPES = ("jamba", "bamba", "nemotron_h")
+SSM_TINY_TYPES = ("jamba", "bamba", "nemotron_h", "falcon_h1")
 """Model types whose tiny configs this module writes."""
 
 
@@ -82,7 +82,30 @@ def _nemotron_h_config(vocab_size: int, num_hidden_layers: int, overrides: dict[
     return NemotronHConfig(**settings)
 
 
-_CONFIGS = {"jamba": _jamba_config, "bamba": _bamba_config, "nemotron_h": _nemotron_h_config}
+def _falcon_h1_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """Falcon-H1: every layer Mamba2 (4 heads of 32, 2 groups, N 16, chunk 16, gated norm normalising before the
+    gate) beside RoPE attention (4 heads of 16 / 2 KV), SwiGLU MLP; every muP multiplier away from 1 (embedding,
+    logits, key, attention in / out, ssm in / out, the five ssm slices, MLP gate / down) so that a missed one shows."""
+    from transformers import FalconH1Config
+
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "mamba_d_ssm": None,
+        "mamba_n_heads": 4, "mamba_d_head": "auto", "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+        "mamba_expand": 2, "mamba_chunk_size": 16, "mamba_rms_norm": True, "mamba_norm_before_gate": True,
+        "embedding_multiplier": 2.0, "lm_head_multiplier": 0.5, "key_multiplier": 0.7,
+        "attention_in_multiplier": 1.1, "attention_out_multiplier": 0.9, "ssm_in_multiplier": 1.2,
+        "ssm_out_multiplier": 0.8, "ssm_multipliers": [0.9, 1.1, 1.2, 0.8, 1.3], "mlp_multipliers": [0.8, 1.2],
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "initializer_range": 0.2,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+    }
+    settings.update(overrides)
+    return FalconH1Config(**settings)
+
+
+_CONFIGS = {
+    "jamba": _jamba_config, "bamba": _bamba_config, "nemotron_h": _nemotron_h_config, "falcon_h1": _falcon_h1_config,
+}
 
 
 def ssm_tiny_config(model_type: str, *, vocab_size: int = 256, num_hidden_layers: int = 4, **overrides: Any):
@@ -107,7 +130,7 @@ def adjust_ssm_model(model: torch.nn.Module, generator: torch.Generator, *, slow
 
 # ------------------------------------------------------------------------------------- published-layout stand-ins
 
-PUBLISHED_SSM_KINDS = ("jamba", "bamba", "nemotron_h")
+PUBLISHED_SSM_KINDS = ("jamba", "bamba", "nemotron_h", "falcon_h1")
 """Families of `save_published_ssm_checkpoint`."""
 
 
@@ -208,8 +231,32 @@ def _nemotron_h_tensor_names(tensors: dict[str, torch.Tensor]) -> dict[str, torc
             for name, tensor in tensors.items()}
 
 
+def _published_falcon_h1(vocab_size: int) -> dict[str, Any]:
+    """tiiuae/Falcon-H1-1.5B-Instruct's config.json (keys as published, from memory of the hub file: top-level
+    `rope_theta` 1e11 and `rope_scaling`, `attn_layer_indices` null, `mamba_d_ssm`, `mamba_use_mlp`,
+    `mlp_expansion_factor`, muP multipliers with the published values), sizes shrunk: 4 layers."""
+    return {
+        "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1",
+        "attention_bias": False, "attention_dropout": 0.0, "attention_in_multiplier": 1.0,
+        "attention_out_multiplier": 0.9375, "attn_layer_indices": None, "bos_token_id": 1,
+        "embedding_multiplier": 5.656854249492381, "eos_token_id": 11, "head_dim": 16, "hidden_act": "silu",
+        "hidden_size": 64, "initializer_range": 0.2, "intermediate_size": 96, "key_multiplier": 0.390625,
+        "lm_head_multiplier": 0.0390625, "mamba_chunk_size": 16, "mamba_conv_bias": True, "mamba_d_conv": 4,
+        "mamba_d_head": 24, "mamba_d_ssm": 96, "mamba_d_state": 16, "mamba_expand": 2, "mamba_n_groups": 1,
+        "mamba_n_heads": 4, "mamba_norm_before_gate": False, "mamba_proj_bias": False, "mamba_rms_norm": True,
+        "mamba_use_mlp": True, "max_position_embeddings": 131072, "mlp_bias": False, "mlp_expansion_factor": 8,
+        "mlp_multipliers": [0.8838834764831844, 0.5859375], "num_attention_heads": 4, "num_hidden_layers": 4,
+        "num_key_value_heads": 2, "num_logits_to_keep": 1, "pad_token_id": 0, "projectors_bias": False,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 100000000000.0, "ssm_in_multiplier": 1.25,
+        "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+        "ssm_out_multiplier": 0.23570226039551587, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.52.0.dev0", "use_cache": True, "vocab_size": vocab_size,
+    }
+
+
 _PUBLISHED = {
     "jamba": (_published_jamba, _jamba_tensor_names),
+    "falcon_h1": (_published_falcon_h1, _same_names),
     "bamba": (_published_bamba, _same_names),
     "nemotron_h": (_published_nemotron_h, _nemotron_h_tensor_names),
 }

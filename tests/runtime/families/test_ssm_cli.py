@@ -10,7 +10,7 @@ from hypic_rag.testing_ssm import save_published_ssm_checkpoint
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["jamba"])
+@pytest.mark.parametrize("kind", ["jamba", "falcon_h1"])
 def test_precompute_and_ask_on_a_published_checkpoint(kind: str, tmp_path) -> None:
     directory, _ = save_published_ssm_checkpoint(tmp_path / "model", TEXTS * 4, kind=kind)
     check_precompute_and_ask(directory, tmp_path)
