@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-SSM_TINY_TYPES = ("jamba", "bamba", "nemotron_h", "falcon_h1")
+SSM_TINY_TYPES = ("jamba", "bamba", "nemotron_h", "falcon_h1", "zamba2")
 """Model types whose tiny configs this module writes."""
 
 
@@ -103,8 +103,32 @@ def _falcon_h1_config(vocab_size: int, num_hidden_layers: int, overrides: dict[s
     return FalconH1Config(**settings)
 
 
+def _zamba2_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
+    """Zamba2: every layer Mamba2 (4 heads of 32, 2 groups, N 16, chunk 16), every odd layer also hybrid: one shared
+    transformer block (4 heads of 32 over concat(h, e) [128], NoPE unless use_mem_rope) with per-layer q/k/v
+    adapters (rank 8) and MLP adapters. KV heads = heads, as published: transformers' k/v adapters are 2h wide, so
+    grouped KV heads with adapters do not run there. Tied word embeddings, as published: transformers 5.24 ties the
+    shared blocks across hybrid layers only when `tie_word_embeddings` is set (else each layer gets its own copy).
+    initializer_range 0.1, not 0.2: attention over concat(h, e) with 0.2 weights amplifies float32 round-off to
+    ~3e-5 in the logits between two exact evaluation orders (1.4e-6 at 0.1)."""
+    from transformers import Zamba2Config
+
+    kinds = ["hybrid" if index % 2 == 1 else "linear_attention" for index in range(num_hidden_layers)]
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": num_hidden_layers,
+        "layers_block_type": kinds, "num_attention_heads": 4, "num_key_value_heads": 4, "n_mamba_heads": 4,
+        "mamba_ngroups": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "chunk_size": 16,
+        "num_mem_blocks": 1, "use_shared_attention_adapter": True, "adapter_rank": 8, "use_mem_rope": False,
+        "max_position_embeddings": 4096, "tie_word_embeddings": True, "initializer_range": 0.1,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+    }
+    settings.update(overrides)
+    return Zamba2Config(**settings)
+
+
 _CONFIGS = {
     "jamba": _jamba_config, "bamba": _bamba_config, "nemotron_h": _nemotron_h_config, "falcon_h1": _falcon_h1_config,
+    "zamba2": _zamba2_config,
 }
 
 
@@ -117,15 +141,21 @@ def ssm_tiny_config(model_type: str, *, vocab_size: int = 256, num_hidden_layers
 
 @torch.no_grad()
 def adjust_ssm_model(model: torch.nn.Module, generator: torch.Generator, *, slow_decay: bool) -> None:
-    """Slow decays for the Mamba layers `hypic_rag.testing.build_tiny_model`'s own loop does not reach: Mamba1's
-    A [D, N] (jamba keeps dt in `dt_proj.bias`, not `dt_bias`) drawn log-uniform in [0.005, 0.5] like the SSD
-    heads' A there (transformers initialises it to 1..N per channel: every state forgets within a few tokens)."""
+    """Slow decays for the Mamba layers beyond what `hypic_rag.testing.build_tiny_model`'s own loop does (it draws
+    the SSD heads' A log-uniform in [0.005, 0.5]):
+    - Mamba1's A [D, N] (jamba keeps dt in `dt_proj.bias`, not `dt_bias`) drawn the same way (transformers
+      initialises it to 1..N per channel: every state forgets within a few tokens);
+    - the SSD time step's bias set to 1 (dt about softplus(1) = 1.3, as Bamba, Granite and Falcon-H1 initialise
+      it), where Nemotron-H and Zamba2 draw dt in [0.001, 0.1]: with A <= 0.5 a chunk's transition would then be
+      ~1 and `transition` could not be told from `addition`."""
     if not slow_decay:
         return
     low, high = math.log(0.005), math.log(0.5)
     for module in model.modules():
         if hasattr(module, "A_log") and hasattr(module, "dt_proj") and not hasattr(module, "dt_bias"):
             module.A_log.copy_(torch.rand(module.A_log.shape, generator=generator) * (high - low) + low)
+        elif hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+            module.dt_bias.fill_(1.0)
 
 
 # ------------------------------------------------------------------------------------- published-layout stand-ins
