@@ -12,7 +12,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hypic_rag.runtime.mixers.base import AttentionMixer, AttentionProjections, Positioner
+from hypic_rag.runtime.mixers.base import (
+    AttentionMixer,
+    AttentionProjections,
+    Positioner,
+)
 
 
 class SharedAttention(AttentionMixer):
