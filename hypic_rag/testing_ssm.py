@@ -160,7 +160,7 @@ def adjust_ssm_model(model: torch.nn.Module, generator: torch.Generator, *, slow
 
 # ------------------------------------------------------------------------------------- published-layout stand-ins
 
-PUBLISHED_SSM_KINDS = ("jamba", "bamba", "nemotron_h", "falcon_h1")
+PUBLISHED_SSM_KINDS = ("jamba", "bamba", "nemotron_h", "falcon_h1", "zamba2")
 """Families of `save_published_ssm_checkpoint`."""
 
 
@@ -284,8 +284,42 @@ def _published_falcon_h1(vocab_size: int) -> dict[str, Any]:
     }
 
 
+def _published_zamba2(vocab_size: int) -> dict[str, Any]:
+    """Zyphra/Zamba2-2.7B's config.json (keys as published, from memory of the hub file: legacy "mamba" / "hybrid"
+    `layers_block_type`, `hybrid_layer_ids`, `ffn_hidden_size`, `kv_channels`, `num_query_groups`, `mamba_headdim`,
+    top-level `rope_theta`, no `tie_word_embeddings` key: tied by default), sizes shrunk: 6 layers, hybrid at 1, 3, 5
+    over 2 shared blocks (`num_mem_blocks`; layer 5 reuses layer 1's), no attention adapters (as the 2.7B)."""
+    return {
+        "architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2",
+        "adapter_rank": 8, "add_bias_linear": False, "attention_dropout": 0.0, "bos_token_id": 1, "chunk_size": 16,
+        "eos_token_id": 2, "ffn_hidden_size": 96, "hidden_act": "gelu", "hidden_size": 64,
+        "hybrid_layer_ids": [1, 3, 5], "initializer_range": 0.1, "intermediate_size": 96, "kv_channels": 16,
+        "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "mamba", "hybrid"], "mamba_d_conv": 4,
+        "mamba_d_state": 16, "mamba_expand": 2, "mamba_headdim": 32, "mamba_ngroups": 1,
+        "max_position_embeddings": 4096, "n_mamba_heads": 4, "num_attention_heads": 4, "num_hidden_layers": 6,
+        "num_key_value_heads": 4, "num_logits_to_keep": 1, "num_mem_blocks": 2, "num_query_groups": 4,
+        "pad_token_id": 0, "rms_norm_eps": 1e-05, "rope_theta": 10000, "time_step_floor": 0.0001,
+        "time_step_limit": None, "time_step_max": 0.1, "time_step_min": 0.001, "transformers_version": "4.48.0.dev0",
+        "use_cache": True, "use_conv_bias": True, "use_long_context": False, "use_mem_eff_path": False,
+        "use_mem_rope": False, "use_shared_attention_adapter": False, "vocab_size": vocab_size,
+    }
+
+
+def _without_tied_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tied weights stored once, under their first name (as `save_pretrained` writes them): Zamba2's shared blocks
+    under the first hybrid layer of each memory block, the embeddings without a separate `lm_head.weight`."""
+    kept: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in tensors.items():
+        if tensor.untyped_storage().data_ptr() not in seen:
+            seen.add(tensor.untyped_storage().data_ptr())
+            kept[name] = tensor
+    return kept
+
+
 _PUBLISHED = {
     "jamba": (_published_jamba, _jamba_tensor_names),
+    "zamba2": (_published_zamba2, _without_tied_copies),
     "falcon_h1": (_published_falcon_h1, _same_names),
     "bamba": (_published_bamba, _same_names),
     "nemotron_h": (_published_nemotron_h, _nemotron_h_tensor_names),

@@ -4,14 +4,18 @@ transformers' own forward and against `full` in every mode that must be exact.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from ssm_checks import (
+    TEXTS,
     check_conv_tail_needs_the_seam,
     check_deviation_ordering,
     check_entry_shapes,
     check_full_matches_transformers,
     check_linear_only_transition_is_exact,
+    check_published_checkpoint_loads,
     check_seams_and_prefix_are_exact,
     random_request,
 )
@@ -25,6 +29,7 @@ from hypic_rag.runtime.mixers.base import NoPositions
 from hypic_rag.runtime.mixers.ssd import Mamba2Mixer
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
+from hypic_rag.testing_ssm import save_published_ssm_checkpoint
 
 
 @pytest.fixture(scope="module", params=["nope", "rope"])
@@ -108,3 +113,28 @@ def test_deviation_from_full_is_ordered_over_random_requests(rope: bool) -> None
     requests, hypic < transition_rope < addition (RoPE), hypic < transition < addition (NoPE)."""
     hf_model = build_tiny_model("zamba2", seed=0, num_hidden_layers=6, use_mem_rope=rope)
     check_deviation_ordering(Engine(wrap_model(hf_model), seam_tokens=8), moves_keys=rope)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    return save_published_ssm_checkpoint(tmp_path_factory.mktemp("zamba2"), TEXTS * 4, kind="zamba2")
+
+
+def test_the_stand_in_has_zamba2s_published_layout(published) -> None:
+    directory, _ = published
+    config = json.loads((directory / "config.json").read_text())
+    assert config["architectures"] == ["Zamba2ForCausalLM"] and config["num_mem_blocks"] == 2
+    assert config["layers_block_type"][:2] == ["mamba", "hybrid"] and "tie_word_embeddings" not in config
+    names = set(json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"])
+    assert {"model.layers.1.shared_transformer.self_attn.q_proj.weight", "model.layers.1.linear.weight",
+            "model.layers.5.linear.weight", "model.layers.1.mamba_decoder.mamba.A_log",
+            "model.layers.0.mamba.A_log", "model.final_layernorm.weight"} <= names
+    assert not any(name.startswith("model.layers.5.shared_transformer") for name in names)  # tied to layer 1's
+    assert "lm_head.weight" not in names  # tied to the embeddings
+
+
+def test_a_published_checkpoint_loads_and_answers(published) -> None:
+    directory, instance = published
+    engine = check_published_checkpoint_loads(directory, instance)
+    weights = [block.attention_mixer.module.q_proj.weight for block in engine.model.blocks[1::2]]
+    assert weights[0] is weights[2] and weights[0] is not weights[1]  # two memory blocks: the ties survived loading
