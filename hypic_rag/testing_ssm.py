@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -336,30 +335,28 @@ def published_ssm_config(kind: str, *, vocab_size: int = 512) -> dict[str, Any]:
 @torch.no_grad()
 def save_published_ssm_checkpoint(
     path: str | Path,
-    texts: Iterable[str],
+    tokenizer: Any,
     *,
     kind: str = "jamba",
     seed: int = 0,
     shards: int = 2,
     dtype: torch.dtype = torch.bfloat16,
-    tokenizer_vocab_size: int = 512,
 ) -> tuple[Path, Any]:
     """Write a shrunken stand-in of a hub checkpoint of `kind` in its published layout; returns the directory and the
     fp32 causal LM whose weights (rounded to `dtype`) it holds.
 
     Layout: config.json as `published_ssm_config`; weights in `dtype` under their published names (see each
     family's renaming), split over `shards` `model-0000i-of-0000n.safetensors` files with a
-    `model.safetensors.index.json`; a byte-level BPE tokenizer (`hypic_rag.testing.train_tiny_tokenizer`).
+    `model.safetensors.index.json`; `tokenizer` (a transformers tokenizer, e.g. the byte-level BPE of
+    `hypic_rag.testing.train_tiny_tokenizer`) saved beside them, its size the vocabulary's.
     """
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hypic_rag.entry import entry_tensor_bytes
-    from hypic_rag.testing import train_tiny_tokenizer
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
     config = published_ssm_config(kind, vocab_size=len(tokenizer))
     config["eos_token_id"] = tokenizer.eos_token_id
     config["pad_token_id"] = tokenizer.pad_token_id

@@ -16,10 +16,20 @@ from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
+from hypic_rag.testing import (
+    SMALL_CORPUS,
+    SMALL_CORPUS_QUESTIONS,
+    train_tiny_tokenizer,
+    write_corpus,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 TEXTS = list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())
+
+
+def corpus_tokenizer():
+    """A byte-level BPE trained on the small corpus (what the stand-in checkpoints carry)."""
+    return train_tiny_tokenizer(TEXTS * 4)
 
 
 def random_request(generator: torch.Generator, chunk_lengths: list[int], prefix: int = 5, question: int = 6,

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 from ssm_checks import (
-    TEXTS,
     check_conv_tail_needs_the_seam,
     check_deviation_ordering,
     check_entry_shapes,
@@ -16,6 +15,7 @@ from ssm_checks import (
     check_linear_only_transition_is_exact,
     check_published_checkpoint_loads,
     check_seams_and_prefix_are_exact,
+    corpus_tokenizer,
     random_request,
 )
 
@@ -125,7 +125,7 @@ def test_entries_round_trip_through_the_segment_cache(tiny, tmp_path, state_dtyp
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
-    return save_published_ssm_checkpoint(tmp_path_factory.mktemp("jamba"), TEXTS * 4, kind="jamba")
+    return save_published_ssm_checkpoint(tmp_path_factory.mktemp("jamba"), corpus_tokenizer(), kind="jamba")
 
 
 def test_the_stand_in_has_jambas_published_layout(published) -> None:

@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 from ssm_checks import (
-    TEXTS,
     check_conv_tail_needs_the_seam,
     check_deviation_ordering,
     check_entry_shapes,
@@ -17,6 +16,7 @@ from ssm_checks import (
     check_linear_only_transition_is_exact,
     check_published_checkpoint_loads,
     check_seams_and_prefix_are_exact,
+    corpus_tokenizer,
     random_request,
 )
 
@@ -117,7 +117,7 @@ def test_deviation_from_full_is_ordered_over_random_requests(rope: bool) -> None
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
-    return save_published_ssm_checkpoint(tmp_path_factory.mktemp("zamba2"), TEXTS * 4, kind="zamba2")
+    return save_published_ssm_checkpoint(tmp_path_factory.mktemp("zamba2"), corpus_tokenizer(), kind="zamba2")
 
 
 def test_the_stand_in_has_zamba2s_published_layout(published) -> None:
