@@ -325,7 +325,10 @@ def _recurrent_mixer(
     # conv + recurrence inputs of every recomputed run in one batched call (runs zero-padded at the end)
     windows = [offsets[n] for n in run_numbers]
     lengths = [count for _, count in windows]
-    gathered = projections.map(lambda tensor: _gather_runs(tensor, windows))
+    if windows == [(0, x.shape[0])]:  # one run of every token (full, prefix, decode): views, no copy
+        gathered = projections.map(lambda tensor: tensor[None])
+    else:
+        gathered = projections.map(lambda tensor: _gather_runs(tensor, windows))
     convolved = mixer.convolve(gathered.preconv, torch.stack(contexts))
     inputs = mixer.recurrence_inputs(convolved, gathered, lengths)
     row_of = {number: row for row, number in enumerate(run_numbers)}

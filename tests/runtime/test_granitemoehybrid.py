@@ -126,6 +126,13 @@ def test_linear_only_conv_kernel_four_needs_the_seam() -> None:
 def test_a_checkpoint_directory_loads_and_decodes(tmp_path) -> None:
     path = save_tiny_checkpoint(tmp_path / "granite", ["a small corpus", "of a few words"] * 20,
                                 model_type="granitemoehybrid", seed=4)
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as weights:  # the names Granite 4.0-H publishes
+        names = set(weights.keys())
+    assert {"model.layers.0.mamba.in_proj.weight", "model.layers.0.block_sparse_moe.input_linear.weight",
+            "model.layers.0.block_sparse_moe.router.layer.weight", "model.layers.0.shared_mlp.output_linear.weight",
+            "model.layers.2.self_attn.q_proj.weight"} <= names
     model = load_model(path, device="cpu")
     assert model.family.model_types == ("granitemoehybrid",) and model.tokenizer is not None
     engine = Engine(model, seam_tokens=4)
@@ -158,3 +165,23 @@ def test_entries_round_trip_through_the_segment_cache(tiny, tmp_path, state_dtyp
         assert (result.stats.cache_misses == 0) == (attempt == "hit")
         tolerance = 1e-5 if state_dtype == "float32" else 2e-2  # P and Z stored in bfloat16: ~3 digits
         torch.testing.assert_close(result.logits, expected, atol=tolerance, rtol=tolerance)
+
+
+def test_deviation_from_full_is_ordered_over_random_requests() -> None:
+    """Mean KL(full || mode) over 20 random requests on 8 layers (NoPE, slow decays): hypic < transition <
+    addition, and re-positioning is a no-op (transition_rope == transition)."""
+    from hypic_rag.runtime.quality import kl_divergence
+
+    layer_types = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    hf_model = build_tiny_model("granitemoehybrid", seed=0, num_hidden_layers=8, layer_types=layer_types)
+    engine = Engine(wrap_model(hf_model), seam_tokens=8)
+    generator = torch.Generator().manual_seed(0)
+    totals = {"hypic": 0.0, "transition": 0.0, "transition_rope": 0.0, "addition": 0.0}
+    for _ in range(20):
+        count = int(torch.randint(2, 6, (1,), generator=generator))
+        request = random_request(generator, torch.randint(16, 48, (count,), generator=generator).tolist(), prefix=6, question=8)
+        reference = engine.prefill(request, "full").logits
+        for mode in totals:
+            totals[mode] += kl_divergence(reference, engine.prefill(request, mode).logits) / 20
+    assert totals["hypic"] < totals["transition"] < totals["addition"], totals
+    assert totals["transition_rope"] == pytest.approx(totals["transition"], rel=1e-6)

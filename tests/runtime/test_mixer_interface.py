@@ -173,3 +173,63 @@ def test_a_single_nope_attention_layer_reuses_kv_exactly() -> None:
     full = nope.prefill(request, "full").logits
     torch.testing.assert_close(nope.prefill(request, "transition").logits, full, atol=1e-5, rtol=1e-5)
     assert isinstance(wrap_model(hf_model).blocks[0].mixer.positions, RotaryPositions)
+
+
+# ------------------------------------------------------------------------------- a parallel block (Falcon-H1 shape)
+class QwenInParallel(QwenHybrid):
+    """Every layer runs a Gated DeltaNet and an attention side by side (Falcon-H1's shape), borrowing the mixers of
+    a 4-layer Qwen3.5 model: layer i gets GDN of its linear layer i % 3 and the attention of layer 3, with input and
+    output multipliers; then its own MLP."""
+
+    model_types = ()
+
+    def build_blocks(self, hf_model):
+        from hypic_rag.runtime.blocks import Branch, ParallelBlock
+
+        layers = self.backbone(hf_model).layers
+        attention = ProjectedAttention(layers[3].self_attn, self.positions(hf_model))
+        return tuple(
+            ParallelBlock(
+                (Branch(GatedDeltaNetMixer(layers[i % 3].linear_attn), 1.0, 0.7), Branch(attention, 0.5, 1.3)),
+                layer.input_layernorm, layer.mlp, layer.post_attention_layernorm,
+            )
+            for i, layer in enumerate(layers)
+        )
+
+
+@torch.no_grad()
+def parallel_reference(hf_model, token_ids: list[int]) -> torch.Tensor:
+    """`QwenInParallel`'s last-token logits through transformers' own module forwards (no runtime code)."""
+    backbone = hf_model.model
+    ids = torch.tensor([token_ids])
+    hidden = backbone.embed_tokens(ids)
+    position_embeddings = backbone.rotary_emb(hidden, torch.arange(ids.shape[1])[None])
+    for i, layer in enumerate(backbone.layers):
+        x = layer.input_layernorm(hidden)
+        linear = backbone.layers[i % 3].linear_attn(x)
+        attention, _ = backbone.layers[3].self_attn(0.5 * x, position_embeddings=position_embeddings, attention_mask=None)
+        hidden = hidden + 0.7 * linear + 1.3 * attention
+        out = layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden + (out[0] if isinstance(out, tuple) else out)
+    return hf_model.lm_head(backbone.norm(hidden))[0, -1]
+
+
+def test_a_parallel_block_keeps_both_states_per_layer_and_stays_exact() -> None:
+    hf_model = build_tiny_model("qwen3_5", seed=6, num_hidden_layers=4)
+    model = wrap_model(hf_model, family=QwenInParallel())
+    assert model.layer_types == ("linear_attention+full_attention",) * 4
+    engine = Engine(model, seam_tokens=4)
+    request = random_request(torch.Generator().manual_seed(8), [9, 13, 5, 11])
+    full = engine.prefill(request, "full")
+    assert set(full.state.linear) == set(full.state.attention) == {0, 1, 2, 3}
+    entry = engine.encode_segment(request.chunk_ids[0], 4)
+    assert {f"layers.1.{part}" for part in ("transition", "suffix_state", "conv_tail", "key", "value")} <= set(entry)
+    torch.testing.assert_close(full.logits, parallel_reference(hf_model, request.all_ids()), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(engine.prefill(request, "hypic", seam_tokens=13).logits, full.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(engine.prefill(request, "prefix").logits, full.logits, atol=1e-5, rtol=1e-5)
+    assert (engine.prefill(request, "transition_rope").logits - full.logits).abs().max() > 1e-3
+    # decode from the assembled state equals prefilling one token more
+    token = int(full.logits.argmax())
+    stepped, _ = engine.decode_step(full.state, token)
+    longer = Request(request.prefix_ids, request.chunk_ids, request.question_ids + [token])
+    torch.testing.assert_close(stepped, engine.prefill(longer, "full").logits, atol=1e-4, rtol=1e-4)
