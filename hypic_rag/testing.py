@@ -29,10 +29,13 @@ from typing import Any
 import torch
 
 from hypic_rag.entry import entry_tensor_bytes
+from hypic_rag.testing_ssm import SSM_TINY_TYPES, adjust_ssm_model, ssm_tiny_config
 
 LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid", "minimax")
 """Families beyond Gated DeltaNet whose tiny configs `linear_family_config` writes (docs/families_linear.md)."""
-SUPPORTED_TINY_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2", *LINEAR_FAMILY_TINY_TYPES)
+SUPPORTED_TINY_TYPES = (
+    "qwen3_5", "qwen3_5_moe", "qwen3_next", "granitemoehybrid", "lfm2", *LINEAR_FAMILY_TINY_TYPES, *SSM_TINY_TYPES
+)
 
 
 def _tiny_layer_types(count: int, linear: str = "linear_attention") -> list[str]:
@@ -165,6 +168,8 @@ def tiny_config(model_type: str = "qwen3_5", *, vocab_size: int = 256, num_hidde
         return _tiny_lfm2_config(vocab_size, num_hidden_layers, overrides)
     if model_type in LINEAR_FAMILY_TINY_TYPES:
         return linear_family_config(model_type, vocab_size=vocab_size, num_hidden_layers=num_hidden_layers, **overrides)
+    if model_type in SSM_TINY_TYPES:
+        return ssm_tiny_config(model_type, vocab_size=vocab_size, num_hidden_layers=num_hidden_layers, **overrides)
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -236,6 +241,8 @@ def build_tiny_model(
                 norm.weight.copy_(qk_norm_scale - 1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
     if config.model_type in LINEAR_FAMILY_TINY_TYPES:
         adjust_linear_family_model(model, generator, slow_decay=slow_decay, attention_gain=qk_norm_scale)
+    if model.config.model_type in SSM_TINY_TYPES:
+        adjust_ssm_model(model, generator, slow_decay=slow_decay)
     return model.eval()
 
 

@@ -28,6 +28,10 @@ class Family(ABC):
     """One architecture. `model_types`: the `config.model_type` values it serves (text configs included)."""
 
     model_types: tuple[str, ...] = ()
+    embeddings_name: str = "embed_tokens"
+    """The backbone's token embedding module (`embeddings` in Nemotron-H)."""
+    final_norm_name: str = "norm"
+    """The backbone's final norm (`final_layernorm` in Jamba, Bamba, Falcon-H1, Zamba2; `norm_f` in Nemotron-H)."""
 
     def unsupported_reason(self, config: Any) -> str | None:
         """Why this runtime cannot serve a model of `config` (one line), or None when it can."""
@@ -40,7 +44,7 @@ class Family(ABC):
     def structure_problem(self, hf_model: nn.Module) -> str | None:
         """Why `hf_model` is not a causal LM of this family the runtime can drive, or None."""
         backbone = self.backbone(hf_model)
-        parts = [getattr(backbone, name, None) for name in ("embed_tokens", "layers", "norm")]
+        parts = [getattr(backbone, name, None) for name in (self.embeddings_name, "layers", self.final_norm_name)]
         if any(part is None for part in parts) or getattr(hf_model, "lm_head", None) is None:
             return (
                 f"{type(hf_model).__name__} is not a causal LM with a language-model head; pass a ...ForCausalLM or "
@@ -54,11 +58,11 @@ class Family(ABC):
 
     def embed(self, hf_model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings: ids [...] -> [..., hidden] (families with an embedding multiplier override)."""
-        return self.backbone(hf_model).embed_tokens(ids)
+        return getattr(self.backbone(hf_model), self.embeddings_name)(ids)
 
     def logits(self, hf_model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden [..., hidden] -> logits [..., vocab] (float32)."""
-        return hf_model.lm_head(self.backbone(hf_model).norm(hidden)).float()
+        return hf_model.lm_head(getattr(self.backbone(hf_model), self.final_norm_name)(hidden)).float()
 
 
 _FAMILIES: dict[str, Family] = {}
