@@ -124,7 +124,8 @@ def adjust_linear_family_model(
 
 
 def _tiny_lfm2_config(vocab_size: int, num_hidden_layers: int, overrides: dict[str, Any]):
-    """A small `lfm2` config: gated short-conv layers (kernel 3) and RoPE attention (one in four layers)."""
+    """A small `lfm2` config: gated short-conv layers (kernel 3) and RoPE attention (the middle layer unless
+    `layer_types` says otherwise), no special token ids (so greedy decoding never stops early)."""
     from transformers import Lfm2Config
 
     layer_types = ["conv"] * num_hidden_layers
@@ -134,6 +135,7 @@ def _tiny_lfm2_config(vocab_size: int, num_hidden_layers: int, overrides: dict[s
         vocab_size=vocab_size, hidden_size=64, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=96, block_auto_adjust_ff_dim=False, conv_L_cache=3,
         layer_types=layer_types, max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.2,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None,
     )
     settings.update(overrides)
     return Lfm2Config(**settings)
@@ -239,6 +241,9 @@ def build_tiny_model(
             for norm in (module.q_norm, module.k_norm):
                 # zero-centred RMSNorm: the gain is (1 + weight)
                 norm.weight.copy_(qk_norm_scale - 1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
+        if qk_norm_scale is not None and hasattr(module, "q_layernorm") and hasattr(module, "k_layernorm"):
+            for norm in (module.q_layernorm, module.k_layernorm):  # LFM2's per-head norms: plain gains
+                norm.weight.copy_(qk_norm_scale + 0.1 * torch.randn(norm.weight.shape, generator=generator))
     if config.model_type in LINEAR_FAMILY_TINY_TYPES:
         adjust_linear_family_model(model, generator, slow_decay=slow_decay, attention_gain=qk_norm_scale)
     if model.config.model_type in SSM_TINY_TYPES:
@@ -616,6 +621,82 @@ def save_linear_family_checkpoint(
     tokenizer.save_pretrained(path)
     return path, model.eval()
 
+
+
+# ------------------------------------------------------------------------------------ published layout of LFM2
+
+LFM2_LAYER_FORMS = ("layer_types", "full_attn_idxs")
+"""How an LFM2 config.json names its attention layers: `layer_types` beside `full_attn_idxs` (the hub files as
+revised for transformers' port) or `full_attn_idxs` alone (the first release)."""
+
+
+def lfm2_published_config(*, vocab_size: int = 512, eos_token_id: int = 7, layer_form: str = "layer_types") -> dict[str, Any]:
+    """LiquidAI/LFM2-1.2B's config.json with its keys as published (from memory of the hub file, not checked against
+    it: the original trainer's `block_*` / `conv_*` names beside transformers' own, `tie_embedding`, `num_heads`,
+    `theta` beside `rope_theta`, `block_ff_dim` with `block_auto_adjust_ff_dim`), sizes shrunk: 6 layers with
+    attention at 2 and 5 (the 1.2B: 16 layers, attention at 2, 5, 8, 10, 12, 14), hidden 64, 4 heads of 16, 2 KV
+    heads, `block_ff_dim` 200 (auto-adjusted to 160: int(2 * 200 / 3) rounded up to `block_multiple_of` 32)."""
+    if layer_form not in LFM2_LAYER_FORMS:
+        raise ValueError(f"unknown layer form {layer_form!r}; choose one of {LFM2_LAYER_FORMS}")
+    layers, attention = 6, [2, 5]
+    config: dict[str, Any] = {
+        "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2",
+        "block_auto_adjust_ff_dim": True, "block_dim": 64, "block_ff_dim": 200, "block_ffn_dim_multiplier": 1.0,
+        "block_mlp_init_scale": 1.0, "block_multiple_of": 32, "block_norm_eps": 1e-05, "block_out_init_scale": 1.0,
+        "block_use_swiglu": True, "block_use_xavier_init": True, "bos_token_id": 1, "conv_L_cache": 3,
+        "conv_bias": False, "conv_dim": 64, "conv_dim_out": 64, "conv_use_xavier_init": True,
+        "eos_token_id": eos_token_id, "full_attn_idxs": attention, "hidden_size": 64, "initializer_range": 0.02,
+        "intermediate_size": 200, "max_position_embeddings": 128000, "norm_eps": 1e-05, "num_attention_heads": 4,
+        "num_heads": 4, "num_hidden_layers": layers, "num_key_value_heads": 2, "pad_token_id": 0,
+        "rope_theta": 1000000.0, "theta": 1000000.0, "tie_embedding": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.54.0.dev0", "use_cache": True, "use_pos_enc": True, "vocab_size": vocab_size,
+    }
+    if layer_form == "layer_types":
+        config["layer_types"] = ["full_attention" if i in attention else "conv" for i in range(layers)]
+    return config
+
+
+@torch.no_grad()
+def save_lfm2_checkpoint(
+    path: str | Path,
+    texts: Iterable[str],
+    *,
+    layer_form: str = "layer_types",
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    tokenizer_vocab_size: int = 512,
+) -> tuple[Path, Any]:
+    """Write a shrunken stand-in of LiquidAI/LFM2-1.2B in its published layout: config.json as
+    `lfm2_published_config`, ONE `model.safetensors` in `dtype` under transformers' own module names (LFM2's port
+    has no conversion mapping: `model.layers.{i}.conv.{in_proj, conv, out_proj}`, `self_attn.{q,k}_layernorm`,
+    `self_attn.out_proj`, `feed_forward.w1/w2/w3`, `operator_norm`, `ffn_norm`, `model.embedding_norm`) and no
+    `lm_head.weight` (tied to the embeddings), a byte-level BPE tokenizer. The weights are drawn at the tiny models'
+    scale (0.2, every norm gain 1 +- 0.2, so a tensor the loader missed shows) whatever `initializer_range` says.
+    Returns the directory and the `Lfm2ForCausalLM` instance whose weights it holds (rounded to `dtype`)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
+    config = lfm2_published_config(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                                   layer_form=layer_form)
+    config["pad_token_id"] = tokenizer.pad_token_id
+    settings = {key: value for key, value in config.items() if key != "model_type"}
+    settings["initializer_range"] = 0.2
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("lfm2", **settings), dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    state = model.state_dict()
+    for name, tensor in state.items():
+        if name.endswith("norm.weight"):
+            tensor.copy_(1.0 + 0.2 * torch.randn(tensor.shape, generator=generator))
+        tensor.copy_(tensor.to(dtype))
+    tensors = {name: tensor.to(dtype).contiguous() for name, tensor in state.items() if name != "lm_head.weight"}
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save_pretrained(path)
+    return path, model
 
 SMALL_CORPUS: dict[str, str] = {
     "glassblowing.md": (
