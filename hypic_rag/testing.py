@@ -6,7 +6,8 @@ fast forgetting) and sharpened q/k norms (so attention is not uniform and positi
 `save_tiny_checkpoint` writes a loadable local checkpoint directory with a trained byte-level BPE tokenizer;
 `save_published_checkpoint` writes a shrunken stand-in of a Qwen3.5 hub checkpoint in its published layout
 (multimodal config, `model.language_model.*` weights, a vision tower, `mtp.*` weights, fused MoE experts, sharded
-safetensors with an index file).
+safetensors with an index file); `save_linear_family_checkpoint` and `save_lfm2_checkpoint` do the same for the
+linear families beyond Gated DeltaNet and for LiquidAI LFM2.
 
 For tests and examples of the service and integrations, a small corpus, a tiny checkpoint and an index:
 
