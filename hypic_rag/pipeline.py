@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +236,23 @@ class RagPipeline:
                 on_token(item[1])
 
         return self.stream(question, top_k=top_k, mode=mode, params=params).run(forward)
+
+
+def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:
+    """How much each retrieved chunk matters to a recompute policy (0 = most), from whether the retrieval hop found
+    it (`from_hop[i]`, chunks in prompt order): direct hits and hop hits alternately, each in its own order
+    (best direct hit, first hop hit, second direct hit, ...). A two-hop question's second document is a hop hit,
+    so a policy that recomputes the top two chunks recomputes both of its documents
+    (docs/recompute_policies.md measures this against the other rankings)."""
+    direct = [number for number, hop in enumerate(from_hop) if not hop]
+    hops = [number for number, hop in enumerate(from_hop) if hop]
+    order: list[int] = []
+    for position in range(max(len(direct), len(hops))):
+        order.extend(group[position] for group in (direct, hops) if position < len(group))
+    ranks = [0] * len(from_hop)
+    for rank, number in enumerate(order):
+        ranks[number] = rank
+    return ranks
 
 
 def _source_of(hit: Any) -> Source:
