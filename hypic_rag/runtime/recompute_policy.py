@@ -168,6 +168,10 @@ class RecomputePolicy:
                     spent += extra
         return RecomputePlan(tuple(seams))
 
+    def resolved(self, default_seam: int) -> RecomputePolicy:
+        """This policy with its seam made explicit (`default_seam` unless it names one)."""
+        return RecomputePolicy(self.kind, self.chunks, self.budget, self.chunk_seam(default_seam))
+
     def entry_seams(self, default_seam: int) -> set[int]:
         """The entry seams the plans of this policy read (what precompute must encode for it)."""
         return {self.chunk_seam(default_seam)}

@@ -22,7 +22,9 @@ class ServerConfig:
     max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_segments (separated parts of
     one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
     document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
-    new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish.
+    new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish. recompute_policy: what
+    `hypic` requests recompute (a spec of `hypic_rag.runtime.recompute_policy`, e.g. "whole:1"; None: the index's
+    recorded policy, else the fixed seam); a request may name another.
     """
 
     index_dir: Path
@@ -50,6 +52,7 @@ class ServerConfig:
     hot_cache_bytes: int | None = None
     shutdown_grace_s: float = 30.0
     startup_timeout_s: float = 600.0
+    recompute_policy: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -81,6 +84,10 @@ class ServerConfig:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
         if not self.separator:
             raise ValueError("separator must be a non-empty string")
+        if self.recompute_policy is not None:
+            from hypic_rag.runtime.recompute_policy import RecomputePolicy
+
+            RecomputePolicy.parse(self.recompute_policy)  # a bad spec: RecomputePolicyError (a ValueError)
         if self.dtype is not None:
             from hypic_rag.runtime.model import resolve_dtype
 
