@@ -43,6 +43,9 @@ from hypic_rag.runtime.state import DecodeState
 
 logger = logging.getLogger(__name__)
 
+PIECE_TOKENS = 8
+"""Shortest piece a chunk recomputed whole among cached chunks is run as (the widest seam if wider)."""
+
 Check = Callable[[], None]
 """A per-step check (deadline, cancellation): returns to go on, raises to stop."""
 
@@ -243,13 +246,26 @@ class Engine:
             check()
         spans: list[Span] = []
         position = 0
+        # a chunk recomputed whole among cached ones runs as pieces of the seam's width: the stack evaluates every
+        # recomputed run but the last in one batch padded to the longest run, so one 256-token run beside 8-token
+        # seams would cost (runs x 256) tokens of delta rule. Pieces are exact (consecutive recomputed spans carry
+        # the state and conv tail); the stack merges neighbouring recomputed spans back unless asked for
+        # per-span checkpoints, hence `want_checkpoints` below. To go once the stack batches runs by length.
+        piece = max([s for s in seams if s is not WHOLE] + [PIECE_TOKENS])
+        chunk_seams = seams[1:] if request.prefix_ids else seams
+        split = WHOLE in chunk_seams and any(s is not WHOLE and s > 0 for s in chunk_seams)
         for segment, entry, entry_seam in zip(segments, entries, seams):
-            recompute = len(segment) if entry_seam is WHOLE else min(entry_seam, len(segment))
-            spans.append(Span(segment, position, recompute, entry))
+            if entry_seam is WHOLE and split:
+                for begin in range(0, len(segment), piece):
+                    part = segment[begin : begin + piece]
+                    spans.append(Span(part, position + begin, len(part)))
+            else:
+                recompute = len(segment) if entry_seam is WHOLE else min(entry_seam, len(segment))
+                spans.append(Span(segment, position, recompute, entry))
             position += len(segment)
         spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
         options = StackOptions(reposition_keys=spec.reposition_keys, composition=spec.composition)
-        return run_stack(self.model, spans, options=options)
+        return run_stack(self.model, spans, options=options, want_checkpoints=split)
 
     def _prefill_prefix(self, request: Request, stats: PrefillStats):
         segments = request.segments
