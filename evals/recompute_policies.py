@@ -160,7 +160,7 @@ def prefill_ends(engine: Any, request: Any, seam: int, end_tokens: int):
         entry = engine.fetch_entries([request.prefix_ids], 0, stats)[0]
         spans.append(Span(list(request.prefix_ids), 0, 0, entry))
         position = len(request.prefix_ids)
-    heads = [chunk[: len(chunk) - end_tokens] for chunk in request.chunk_ids]
+    heads = [chunk[: max(0, len(chunk) - end_tokens)] for chunk in request.chunk_ids]
     entries = engine.fetch_entries([head for head in heads if len(head) > seam], seam, stats)
     found = iter(entries)
     for chunk, head in zip(request.chunk_ids, heads):
@@ -252,8 +252,22 @@ def evaluate(engine: Any, cases: Sequence[Any], variants: Sequence[Variant], sto
             "full_answers": full_answers}
 
 
+def paired_difference(flags: Sequence[bool], reference: Sequence[bool]) -> dict[str, Any]:
+    """EM(variant) - EM(reference) on the same questions with its 95% interval (normal approximation of the paired
+    differences) and the discordant counts (variant right / reference wrong, and the reverse)."""
+    count = len(flags)
+    differences = [int(a) - int(b) for a, b in zip(flags, reference)]
+    mean = sum(differences) / count
+    variance = sum((d - mean) ** 2 for d in differences) / max(1, count - 1)
+    half = 1.959963984540054 * (variance / count) ** 0.5
+    return {"em_minus_full": mean, "em_minus_full_ci95": [mean - half, mean + half],
+            "only_variant_right": differences.count(1), "only_full_right": differences.count(-1)}
+
+
 def row_of(variant: Variant, tally: Tally, cases: Sequence[Any], full_answers: Sequence[str]) -> dict[str, Any]:
-    summary = summarize([EvalItem(case.question, answer) for case, answer in zip(cases, tally.answers)])
+    items = [EvalItem(case.question, answer) for case, answer in zip(cases, tally.answers)]
+    summary = summarize(items)
+    full_exact = [EvalItem(case.question, answer).exact for case, answer in zip(cases, full_answers)]
     count = len(cases)
     return {
         "variant": variant.label,
@@ -268,6 +282,8 @@ def row_of(variant: Variant, tally: Tally, cases: Sequence[Any], full_answers: S
         "kl_median": float(torch.tensor(tally.kl).median()),
         "recomputed_tokens": sum(tally.recomputed) / count,
         "seconds": round(tally.seconds, 2),
+        **paired_difference([item.exact for item in items], full_exact),
+        "exact_flags": "".join("1" if item.exact else "0" for item in items),
     }
 
 
@@ -301,18 +317,24 @@ def markdown_table(report: dict[str, Any], reference: str = "seam@8") -> str:
         f"`{report['model_label']}`; prompt {report['prompt_tokens']:.0f} tokens on average (question "
         f"{report['question_tokens']:.0f}). Recomputed tokens per request count seams, whole chunks and the question.",
         "",
-        f"| variant | recomputed tokens / request | x {reference} | EM | EM - full (points) | agreement with full "
+        f"| variant | recomputed tokens / request | x {reference} | EM | EM - full (points) [95% paired] | agreement with full "
         "| KL(full ‖ variant), mean | median | Pareto (EM) | Pareto (KL) | notes |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row, on_em, on_kl in zip(rows, front_em, front_kl):
         lines.append(
             f"| {row['variant']} | {row['recomputed_tokens']:.1f} | {row['recomputed_tokens'] / base:.2f} | "
-            f"{100 * row['exact_match']:.1f}% | {100 * (row['exact_match'] - full):+.1f} | "
+            f"{100 * row['exact_match']:.1f}% | {100 * (row['exact_match'] - full):+.1f}{_interval(row)} | "
             f"{100 * row['agreement']:.1f}% | {row['kl']:.4f} | {row['kl_median']:.4f} | {'yes' if on_em else ''} | "
             f"{'yes' if on_kl else ''} | {row['notes']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _interval(row: dict[str, Any]) -> str:
+    """" [lo, hi]" in points when the row has a paired interval (results saved before it was added have none)."""
+    interval = row.get("em_minus_full_ci95")
+    return "" if interval is None else f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
