@@ -184,3 +184,14 @@ def test_generation_follows_the_policy(engine: Engine) -> None:
     full = engine.generate(request, "full", params)
     assert whole.token_ids == full.token_ids
     assert whole.prefill.recomputed_tokens == request.prompt_tokens - len(request.prefix_ids)
+
+
+def test_retrieval_ranks_alternate_direct_and_hop_hits() -> None:
+    from hypic_rag.pipeline import retrieval_ranks
+
+    # prompt order: 4 direct hits, then 2 hop hits -> d0, h0, d1, h1, d2, d3
+    assert retrieval_ranks([False, False, False, False, True, True]) == [0, 2, 4, 5, 1, 3]
+    assert retrieval_ranks([False, False]) == [0, 1]
+    assert retrieval_ranks([]) == []
+    ranks = retrieval_ranks([False, True, False])
+    assert RecomputePolicy.parse("whole:2").plan([10, 10, 10], SEAM, ranks).whole_chunks == [0, 1]
