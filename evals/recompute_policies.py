@@ -32,7 +32,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -460,8 +460,9 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     for target in targets:
         result = calibrate(engine, requests, DEFAULT_CANDIDATES, target, measured=measured)
         measured = result.candidates
-        choices.append({"kl_target": target, "chosen": f"{result.chosen.spec}|alternate"
-                        if result.chosen.kind != "seam" else result.chosen.spec, **result.to_dict()})
+        spec = result.chosen.resolved(args.seam_tokens).spec if result.chosen.kind == "seam" else result.chosen.spec
+        choices.append({"kl_target": target, "chosen": spec if result.chosen.kind == "seam" else f"{spec}|alternate",
+                        **result.to_dict()})
     return {"questions": len(cases), "seed": args.calibration_seed, "choices": choices}
 
 

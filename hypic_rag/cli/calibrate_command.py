@@ -28,6 +28,7 @@ from hypic_rag.cli.common import (
     positive_int,
     recompute_policy_spec,
 )
+from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET
 
 
 def _kl_target(text: str) -> float:
@@ -53,8 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
-    parser.add_argument("--kl-target", type=_kl_target, default=0.05, metavar="X",
-                        help="largest mean KL(full || policy) of the next-token distribution accepted (0.05)")
+    parser.add_argument("--kl-target", type=_kl_target, default=DEFAULT_KL_TARGET, metavar="X",
+                        help="largest mean KL(full || policy) of the next-token distribution accepted (0.1)")
     parser.add_argument("--questions", metavar="FILE",
                         help="questions, one per line or JSON lines with \"question\" (default: probes from the index)")
     parser.add_argument("--requests", type=positive_int, default=32, metavar="N",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypic_rag.runtime.quality import kl_divergence
-from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError, as_policy
+from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET, RecomputePolicy, RecomputePolicyError, as_policy
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def calibrate(
     engine: Any,
     requests: Sequence[Any],
     candidates: Sequence[RecomputePolicy | str] = DEFAULT_CANDIDATES,
-    kl_target: float = 0.05,
+    kl_target: float = DEFAULT_KL_TARGET,
     *,
     measured: Sequence[CandidateScore] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
