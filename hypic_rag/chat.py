@@ -14,6 +14,10 @@ headers, the system prompt, earlier turns) becomes segments of its own, and ever
 product's prompt format is used: its prefix, one segment per document, then the other messages' text
 (`User: ...` lines) and the question template around the last message's text; generation then stops at the
 format's `answer_stop` as `/v1/ask` does.
+
+Given a `SegmentMatcher`, the text that is not a document (the rendered text around documents, the query) is cut
+around the indexed chunks and seen segments it contains (`hypic_rag.reuse`), so documents pasted into a message
+without separators reuse their entries as well; documents sent as parts are remembered as seen segments.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hypic_rag.prompt import PromptFormat, tokenize_segment
+from hypic_rag.prompt import PromptFormat
+from hypic_rag.reuse import Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.request import Request
-from hypic_rag.segments import segmented_request, split_segments
+from hypic_rag.segments import split_segments
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +66,18 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A rendered conversation: the request (cached segments, then the query), how many of its segments are
-    documents, whether the chat template rendered it, and stop strings its format adds."""
+    """A rendered conversation: its segments (`SegmentedPrompt`: the request, cached segments then the query, and
+    which were matched), how many are documents, whether the chat template rendered it, and stop strings its
+    format adds."""
 
-    request: Request
+    prompt: SegmentedPrompt
     documents: int
     templated: bool
     stop_strings: tuple[str, ...] = ()
+
+    @property
+    def request(self) -> Request:
+        return self.prompt.request
 
 
 def has_chat_template(tokenizer: object) -> bool:
@@ -75,18 +85,24 @@ def has_chat_template(tokenizer: object) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def chat_prompt(tokenizer: object, messages: Sequence[ChatMessage], prompt_format: PromptFormat) -> ChatPrompt:
-    """The request of `messages`: with the tokenizer's chat template when it has one, else with `prompt_format`.
+def chat_prompt(
+    tokenizer: object, messages: Sequence[ChatMessage], prompt_format: PromptFormat,
+    matcher: SegmentMatcher | None = None,
+) -> ChatPrompt:
+    """The request of `messages`: with the tokenizer's chat template when it has one, else with `prompt_format`;
+    the text around documents cut around `matcher`'s matches when one is given.
 
     ValueError for no messages, an empty query or text holding a lone surrogate."""
     if not messages:
         raise ValueError("messages: at least one message is required")
     if has_chat_template(tokenizer):
-        return _templated(tokenizer, messages, prompt_format)
-    return _formatted(tokenizer, messages, prompt_format)
+        return _templated(tokenizer, messages, prompt_format, matcher)
+    return _formatted(tokenizer, messages, prompt_format, matcher)
 
 
-def _templated(tokenizer: object, messages: Sequence[ChatMessage], prompt_format: PromptFormat) -> ChatPrompt:
+def _templated(
+    tokenizer: object, messages: Sequence[ChatMessage], prompt_format: PromptFormat, matcher: SegmentMatcher | None
+) -> ChatPrompt:
     documents: list[str] = []
     rendered_messages = []
     for message in messages:
@@ -98,7 +114,7 @@ def _templated(tokenizer: object, messages: Sequence[ChatMessage], prompt_format
     rendered = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
         rendered_messages, tokenize=False, add_generation_prompt=True
     )
-    pieces: list[str] = []
+    pieces: list[Piece] = []
     rest = rendered
     for number in range(len(documents)):
         marker = MARKER.format(number)
@@ -107,14 +123,16 @@ def _templated(tokenizer: object, messages: Sequence[ChatMessage], prompt_format
             plain = [{"role": m.role, "content": "".join(prompt_format.chunk(d) for d in m.documents) + m.text}
                      for m in messages]
             text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)  # type: ignore
-            return ChatPrompt(segmented_request(tokenizer, [text]), 0, True)
+            return ChatPrompt(segment_prompt(tokenizer, [Piece(text)], matcher=matcher), 0, True)
         before, rest = rest.split(marker, 1)
-        pieces.extend([before, prompt_format.chunk(documents[number])])
-    segments = [piece for piece in pieces if piece] + [rest]
-    return ChatPrompt(segmented_request(tokenizer, segments), len(documents), True)
+        pieces.extend([Piece(before), Piece(prompt_format.chunk(documents[number]), explicit=True)])
+    pieces.append(Piece(rest))
+    return ChatPrompt(segment_prompt(tokenizer, pieces, matcher=matcher), len(documents), True)
 
 
-def _formatted(tokenizer: object, messages: Sequence[ChatMessage], prompt_format: PromptFormat) -> ChatPrompt:
+def _formatted(
+    tokenizer: object, messages: Sequence[ChatMessage], prompt_format: PromptFormat, matcher: SegmentMatcher | None
+) -> ChatPrompt:
     documents = [document for message in messages for document in message.documents]
     *history, last = messages
     transcript = "".join(f"{message.role.capitalize()}: {message.text.strip()}\n"
@@ -122,11 +140,9 @@ def _formatted(tokenizer: object, messages: Sequence[ChatMessage], prompt_format
     question = last.text.strip()
     if not question:
         raise ValueError("the last message's text (the question) is empty")
-    request = Request(
-        prefix_ids=tokenize_segment(tokenizer, prompt_format.prefix, "the prompt prefix"),
-        chunk_ids=[ids for ids in (tokenize_segment(tokenizer, prompt_format.chunk(d), "a document") for d in documents)
-                   if ids],
-        question_ids=tokenize_segment(tokenizer, transcript + prompt_format.question(question), "the messages"),
-    )
+    pieces = [Piece(prompt_format.prefix, explicit=True),
+              *(Piece(prompt_format.chunk(document), explicit=True) for document in documents),
+              Piece(transcript + prompt_format.question(question))]
+    prompt = segment_prompt(tokenizer, pieces, matcher=matcher, prefix=prompt_format.prefix)
     stops = (prompt_format.answer_stop,) if prompt_format.answer_stop else ()
-    return ChatPrompt(request, len(documents), False, stops)
+    return ChatPrompt(prompt, len(documents), False, stops)

@@ -2,9 +2,12 @@
 them). A leaf module: it imports nothing from hypic_rag, so both sides can depend on it.
 
 An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md): ``token_ids`` int64 [L]; ``seam_tokens`` int64
-[] (the seam window w it was encoded for); per linear layer ``layers.{i}.transition`` [H, K, K],
-``layers.{i}.suffix_state`` [H, K, V], ``layers.{i}.conv_tail`` [conv_dim, kernel-1]; per attention layer
-``layers.{i}.key`` / ``layers.{i}.value`` [H_kv, L, D] (keys before RoPE). Names ending ``.key`` / ``.value`` are
+[] (the seam window w it was encoded for); per recurrent mixer of layer i ``layers.{i}.transition`` (P, shaped by
+the mixer's transition kind: [H, K, K] for Gated DeltaNet's matrix, [H, 1, 1] for a scalar decay, ...),
+``layers.{i}.suffix_state`` (Z, the mixer's state shape: [H, K, V] for Gated DeltaNet), ``layers.{i}.conv_tail``
+[conv channels, kernel-1] (a mixer without a recurrent state stores only its conv tail); per attention mixer
+``layers.{i}.key`` / ``layers.{i}.value`` [H_kv, L, D] (keys before any position). A layer holds at most one mixer
+of each kind, so a parallel layer (attention beside an SSM) has both sets. Names ending ``.key`` / ``.value`` are
 K/V; every other tensor but ``token_ids`` (and the scalar ``seam_tokens``) is linear state.
 """
 
@@ -25,11 +28,14 @@ SEAM_TOKENS = "seam_tokens"
 
 LINEAR_LAYER = "linear_attention"
 ATTENTION_LAYER = "full_attention"
+MLP_LAYER = "mlp"
 LAYER_KINDS = (LINEAR_LAYER, ATTENTION_LAYER)
-"""The layer kinds of a hybrid stack, as transformers' ``config.layer_types`` names them."""
+"""The mixer kinds of a hybrid stack, as transformers' ``config.layer_types`` names them. A layer's kind is one of
+them, both joined by "+" (attention and a recurrent mixer side by side), or `MLP_LAYER` (no mixer)."""
 
 LINEAR_PARTS = ("transition", "suffix_state", "conv_tail")
-"""The tensors of a linear-attention layer: P [H, K, K], Z [H, K, V] and the conv tail [conv_dim, kernel-1]."""
+"""The tensors of a recurrent mixer: P, Z and the conv tail (shapes set by the mixer; Gated DeltaNet: [H, K, K],
+[H, K, V], [conv_dim, kernel-1])."""
 ATTENTION_PARTS = ("key", "value")
 """The tensors of an attention layer: pre-RoPE keys and values [H_kv, L, D]."""
 KEY_VALUE_SUFFIXES = tuple(f".{part}" for part in ATTENTION_PARTS)
@@ -42,11 +48,17 @@ def tensor_name(layer_index: int, part: str) -> str:
 
 def layer_parts(kind: str) -> tuple[str, ...]:
     """The tensor parts an entry holds for a layer of `kind` (ValueError for an unknown kind)."""
-    if kind == LINEAR_LAYER:
-        return LINEAR_PARTS
-    if kind == ATTENTION_LAYER:
-        return ATTENTION_PARTS
-    raise ValueError(f"unknown layer kind {kind!r}; expected one of {', '.join(LAYER_KINDS)}")
+    if kind == MLP_LAYER:
+        return ()
+    parts: tuple[str, ...] = ()
+    for mixer_kind in kind.split("+"):
+        if mixer_kind == LINEAR_LAYER:
+            parts += LINEAR_PARTS
+        elif mixer_kind == ATTENTION_LAYER:
+            parts += ATTENTION_PARTS
+        else:
+            raise ValueError(f"unknown layer kind {kind!r}; expected one of {', '.join(LAYER_KINDS)}")
+    return parts
 
 
 def is_kv_name(name: str) -> bool:

@@ -2,8 +2,10 @@
 
 Every part but the last is a segment whose cached entry is reused wherever it lands; the last part is the query,
 always recomputed. Segments are tokenized separately, never as one string, so a segment's token ids (its cache
-key) do not depend on what surrounds it. Used by the service and the integrations alike (neither imports the
-other).
+key) do not depend on what surrounds it. A first part that is exactly the prompt format's prefix (when one is
+given) is the request's prefix segment, composed from its exact seam-0 entry as `/v1/ask` does. Used by the
+service and the integrations alike (neither imports the other); prompts without separators are cut around the
+chunks they contain by `hypic_rag.reuse`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hypic_rag.prompt import tokenize_segment
+from hypic_rag.reuse.cutting import segment_prompt, separated_pieces
 from hypic_rag.runtime.request import Request
 
 DEFAULT_SEPARATOR = "<<PIC_SEP>>"
@@ -25,14 +27,10 @@ def split_segments(prompt: str, separator: str) -> list[str]:
     return prompt.split(separator)
 
 
-def segmented_request(tokenizer: Any, segments: Sequence[str]) -> Request:
-    """A request whose cached segments are `segments[:-1]` (empty ones dropped) and whose query is the last one.
+def segmented_request(tokenizer: Any, segments: Sequence[str], prefix: str = "") -> Request:
+    """A request whose cached segments are `segments[:-1]` (empty ones dropped) and whose query is the last one;
+    a first segment equal to a non-empty `prefix` is the prefix segment.
 
     Raises ValueError when the query segment has no tokens or a segment holds a lone surrogate.
     """
-    if not segments:
-        raise ValueError("no segments given")
-    ids = [tokenize_segment(tokenizer, text, f"segment {number}") for number, text in enumerate(segments)]
-    if not ids[-1]:
-        raise ValueError("the last segment (the query) is empty")
-    return Request(prefix_ids=[], chunk_ids=[segment for segment in ids[:-1] if segment], question_ids=ids[-1])
+    return segment_prompt(tokenizer, separated_pieces(list(segments)), prefix=prefix).request

@@ -18,9 +18,11 @@ all built on a session and never build a model, an engine, a cache or a prompt l
 
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
-prompts), and filling the cache (`fill_steps` / `fill_cache`: look up which planned entries the segment source
-lacks, encode only those, in batches through `Engine.encode_segments` or with an external encoder such as the
-process pool of `retrieval.encoding_pool`, and keep them through the source's own get-or-encode path).
+prompts, `segmented_prompt` for prompts cut around the known chunks its `matcher` finds, `hypic_rag.reuse`;
+`know_chunks` tells the matcher an index's chunks), and filling the cache (`fill_steps` / `fill_cache`: look up
+which planned entries the segment source lacks, encode only those, in batches through `Engine.encode_segments` or
+with an external encoder such as the process pool of `retrieval.encoding_pool`, and keep them through the source's
+own get-or-encode path).
 The prompt format of an index is the whole `PromptFormat` its manifest records, so the prefix whose entry
 precompute encoded is the prefix `ask` and `serve` compose.
 """
@@ -29,22 +31,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
+from hypic_rag.reuse import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.encode import plan_encode_batches
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
+from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_source import SegmentSource
 from hypic_rag.segments import segmented_request
 from hypic_rag.streaming import drain
 from hypic_rag.text import unencodable_message
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.remote_config import RemoteTierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +70,15 @@ class CacheOptions:
     readonly: misses are computed, not stored (the directory must exist). best_effort: a damaged store disables
     the cache (warned) and a failed write is logged, not raised (ask, serve: the cache only saves work); without
     it both raise (precompute, whose job is to fill it). hot_budget_bytes: the in-process hot tier's budget
-    (None: the cache's default).
+    (None: the cache's default). remote: the shared remote tier below the disk store
+    (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g. ``RemoteTierConfig.from_url("s3://bucket/prefix")``;
+    None: none); it is always best effort (a failing remote is a miss, never an error).
     """
 
     readonly: bool = False
     best_effort: bool = False
     hot_budget_bytes: int | None = None
+    remote: RemoteTierConfig | None = None
 
 
 class ModelRecord(Protocol):
@@ -94,6 +104,9 @@ class IndexRecord(Protocol):
     @property
     def prompt_format(self) -> PromptFormat: ...
 
+    @property
+    def recompute_policy_spec(self) -> str | None: ...
+
     def cache_path(self, index_dir: Path) -> Path: ...
 
     def check_loaded_model(self, path: str | Path, model: Any) -> None: ...
@@ -113,10 +126,12 @@ class SegmentPlan:
 
 @dataclass(frozen=True, slots=True)
 class SegmentTask:
-    """One segment to encode and the seam width its entry is for."""
+    """One segment to encode and the seam width its entry is for; `batch`: the encoding batch it belongs to, when
+    the batches were planned over more segments than these (`ModelSession.fill_steps`), else None."""
 
     token_ids: tuple[int, ...]
     seam_tokens: int
+    batch: int | None = None
 
 
 def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
@@ -127,7 +142,13 @@ def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
 def encoding_batches(tasks: Sequence[SegmentTask], batch_tokens: int) -> list[list[int]]:
     """Positions of `tasks` grouped into the batches every encoder runs (`Engine.encode_segments`): per seam width,
     longest first, at most `batch_tokens` padded tokens each. A pure function of the tasks, so the same segments
-    form the same batches in this process and in any number of workers, and give the same bytes."""
+    form the same batches in this process and in any number of workers, and give the same bytes. Tasks that all
+    carry a `batch` number keep those batches (planned over a larger set: see `ModelSession.fill_steps`)."""
+    if tasks and all(task.batch is not None for task in tasks):
+        planned: dict[int, list[int]] = {}
+        for position in lpt_order(tasks):
+            planned.setdefault(tasks[position].batch, []).append(position)  # type: ignore[arg-type]
+        return sorted(planned.values(), key=lambda batch: -len(tasks[batch[0]].token_ids))
     by_seam: dict[int, list[int]] = {}
     for position in lpt_order(tasks):
         by_seam.setdefault(tasks[position].seam_tokens, []).append(position)
@@ -209,6 +230,8 @@ class ModelSession:
         self.prompt_format = prompt_format
         self.model_path = str(model_path)
         self._prefix_ids = tuple(self.tokenize_segment(prompt_format.prefix, "the prompt prefix"))
+        self.matcher = SegmentMatcher()
+        """The chunks and seen segments prompts without separators are matched against (`hypic_rag.reuse`)."""
 
     @classmethod
     def open(
@@ -221,10 +244,12 @@ class ModelSession:
         cache_dir: str | Path | None = None,
         cache: CacheOptions = CacheOptions(),
         prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
         """Load a model (None: the bundled default model) and open `cache_dir` as its segment cache (None: an
         in-memory one). FileNotFoundError when the directory (or the bundled model) is missing, `ModelLoadError`
-        when it cannot be loaded or has no tokenizer."""
+        when it cannot be loaded or has no tokenizer. recompute_policy: what `hypic` recomputes (None: the fixed
+        seam; `runtime.recompute_policy`)."""
         from hypic_rag.default_model import resolve_model_path
         from hypic_rag.runtime.model import load_model
 
@@ -232,7 +257,7 @@ class ModelSession:
         model = load_model(path, device=device, dtype=dtype, require_tokenizer=True)
         return cls.of_model(
             model, model_path=path, seam_tokens=seam_tokens, cache_dir=cache_dir, cache=cache,
-            prompt_format=prompt_format,
+            prompt_format=prompt_format, recompute_policy=recompute_policy,
         )
 
     @classmethod
@@ -246,11 +271,13 @@ class ModelSession:
         dtype: str | None = None,
         seam_tokens: int | None = None,
         cache: CacheOptions = CacheOptions(),
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
         """The session an index was built for: its model (the manifest's unless `model_path`, in the recorded
         dtype unless `dtype`; another model or dtype than the manifest's raises `IndexMismatchError`), its seam
-        width (unless `seam_tokens`), its whole prompt format, and its segment cache. A model directory that
-        cannot be loaded raises `ModelLoadError`."""
+        width (unless `seam_tokens`), its recompute policy (unless `recompute_policy`; an index without one: the
+        fixed seam), its whole prompt format, and its segment cache. A model directory that cannot be loaded raises
+        `ModelLoadError`."""
         from hypic_rag.runtime.model import load_model
 
         path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
@@ -263,6 +290,7 @@ class ModelSession:
             cache_dir=manifest.cache_path(Path(index_dir).expanduser().resolve()),
             cache=cache,
             prompt_format=manifest.prompt_format,
+            recompute_policy=recompute_policy if recompute_policy is not None else manifest.recompute_policy_spec,
         )
 
     @classmethod
@@ -275,13 +303,15 @@ class ModelSession:
         cache_dir: str | Path | None = None,
         cache: CacheOptions = CacheOptions(),
         prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
         """A session of an already-loaded model: `cache_dir` opened as its segment cache (bound to the model's
-        namespace), or an in-memory source when None."""
+        namespace), or an in-memory source when None; `recompute_policy` as in `open`."""
         check_seam_tokens(seam_tokens)
+        policy = as_policy(recompute_policy)  # a bad spec fails before the cache opens
         source = None if cache_dir is None else _open_cache(model, seam_tokens, Path(cache_dir).expanduser(), cache)
         try:
-            engine = Engine(model, seam_tokens=seam_tokens, segment_source=source)
+            engine = Engine(model, seam_tokens=seam_tokens, segment_source=source, recompute_policy=policy)
             return cls(engine, prompt_format=prompt_format, model_path=model_path)
         except BaseException:
             if source is not None:
@@ -310,6 +340,11 @@ class ModelSession:
     @property
     def seam_tokens(self) -> int:
         return self.engine.seam_tokens
+
+    @property
+    def recompute_policy(self) -> RecomputePolicy:
+        """What `hypic` requests recompute unless a call names another policy (the engine's)."""
+        return self.engine.recompute_policy
 
     @property
     def segment_source(self) -> SegmentSource:
@@ -364,8 +399,25 @@ class ModelSession:
 
     def segmented_request(self, segments: Sequence[str]) -> Request:
         """A separated prompt's request (`segments.segmented_request`): every segment but the last cached, the
-        last the query. ValueError for an empty query or a lone surrogate."""
-        return segmented_request(self.tokenizer, segments)
+        last the query; a first segment equal to the prompt prefix is the prefix segment. ValueError for an empty
+        query or a lone surrogate."""
+        return segmented_request(self.tokenizer, segments, self.prompt_format.prefix)
+
+    def segmented_prompt(self, pieces: Sequence[Piece], *, match: bool = True) -> SegmentedPrompt:
+        """The request of `pieces` (`hypic_rag.reuse.segment_prompt`): explicit pieces kept whole, searchable ones
+        cut around the indexed chunks and seen segments `matcher` finds (when `match` and the matcher is on), the
+        prompt prefix recognised. ValueError for an empty query or a lone surrogate."""
+        matcher = self.matcher if match and self.matcher.settings.enabled else None
+        return segment_prompt(self.tokenizer, pieces, matcher=matcher, prefix=self.prompt_format.prefix)
+
+    def set_matching(self, settings: MatchSettings) -> None:
+        """Match with `settings` from now on (the segments known so far are forgotten)."""
+        self.matcher = SegmentMatcher(settings)
+
+    def know_chunks(self, texts: Iterable[str]) -> int:
+        """Let the matcher find these indexed chunks' texts in prompts (each cached as its formatted segment,
+        `chunk_ids`); returns how many are long enough to be matched."""
+        return self.matcher.add_chunks((text, self.prompt_format.chunk(text)) for text in texts)
 
     # ------------------------------------------------------------------------------------------- filling
     def plan(
@@ -373,9 +425,11 @@ class ModelSession:
         distinct: bool = True,
     ) -> list[SegmentPlan]:
         """The entries `mode` requests over these chunk segments compose (`plan_segments`), with the prompt
-        prefix's when `include_prefix`."""
+        prefix's when `include_prefix`; in `hypic` the chunks' entries are for the recompute policy's seam (the
+        chunks a policy recomputes whole read none, but which ones depends on the request)."""
         prefix = self._prefix_ids if include_prefix else ()
-        plans = plan_segments(prefix, chunk_segments, self.seam_tokens, mode, distinct=distinct)
+        seam = self.recompute_policy.chunk_seam(self.seam_tokens) if mode == "hypic" else self.seam_tokens
+        plans = plan_segments(prefix, chunk_segments, seam, mode, distinct=distinct)
         return [plan for plan in plans if plan.segments]
 
     def fill_steps(
@@ -399,23 +453,37 @@ class ModelSession:
             raise ValueError(f"commit_entries must be positive, got {commit_entries}")
         began = time.perf_counter()
         report = FillReport()
-        tasks: list[SegmentTask] = []
+        planned: list[SegmentTask] = []
+        lacked: list[bool] = []
         for plan in plans:
             segments = [tuple(int(token) for token in ids) for ids in plan.segments if len(ids)]
             lacking = self.segment_source.missing_segments([list(ids) for ids in segments], plan.seam_tokens)
             missing = {tuple(ids) for ids in lacking}
             report.segments += len(segments)
             report.cache_misses += sum(ids in missing for ids in segments)
-            tasks.extend(SegmentTask(ids, plan.seam_tokens) for ids in dict.fromkeys(segments) if ids in missing)
+            for ids in dict.fromkeys(segments):
+                planned.append(SegmentTask(ids, plan.seam_tokens))
+                lacked.append(ids in missing)
+        # The batches are planned over every planned segment, held or not, and each batch holding a missing one
+        # runs whole: an entry's bytes depend on its batch's padded shape, so a resumed fill (some entries stored
+        # by an interrupted one) stores the bytes an uninterrupted fill would. Held members are recomputed, dropped.
+        batches = encoding_batches(planned, self.engine.encode_batch_tokens)
+        batch_of = {position: number for number, batch in enumerate(batches) if any(lacked[p] for p in batch)
+                    for position in batch}
+        kept = [position for position in range(len(planned)) if position in batch_of]
+        tasks = [SegmentTask(planned[p].token_ids, planned[p].seam_tokens, batch_of[p]) for p in kept]
+        wanted = [lacked[p] for p in kept]
         report.cache_hits = report.segments - report.cache_misses
-        report.to_encode = len(tasks)
-        report.tokens_to_encode = sum(len(task.token_ids) for task in tasks)
+        report.to_encode = sum(wanted)
+        report.tokens_to_encode = sum(len(task.token_ids) for task, want in zip(tasks, wanted) if want)
         report.seconds = time.perf_counter() - began
         yield report
         pending: dict[int, list[tuple[tuple[int, ...], Entry]]] = {}
         pending_entries = pending_bytes = 0
         encoded = encoder.encode(tasks) if encoder is not None else self._encode_here(tasks, commit_entries)
         for position, entry in encoded:
+            if not wanted[position]:  # held already: recomputed only to keep its batch whole
+                continue
             task = tasks[position]
             pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
             pending_entries += 1
@@ -461,13 +529,17 @@ class ModelSession:
 
 
 def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: CacheOptions) -> SegmentSource:
-    """`directory` opened as the persistent segment cache of `model`'s entries."""
+    """`directory` opened as the persistent segment cache of `model`'s entries (over its remote tier, if any)."""
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
 
     extra: dict[str, Any] = {}
     if options.hot_budget_bytes is not None:
         extra["hot_budget_bytes"] = options.hot_budget_bytes
+    if options.remote is not None:
+        from hypic_rag.cache.remote_tier import RemoteTier
+
+        extra["remote"] = RemoteTier(options.remote)
     namespace = CacheNamespace.for_model(model, seam_tokens)
     return SegmentCache.open(
         directory, namespace=namespace, readonly=options.readonly, best_effort=options.best_effort, **extra

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.runtime import layers as L
-from hypic_rag.runtime.model import LINEAR_LAYER
-from hypic_rag.runtime.ops.gated_delta_rule import chunk_gated_delta_rule
+from hypic_rag.runtime.blocks import BlockContext
+from hypic_rag.runtime.families import family_for
+from hypic_rag.runtime.mixers.base import Mixer, Positioner, RecurrentMixer
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,43 +91,51 @@ def _gather(values: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     return values[layout.source_row, layout.source_position]
 
 
-def _linear_mixer(
-    mixer: nn.Module,
+class _Tables:
+    """Each positioner's tables for positions 0..length-1, computed once per forward."""
+
+    def __init__(self, length: int, like: torch.Tensor) -> None:
+        self.length, self.like, self.cache = length, like, {}
+
+    def of(self, positions: Positioner):
+        if id(positions) not in self.cache:
+            self.cache[id(positions)] = positions.tables(torch.arange(self.length, device=self.like.device), self.like)
+        return self.cache[id(positions)]
+
+
+def _mix(
+    mixer: Mixer,
     x: torch.Tensor,
+    tables: _Tables,
     layout: BlockLayout | None = None,
     standalone_convolved: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated DeltaNet over x [B, T, hidden] (input-normalised), zero start, through the runtime's own mixer paths
-    (`runtime/layers.py`) and chunked delta rule (differentiable; fla's kernel on CUDA).
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A mixer over x [B, T, hidden] (input-normalised) at positions 0..T-1 from a zero start, through the
+    runtime's own mixer paths (differentiable).
 
-    With a layout, the convolved q/k/v channels [N, L, C] of the standalone documents replace those of the cached
-    tokens (whose gate and beta already match: they are token-local and x equals the standalone input there).
-    Returns (output [B, T, hidden], convolved channels [B, T, C]).
+    Recurrent mixers: with a layout, the convolved channels [N, L, C] of the standalone documents replace those of
+    the cached tokens (whose other token-wise projections already match: x equals the standalone input there).
+    Returns (output [B, T, hidden], the convolved channels [B, T, C] of a recurrent mixer, else None).
     """
-    preconv, output_gate, b, a = L.linear_projections(mixer, x)
-    zero_context = L.empty_conv_tail(mixer, x.device)[None].expand(x.shape[0], -1, -1)
-    convolved = L.short_convolution(mixer, preconv, zero_context)
-    if layout is not None and standalone_convolved is not None:
-        convolved = torch.where(layout.cached[..., None], _gather(standalone_convolved, layout), convolved)
-    core, _ = chunk_gated_delta_rule(*L.split_delta_rule_inputs(mixer, convolved, b, a))
-    return L.linear_mixer_output(mixer, core, output_gate, x.dtype), convolved
-
-
-def _attention(attention: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Causal gated attention over x [B, T, hidden] at positions 0..T-1 (cos, sin [T, R])."""
-    query, key, value, gate = L.attention_inputs(attention, x)
-    query, key = L.apply_rotary(query, cos, sin), L.apply_rotary(key, cos, sin)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    core = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=attention.scaling)
-    return L.attention_output(attention, core.transpose(1, 2).reshape(*x.shape[:-1], -1), gate)
-
-
-def _mlp(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out = layer.mlp(x)
-    return out[0] if isinstance(out, tuple) else out
+    if isinstance(mixer, RecurrentMixer):
+        projections = mixer.project(x)
+        zero_context = mixer.empty_conv_tail(x.device)[None].expand(x.shape[0], -1, -1)
+        convolved = mixer.convolve(projections.preconv, zero_context)
+        if layout is not None and standalone_convolved is not None:
+            convolved = torch.where(layout.cached[..., None], _gather(standalone_convolved, layout), convolved)
+        core, _ = mixer.run(mixer.recurrence_inputs(convolved, projections))
+        return mixer.output(core, projections, x.dtype), convolved
+    positions = mixer.positions
+    projections = mixer.project(x)
+    table = tables.of(positions)
+    everywhere = slice(None)
+    core = L.causal_attention(
+        mixer,
+        positions.apply(projections.query, table, everywhere),
+        positions.apply(projections.key, table, everywhere),
+        projections.value,
+    )
+    return mixer.output(core, projections), None
 
 
 def block_layout_logits(model: nn.Module, token_ids: torch.Tensor, layout: BlockLayout | None = None) -> torch.Tensor:
@@ -136,34 +144,37 @@ def block_layout_logits(model: nn.Module, token_ids: torch.Tensor, layout: Block
     Logits at cached positions are not meaningful (those tokens' predictions are made standalone); the caller
     masks their loss. Without a layout this is the model's ordinary causal forward.
     """
-    backbone = model.model
-    layer_types = model.config.layer_types
-    hidden = backbone.embed_tokens(token_ids)
-    cos, sin = L.rotary_tables(backbone.rotary_emb, torch.arange(token_ids.shape[1], device=token_ids.device), hidden)
+    family = family_for(model.config.model_type)
+    if family is None:
+        raise ValueError(f"model type {model.config.model_type!r} has no registered family")
+    blocks = family.build_blocks(model)
+    hidden = family.embed(model, token_ids)
+    tables = _Tables(token_ids.shape[1], hidden)
+    context = BlockContext(embeddings=hidden)
     standalone = None
     if layout is not None:
-        standalone = backbone.embed_tokens(layout.documents)
-        standalone_cos, standalone_sin = L.rotary_tables(
-            backbone.rotary_emb, torch.arange(layout.documents.shape[1], device=token_ids.device), standalone
-        )
-    last = len(backbone.layers) - 1
-    for index, layer in enumerate(backbone.layers):
-        standalone_convolved = None
+        standalone = family.embed(model, layout.documents)
+        standalone_tables = _Tables(layout.documents.shape[1], standalone)
+        standalone_context = BlockContext(embeddings=standalone)
+    last = len(blocks) - 1
+    for index, block in enumerate(blocks):
+        standalone_convolved: list[torch.Tensor] = []
         if standalone is not None:
             hidden = torch.where(layout.cached[..., None], _gather(standalone, layout), hidden)
-            normed = layer.input_layernorm(standalone)
-            if layer_types[index] == LINEAR_LAYER:
-                mixed, standalone_convolved = _linear_mixer(layer.linear_attn, normed)
-            elif index < last:
-                mixed = _attention(layer.self_attn, normed, standalone_cos, standalone_sin)
-            if index < last:  # the standalone stream feeds the next layer's cached inputs
-                standalone = standalone + mixed
-                standalone = standalone + _mlp(layer, layer.post_attention_layernorm(standalone))
-        normed = layer.input_layernorm(hidden)
-        if layer_types[index] == LINEAR_LAYER:
-            mixed, _ = _linear_mixer(layer.linear_attn, normed, layout, standalone_convolved)
-        else:
-            mixed = _attention(layer.self_attn, normed, cos, sin)
-        hidden = hidden + mixed
-        hidden = hidden + _mlp(layer, layer.post_attention_layernorm(hidden))
-    return model.lm_head(backbone.norm(hidden))
+            if index < last or block.recurrent is not None:  # the standalone stream feeds the next layer's inputs
+
+                def mix_standalone(mixer: Mixer, x: torch.Tensor, recorded: list = standalone_convolved) -> torch.Tensor:
+                    out, convolved = _mix(mixer, x, standalone_tables)
+                    if convolved is not None:
+                        recorded.append(convolved)
+                    return out
+
+                advanced = block.forward(standalone, mix_standalone, standalone_context)
+                if index < last:
+                    standalone = advanced
+
+        def mix_live(mixer: Mixer, x: torch.Tensor, recorded: list = standalone_convolved) -> torch.Tensor:
+            return _mix(mixer, x, tables, layout, recorded[0] if recorded else None)[0]
+
+        hidden = block.forward(hidden, mix_live, context)
+    return family.logits(model, hidden)

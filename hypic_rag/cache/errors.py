@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from hypic_rag.errors import HypicError
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 
 
 class CacheError(HypicError):
@@ -50,3 +50,11 @@ def free_space_note(path: str | os.PathLike[str]) -> str:
     except OSError:
         return ""
     return f" ({human_bytes(free)} free on its file system)"
+
+
+class RemoteTierConfigError(CacheError, ValueError):
+    """The remote tier is configured wrongly (a URL that is not s3://BUCKET[/PREFIX], a bad option) or its client
+    library (boto3, the ``remote`` extra) is not installed: bad input (exit 2). A remote that fails *at run time*
+    raises nothing: its lookups are misses (see `remote_tier`)."""
+
+    exit_code = EXIT_BAD_INPUT

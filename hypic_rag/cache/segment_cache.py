@@ -1,4 +1,5 @@
-"""The persistent segment source of the runtime: hot tier, then disk store, then encode (and put) on a miss.
+"""The persistent segment source of the runtime: hot tier, then disk store, then the shared remote tier (when
+given), then encode (and put) on a miss.
 
     cache = SegmentCache.open(directory, namespace=CacheNamespace.for_model(model, seam_tokens=8))
     engine = Engine(model, segment_source=cache)            # the runtime sees a `SegmentSource`
@@ -19,6 +20,11 @@ the cache was warm.
 With ``best_effort=True`` (ask, serve: the cache only saves work) a damaged store is replaced by a `NullStore`
 (the cache is disabled, with a warning) and a failed write (disk full) is logged instead of raised; without it
 (precompute, whose job is to fill the cache) both raise `CacheDamagedError` / `CacheWriteError`.
+
+With a `remote_tier.RemoteTier` (``remote=``), lookups the local tiers miss are asked of the remote; a remote hit is
+verified like a disk hit (a bad object is deleted there, counted and recomputed) and fills the hot tier and the
+disk store; every entry encoded here is also written to the remote (write-behind). The remote never raises: when
+it fails its lookups are misses. A read-only cache writes nowhere, the remote included.
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ import os
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from hypic_rag.cache.codec import decode_entry, encode_entry
+from hypic_rag.cache.codec import decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CacheDamagedError, CacheWriteError, CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.hot_tier import HotTier
 from hypic_rag.cache.keys import CacheNamespace, segment_key
@@ -40,6 +47,9 @@ from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.stats import CacheStats
 from hypic_rag.cache.store import NullStore, PutRequest, SegmentStore
 from hypic_rag.entry import TOKEN_IDS, Entry, entry_bytes
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +65,8 @@ class _LookupTally:
 
 
 class SegmentCache:
-    """Hot tier (in-process LRU by bytes) over a `SegmentStore` (LMDB on disk). Use `open`; close when done.
+    """Hot tier (in-process LRU by bytes) over a `SegmentStore` (LMDB on disk), over an optional shared
+    `RemoteTier`. Use `open`; close when done (the cache closes its remote tier too).
 
     namespace: what the `SegmentSource` methods (`get_or_encode_segments`, `missing_segments`) are bound to; the
     runtime's `hypic_rag.runtime.segment_source.SegmentSource` protocol is met structurally (the cache imports
@@ -69,13 +80,19 @@ class SegmentCache:
         *,
         best_effort: bool = False,
         namespace: CacheNamespace | None = None,
+        remote: RemoteTier | None = None,
     ) -> None:
         self.store = store
         self.hot_tier = hot_tier
         self.best_effort = best_effort
         self.namespace = namespace
+        self.remote = remote
+        # a read-only cache writes nowhere; a disabled (damaged) disk store still lets the remote tier be written
+        self._remote_writable = remote is not None and (not store.readonly or isinstance(store, NullStore))
         self._hot_hits = 0
         self._disk_hits = 0
+        self._remote_hits = 0
+        self._remote_misses = 0
 
     @classmethod
     def open(
@@ -87,9 +104,11 @@ class SegmentCache:
         readonly: bool = False,
         best_effort: bool = False,
         namespace: CacheNamespace | None = None,
+        remote: RemoteTier | None = None,
     ) -> SegmentCache:
         """Open or create the cache in `directory` (read-only: must exist; misses are computed, not stored),
-        bound to `namespace` (needed by the `SegmentSource` methods only).
+        bound to `namespace` (needed by the `SegmentSource` methods only), over the shared `remote` tier if given
+        (the cache owns it from here on and closes it).
 
         Raises `CacheOpenError` with a one-line reason for a missing, foreign, unwritable or busy directory, and
         its subclass `CacheDamagedError` for a damaged store, unless `best_effort`: then the cache runs without
@@ -103,7 +122,11 @@ class SegmentCache:
                 raise
             log.warning("segment cache disabled, answers are computed without it: %s", error)
             store = NullStore(Path(directory), str(error))
-        return cls(store, HotTier(hot_budget_bytes), best_effort=best_effort, namespace=namespace)
+        except BaseException:
+            if remote is not None:
+                remote.close()
+            raise
+        return cls(store, HotTier(hot_budget_bytes), best_effort=best_effort, namespace=namespace, remote=remote)
 
     @property
     def disabled_reason(self) -> str | None:
@@ -139,13 +162,20 @@ class SegmentCache:
         return self.get_or_encode_many(self.namespace_for(seam_tokens), segments, encode_many)
 
     def missing_segments(self, segments: Sequence[Sequence[int]], seam_tokens: int) -> list[list[int]]:
-        """The segments without an entry in the bound namespace at `seam_tokens` (nothing is read or counted)."""
+        """The segments without an entry in the bound namespace at `seam_tokens`, neither on disk nor in the
+        remote tier (asked for those the disk lacks; nothing is read or counted). A remote that fails holds
+        nothing here."""
         namespace = self.namespace_for(seam_tokens)
-        return [list(ids) for ids, held in zip(segments, self.contains_many(namespace, segments)) if not held]
+        lacking = [list(ids) for ids, held in zip(segments, self.contains_many(namespace, segments)) if not held]
+        if lacking and self.remote is not None:
+            remote_held = self.remote.contains_many([segment_key(namespace, ids) for ids in lacking])
+            lacking = [ids for ids, held in zip(lacking, remote_held) if not held]
+        return lacking
 
     # ------------------------------------------------------------------------------------------- lookups
     def contains_many(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> list[bool]:
-        """Whether the store holds an entry of each token sequence (no access is recorded, nothing is decoded)."""
+        """Whether the disk store holds an entry of each token sequence (no access is recorded, nothing is
+        decoded; the remote tier is not asked)."""
         return self.store.batched_contains([segment_key(namespace, ids) for ids in token_id_lists])
 
     def stored_bytes(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
@@ -231,13 +261,16 @@ class SegmentCache:
         disk_keys = list(disk_positions)
         values = self.store.batched_get(disk_keys)
         bad_keys: list[bytes] = []
+        remote_positions: dict[bytes, list[int]] = {}
         for key, value in zip(disk_keys, values):
             if value is None:
+                remote_positions[key] = disk_positions[key]
                 continue
             ids = requested[disk_positions[key][0]]
             entry = self._decode_checked(namespace, key, ids, value, tally)
             if entry is None:
                 bad_keys.append(key)
+                remote_positions[key] = disk_positions[key]
                 continue
             self.hot_tier.put(key, entry)
             for position in disk_positions[key]:
@@ -245,27 +278,79 @@ class SegmentCache:
                 self._disk_hits += 1
         if bad_keys and not self.store.readonly:
             self._tolerate_write_failure(lambda: self.store.batched_remove(bad_keys))
+        if remote_positions and self.remote is not None:
+            self._lookup_remote(namespace, requested, remote_positions, found, tally)
         return found
+
+    def _lookup_remote(
+        self,
+        namespace: CacheNamespace,
+        requested: list[list[int]],
+        positions: dict[bytes, list[int]],
+        found: list[Entry | None],
+        tally: _LookupTally,
+    ) -> None:
+        """Ask the remote tier for what the local tiers lack; verified hits fill the hot tier and the disk store
+        (one write), bad objects are discarded there. Fills `found` in place."""
+        assert self.remote is not None
+        keys = list(positions)
+        values = self.remote.get_many(keys)
+        fills: list[PutRequest] = []
+        bad: dict[bytes, bool] = {}  # key -> corrupt (else mismatched or stale)
+        for key, value in zip(keys, values):
+            if value is None:
+                self._remote_misses += len(positions[key])
+                continue
+            ids = requested[positions[key][0]]
+            corrupt_before = tally.corrupt
+            decoded = self._decode_stored(namespace, key, ids, value, tally, where=self.remote.url)
+            if decoded is None:
+                bad[key] = tally.corrupt > corrupt_before
+                self._remote_misses += len(positions[key])
+                continue
+            sizes = entry_bytes(decoded)
+            fills.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
+            entry = restore_state_precision(decoded)
+            self.hot_tier.put(key, entry)
+            for position in positions[key]:
+                found[position] = dict(entry)
+                self._remote_hits += 1
+        for corrupt in (True, False):
+            discarded = [key for key, is_corrupt in bad.items() if is_corrupt == corrupt]
+            if discarded and self._remote_writable:
+                self.remote.discard(discarded, corrupt=corrupt)
+        if fills and not self.store.readonly:
+            self._tolerate_write_failure(lambda: self.store.batched_put(fills))
 
     def _decode_checked(
         self, namespace: CacheNamespace, key: bytes, token_ids: list[int], value: bytearray, tally: _LookupTally
     ) -> Entry | None:
+        """A disk value decoded, checked and handed back in float32 (`_decode_stored`), or None when bad."""
+        decoded = self._decode_stored(namespace, key, token_ids, value, tally, where=str(self.store.path))
+        return None if decoded is None else restore_state_precision(decoded)
+
+    def _decode_stored(
+        self, namespace: CacheNamespace, key: bytes, token_ids: list[int], value: bytearray, tally: _LookupTally,
+        *, where: str,
+    ) -> Entry | None:
+        """The tensors of `value` as stored (views of it), or None when it is corrupt, stale or another
+        namespace's or token sequence's (logged, counted in `tally`). `where`: the store it came from."""
         try:
             decoded = decode_entry(value)
         except CorruptEntryError as error:
-            log.warning("corrupt cache entry %s in %s (%s); recomputing it", key.hex()[:16], self.store.path, error)
+            log.warning("corrupt cache entry %s in %s (%s); recomputing it", key.hex()[:16], where, error)
             tally.corrupt += 1
             return None
         except IncompatibleEntryError as error:
-            log.info("stale cache entry %s in %s (%s); recomputing it", key.hex()[:16], self.store.path, error)
+            log.info("stale cache entry %s in %s (%s); recomputing it", key.hex()[:16], where, error)
             tally.mismatched += 1
             return None
         if decoded.namespace != namespace.canonical() or not _same_token_ids(decoded.tensors, token_ids):
             log.warning("cache entry %s in %s belongs to another namespace or token sequence; recomputing it",
-                        key.hex()[:16], self.store.path)
+                        key.hex()[:16], where)
             tally.mismatched += 1
             return None
-        return restore_state_precision(decoded.tensors)
+        return decoded.tensors
 
     # ------------------------------------------------------------------------------------------- stores
     def _store_encoded(
@@ -290,6 +375,8 @@ class SegmentCache:
             returned.append(as_hit)
         if not self.store.readonly:
             self._tolerate_write_failure(lambda: self.store.batched_put(requests))
+        if self.remote is not None and self._remote_writable:
+            self.remote.put_many([(request.key, request.value) for request in requests])
         return returned
 
     def _tolerate_write_failure(self, write: Callable[[], object]) -> None:
@@ -317,12 +404,48 @@ class SegmentCache:
         result = stats.as_dict()
         if self.disabled_reason is not None:
             result["disabled"] = self.disabled_reason
+        if self.remote is not None:
+            result.update(self.remote.stats())
+            result["remote_hits"] = self._remote_hits
+            result["remote_misses"] = self._remote_misses
         return result
 
+    def publish(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
+        """Upload to the remote tier the disk store's entries of these token sequences that the remote lacks (a
+        precompute that finds them already on disk, made before a remote was configured or while it failed);
+        the number handed to the remote tier. Entries that fail their crc32 here are left out. No remote tier,
+        or a read-only cache: 0."""
+        if self.remote is None or not self._remote_writable:
+            return 0
+        keys = list(dict.fromkeys(segment_key(namespace, ids) for ids in token_id_lists))
+        local = [key for key, held in zip(keys, self.store.batched_contains(keys)) if held]
+        absent = [key for key, held in zip(local, self.remote.contains_many(local)) if not held]
+        handed = 0
+        for key in absent:
+            value = self.store.get(key, touch=False)
+            if value is None:
+                continue
+            try:
+                read_header(value)  # the crc32 and the layout: never upload damaged bytes
+            except (CorruptEntryError, IncompatibleEntryError) as error:
+                log.warning("cache entry %s in %s not published (%s)", key.hex()[:16], self.store.path, error)
+                continue
+            handed += self.remote.put_many([(key, value)])
+        return handed
+
+    def flush_remote(self, timeout_s: float | None = None) -> bool:
+        """Wait for the remote tier's queued uploads (True when none is left, or there is no remote tier)."""
+        return True if self.remote is None else self.remote.flush(timeout_s)
+
     def close(self) -> None:
-        """Write pending access notes and close the store (idempotent)."""
+        """Write pending access notes and close the store, then the remote tier (which waits a bounded time for
+        its queued uploads; idempotent)."""
         self.hot_tier.clear()
-        self.store.close()
+        try:
+            self.store.close()
+        finally:
+            if self.remote is not None:
+                self.remote.close()
 
     def __enter__(self) -> SegmentCache:
         return self

@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "throughput (continuous batching against one request at a time, closed loop, on the "
                              "timing model and through the server with the bundled model); default both")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--ray-scaling", action="store_true",
+                        help="instead: encoding throughput of 1 vs 2 Ray actors against this process (a private Ray "
+                             "instance; needs the ray extra); writes ray_scaling.json")
     parser.set_defaults(func=run)
 
 
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     reason = unusable_directory_reason(output)  # before the benchmark runs, not after
     if reason is not None:
         raise CliError(f"--output unusable: {reason}")
+    if args.ray_scaling:
+        return run_ray_scaling(args, output)
     profile = args.profile or "quick"
     config = PROFILES[profile]
     command = f"hypic-rag bench --profile {profile}"
@@ -59,4 +64,17 @@ def run(args: argparse.Namespace) -> int:
     written = write_report(result, output)
     print(markdown(result))
     print("written: " + ", ".join(str(path) for path in written))
+    return EXIT_OK
+
+
+def run_ray_scaling(args: argparse.Namespace, output: Path) -> int:
+    """`--ray-scaling`: the Ray encoding benchmark (`hypic_rag.bench.ray_scaling`), `--profile test` for a tiny run."""
+    from hypic_rag.bench.ray_scaling import QUICK, TEST, markdown_row, run_scaling, write_scaling
+
+    config = TEST if args.profile == "test" else QUICK
+    print(f"ray scaling benchmark ({config.segments} segments); results go to {output.resolve()}", file=sys.stderr)
+    result = run_scaling(config)
+    written = write_scaling(result, output)
+    print(markdown_row(result))
+    print(f"written: {written}")
     return EXIT_OK

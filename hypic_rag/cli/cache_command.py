@@ -13,11 +13,22 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hypic_rag.cache.errors import CacheDamagedError, CacheError
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore, discard_damaged_store
 from hypic_rag.cache.stats import CacheStats, format_stats, human_bytes
-from hypic_rag.cli.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, CliError
+from hypic_rag.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    CliError,
+    add_remote_cache_arguments,
+    remote_cache_config,
+)
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.remote_config import RemoteTierConfig
 
 EXIT_BAD_ENTRIES = EXIT_FAILURE
 
@@ -41,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     stats = actions.add_parser("stats", parents=[common], help="entries, bytes, hits, evictions (read-only)")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
+    add_remote_cache_arguments(stats)
     stats.set_defaults(func=run_stats)
 
     verify = actions.add_parser("verify", parents=[common], help="decode and check every entry (read-only)")
@@ -82,13 +94,41 @@ def _refuse_read_only(directory: Path) -> None:
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    """The local store's statistics; with --remote-cache also what the remote tier holds (a remote that fails
+    is reported in the output, not as an error: the local figures stand)."""
+    remote_config = remote_cache_config(args, read_only=True, write_behind=False)
     store = _open(args.cache, readonly=True)
     try:
         stats = CacheStats.from_store(store)
     finally:
         store.close()
-    print(json.dumps(stats.as_dict(), sort_keys=True) if args.json else format_stats(stats))
+    remote = remote_inventory(remote_config) if remote_config is not None else None
+    if args.json:
+        print(json.dumps({**stats.as_dict(), **(remote or {})}, sort_keys=True))
+    else:
+        print(format_stats(stats))
+        if remote is not None:
+            print(format_remote(remote))
     return EXIT_OK
+
+
+def remote_inventory(config: RemoteTierConfig) -> dict[str, object]:
+    """remote_url, remote_objects, remote_bytes, remote_namespaces, or remote_error when it cannot be listed."""
+    from hypic_rag.cache.remote_tier import RemoteTier
+
+    with RemoteTier(config) as tier:
+        inventory = tier.inventory()
+        if inventory is None:
+            return {"remote_url": config.url, "remote_error": tier.health.last_error or "unknown error"}
+        return {"remote_url": config.url, "remote_objects": inventory.objects, "remote_bytes": inventory.bytes,
+                "remote_namespaces": len(inventory.per_namespace)}
+
+
+def format_remote(remote: dict[str, object]) -> str:
+    if "remote_error" in remote:
+        return f"remote          {remote['remote_url']}: unavailable ({remote['remote_error']})"
+    return (f"remote          {remote['remote_url']}: {remote['remote_objects']} objects, "
+            f"{human_bytes(int(remote['remote_bytes']))} ({remote['remote_namespaces']} namespaces)")
 
 
 def run_verify(args: argparse.Namespace) -> int:

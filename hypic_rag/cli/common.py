@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, HypicError, MissingPathError
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.remote_config import RemoteTierConfig
 
 __all__ = [
     "DTYPE_CHOICES",
@@ -21,9 +25,12 @@ __all__ = [
     "EXIT_OK",
     "CliError",
     "add_dtype_argument",
+    "add_remote_cache_arguments",
     "device_name",
     "non_negative_int",
     "positive_int",
+    "recompute_policy_spec",
+    "remote_cache_config",
     "resolve_model_path",
     "worker_count",
 ]
@@ -68,6 +75,26 @@ def non_negative_int(text: str) -> int:
     return integer_at_least(text, 0)
 
 
+def recompute_policy_spec(text: str) -> str:
+    """A recompute policy spec (`hypic_rag.runtime.recompute_policy`), checked; an argparse error naming the forms."""
+    from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError
+
+    try:
+        return RecomputePolicy.parse(text).spec
+    except RecomputePolicyError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_recompute_policy_argument(parser: argparse.ArgumentParser) -> None:
+    """The `--recompute-policy` option of ask and serve."""
+    parser.add_argument(
+        "--recompute-policy", type=recompute_policy_spec, metavar="SPEC",
+        help="what hypic recomputes: seam, seam@W, whole:N[@W] (the N top-ranked chunks whole, seam W for the rest), "
+             "budget:X[@W] (whole chunks while at most X times the seam's tokens); default: the index's calibrated "
+             "policy (hypic-rag calibrate), else seam",
+    )
+
+
 def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> None:
     """The `--dtype` option shared by precompute, ask and serve."""
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, help=f"dtype the model runs in ({default_help})")
@@ -108,3 +135,44 @@ def resolve_model_path(given: str | None) -> Path:
         return resolve(given)
     except MissingPathError as error:
         raise CliError(f"{error} (--model PATH)", EXIT_BAD_INPUT) from None
+
+
+def _remote_cache_url(text: str) -> str:
+    """An ``s3://BUCKET[/PREFIX]`` URL, checked (the client library is not loaded yet)."""
+    from hypic_rag.cache.remote_config import RemoteTierConfig
+    from hypic_rag.cache.errors import RemoteTierConfigError
+
+    try:
+        RemoteTierConfig.from_url(text)
+    except RemoteTierConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def add_remote_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--remote-cache` and `--remote-endpoint`, shared by precompute, ask and serve (docs/cache.md, "Remote tier")."""
+    parser.add_argument("--remote-cache", type=_remote_cache_url, metavar="s3://BUCKET[/PREFIX]",
+                        help="shared remote cache tier below the local one (S3-compatible; credentials from the "
+                             "standard AWS environment variables or profile); a failing remote only costs misses")
+    parser.add_argument("--remote-endpoint", metavar="URL",
+                        help="endpoint of an S3-compatible server for --remote-cache, e.g. http://127.0.0.1:9000 "
+                             "(default: AWS, or AWS_ENDPOINT_URL)")
+
+
+def remote_cache_config(args: argparse.Namespace, **options: Any) -> RemoteTierConfig | None:
+    """The remote tier that `--remote-cache` / `--remote-endpoint` name (None without `--remote-cache`), with
+    other `RemoteTierConfig` fields from `options`; a bad endpoint, or boto3 missing, is bad input (exit 2)."""
+    from hypic_rag.cache.errors import RemoteTierConfigError
+    from hypic_rag.cache.remote_config import RemoteTierConfig
+    from hypic_rag.cache.remote_tier import check_client_installed
+
+    if args.remote_cache is None:
+        if args.remote_endpoint is not None:
+            raise CliError("--remote-endpoint needs --remote-cache s3://BUCKET[/PREFIX]", EXIT_BAD_INPUT)
+        return None
+    try:
+        config = RemoteTierConfig.from_url(args.remote_cache, endpoint_url=args.remote_endpoint, **options)
+    except RemoteTierConfigError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    check_client_installed()
+    return config

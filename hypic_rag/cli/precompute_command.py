@@ -1,8 +1,11 @@
 """`hypic-rag precompute CORPUS --index DIR`: load, chunk, embed, index, and encode every chunk into the cache.
 
 Resumable: interrupted and rerun, it finishes what is left; rerun on an unchanged corpus it does nothing.
+With --ray the corpus is loaded, chunked and embedded by Ray tasks and encoded on Ray actors, longest batches
+first; this process stays the index's single writer, so the result is the same index and byte-identical cache
+entries as a local run, and a killed run resumes the same way.
 Exit codes: 0 done; 2 bad input (missing or empty corpus, missing model, bad option, an --index or --cache that
-is a file or not writable: checked before anything is created); 3 the index was built with another embedder,
+is a file or not writable: checked before anything is created; Ray missing or unreachable with --ray); 3 the index was built with another embedder,
 model, tokenizer, chunker setting or --cache; 1 any other failure (unreadable index or cache).
 """
 
@@ -10,16 +13,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     CliError,
     add_dtype_argument,
+    add_remote_cache_arguments,
     device_name,
     non_negative_int,
     positive_int,
+    remote_cache_config,
     resolve_model_path,
     worker_count,
 )
@@ -39,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="local model checkpoint (default: the bundled default model)")
     parser.add_argument("--chunk-tokens", type=positive_int, default=256, metavar="N", help="tokens per chunk (256)")
     parser.add_argument("--workers", type=worker_count, default=1, metavar="N", help="encoding processes (1)")
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="run on a Ray cluster: load, chunk and embed as tasks, encode on actors; ADDRESS is "
+                             "'auto' (the cluster on this machine), host:port or ray://host:port; without one a "
+                             "private Ray instance is started here (needs the ray extra)")
+    parser.add_argument("--ray-actors", type=positive_int, default=None, metavar="N",
+                        help="encoding actors with --ray (default: one per GPU of the cluster, or per CPU slot)")
     parser.add_argument("--seam-tokens", type=non_negative_int, default=8, metavar="W", help="seam window (8)")
     parser.add_argument("--vector-index", choices=VECTOR_INDEX_KINDS, help="FAISS index kind for a new index (flat)")
     parser.add_argument("--cache", metavar="DIR", help="segment cache directory (default: DIR/segment_cache)")
@@ -46,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", type=device_name,
                         help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the index's; for a new one float32 on CPU, bfloat16 on CUDA")
+    add_remote_cache_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_precompute)
 
@@ -70,10 +82,24 @@ def print_summary(summary: PrecomputeSummary) -> None:
         f"in {encode.seconds:.2f} s ({encode.tokens_per_second:.0f} tokens/s)"
     )
     print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}")
+    if summary.remote is not None:
+        print(remote_summary_line(summary.remote))
     overall = summary.tokens / summary.elapsed_seconds if summary.elapsed_seconds > 0 else 0.0
     print(f"elapsed: {summary.elapsed_seconds:.2f} s ({overall:.0f} corpus tokens/s)")
     if not summary.did_work:
         print("index is up to date: nothing embedded, indexed or encoded")
+
+
+def remote_summary_line(remote: dict[str, Any]) -> str:
+    """'remote: s3://... 12 uploaded (1.2 GiB), 3 already there, 0 dropped' (and the last error, if any)."""
+    from hypic_rag.cache.stats import human_bytes
+
+    line = (f"remote: {remote['remote_url']}: {remote['remote_puts']} uploaded "
+            f"({human_bytes(remote['remote_bytes_written'])}), {remote['remote_puts_skipped']} already there, "
+            f"{remote['remote_puts_dropped']} dropped")
+    if remote.get("remote_last_error"):
+        line += f" (the remote is failing: {remote['remote_last_error']})"
+    return line
 
 
 def run_precompute(args: argparse.Namespace) -> int:
@@ -83,8 +109,23 @@ def run_precompute(args: argparse.Namespace) -> int:
     from hypic_rag.retrieval.loading import load_corpus
     from hypic_rag.retrieval.precompute import PrecomputeOptions, check_locations, precompute
 
+    if args.ray is not None and args.workers > 1:
+        raise CliError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
+    if args.ray_actors is not None and args.ray is None:
+        raise CliError("--ray-actors needs --ray")
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
-    corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
+    remote = remote_cache_config(args)
+    scale_out = None
+    if args.ray is None:
+        corpus = load_corpus(args.corpus)  # a missing or empty corpus fails before any model loads
+    else:  # Ray is imported only here: an unreachable cluster fails before anything loads
+        from hypic_rag.distributed.ray_scale_out import RayScaleOut
+
+        try:
+            scale_out = RayScaleOut(address=args.ray, actors=args.ray_actors)
+        except ValueError as error:
+            raise CliError(str(error)) from None
+        corpus = scale_out.load_corpus(Path(args.corpus))
     model_path = resolve_model_path(args.model)
     try:
         options = PrecomputeOptions(
@@ -100,6 +141,8 @@ def run_precompute(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             show_progress=not args.no_progress,
+            remote_cache=remote,
+            scale_out=scale_out,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

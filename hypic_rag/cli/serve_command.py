@@ -4,6 +4,9 @@ Endpoints: POST /v1/ask, POST /v1/completions (OpenAI-compatible; segments separ
 POST /v1/documents, GET /v1/jobs/{id}, DELETE /v1/documents/{id}, GET /v1/cache/stats, GET /healthz,
 GET /metrics, and the OpenAPI page at /docs. SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
 the cache is closed cleanly). Start-up binds the port first, then loads the model, so a port in use fails at once.
+With --replicas N the model runs in N Ray Serve replicas (read-only) behind this endpoint: the same API, each
+request routed to the replica likely to hold its retrieved chunks hot (rendezvous hashing, load as tie-break);
+/v1/cache/stats and /healthz report every replica. --encode-actors K encodes cache misses on K Ray actors.
 Exit codes: 0 after a clean shutdown; 2 bad input (no index, missing model, bad option); 3 the index was built
 for another model or tokenizer; 1 the server could not start (port in use, another process writes the index:
 stop it or pass --read-only, unreadable index or cache). Each failure prints one line.
@@ -23,10 +26,13 @@ from hypic_rag.cli.common import (
     EXIT_OK,
     CliError,
     add_dtype_argument,
+    add_remote_cache_arguments,
+    add_recompute_policy_argument,
     device_name,
     integer_at_least,
     non_negative_int,
     positive_int,
+    remote_cache_config,
 )
 from hypic_rag.errors import HypicError
 
@@ -61,8 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
+    add_remote_cache_arguments(parser)
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
+    add_recompute_policy_argument(parser)
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
     parser.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                         help="requests that may wait (not yet generating) before new ones get 429 (64)")
@@ -75,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="per-request deadline in seconds, queue wait included (120)")
     parser.add_argument("--separator", default="<<PIC_SEP>>", metavar="STR",
                         help="segment separator of /v1/completions prompts (<<PIC_SEP>>)")
+    parser.add_argument("--no-segment-matching", dest="match_segments", action="store_false",
+                        help="cut completion and chat prompts only at separators: do not look for indexed chunks "
+                        "and seen segments in them (matching is on by default)")
     parser.add_argument("--max-segments", type=positive_int, default=256, metavar="N",
                         help="separated segments of one completion prompt, the query included; more get 413 (256)")
     parser.add_argument("--max-document-tokens", type=positive_int, default=500_000, metavar="N",
@@ -85,6 +96,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds in-flight requests get to finish on shutdown (30)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log level (info)")
+    scale = parser.add_argument_group("scale-out (Ray; needs the ray extra)")
+    scale.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                       help="model replicas behind this endpoint, as Ray Serve deployments; each request goes to the "
+                            "replica holding its retrieved chunks hot (1: this process serves alone). Replicas open "
+                            "the index read-only")
+    scale.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="the Ray cluster for --replicas and --encode-actors: 'auto', host:port or ray://host:port "
+                            "(default, and without ADDRESS: a private Ray instance on this machine)")
+    scale.add_argument("--encode-actors", type=non_negative_int, default=0, metavar="K",
+                       help="Ray actors per replica that encode a request's cache misses in parallel, longest first "
+                            "(0: encoded by the replica itself)")
+    scale.add_argument("--replica-cpus", type=_positive_float, default=1.0, metavar="C",
+                       help="CPU slots each replica reserves on the cluster (1; one GPU each when --device is cuda)")
+    scale.add_argument("--max-in-flight", type=positive_int, default=4, metavar="N",
+                       help="requests a replica serves before its affine requests overflow to the next-ranked (4)")
     parser.set_defaults(func=run_serve)
 
 
@@ -131,14 +157,19 @@ def run_serve(args: argparse.Namespace) -> int:
             step_tokens=args.step_tokens,
             request_timeout_s=args.request_timeout,
             separator=args.separator,
+            match_segments=args.match_segments,
             max_segments=args.max_segments,
             max_document_tokens=args.max_document_tokens,
             max_body_bytes=args.max_body_bytes,
             shutdown_grace_s=args.shutdown_grace,
+            remote_cache=remote_cache_config(args),
+            miss_encoders=_miss_encoders(args),
+            recompute_policy=args.recompute_policy,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
-    if not args.read_only:
+    replicated = args.replicas > 1
+    if not args.read_only and not replicated:
         try:
             check_not_locked(index_dir)
         except IndexLockedError as error:
@@ -159,10 +190,14 @@ def run_serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
 
     def announce() -> None:
-        print(f"hypic-rag: serving {index_dir} on http://{args.host}:{port} (OpenAPI page: /docs)", flush=True)
+        replicas = f" with {args.replicas} replicas (read-only)" if replicated else ""
+        print(f"hypic-rag: serving {index_dir}{replicas} on http://{args.host}:{port} (OpenAPI page: /docs)", flush=True)
 
     try:
-        started = serve(config, args.host, port, log_level=args.log_level, sock=sock, on_ready=announce)
+        if replicated:  # Ray is imported only here
+            started = _serve_replicated(args, config, port, sock, announce)
+        else:
+            started = serve(config, args.host, port, log_level=args.log_level, sock=sock, on_ready=announce)
     except Exception as error:  # noqa: BLE001 - every start-up failure becomes one line
         raise _startup_error(error) from None
     finally:
@@ -170,6 +205,31 @@ def run_serve(args: argparse.Namespace) -> int:
     if not started:
         raise CliError("the server failed to start (reason logged above)", EXIT_FAILURE)
     return EXIT_OK
+
+
+def _miss_encoders(args: argparse.Namespace):  # noqa: ANN202 - a RayMissEncoders, or None
+    """`--encode-actors K`: the factory of each replica's (or this server's) Ray actors; Ray is imported only here."""
+    if not args.encode_actors:
+        return None
+    from hypic_rag.distributed.ray_encoder import RayMissEncoders
+
+    return RayMissEncoders(address=args.ray or "local", actors=args.encode_actors)
+
+
+def _serve_replicated(args: argparse.Namespace, config, port: int, sock, announce) -> bool:  # noqa: ANN001
+    """`--replicas N`: the replicas on Ray Serve (the cluster of --ray), the front here."""
+    from hypic_rag.distributed.cluster import ClusterOptions
+    from hypic_rag.distributed.serve_front import serve_with_replicas
+    from hypic_rag.distributed.serve_replicas import ReplicaOptions
+
+    try:
+        cluster = ClusterOptions(address=args.ray or "local")
+        options = ReplicaOptions(replicas=args.replicas, replica_cpus=args.replica_cpus,
+                                 gpu=str(args.device or "").startswith("cuda"))
+    except ValueError as error:
+        raise CliError(str(error), EXIT_BAD_INPUT) from None
+    return serve_with_replicas(config, options, args.host, port, cluster=cluster, sock=sock,
+                               log_level=args.log_level, on_ready=announce, max_in_flight=args.max_in_flight)
 
 
 def _startup_error(error: Exception) -> HypicError:

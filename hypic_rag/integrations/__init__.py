@@ -9,7 +9,10 @@ import importlib
 from typing import Any
 
 _LLAMA_INDEX_NAMES = frozenset(
-    {"HypicCacheTransformation", "HypicEmbedding", "HypicLLM", "HypicQueryEngine", "HypicRuntime"}
+    {
+        "HypicCacheTransformation", "HypicCondensePlusContextChatEngine", "HypicContextChatEngine", "HypicEmbedding",
+        "HypicLLM", "HypicQueryEngine", "HypicRuntime", "HypicSynthesizer",
+    }
 )
 
 

@@ -19,10 +19,10 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -153,6 +153,22 @@ def check_not_locked(directory: str | Path) -> None:
     _acquire_lock(Path(directory).expanduser().resolve()).close()
 
 
+def record_recompute_policy(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
+    """Record `record` (a calibration, `hypic_rag.runtime.calibration.Calibration.to_dict()` and how it was made;
+    None clears it) as the index's recompute policy, under the index's writer lock; the manifest saved.
+    `IndexLockedError` when another process writes the index."""
+    directory = Path(directory).expanduser().resolve()
+    lock = _acquire_lock(directory)
+    try:
+        manifest = IndexManifest.load(directory)
+        manifest.recompute_policy = None if record is None else dict(record)
+        manifest.__post_init__()  # checks the recorded spec
+        manifest.save(directory)
+        return manifest
+    finally:
+        lock.close()
+
+
 def _open_docstore(directory: Path) -> DocStore:
     """The index's docstore; an unreadable file (or an unwritable index directory) as a one-line error."""
     path = directory / DOCSTORE_FILE
@@ -276,10 +292,16 @@ class CorpusIndex:
         )
 
     def ingest(
-        self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False
+        self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False,
+        cut: Callable[[Document], list[Chunk]] | None = None, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> IngestReport:
-        """Bring the index in line with `corpus` (see the module docstring) and save it if anything changed."""
-        return drain(self.ingest_steps(corpus, chunker, delete_missing=delete_missing, show_progress=show_progress))
+        """Bring the index in line with `corpus` (see the module docstring) and save it if anything changed.
+
+        cut / embed: where a changed document's chunks and a batch of new chunks' vectors come from (None: this
+        process's `chunker` and embedder). Given (Ray tasks, `distributed.ray_ingest`), they must return what
+        those would: the documents are still stored here, in corpus order, one transaction each."""
+        return drain(self.ingest_steps(corpus, chunker, delete_missing=delete_missing, show_progress=show_progress,
+                                       cut=cut, embed=embed))
 
     def ingest_steps(
         self,
@@ -289,6 +311,8 @@ class CorpusIndex:
         delete_missing: bool = True,
         show_progress: bool = False,
         step_chunks: int | None = None,
+        cut: Callable[[Document], list[Chunk]] | None = None,
+        embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> Generator[int, None, IngestReport]:
         """`ingest` as a generator of bounded steps, for callers that interleave other work between them (the
         service's document jobs); its return value is the report.
@@ -298,7 +322,7 @@ class CorpusIndex:
         final save. Each yield says how many of the corpus's documents are done (stored or found unchanged).
         Without it, the steps are whole batches of `embed_batch_chunks` new chunks (what `ingest` does). Closed
         between steps, the index holds the documents stored so far and stays consistent (the FAISS file catches
-        up with the docstore on the next save or open).
+        up with the docstore on the next save or open). `cut` and `embed`: as in `ingest`.
         """
         if step_chunks is not None and step_chunks < 1:
             raise ValueError(f"step_chunks must be positive, got {step_chunks}")
@@ -319,8 +343,8 @@ class CorpusIndex:
                 if root != source_root:
                     moved.append(document.doc_id)
                 continue
-            chunks: list[Chunk] = []
-            for number, chunk in enumerate(chunker.chunk_steps(document), 1):
+            chunks: list[Chunk] = [] if cut is None else cut(document)
+            for number, chunk in enumerate(chunker.chunk_steps(document) if cut is None else (), 1):
                 if chunk is not None:
                     chunks.append(chunk)
                 if step_chunks is not None and number % step_chunks == 0:
@@ -330,9 +354,9 @@ class CorpusIndex:
             pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in stored))
             pending_chunks += len(new_chunks)
             if pending_chunks >= self.embed_batch_chunks:
-                done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done)
+                done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done, embed)
                 pending, pending_chunks = [], 0
-        done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done)
+        done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done, embed)
         if moved:
             self.docstore.move_documents(moved, source_root)
         deleted = 0
@@ -364,15 +388,16 @@ class CorpusIndex:
         counts: dict[str, int],
         step_chunks: int | None,
         done: int,
+        embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> Generator[int, None, int]:
-        """Embed the pending documents' new chunks (`step_chunks` at a time, or all at once) and store each
-        document in its own transaction; yields and returns the number of documents done."""
+        """Embed the pending documents' new chunks (`step_chunks` at a time, or all at once, with `embed` when
+        given) and store each document in its own transaction; yields and returns the number of documents done."""
         if not pending:
             return done
         new_chunks = [chunk for item in pending for chunk in item.new_chunks]
         texts = [chunk.text for chunk in new_chunks]
         if step_chunks is None:
-            vectors = self.embedder.embed(texts)
+            vectors = (embed or self.embedder.embed)(texts)
         else:
             parts = []
             for start in range(0, len(texts), step_chunks):

@@ -212,6 +212,15 @@ class DocStore:
         except sqlite3.Error as error:
             raise sqlite_failure(self.path, error) from None
 
+    def iter_chunk_texts(self, doc_id: str | None = None) -> Iterator[str]:
+        """The text of every chunk (of one document when `doc_id` is given), by document then position."""
+        where, args = ("WHERE doc_id = ? ", (doc_id,)) if doc_id is not None else ("", ())
+        try:
+            for (text,) in self._db.execute(f"SELECT text FROM chunks {where}ORDER BY doc_id, position", args):
+                yield text
+        except sqlite3.Error as error:
+            raise sqlite_failure(self.path, error) from None
+
     @_sqlite_errors
     def counts(self) -> DocStoreCounts:
         documents = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,22 @@ def _load_file(path: Path, relative: str, skipped: list[SkippedInput]) -> list[D
     return _load_text_document(path, relative, skipped)
 
 
+def load_file(path: Path, relative: str) -> tuple[list[Document], list[SkippedInput]]:
+    """One corpus file's documents (`relative`: its id-giving path) and the inputs of it that were skipped."""
+    skipped: list[SkippedInput] = []
+    return _load_file(path, relative, skipped), skipped
+
+
+FileLoader = Callable[[Sequence[tuple[Path, str]]], Iterable[tuple[list[Document], list[SkippedInput]]]]
+"""Loads (path, relative path) files, yielding `load_file`'s result for each in the given order (this process's
+loop by default; Ray tasks with `hypic_rag.distributed.ray_ingest`)."""
+
+
+def load_files_here(files: Sequence[tuple[Path, str]]) -> Iterable[tuple[list[Document], list[SkippedInput]]]:
+    """`load_file` of each file in turn, in this process."""
+    return (load_file(path, relative) for path, relative in files)
+
+
 def _is_hidden(relative_parts: tuple[str, ...]) -> bool:
     return any(part.startswith(".") for part in relative_parts)
 
@@ -232,11 +249,12 @@ def _corpus_files(root: Path, skipped: list[SkippedInput]) -> tuple[list[Path], 
     return files, ignored
 
 
-def load_corpus(path: str | Path) -> LoadedCorpus:
+def load_corpus(path: str | Path, *, load_files: FileLoader = load_files_here) -> LoadedCorpus:
     """Load every document under `path` (a directory, recursively, or one file).
 
     Raises CorpusNotFoundError for a missing path and EmptyCorpusError when nothing loadable is found.
     A document id seen twice keeps its first occurrence; the later one is skipped with a warning.
+    `load_files` reads the files (in order; whoever reads them, the result is the same).
     """
     root = Path(path).expanduser()
     if not root.exists():
@@ -245,10 +263,13 @@ def load_corpus(path: str | Path) -> LoadedCorpus:
     skipped: list[SkippedInput] = []
     if root.is_dir():
         files, ignored = _corpus_files(root, skipped)
-        loaded = [doc for file in files for doc in _load_file(file, file.relative_to(root).as_posix(), skipped)]
+        named = [(file, file.relative_to(root).as_posix()) for file in files]
     else:
-        ignored = 0
-        loaded = _load_file(root, root.name, skipped)
+        ignored, named = 0, [(root, root.name)]
+    loaded: list[Document] = []
+    for documents, file_skips in load_files(named):
+        loaded.extend(documents)
+        skipped.extend(file_skips)
     documents, seen = [], set()
     for document in loaded:
         if document.doc_id in seen:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
@@ -38,11 +39,13 @@ from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
-from hypic_rag.session import ModelSession, SegmentPlan, distinct_segments, plan_segments
+from hypic_rag.session import CacheOptions, ModelSession, SegmentPlan, distinct_segments, plan_segments
+from hypic_rag.session import SegmentEncoder as SegmentEncoderLike
 from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.remote_config import RemoteTierConfig
     from hypic_rag.cache.segment_cache import SegmentCache
 
 logger = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ __all__ = [
     "EncodeReport",
     "PrecomputeOptions",
     "PrecomputeSummary",
+    "ScaleOut",
     "SegmentPlan",
     "cache_bytes_of",
     "distinct_segments",
@@ -72,7 +76,12 @@ class PrecomputeOptions:
     (None: `<index_dir>/segment_cache`). embedder_path: a local sentence-transformers directory (None: shipped
     default). device: model device (None: CUDA when available, else CPU). dtype: "float32", "bfloat16" or
     "float16", the dtype the model runs in (None: the one an existing index recorded, else float32 on CPU and
-    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype.
+    bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype. remote_cache: a shared remote tier
+    (`hypic_rag.cache.remote_config.RemoteTierConfig`): chunks it holds are not encoded again, every entry
+    encoded (or found on disk but not in the remote) is uploaded, and the run waits for the uploads. scale_out: None (this machine
+    only) or where loading, chunking, embedding and encoding run instead (`ScaleOut`; e.g.
+    `hypic_rag.distributed.ray_scale_out.RayScaleOut`: Ray tasks and actors), while this process stays the
+    index's single writer.
     """
 
     corpus: Path
@@ -89,11 +98,15 @@ class PrecomputeOptions:
     embed_batch_size: int = 64
     prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT
     show_progress: bool = True
+    remote_cache: RemoteTierConfig | None = None
+    scale_out: ScaleOut | None = None
 
     def __post_init__(self) -> None:
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.scale_out is not None and self.workers > 1:
+            raise ValueError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
         check_seam_tokens(self.seam_tokens)
         if self.embed_batch_size < 1:
             raise ValueError(f"embed_batch_size must be positive, got {self.embed_batch_size}")
@@ -101,6 +114,23 @@ class PrecomputeOptions:
             from hypic_rag.runtime.model import resolve_dtype
 
             resolve_dtype(self.dtype)  # validates the name
+
+
+class ScaleOut(Protocol):
+    """Where precompute's work runs when not all in this process (`PrecomputeOptions.scale_out`); this process
+    stays the index's and cache's single writer, in corpus order, so the result is a local run's."""
+
+    def load_corpus(self, path: Path) -> LoadedCorpus:
+        """The corpus at `path`, as `load_corpus(path)` would load it."""
+        ...
+
+    def ingest_hooks(self, index: CorpusIndex, corpus: LoadedCorpus, chunker: Chunker) -> dict[str, Any]:
+        """`cut` and `embed` for `CorpusIndex.ingest` (what this process's chunker and embedder would return)."""
+        ...
+
+    def encoder(self, engine: Any, spec: EncoderSpec) -> AbstractContextManager[SegmentEncoderLike]:
+        """An encoder of `spec`'s model running `engine`'s batches (closed at the end of the `with`)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +160,8 @@ class PrecomputeSummary:
     cache_dir: Path
     elapsed_seconds: float
     skipped: tuple[SkippedInput, ...] = field(default_factory=tuple)
+    remote: dict[str, Any] | None = None
+    """The remote tier's counters after the run (`RemoteTier.stats`), when one was given."""
 
     @property
     def did_work(self) -> bool:
@@ -149,8 +181,10 @@ def encode_plans(
     lookup = next(fill)
     logger.info("%d of %d segments missing from the cache (%d tokens)",
                 lookup.to_encode, lookup.segments, lookup.tokens_to_encode)
+    actors = getattr(encoder, "actors", None)  # a Ray pool: its rate is the cluster's
     with tqdm(
-        total=lookup.tokens_to_encode, unit="tok", unit_scale=True, desc="encoding",
+        total=lookup.tokens_to_encode, unit="tok", unit_scale=True,
+        desc=f"encoding on {actors} actors" if actors else "encoding",
         disable=not show_progress or not lookup.to_encode,
     ) as progress:
         for report in fill:
@@ -227,7 +261,9 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
 
     began = time.perf_counter()
     cache_dir = check_locations(options.index_dir, options.cache_dir)
-    corpus = corpus if corpus is not None else load_corpus(options.corpus)
+    scale_out = options.scale_out
+    if corpus is None:
+        corpus = load_corpus(options.corpus) if scale_out is None else scale_out.load_corpus(options.corpus)
     model = load_model(
         options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
         require_tokenizer=True,
@@ -242,22 +278,30 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         cache_dir=options.cache_dir,
     )
     # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
+    remote = options.remote_cache
+    # precompute fills the remote tier: an upload waits for room in the queue instead of being dropped
+    cache_options = CacheOptions(remote=remote.with_options(wait_when_full=True) if remote is not None else None)
     with (
         ModelSession.of_model(
             model, model_path=options.model_path, seam_tokens=options.seam_tokens, cache_dir=cache_dir,
-            prompt_format=options.prompt_format,
+            prompt_format=options.prompt_format, cache=cache_options,
         ) as session,
         CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
     ):
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
-        ingest = index.ingest(corpus, chunker, show_progress=options.show_progress)
+        hooks = {} if scale_out is None else scale_out.ingest_hooks(index, corpus, chunker)
+        ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
-        if options.workers > 1:
+        if scale_out is not None:
+            with scale_out.encoder(session.engine, encoder_spec(options, model, threads=1)) as pool:
+                encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
+        elif options.workers > 1:
             with SegmentEncoder(session.engine, encoder_spec(options, model), workers=options.workers) as pool:
                 encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
         else:
             encode = encode_plans(session, plans, show_progress=options.show_progress)
         cache = session.segment_source
+        remote_stats = publish_to_remote(cache, plans) if remote is not None else None
         cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
         counts = index.counts()
         return PrecomputeSummary(
@@ -270,17 +314,29 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             cache_dir=index.cache_dir,
             elapsed_seconds=time.perf_counter() - began,
             skipped=tuple(corpus.skipped),
+            remote=remote_stats,
         )
 
 
-def encoder_spec(options: PrecomputeOptions, model: Any) -> EncoderSpec:
-    """How each encoding worker process rebuilds `model` (same path, device, dtype and fingerprint)."""
+def publish_to_remote(cache: SegmentCache, plans: Sequence[SegmentPlan]) -> dict[str, Any]:
+    """Upload the planned entries the disk holds and the remote tier lacks, wait for every queued upload, and
+    return the remote tier's counters (``remote_*`` of `SegmentCache.stats`)."""
+    published = sum(cache.publish(cache.namespace_for(plan.seam_tokens), plan.segments) for plan in plans)
+    if published:
+        logger.info("%d entries on disk but not in the remote tier handed to it", published)
+    cache.flush_remote()
+    return {name: value for name, value in cache.stats().items() if name.startswith("remote_")}
+
+
+def encoder_spec(options: PrecomputeOptions, model: Any, *, threads: int | None = None) -> EncoderSpec:
+    """How each encoding worker process (or Ray actor) rebuilds `model` (same path, device, dtype and
+    fingerprint); `threads`: torch threads of each (None: this process's shared out over `options.workers`)."""
     return EncoderSpec(
         model_path=str(options.model_path),
         device=str(model.device),
         dtype=model.dtype_name,
         seam_tokens=options.seam_tokens,
         fingerprint=model.fingerprint,
-        threads_per_worker=threads_per_worker(options.workers),
+        threads_per_worker=threads if threads is not None else threads_per_worker(options.workers),
         preload_modules=("hypic_rag.runtime.engine", "hypic_rag.runtime.model", type(model.hf_model).__module__),
     )

@@ -28,7 +28,15 @@ from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule
 from hypic_rag.runtime.segment_state import SegmentState
-from hypic_rag.runtime.stack import Span, StackOptions, _advance_tail_cached, _merge_recomputed_spans, _rotate_into
+from hypic_rag.runtime.stack import (
+    Span,
+    StackOptions,
+    StackResult,
+    _advance_tail_cached,
+    _merge_recomputed_spans,
+    _rotate_into,
+    run_stack,
+)
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 
 
@@ -137,11 +145,35 @@ def _previous_linear(layout: _Layout, layer_index: int) -> LinearLayerState | No
     return initial.linear.get(layer_index) if initial is not None else None
 
 
+def batch_supported(model: HybridModel) -> bool:
+    """Whether `run_batch` can run `model`: the Qwen family (Qwen3.5 dense / MoE, Qwen3-Next), whose layers are
+    Gated DeltaNet or gated attention with rotary positions. Other families (`runtime/families`) run their items
+    one at a time through `run_each`."""
+    from hypic_rag.runtime.families.qwen import QwenHybrid
+
+    return isinstance(model.family, QwenHybrid)
+
+
+def run_each(model: HybridModel, items: list[BatchItem]) -> list[StackResult]:
+    """The per-request path for a family the batched pass does not cover: each item through `run_stack` on its
+    own (its state a `DecodeState`, returned anew, never written in place). One result per item, in order."""
+    results = []
+    for item in items:
+        if isinstance(item.state, SequenceState):
+            raise TypeError("run_each takes DecodeState items (a SequenceState belongs to the batched pass)")
+        results.append(run_stack(model, item.spans, initial=item.state, options=item.options,
+                                 want_checkpoints=item.want_checkpoints))
+    return results
+
+
 @torch.no_grad()
 def run_batch(model: HybridModel, items: list[BatchItem]) -> list[BatchItemResult]:
-    """Run every item's spans through the stack in one pass; one result per item, in order."""
+    """Run every item's spans through the stack in one pass; one result per item, in order (Qwen family only:
+    `batch_supported`)."""
     if not items:
         return []
+    if not batch_supported(model):
+        raise ValueError(f"the batched pass does not cover {type(model.family).__name__} models; use run_each")
     device = model.device
     layouts, flat_ids = _lay_out(items, device)
     ids = torch.tensor(flat_ids, dtype=torch.long, device=device)

@@ -1,19 +1,21 @@
-"""Encode one segment standalone (positions 0..L-1, zero start) into a cache entry.
+"""Encode segments standalone (positions 0..L-1, zero start) into cache entries, for any family.
 
-Per linear layer the entry holds the affine map of the segment's suffix (tokens seam..L-1) — P [H, K, K] and
-Z [H, K, V] — and its conv tail; per attention layer the pre-RoPE keys and the values. See docs/CONTRACTS.md.
-No zero-start end state of the whole chunk is stored (it would add half of Z+P's bytes): a segment at position 0
-either has a seam-0 entry (then Z is that state) or recomputes its seam from the zero start, which is exact.
+Per recurrent mixer the entry holds the affine map of the segment's suffix (tokens seam..L-1) — P (shaped by the
+mixer's transition kind; Gated DeltaNet [H, K, K]) and Z [*state_shape] — and its conv tail; per attention mixer
+the keys before any position and the values. See docs/CONTRACTS.md. No zero-start end state of the whole chunk
+is stored (it would add half of Z+P's bytes): a segment at position 0 either has a seam-0 entry (then Z is that
+state) or recomputes its seam from the zero start, which is exact.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, tensor_name
+from hypic_rag.entry import SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, tensor_name
 from hypic_rag.runtime import layers as L
+from hypic_rag.runtime.blocks import BlockContext
+from hypic_rag.runtime.mixers.base import AttentionMixer, Mixer, RecurrentMixer
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 
 
 @torch.no_grad()
@@ -22,45 +24,7 @@ def encode_segment(model: HybridModel, token_ids: list[int], seam_tokens: int) -
     if not token_ids:
         raise ValueError("cannot encode an empty segment")
     check_seam_tokens(seam_tokens)
-    device = model.device
-    length = len(token_ids)
-    seam = min(seam_tokens, length)
-    ids = torch.tensor(token_ids, dtype=torch.long, device=device)
-    positions = torch.arange(length, device=device)
-    hidden = model.backbone.embed_tokens(ids)
-    cos, sin = L.rotary_tables(model.backbone.rotary_emb, positions, hidden)
-    entry: Entry = {
-        TOKEN_IDS: torch.tensor(token_ids, dtype=torch.int64),
-        SEAM_TOKENS: torch.tensor(seam_tokens, dtype=torch.int64),
-    }
-    for layer_index, layer in enumerate(model.layers):
-        x = layer.input_layernorm(hidden)
-        if model.layer_types[layer_index] == LINEAR_LAYER:
-            mixer = layer.linear_attn
-            inputs = L.linear_mixer_inputs(mixer, x, L.empty_conv_tail(mixer, device))
-            parts = (inputs.query, inputs.key, inputs.value, inputs.log_decay, inputs.beta)
-            seam_output, seam_state = gated_delta_rule(*(p[None, :, :seam] for p in parts))
-            suffix_zero, suffix_transition, suffix = gated_delta_rule_with_transition(*(p[None, :, seam:] for p in parts))
-            suffix_output = suffix_zero + suffix_transition @ seam_state
-            core = torch.cat([seam_output, suffix_output], dim=2)[0]
-            entry[tensor_name(layer_index, "transition")] = suffix.transition[0]
-            entry[tensor_name(layer_index, "suffix_state")] = suffix.state[0]
-            entry[tensor_name(layer_index, "conv_tail")] = L.advance_conv_tail(
-                L.empty_conv_tail(mixer, device), inputs.preconv
-            )
-            mixed = L.linear_mixer_output(mixer, core, inputs.output_gate, model.dtype)
-        else:
-            attention = layer.self_attn
-            query, key, value, gate = L.attention_inputs(attention, x)
-            entry[tensor_name(layer_index, "key")] = key
-            entry[tensor_name(layer_index, "value")] = value
-            core = L.attention_core(
-                attention, L.apply_rotary(query, cos, sin), L.apply_rotary(key, cos, sin), value, positions, positions
-            )
-            mixed = L.attention_output(attention, core, gate)
-        hidden = hidden + mixed
-        hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
-    return {name: tensor.detach().to("cpu").contiguous() for name, tensor in entry.items()}
+    return _encode_batch(model, [list(token_ids)], seam_tokens)[0]
 
 
 DEFAULT_ENCODE_BATCH_TOKENS = 1024
@@ -98,8 +62,71 @@ def encode_segments(model: HybridModel, segments: list[list[int]], seam_tokens: 
         raise ValueError("cannot encode an empty segment")
     if seam_tokens < 0:
         raise ValueError("seam_tokens must be >= 0")
-    if len(segments) == 1:
-        return [encode_segment(model, segments[0], seam_tokens)]
+    return _encode_batch(model, segments, seam_tokens)
+
+
+def _encode_recurrent(
+    mixer: RecurrentMixer, x: torch.Tensor, lengths: list[int], seam: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+    """A recurrent mixer over n standalone segments x [n, L, hidden] (padded at their ends): the mixed output
+    [n, L, hidden] and per part ("transition", "suffix_state", "conv_tail") one tensor per segment."""
+    count, device = x.shape[0], x.device
+    longest = x.shape[1]
+    projections = mixer.project(x)
+    empty_tail = mixer.empty_conv_tail(device)
+    convolved = mixer.convolve(projections.preconv, empty_tail.expand(count, -1, -1))
+    inputs = mixer.recurrence_inputs(convolved, projections, lengths)
+    parts: dict[str, list[torch.Tensor]] = {
+        "conv_tail": [L.advance_conv_tail(empty_tail, projections.preconv[row, :length]) for row, length in enumerate(lengths)]
+    }
+    everything = slice(0, count)
+    if mixer.transition_kind is None:
+        core, _ = mixer.run(inputs, None)
+        return mixer.output(core, projections, dtype), parts
+    pieces: list[torch.Tensor] = []
+    seam_state = None
+    if seam > 0:
+        seam_output, seam_state = mixer.run(inputs.select(everything, 0, seam), None)
+        pieces.append(seam_output)
+    if seam < longest:
+        suffix = mixer.run_with_transition(inputs.select(everything, seam, longest))
+        suffix_output = suffix.zero_outputs
+        if seam_state is not None:
+            suffix_output = mixer.outputs_from_start(suffix.zero_outputs, suffix.transition_outputs, seam_state)
+        pieces.append(suffix_output)
+        segment = suffix.segment
+    else:
+        segment = mixer.identity_segment(count, device)
+    core = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]  # [n, L, *output_shape]
+    parts["transition"] = [segment.transition[row] for row in range(count)]
+    parts["suffix_state"] = [segment.state[row] for row in range(count)]
+    return mixer.output(core, projections, dtype), parts
+
+
+def _encode_attention(
+    mixer: AttentionMixer, x: torch.Tensor, lengths: list[int]
+) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
+    """An attention mixer over n standalone segments x [n, L, hidden] at positions 0..L-1: the mixed output and
+    per segment its keys (before any position) and values [H_kv, length, D]."""
+    positions = mixer.positions
+    projections = mixer.project(x)  # [n, H, L, D]
+    tables = positions.tables(torch.arange(x.shape[1], device=x.device), x)
+    everywhere = slice(None)
+    parts = {
+        "key": [projections.key[row, :, :length] for row, length in enumerate(lengths)],
+        "value": [projections.value[row, :, :length] for row, length in enumerate(lengths)],
+    }
+    core = L.causal_attention(
+        mixer,
+        positions.apply(projections.query, tables, everywhere),
+        positions.apply(projections.key, tables, everywhere),
+        projections.value,
+    )
+    return mixer.output(core, projections), parts
+
+
+def _encode_batch(model: HybridModel, segments: list[list[int]], seam_tokens: int) -> list[Entry]:
+    """`encode_segments` without its checks: the segments as one padded batch through every block."""
     device = model.device
     lengths = [len(segment) for segment in segments]
     count, longest = len(segments), max(lengths)
@@ -107,38 +134,23 @@ def encode_segments(model: HybridModel, segments: list[list[int]], seam_tokens: 
     ids = torch.zeros(count, longest, dtype=torch.long)
     for row, segment in enumerate(segments):
         ids[row, : len(segment)] = torch.tensor(segment, dtype=torch.long)
-    ids = ids.to(device)
-    hidden = model.backbone.embed_tokens(ids)  # [n, L, hidden]
-    cos, sin = L.rotary_tables(model.backbone.rotary_emb, torch.arange(longest, device=device), hidden[0])
-    entries: list[dict[str, torch.Tensor]] = [
+    hidden = model.embed(ids.to(device))  # [n, L, hidden]
+    context = BlockContext(embeddings=hidden)
+    entries: list[Entry] = [
         {TOKEN_IDS: torch.tensor(segment, dtype=torch.int64), SEAM_TOKENS: torch.tensor(seam_tokens, dtype=torch.int64)}
         for segment in segments
     ]
-    for layer_index, layer in enumerate(model.layers):
-        x = layer.input_layernorm(hidden)
-        if model.layer_types[layer_index] == LINEAR_LAYER:
-            mixer = layer.linear_attn
-            preconv, output_gate, b, a = L.linear_projections(mixer, x)
-            zero_context = L.empty_conv_tail(mixer, device).expand(count, -1, -1)
-            parts = L.batched_delta_rule_inputs(mixer, preconv, b, a, zero_context, lengths)
-            seam_output, seam_state = gated_delta_rule(*(p[:, :, :seam] for p in parts))
-            suffix_zero, suffix_transition, suffix = gated_delta_rule_with_transition(*(p[:, :, seam:] for p in parts))
-            core = torch.cat([seam_output, suffix_zero + suffix_transition @ seam_state], dim=2)  # [n, H, L, V]
-            for row, length in enumerate(lengths):
-                entries[row][tensor_name(layer_index, "transition")] = suffix.transition[row]
-                entries[row][tensor_name(layer_index, "suffix_state")] = suffix.state[row]
-                entries[row][tensor_name(layer_index, "conv_tail")] = L.advance_conv_tail(
-                    L.empty_conv_tail(mixer, device), preconv[row, :length]
-                )
-            mixed = L.linear_mixer_output(mixer, core, output_gate, model.dtype)
-        else:
-            attention = layer.self_attn
-            query, key, value, gate = L.attention_inputs(attention, x)  # [n, H, L, D]
-            for row, length in enumerate(lengths):
-                entries[row][tensor_name(layer_index, "key")] = key[row, :, :length]
-                entries[row][tensor_name(layer_index, "value")] = value[row, :, :length]
-            core = L.causal_attention(attention, L.apply_rotary(query, cos, sin), L.apply_rotary(key, cos, sin), value)
-            mixed = L.attention_output(attention, core, gate)
-        hidden = hidden + mixed
-        hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
+    for layer_index, block in enumerate(model.blocks):
+
+        def mix(mixer: Mixer, x: torch.Tensor, layer_index: int = layer_index) -> torch.Tensor:
+            if isinstance(mixer, RecurrentMixer):
+                mixed, parts = _encode_recurrent(mixer, x, lengths, seam, model.dtype)
+            else:
+                mixed, parts = _encode_attention(mixer, x, lengths)
+            for part, tensors in parts.items():
+                for row, tensor in enumerate(tensors):
+                    entries[row][tensor_name(layer_index, part)] = tensor
+            return mixed
+
+        hidden = block.forward(hidden, mix, context)
     return [{name: tensor.detach().to("cpu").contiguous() for name, tensor in entry.items()} for entry in entries]

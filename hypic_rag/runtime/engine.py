@@ -7,7 +7,9 @@ Modes (the comparison ladder of docs/design.md, all through the same stack pass;
 - addition: sum of zero-start states (no P), keys left at their standalone positions: the naive baseline.
 - transition: P composition, keys left at their standalone positions.
 - transition_rope: P composition, cached keys re-positioned with RoPE.
-- hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk.
+- hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk; a recompute
+  policy (`recompute_policy.py`; the engine's `recompute_policy` unless a call names one) may instead recompute
+  some chunks whole, or use another seam.
 The prefix sits at position 0 with a zero start, so its (seam-0) entry is exact in every mode; without a prefix the
 first chunk's seam is recomputed from the zero start, which is exact too.
 
@@ -32,6 +34,7 @@ from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment
 from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import ModeSpec, mode_spec
+from hypic_rag.runtime.recompute_policy import SEAM_POLICY, WHOLE, RecomputePlan, RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.segment_source import MemorySegmentSource, SegmentSource
@@ -40,8 +43,19 @@ from hypic_rag.runtime.state import DecodeState
 
 logger = logging.getLogger(__name__)
 
+PIECE_TOKENS = 8
+"""Shortest piece a chunk recomputed whole among cached chunks is run as (the widest seam if wider)."""
+
 Check = Callable[[], None]
 """A per-step check (deadline, cancellation): returns to go on, raises to stop."""
+
+
+class MissEncoder(Protocol):
+    """Encodes a request's cache misses somewhere else, in parallel (segment parallelism, docs/design.md): e.g.
+    `hypic_rag.distributed.ray_encoder.RayEncoderPool`, which runs the batches `plan_encode_batches` makes, longest
+    first, on Ray actors. It must return what `Engine.encode_segments` would, in the order of `segments`."""
+
+    def encode_segments(self, segments: list[list[int]], seam_tokens: int, check: Check | None = None) -> list[Entry]: ...
 
 
 @dataclass(slots=True)
@@ -52,6 +66,8 @@ class PrefillStats:
     cached_tokens come from segment entries that existed before this prefill (cache hits), encoded_tokens from
     entries this prefill had to encode (cache misses), recomputed_tokens ran through the model in the assembly
     pass (seams, question, full/prefix mode) and prefix_reused_tokens came from a prefix-mode checkpoint.
+    segment_reused_tokens: per segment of the request (`Request.segments`), its tokens taken from an entry held
+    before this prefill or from a prefix checkpoint (0 for a segment encoded now, and in `full` mode).
     """
 
     mode: str
@@ -68,6 +84,7 @@ class PrefillStats:
     compose_seconds: float = 0.0
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
+    segment_reused_tokens: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -123,6 +140,9 @@ class Engine:
     processes), or None for an in-process `MemorySegmentSource` of `memory_cache_bytes`. A source that holds
     another model's entries is refused (ValueError).
     prefix_cache_bytes: the budget of `prefix` mode's chunk-boundary checkpoints.
+    miss_encoder: where cache misses are encoded (None: here, in batches); settable later (`engine.miss_encoder`).
+    recompute_policy: what `hypic` recomputes when a call names no policy (a `RecomputePolicy` or its spec; None:
+    the fixed seam of `seam_tokens`).
     """
 
     def __init__(
@@ -134,12 +154,16 @@ class Engine:
         memory_cache_bytes: int = 1 << 30,
         prefix_cache_bytes: int = 1 << 30,
         encode_batch_tokens: int = DEFAULT_ENCODE_BATCH_TOKENS,
+        miss_encoder: MissEncoder | None = None,
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> None:
         if encode_batch_tokens < 1:
             raise ValueError(f"encode_batch_tokens must be positive, got {encode_batch_tokens}")
         self.model = model
         self.encode_batch_tokens = encode_batch_tokens
+        self.miss_encoder = miss_encoder
         self.seam_tokens = check_seam_tokens(seam_tokens)
+        self.recompute_policy: RecomputePolicy = as_policy(recompute_policy) or SEAM_POLICY
         self.segment_source: SegmentSource = (
             segment_source if segment_source is not None else MemorySegmentSource(memory_cache_bytes)
         )
@@ -157,8 +181,11 @@ class Engine:
     ) -> list[Entry]:
         """Encode the segments, several per forward (batches of similar lengths up to `encode_batch_tokens` padded
         tokens; `encode_segments` in encode.py). `check` runs before each batch (raising stops there: none of the
-        segments is kept). Entries come back in the order of `segments`."""
+        segments is kept). Entries come back in the order of `segments`. With a `miss_encoder` the batches run there
+        (on several encoders at once), with the same bytes."""
         seam = self.seam_tokens if seam_tokens is None else seam_tokens
+        if self.miss_encoder is not None and segments:
+            return self.miss_encoder.encode_segments([list(segment) for segment in segments], seam, check)
         entries: list[Entry | None] = [None] * len(segments)
         for batch in plan_encode_batches([len(segment) for segment in segments], self.encode_batch_tokens):
             if check is not None:
@@ -201,13 +228,30 @@ class Engine:
 
     # ------------------------------------------------------------------ prefill
 
+    def plan(
+        self, request: Request, seam_tokens: int | None = None, policy: RecomputePolicy | str | None = None
+    ) -> RecomputePlan:
+        """What `hypic` recomputes of `request`'s chunks under `policy` (the engine's when None), chunks not
+        recomputed whole at the policy's seam (`seam_tokens`, else the engine's, unless the policy names one)."""
+        chosen = as_policy(policy) or self.recompute_policy
+        seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
+        return chosen.plan([len(chunk) for chunk in request.chunk_ids], seam, request.chunk_ranks)
+
     def prefill(
-        self, request: Request, mode: str = "hypic", seam_tokens: int | None = None, *, check: Check | None = None
+        self,
+        request: Request,
+        mode: str = "hypic",
+        seam_tokens: int | None = None,
+        *,
+        check: Check | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> PrefillResult:
         """Assemble `request` under `mode`; returns next-token logits and the decode state.
 
-        check: runs before each segment the prefill has to encode (raising stops it there)."""
-        plan = self.plan_prefill(request, mode, seam_tokens, check=check)
+        check: runs before each segment the prefill has to encode (raising stops it there). policy: in `hypic`,
+        which chunks are recomputed whole and the seam of the others (`recompute_policy.py`; None: the engine's
+        `recompute_policy`); the other modes ignore it."""
+        plan = self.plan_prefill(request, mode, seam_tokens, check=check, policy=policy)
         result = run_stack(self.model, plan.spans, initial=plan.initial, options=plan.options,
                            want_checkpoints=plan.want_checkpoints)
         return self.finish_prefill(plan, result)
@@ -219,23 +263,26 @@ class Engine:
         seam_tokens: int | None = None,
         *,
         check: Check | None = None,
+        policy: RecomputePolicy | str | None = None,
         provided: Mapping[tuple[int, tuple[int, ...]], Entry] | None = None,
     ) -> PrefillPlan:
         """What the prefill of `request` under `mode` runs through the stack: its spans (entries fetched, or encoded
         and kept, now), options and start state. `run_stack` (or a batched pass) runs it; `finish_prefill` ends it.
 
-        provided: entries already encoded for this request, by (entry seam, token ids): used as they are and
-        counted as misses whose tokens were encoded (the scheduler encodes a batch's cold segments together)."""
+        policy: the recompute policy of a `hypic` prefill (`prefill`; None: the engine's). provided: entries already
+        encoded for this request, by (entry seam, token ids): used as they are and counted as misses whose tokens
+        were encoded (the scheduler encodes a batch's cold segments together)."""
         spec = mode_spec(mode)
         seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
         plan = PrefillPlan(request, mode, [], StackOptions(), began=time.perf_counter(),
-                           stats=PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens))
+                           stats=PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens,
+                                              segment_reused_tokens=[0] * len(request.segments)))
         if mode == "full":
             plan.spans = [Span(request.all_ids(), 0, request.prompt_tokens)]
         elif mode == "prefix":
             self._plan_prefix(plan)
         else:
-            self._plan_composed(plan, spec, seam, check, provided or {})
+            self._plan_composed(plan, spec, self.segment_seams(request, mode, seam, policy), check, provided or {})
         return plan
 
     def finish_prefill(self, plan: PrefillPlan, result: StackOutcome) -> PrefillResult:
@@ -252,40 +299,75 @@ class Engine:
         stats.prefill_seconds = stats.total_seconds - stats.load_seconds - stats.encode_seconds - stats.compose_seconds
         return PrefillResult(result.logits, result.state, stats)
 
+    def segment_seams(
+        self, request: Request, mode: str = "hypic", seam_tokens: int | None = None,
+        policy: RecomputePolicy | str | None = None,
+    ) -> list[int | None]:
+        """The entry seam of each of `request`'s segments under `mode` (and, in `hypic`, `policy`; None: the
+        engine's): the entry a composing prefill reads for it, or `WHOLE` for a chunk recomputed whole (no entry).
+        Modes that read no entries get their plain `ModeSpec.segment_seams` (unused)."""
+        spec = mode_spec(mode)
+        seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
+        # the prefix always sits at position 0: its seam-0 entry is exact (Z is its state). In hypic every chunk
+        # recomputes its seam (the first one, when there is no prefix, from the zero start: exact as well), or is
+        # recomputed whole when the policy's plan says so (WHOLE: no entry read).
+        segments = request.segments
+        seams: list[int | None] = list(spec.segment_seams(seam, has_prefix=bool(request.prefix_ids), segments=len(segments)))
+        if spec.seam_repair:
+            first_chunk = 1 if request.prefix_ids else 0
+            seams[first_chunk:] = self.plan(request, seam, policy).chunk_seams
+        return seams
+
     def _plan_composed(
-        self, plan: PrefillPlan, spec: ModeSpec, seam: int, check: Check | None,
+        self, plan: PrefillPlan, spec: ModeSpec, seams: list[int | None], check: Check | None,
         provided: Mapping[tuple[int, tuple[int, ...]], Entry],
     ) -> None:
         request, stats = plan.request, plan.stats
         segments = request.segments
-        # the prefix always sits at position 0: its seam-0 entry is exact (Z is its state). In hypic every chunk
-        # recomputes its seam (the first one, when there is no prefix, from the zero start: exact as well).
-        seams = spec.segment_seams(seam, has_prefix=bool(request.prefix_ids), segments=len(segments))
         entries: list[Entry | None] = [None] * len(segments)
         for number, entry_seam in enumerate(seams):
+            if entry_seam is WHOLE:
+                continue
             entry = provided.get((entry_seam, tuple(segments[number])))
             if entry is not None:  # encoded for this request by its caller: a miss whose tokens were encoded
                 entries[number] = {name: tensor.to(self.model.device) for name, tensor in entry.items()}
                 stats.cache_misses += 1
                 stats.cache_bytes_loaded += entry_tensor_bytes(entry)
                 stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
-        for entry_seam in sorted(set(seams)):
+        for entry_seam in sorted({s for s in seams if s is not WHOLE}):
             numbers = [number for number, s in enumerate(seams) if s == entry_seam and entries[number] is None]
             if not numbers:
                 continue
             fetched, hits = self._fetch_entries([segments[n] for n in numbers], entry_seam, stats, check)
             for number, entry, hit in zip(numbers, fetched, hits):
                 entries[number] = entry
-                if not hit:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
+                if hit:
+                    stats.segment_reused_tokens[number] = len(segments[number]) - min(entry_seam, len(segments[number]))
+                else:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
                     stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
         if check is not None:  # the entries are in (and kept); a request past its deadline stops before assembly
             check()
         position = 0
+        # a chunk recomputed whole among cached ones runs as pieces of the seam's width: the stack evaluates every
+        # recomputed run but the last in one batch padded to the longest run, so one 256-token run beside 8-token
+        # seams would cost (runs x 256) tokens of delta rule. Pieces are exact (consecutive recomputed spans carry
+        # the state and conv tail); the stack merges neighbouring recomputed spans back unless asked for
+        # per-span checkpoints, hence `want_checkpoints` below. To go once the stack batches runs by length.
+        piece = max([s for s in seams if s is not WHOLE] + [PIECE_TOKENS])
+        chunk_seams = seams[1:] if request.prefix_ids else seams
+        split = WHOLE in chunk_seams and any(s is not WHOLE and s > 0 for s in chunk_seams)
         for segment, entry, entry_seam in zip(segments, entries, seams):
-            plan.spans.append(Span(segment, position, min(entry_seam, len(segment)), entry))
+            if entry_seam is WHOLE and split:
+                for begin in range(0, len(segment), piece):
+                    part = segment[begin : begin + piece]
+                    plan.spans.append(Span(part, position + begin, len(part)))
+            else:
+                recomputed = len(segment) if entry_seam is WHOLE else min(entry_seam, len(segment))
+                plan.spans.append(Span(segment, position, recomputed, entry))
             position += len(segment)
         plan.spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
         plan.options = StackOptions(reposition_keys=spec.reposition_keys, composition=spec.composition)
+        plan.want_checkpoints = split
 
     def _plan_prefix(self, plan: PrefillPlan) -> None:
         request, stats = plan.request, plan.stats
@@ -304,6 +386,8 @@ class Engine:
         stats.prefix_reused_tokens = initial.length if initial is not None else 0
         stats.cache_hits += reused
         stats.cache_misses += len(segments) - reused
+        for number in range(reused):
+            stats.segment_reused_tokens[number] = len(segments[number])
         position = stats.prefix_reused_tokens
         for segment in segments[reused:]:
             plan.spans.append(Span(segment, position, len(segment)))
@@ -328,6 +412,7 @@ class Engine:
         seam_tokens: int | None = None,
         *,
         check: Check | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> GenerationStream:
         """A `GenerationStream` of (token_id, text_delta) as tokens are chosen; its `.result` is the `Generation`.
 
@@ -336,9 +421,9 @@ class Engine:
         multi-byte character, is held back until the next token settles it (its delta is then ""); text still
         held when an end-of-sequence token stops generation comes with that token's id as the last item.
         check: runs before every step and before each segment the prefill encodes (a deadline, a cancellation);
-        what it raises stops the generation there.
+        what it raises stops the generation there. policy: the recompute policy of a `hypic` prefill (`prefill`).
         """
-        return GenerationStream(self._generation_steps(request, mode, params, seam_tokens, check), check=check)
+        return GenerationStream(self._generation_steps(request, mode, params, seam_tokens, check, policy), check=check)
 
     def _generation_steps(
         self,
@@ -347,10 +432,11 @@ class Engine:
         params: SamplingParams | None,
         seam_tokens: int | None,
         check: Check | None,
+        policy: RecomputePolicy | str | None = None,
     ) -> Generator[tuple[int, str], None, Generation]:
         params = params or SamplingParams()
         began = time.perf_counter()
-        prefill = self.prefill(request, mode, seam_tokens, check=check)
+        prefill = self.prefill(request, mode, seam_tokens, check=check, policy=policy)
         progress = GenerationProgress(params, self.model.eos_token_ids, self.model.tokenizer, began)
         logits, state = prefill.logits, prefill.state
         while True:
@@ -371,10 +457,11 @@ class Engine:
         on_token: Callable[[int, str], None] | None = None,
         *,
         check: Check | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> Generation:
         """Prefill then decode until a stop token, a stop string or `max_new_tokens` (`stream` run to its end)."""
         callback = None if on_token is None else (lambda item: on_token(*item))
-        return self.stream(request, mode, params, seam_tokens, check=check).run(callback)
+        return self.stream(request, mode, params, seam_tokens, check=check, policy=policy).run(callback)
 
 
 def _detach_checkpoint(state: DecodeState) -> DecodeState:

@@ -2,7 +2,8 @@
 
 We reuse the model's own modules and weights (embeddings, norms, projections, MLPs / MoE blocks, rotary
 embedding, LM head); only the mixer paths that must expose states, transition operators, conv tails and
-pre-RoPE keys are re-implemented (in `layers.py`).
+pre-RoPE keys are re-implemented (`mixers/`). Which family a model is, and how its layers become blocks, is the
+family adapter's business (`families/`, registered by `config.model_type`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+from hypic_rag.runtime.blocks import Block
+from hypic_rag.runtime.families import Family, family_for, supported_model_types, text_backbone
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+SUPPORTED_MODEL_TYPES = supported_model_types()
+"""Every `config.model_type` a registered family serves."""
 
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,7 +70,8 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 class HybridModel:
     """A loaded hybrid causal LM and the handles the runtime needs.
 
-    layer_types[i] is "linear_attention" or "full_attention"; `layers[i]` is the model's decoder layer.
+    blocks[i]: decoder layer i as a `Block` (its mixers over the model's own modules), built by `family`;
+    layer_types[i]: its kind ("linear_attention", "full_attention", both joined by "+", or "mlp").
     fingerprint: sha256 over the config and a digest of the weights (cache keys use it).
     tokenizer_fingerprint: sha256 of the tokenizer's serialised form ("none" without a tokenizer).
     """
@@ -78,23 +82,26 @@ class HybridModel:
     layer_types: tuple[str, ...]
     fingerprint: str
     tokenizer_fingerprint: str
+    family: Family
+    blocks: tuple[Block, ...]
 
     @property
     def backbone(self) -> nn.Module:
-        """The decoder stack (embed_tokens, layers, norm, rotary_emb); the language model of a multimodal model."""
-        return text_backbone(self.hf_model)
+        """The decoder stack (embeddings, layers, final norm); the language model of a multimodal model."""
+        return self.family.backbone(self.hf_model)
 
     @property
     def layers(self) -> nn.ModuleList:
+        """The model's own decoder layers (the runtime drives `blocks`, built over them)."""
         return self.backbone.layers
 
     @property
     def device(self) -> torch.device:
-        return self.backbone.embed_tokens.weight.device
+        return self.hf_model.get_input_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.backbone.embed_tokens.weight.dtype
+        return self.hf_model.get_input_embeddings().weight.dtype
 
     @property
     def dtype_name(self) -> str:
@@ -114,15 +121,13 @@ class HybridModel:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings as the family computes them: ids [...] -> [..., hidden]."""
+        return self.family.embed(self.hf_model, ids)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden [T, hidden] -> logits [T, vocab] (float32)."""
-        return self.hf_model.lm_head(self.backbone.norm(hidden)).float()
-
-
-def text_backbone(hf_model: nn.Module) -> nn.Module:
-    """The decoder stack of a causal LM: `model` (…ForCausalLM) or `model.language_model` (…ForConditionalGeneration)."""
-    inner = getattr(hf_model, "model", None)
-    return getattr(inner, "language_model", inner) if inner is not None else hf_model
+        return self.family.logits(self.hf_model, hidden)
 
 
 def text_stack_tensors(hf_model: nn.Module) -> dict[str, torch.Tensor]:
@@ -198,39 +203,39 @@ def _text_config(config: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
-def _check_supported(config: Any) -> None:
+def _check_supported(config: Any, family: Family | None = None) -> Family:
+    """The family serving `config` (`family` when given), or `UnsupportedModelError` saying why there is none."""
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    family = family or family_for(model_type)
+    if family is None:
         raise UnsupportedModelError(
-            f"model type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"model type {model_type!r} is not supported; supported: {', '.join(supported_model_types())}"
         )
+    reason = family.unsupported_reason(config)
+    if reason is not None:
+        raise UnsupportedModelError(reason)
+    return family
 
 
-def _check_text_stack(hf_model: nn.Module) -> None:
-    backbone = text_backbone(hf_model)
-    parts = [getattr(backbone, name, None) for name in ("embed_tokens", "layers", "norm", "rotary_emb")]
-    if any(part is None for part in parts) or getattr(hf_model, "lm_head", None) is None:
-        raise UnsupportedModelError(
-            f"{type(hf_model).__name__} is not a causal LM with a language-model head; pass a ...ForCausalLM or "
-            "...ForConditionalGeneration model"
-        )
-
-
-def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None) -> HybridModel:
+def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, *, family: Family | None = None) -> HybridModel:
     """Wrap an already-built transformers causal LM (eval mode is set).
 
     hf_model: a text model (`Qwen3_5ForCausalLM`, ...) or a multimodal one (`Qwen3_5ForConditionalGeneration`,
     ...), whose text stack (`model.language_model`, `lm_head`) the runtime drives. The fingerprint covers the text
     config and the text stack's weights only, so both forms of one checkpoint get the same fingerprint.
+    family: the adapter to build the blocks with (default: the one registered for the config's model type).
     """
     config = _text_config(hf_model.config)
-    _check_supported(config)
-    _check_text_stack(hf_model)
+    family = _check_supported(config, family)
+    problem = family.structure_problem(hf_model)
+    if problem is not None:
+        raise UnsupportedModelError(problem)
     hf_model.eval()
-    layer_types = tuple(config.layer_types)
-    for kind in layer_types:
-        if kind not in (LINEAR_LAYER, ATTENTION_LAYER):
-            raise UnsupportedModelError(f"unknown layer type {kind!r}")
+    try:
+        blocks = family.build_blocks(hf_model)
+    except ValueError as error:
+        raise UnsupportedModelError(f"cannot drive {type(hf_model).__name__}: {error}") from error
+    layer_types = tuple(block.layer_type for block in blocks)
     fingerprint = hashlib.sha256((config_digest(config) + weights_digest(text_stack_tensors(hf_model))).encode()).hexdigest()
     return HybridModel(
         hf_model=hf_model,
@@ -239,6 +244,8 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None) -> HybridModel
         layer_types=layer_types,
         fingerprint=fingerprint,
         tokenizer_fingerprint=tokenizer_digest(tokenizer),
+        family=family,
+        blocks=blocks,
     )
 
 

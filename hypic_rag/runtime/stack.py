@@ -1,13 +1,14 @@
 """One pass of the layer stack over a plan of spans: only the recomputed tokens get hidden states.
 
 A request is laid out as contiguous spans. A span's first `recompute` tokens go through the stack with the true
-context; the rest come from the span's cached entry:
-- linear layer: the running state h walks the spans in order; recomputed tokens run the delta rule from h (their
-  conv sees the running conv tail), then the cached remainder applies its affine map h <- P h + Z (or h + Z in
-  `addition`), and the conv tail takes the cached tail;
-- attention layer: queries of recomputed tokens attend causally to every position; keys/values are fresh for
-  recomputed tokens and the cached pre-RoPE keys, rotated at their true positions (or left at their standalone
-  positions when `reposition_keys` is off), for the rest.
+context; the rest come from the span's cached entry. Each layer is a `Block` (its family's norms, residuals and
+MLP); the block asks for its mixers' outputs and this module runs them over the plan, for any family:
+- recurrent mixer: the running state h walks the spans in order; recomputed tokens run the recurrence from h
+  (their conv sees the running conv tail), then the cached remainder applies its affine map h <- P h + Z (or
+  h + Z in `addition`; the product is the transition kind's), and the conv tail takes the cached tail;
+- attention mixer: queries of recomputed tokens attend causally to every position; keys/values are fresh for
+  recomputed tokens and the cached keys, re-positioned at their true positions by the mixer's `Positioner` (or
+  left at their standalone positions when `reposition_keys` is off; a no-op for NoPE), for the rest.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Literal
 
 import torch
 
-from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, Entry, tensor_name
+from hypic_rag.entry import SEAM_TOKENS, Entry, tensor_name
 from hypic_rag.kernels import triton_enabled
 from hypic_rag.runtime import layers as L
+from hypic_rag.runtime.blocks import BlockContext
+from hypic_rag.runtime.mixers.base import AttentionMixer, Mixer, RecurrentMixer, TransitionRun
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
-from hypic_rag.runtime.segment_state import SegmentState
+from hypic_rag.runtime.segment_state import apply_in_order
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 
 
@@ -78,51 +80,36 @@ class StackResult:
 
 
 def _apply_cached_linear(
-    state: torch.Tensor, cached: list[tuple[Entry, int]], layer_index: int, composition: str
+    state: torch.Tensor, cached: list[tuple[Entry, int]], layer_index: int, composition: str, kind: str
 ) -> torch.Tensor:
-    """Advance the recurrent state [H, K, V] over consecutive spans' cached remainders, in order; `cached` holds
-    each span's (entry, recomputed tokens). On CUDA (`hypic_rag.kernels.triton_enabled`) one Triton launch composes
-    them all, reading P/Z in their storage dtype and accumulating in float32."""
+    """Advance the recurrent state [*state_shape] over consecutive spans' cached remainders, in order; `cached`
+    holds each span's (entry, recomputed tokens). Matrix transitions on CUDA (`hypic_rag.kernels.triton_enabled`)
+    go through one Triton launch for all of them, reading P/Z in their storage dtype and accumulating in float32;
+    everything else folds in torch (`segment_state.apply_in_order`)."""
     for entry, recompute in cached:
         if int(entry[SEAM_TOKENS]) != recompute:
             raise ValueError(f"entry was encoded with seam {int(entry[SEAM_TOKENS])}, span recomputes {recompute}")
     states = [entry[tensor_name(layer_index, "suffix_state")] for entry, _ in cached]
     transitions = None if composition == "addition" else [entry[tensor_name(layer_index, "transition")] for entry, _ in cached]
-    if triton_enabled(state):
+    if kind == "matrix" and state.dim() == 3 and triton_enabled(state):
         from hypic_rag.kernels.compose import compose_affine
 
         return compose_affine(state, None if transitions is None else torch.stack(transitions), torch.stack(states))
-    for number, suffix_state in enumerate(states):
-        if transitions is None:
-            state = state + suffix_state.float()
-        else:
-            state = SegmentState(transitions[number], suffix_state).apply(state)
-    return state
+    return apply_in_order(state, transitions, states, kind)
 
 
 def _apply_pending(
-    state: torch.Tensor, pending: list[tuple[dict[str, torch.Tensor], int]], layer_index: int, composition: str
+    state: torch.Tensor, pending: list[tuple[Entry, int]], layer_index: int, composition: str, kind: str = "matrix"
 ) -> tuple[torch.Tensor, float]:
     """`_apply_cached_linear` over `pending` (then emptied); returns the new state and the seconds it took."""
     began = time.perf_counter()
-    state = _apply_cached_linear(state, pending, layer_index, composition)
+    state = _apply_cached_linear(state, pending, layer_index, composition, kind)
     pending.clear()
     return state, time.perf_counter() - began
 
 
-def _rotate_into(
-    buffer: torch.Tensor, at: int, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: int
-) -> None:
-    """buffer[:, at : at + L] = pre-RoPE keys [H, L, D] rotated at positions position .. position + L - 1 (cos, sin
-    [P, R] by position): the Triton kernel on CUDA (`hypic_rag.kernels.rope`), `layers.apply_rotary` elsewhere."""
-    length = keys.shape[1]
-    if triton_enabled(buffer):
-        from hypic_rag.kernels.rope import rope_into
-
-        rope_into(buffer, at, keys.to(buffer.device), cos, sin, position)
-        return
-    keys = keys.to(device=buffer.device, dtype=buffer.dtype)
-    buffer[:, at : at + length] = L.apply_rotary(keys, cos[position : position + length], sin[position : position + length])
+_rotate_into = L.rotate_into
+"""Cached pre-RoPE keys rotated into the K buffer (`layers.rotate_into`; the batched pass imports it by this name)."""
 
 
 def _merge_recomputed_spans(spans: list[Span]) -> list[Span]:
@@ -148,6 +135,27 @@ def _advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_l
     return torch.cat([tail, cached_tail.float()[:, -suffix_length:]], dim=1)[:, -width:].contiguous()
 
 
+@dataclass(slots=True)
+class _Plan:
+    """The recomputed tokens of one stack pass: spans, offsets[i] = (first row, count) of span i's recomputed
+    tokens in the [R, ...] token tensors, their positions query_index [R], key_index [N] (all positions) and the
+    options; `tables` caches each positioner's tables for key_index."""
+
+    spans: list[Span]
+    offsets: list[tuple[int, int]]
+    query_index: torch.Tensor
+    key_index: torch.Tensor
+    start: int
+    options: StackOptions
+    want_checkpoints: bool
+    dtype: torch.dtype
+    tables: dict[int, object] = field(default_factory=dict)
+
+    @property
+    def total_length(self) -> int:
+        return int(self.key_index.shape[0])
+
+
 @torch.no_grad()
 def run_stack(
     model: HybridModel,
@@ -160,7 +168,7 @@ def run_stack(
 ) -> StackResult:
     """Run the stack over `spans` (contiguous, starting at `initial.length` or 0) and return the next-token logits."""
     options = options or StackOptions()
-    device, dtype = model.device, model.dtype
+    device = model.device
     if not want_checkpoints:
         spans = _merge_recomputed_spans(spans)
     start = initial.length if initial is not None else 0
@@ -181,53 +189,41 @@ def run_stack(
     if not recomputed_ids:
         raise ValueError("nothing to recompute: the last span (the question) must have recomputed tokens")
     ids = torch.tensor(recomputed_ids, dtype=torch.long, device=device)
-    query_index = torch.tensor(recomputed_positions, dtype=torch.long, device=device)
-    key_index = torch.arange(total_length, device=device)
+    plan = _Plan(
+        spans=spans,
+        offsets=offsets,
+        query_index=torch.tensor(recomputed_positions, dtype=torch.long, device=device),
+        key_index=torch.arange(total_length, device=device),
+        start=start,
+        options=options,
+        want_checkpoints=want_checkpoints,
+        dtype=model.dtype,
+    )
 
-    hidden = model.backbone.embed_tokens(ids)  # [R, hidden]
-    cos_all, sin_all = L.rotary_tables(model.backbone.rotary_emb, key_index, hidden)
+    hidden = model.embed(ids)  # [R, hidden]
+    context = BlockContext(embeddings=hidden)
     new_state = DecodeState(length=total_length)
     span_linear_states: list[dict[int, LinearLayerState]] = [dict() for _ in spans]
     compose_seconds = 0.0
 
-    for layer_index, layer in enumerate(model.layers):
-        x = layer.input_layernorm(hidden)
-        if model.layer_types[layer_index] == LINEAR_LAYER:
-            previous = initial.linear[layer_index] if initial is not None else None
-            mixed, final_state, per_span, seconds = _linear_layer(
-                layer.linear_attn, layer_index, x, spans, offsets, previous, options, want_checkpoints, dtype
-            )
+    for layer_index, block in enumerate(model.blocks):
+
+        def mix(mixer: Mixer, x: torch.Tensor, layer_index: int = layer_index) -> torch.Tensor:
+            nonlocal compose_seconds
+            if isinstance(mixer, RecurrentMixer):
+                previous = initial.linear.get(layer_index) if initial is not None else None
+                mixed, final_state, per_span, seconds = _recurrent_mixer(mixer, layer_index, x, plan, previous)
+                new_state.linear[layer_index] = final_state
+                for span_number, span_state in enumerate(per_span):
+                    span_linear_states[span_number][layer_index] = span_state
+            else:
+                previous_kv = initial.attention.get(layer_index) if initial is not None else None
+                mixed, kv, seconds = _attention_mixer(mixer, layer_index, x, plan, previous_kv)
+                new_state.attention[layer_index] = kv
             compose_seconds += seconds
-            new_state.linear[layer_index] = final_state
-            for span_number, span_state in enumerate(per_span):
-                span_linear_states[span_number][layer_index] = span_state
-        else:
-            attention = layer.self_attn
-            query, key, value, gate = L.attention_inputs(attention, x)
-            query = L.apply_rotary(query, cos_all[query_index], sin_all[query_index])
-            key = L.apply_rotary(key, cos_all[query_index], sin_all[query_index])
-            # K/V buffers indexed by position: the prefix state, fresh and cached tokens go straight to their place
-            all_keys = key.new_empty(key.shape[0], total_length, key.shape[2])
-            all_values = value.new_empty(value.shape[0], total_length, value.shape[2])
-            if initial is not None:
-                all_keys[:, :start] = initial.attention[layer_index].keys
-                all_values[:, :start] = initial.attention[layer_index].values
-            for span, (offset, count) in zip(spans, offsets):
-                if count:
-                    all_keys[:, span.start : span.start + count] = key[:, offset : offset + count]
-                    all_values[:, span.start : span.start + count] = value[:, offset : offset + count]
-                if span.entry is not None and count < span.length:
-                    began = time.perf_counter()
-                    at = span.start + count
-                    all_values[:, at : span.start + span.length] = span.entry[tensor_name(layer_index, "value")][:, count:]
-                    rotate_from = at if options.reposition_keys else count
-                    _rotate_into(all_keys, at, span.entry[tensor_name(layer_index, "key")][:, count:], cos_all, sin_all, rotate_from)
-                    compose_seconds += time.perf_counter() - began
-            core = L.attention_core(attention, query, all_keys, all_values, query_index, key_index)
-            mixed = L.attention_output(attention, core, gate)
-            new_state.attention[layer_index] = AttentionLayerState(all_keys, all_values)
-        hidden = hidden + mixed
-        hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
+            return mixed
+
+        hidden = block.forward(hidden, mix, context)
 
     checkpoints: list[DecodeState] = []
     if want_checkpoints:
@@ -252,6 +248,42 @@ def run_stack(
     )
 
 
+def _attention_mixer(
+    mixer: AttentionMixer, layer_index: int, x: torch.Tensor, plan: _Plan, previous: AttentionLayerState | None
+) -> tuple[torch.Tensor, AttentionLayerState, float]:
+    """One attention mixer over the recomputed tokens x [R, hidden]: K/V buffers indexed by position (the prefix
+    state, fresh and cached tokens go straight to their place), causal attention by sequence index.
+    Returns (mixed [R, hidden], the layer's K/V state, seconds spent placing cached keys/values)."""
+    seconds = 0.0
+    positions = mixer.positions
+    tables = plan.tables.get(id(positions))
+    if tables is None and id(positions) not in plan.tables:
+        tables = plan.tables[id(positions)] = positions.tables(plan.key_index, x)
+    projections = mixer.project(x)
+    query = positions.apply(projections.query, tables, plan.query_index)
+    key = positions.apply(projections.key, tables, plan.query_index)
+    value = projections.value
+    total_length, start = plan.total_length, plan.start
+    all_keys = key.new_empty(key.shape[0], total_length, key.shape[2])
+    all_values = value.new_empty(value.shape[0], total_length, value.shape[2])
+    if previous is not None:
+        all_keys[:, :start] = previous.keys
+        all_values[:, :start] = previous.values
+    for span, (offset, count) in zip(plan.spans, plan.offsets):
+        if count:
+            all_keys[:, span.start : span.start + count] = key[:, offset : offset + count]
+            all_values[:, span.start : span.start + count] = value[:, offset : offset + count]
+        if span.entry is not None and count < span.length:
+            began = time.perf_counter()
+            at = span.start + count
+            all_values[:, at : span.start + span.length] = span.entry[tensor_name(layer_index, "value")][:, count:]
+            position = at if plan.options.reposition_keys else count
+            positions.place(all_keys, at, span.entry[tensor_name(layer_index, "key")][:, count:], tables, position)
+            seconds += time.perf_counter() - began
+    core = L.attention_core(mixer, query, all_keys, all_values, plan.query_index, plan.key_index)
+    return mixer.output(core, projections), AttentionLayerState(all_keys, all_values), seconds
+
+
 def _gather_runs(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.Tensor:
     """Rows (offset, count) of values [R, ...] as [n, longest, ...], each run zero-padded at its end."""
     longest = max(count for _, count in windows)
@@ -261,29 +293,23 @@ def _gather_runs(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.
     return out
 
 
-def _linear_layer(
-    mixer: torch.nn.Module,
-    layer_index: int,
-    x: torch.Tensor,
-    spans: list[Span],
-    offsets: list[tuple[int, int]],
-    previous: LinearLayerState | None,
-    options: StackOptions,
-    want_checkpoints: bool,
-    dtype: torch.dtype,
+def _recurrent_mixer(
+    mixer: RecurrentMixer, layer_index: int, x: torch.Tensor, plan: _Plan, previous: LinearLayerState | None
 ) -> tuple[torch.Tensor, LinearLayerState, list[LinearLayerState], float]:
-    """One Gated DeltaNet layer over the recomputed tokens x [R, hidden] laid out by `spans`.
+    """One recurrent mixer over the recomputed tokens x [R, hidden] laid out by the plan's spans.
 
     Projections run once for all recomputed tokens; each run's conv sees the running conv tail. When the plan
     has cached spans, every recomputed run but the last (the question) is evaluated in ONE batched call that also
     yields its affine map (identity-start trick); a scan over the runs' and cached spans' maps then gives every
-    run's start state, and its outputs follow as o_zero + o_transition @ S_start. The last run starts from the
-    scanned state directly. Returns (mixed [R, hidden], end state, per-span states if asked, compose seconds).
+    run's start state, and its outputs follow from the zero-start ones (`outputs_from_start`). The last run starts
+    from the scanned state directly. A mixer without a recurrent state runs every run in one call.
+    Returns (mixed [R, hidden], end state, per-span states if asked, compose seconds).
     """
     device = x.device
+    spans, offsets, options, kind = plan.spans, plan.offsets, plan.options, mixer.transition_kind
     compose_seconds = 0.0
-    preconv, output_gate, b, a = L.linear_projections(mixer, x)
-    tail = previous.conv_tail.float() if previous is not None else L.empty_conv_tail(mixer, device)
+    projections = mixer.project(x)
+    tail = previous.conv_tail.float() if previous is not None else mixer.empty_conv_tail(device)
     run_numbers: list[int] = []
     contexts: list[torch.Tensor] = []
     tails_after: list[torch.Tensor] = []
@@ -291,65 +317,72 @@ def _linear_layer(
         if count:
             run_numbers.append(span_number)
             contexts.append(tail)
-            tail = L.advance_conv_tail(tail, preconv[offset : offset + count])
+            tail = L.advance_conv_tail(tail, projections.preconv[offset : offset + count])
         if span.entry is not None and count < span.length:
             tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count)
         tails_after.append(tail)
 
-    # conv + delta-rule inputs of every recomputed run in one batched call (runs zero-padded at the end)
+    # conv + recurrence inputs of every recomputed run in one batched call (runs zero-padded at the end)
     windows = [offsets[n] for n in run_numbers]
     lengths = [count for _, count in windows]
-    query, key, value, log_decay, beta = L.batched_delta_rule_inputs(
-        mixer, _gather_runs(preconv, windows), _gather_runs(b, windows), _gather_runs(a, windows),
-        torch.stack(contexts), lengths,
-    )
+    if windows == [(0, x.shape[0])]:  # one run of every token (full, prefix, decode): views, no copy
+        gathered = projections.map(lambda tensor: tensor[None])
+    else:
+        gathered = projections.map(lambda tensor: _gather_runs(tensor, windows))
+    convolved = mixer.convolve(gathered.preconv, torch.stack(contexts))
+    inputs = mixer.recurrence_inputs(convolved, gathered, lengths)
     row_of = {number: row for row, number in enumerate(run_numbers)}
+    core: torch.Tensor | None = None
+
+    def write(offset: int, count: int, outputs: torch.Tensor) -> None:
+        """core[offset : offset + count] = outputs [>= count, *output_shape] (core made on first use)."""
+        nonlocal core
+        if core is None:
+            core = outputs.new_empty(x.shape[0], *outputs.shape[1:])
+        core[offset : offset + count] = outputs[:count]
+
+    if kind is None:  # no recurrent state: every run is independent
+        outputs, _ = mixer.run(inputs, None)
+        for number in run_numbers:
+            offset, count = offsets[number]
+            write(offset, count, outputs[row_of[number]])
+        empty = mixer.zero_state(device)
+        per_span = [LinearLayerState(empty, tails_after[n]) for n in range(len(spans))] if plan.want_checkpoints else []
+        return mixer.output(core, projections, plan.dtype), LinearLayerState(empty, tail), per_span, 0.0
 
     batched_numbers = run_numbers[:-1] if len(run_numbers) > 1 and any(s.entry is not None for s in spans) else []
-    batched: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    batched: TransitionRun | None = None
     if batched_numbers:
-        rows = slice(0, len(batched_numbers))
         width = max(lengths[: len(batched_numbers)])
-        zero_outputs, transition_outputs, maps = gated_delta_rule_with_transition(
-            query[rows, :, :width], key[rows, :, :width], value[rows, :, :width], log_decay[rows, :, :width], beta[rows, :, :width]
-        )
-        for index, number in enumerate(batched_numbers):
-            batched[number] = (zero_outputs[index], transition_outputs[index], maps.transition[index], maps.state[index])
+        batched = mixer.run_with_transition(inputs.select(slice(0, len(batched_numbers)), 0, width))
 
-    recurrent = (
-        previous.recurrent.float()
-        if previous is not None
-        else torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
-    )
-    core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
+    recurrent = previous.recurrent.float() if previous is not None else mixer.zero_state(device)
     per_span: list[LinearLayerState] = []
-    pending: list[tuple[dict[str, torch.Tensor], int]] = []  # cached remainders not yet applied: one call per run
+    pending: list[tuple[Entry, int]] = []  # cached remainders not yet applied: one call per run
     for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
         if pending and count:
-            recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+            recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition, kind)
             compose_seconds += seconds
         if count:
-            if span_number in batched:
-                zero_output, transition_output, transition, state = batched[span_number]
-                core[:, offset : offset + count] = zero_output[:, :count] + transition_output[:, :count] @ recurrent
-                recurrent = transition @ recurrent + state
+            row = row_of[span_number]
+            if batched is not None and row < len(batched_numbers):
+                run = batched.select(slice(row, row + 1))
+                outputs = mixer.outputs_from_start(run.zero_outputs, run.transition_outputs, recurrent[None])
+                write(offset, count, outputs[0])
+                recurrent = run.segment.apply(recurrent[None])[0]
             else:
-                row = row_of[span_number]
-                output, final = gated_delta_rule(
-                    query[row : row + 1, :, :count], key[row : row + 1, :, :count], value[row : row + 1, :, :count],
-                    log_decay[row : row + 1, :, :count], beta[row : row + 1, :, :count], recurrent[None],
-                )
-                core[:, offset : offset + count] = output[0]
+                outputs, final = mixer.run(inputs.select(slice(row, row + 1), 0, count), recurrent[None])
+                write(offset, count, outputs[0])
                 recurrent = final[0]
         if span.entry is not None and count < span.length:
             pending.append((span.entry, count))
-            if want_checkpoints:
-                recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+            if plan.want_checkpoints:
+                recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition, kind)
                 compose_seconds += seconds
-        if want_checkpoints:
+        if plan.want_checkpoints:
             per_span.append(LinearLayerState(recurrent, tails_after[span_number]))
     if pending:
-        recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition)
+        recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition, kind)
         compose_seconds += seconds
-    mixed = L.linear_mixer_output(mixer, core, output_gate, dtype)
+    mixed = mixer.output(core, projections, plan.dtype)
     return mixed, LinearLayerState(recurrent, tail), per_span, compose_seconds

@@ -9,7 +9,8 @@ import torch
 
 @dataclass(slots=True)
 class LinearLayerState:
-    """recurrent: [H, K, V] float32; conv_tail: [C, kernel-1] (the last conv inputs)."""
+    """A recurrent mixer's decode state: recurrent [*state_shape] float32 (Gated DeltaNet [H, K, V]; empty for a
+    mixer without a recurrent state); conv_tail [C, kernel-1] (the last conv inputs)."""
 
     recurrent: torch.Tensor
     conv_tail: torch.Tensor

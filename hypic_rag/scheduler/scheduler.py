@@ -6,7 +6,10 @@ Requests enter a waiting queue (`submit`; `stream` and `generate` wrap it). Each
    request whose segment entries the cache lacks encodes them first, `encode_tokens` per step, batched across
    requests (`Engine.encode_segments`); entries are kept in the segment source as they are encoded;
 3. runs ONE batched pass (`runtime.batch.run_batch`): one decode token for every running sequence, then the
-   recomputed tokens of admitted prefills (`Engine.plan_prefill`, any mode) while they fit in `step_tokens`;
+   recomputed tokens of admitted prefills (`Engine.plan_prefill`, any mode, under the request's recompute policy)
+   while they fit in `step_tokens`. A model the batched pass does not cover (`batch.batch_supported`: only the
+   Qwen family batches) runs the same items one at a time through `run_stack` (`batch.run_each`), so every family
+   is served, by the same scheduling, without the batching speed-up;
 4. chooses each sequence's next token (`GenerationProgress`: its own sampler, stop tokens and strings) and hands
    it to the sequence's sink; finished sequences leave at once.
 Every sequence gets exactly the tokens it would get alone (`tests/runtime/test_batching.py`).
@@ -23,15 +26,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hypic_rag.entry import Entry, check_seam_tokens
-from hypic_rag.runtime.batch import BatchItem, BatchItemResult, run_batch
+from hypic_rag.runtime.batch import BatchItem, BatchItemResult, batch_supported, run_batch, run_each
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
 from hypic_rag.runtime.modes import mode_spec
+from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.runtime.stack import Span
+from hypic_rag.runtime.stack import Span, StackResult
 from hypic_rag.scheduler.config import SchedulerConfig
 from hypic_rag.scheduler.handles import QueueSink
 from hypic_rag.scheduler.sequence import (
@@ -90,6 +95,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        self.batched = batch_supported(engine.model)
+        """Whether steps run as one batched pass (else item by item: `batch.run_each`)."""
 
     # ----------------------------------------------------------------------------------------- submission
     def submit(
@@ -101,14 +108,17 @@ class Scheduler:
         *,
         sink: SequenceSink,
         check: Callable[[], None] | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> Sequence:
         """Queue a generation (thread-safe); its tokens and outcome go to `sink`. `check` runs before every step
-        while it is in the scheduler. Raises `UnknownModeError` / ValueError for a bad mode or seam width,
+        while it is in the scheduler; `policy`: what a `hypic` prefill recomputes (None: the engine's). Raises
+        `UnknownModeError` / ValueError for a bad mode or seam width, `RecomputePolicyError` for a bad policy spec,
         `SchedulerFullError` when `max_waiting` sequences already wait, `SchedulerStopped` after `stop`."""
         mode_spec(mode)
         if seam_tokens is not None:
             check_seam_tokens(seam_tokens)
-        sequence = Sequence(request, mode, params or SamplingParams(), seam_tokens, sink, check)
+        sequence = Sequence(request, mode, params or SamplingParams(), seam_tokens, sink, check,
+                            policy=as_policy(policy))
         with self._condition:
             if self._stopping:
                 raise SchedulerStopped("the scheduler has stopped")
@@ -127,11 +137,12 @@ class Scheduler:
         seam_tokens: int | None = None,
         *,
         check: Callable[[], None] | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> GenerationStream:
         """`Engine.stream` through the scheduler: a `GenerationStream` of (token_id, text_delta), `.result` the
         `Generation`; closing it cancels the sequence. Someone must be stepping (`start`, or an owner thread)."""
         sink = QueueSink()
-        sequence = self.submit(request, mode, params, seam_tokens, sink=sink, check=check)
+        sequence = self.submit(request, mode, params, seam_tokens, sink=sink, check=check, policy=policy)
         return GenerationStream(sink.steps(sequence))
 
     def generate(
@@ -142,9 +153,10 @@ class Scheduler:
         seam_tokens: int | None = None,
         *,
         check: Callable[[], None] | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> Generation:
         """`stream` run to its end: the `Generation` (blocks until the scheduler has produced it)."""
-        return self.stream(request, mode, params, seam_tokens, check=check).run()
+        return self.stream(request, mode, params, seam_tokens, check=check, policy=policy).run()
 
     # ----------------------------------------------------------------------------------------- introspection
     @property
@@ -219,7 +231,7 @@ class Scheduler:
         tokens = sum(sum(span.recompute for span in item.spans) for item in items)
         if items:
             try:
-                results = run_batch(self.engine.model, items)
+                results: list[Any] = (run_batch if self.batched else run_each)(self.engine.model, items)
             except Exception as error:
                 logger.exception("a batched step of %d sequences failed", len(items))
                 for sequence in owners:
@@ -277,12 +289,11 @@ class Scheduler:
         if not spec.uses_entries:
             return []
         request = sequence.request
-        seam = self.engine.seam_tokens if sequence.seam_tokens is None else sequence.seam_tokens
-        segments = request.segments
-        seams = spec.segment_seams(seam, has_prefix=bool(request.prefix_ids), segments=len(segments))
+        seams = self.engine.segment_seams(request, sequence.mode, sequence.seam_tokens, sequence.policy)
         by_seam: dict[int, list[list[int]]] = {}
-        for segment, entry_seam in zip(segments, seams):
-            by_seam.setdefault(entry_seam, []).append(segment)
+        for segment, entry_seam in zip(request.segments, seams):
+            if entry_seam is not WHOLE:  # a chunk the policy recomputes whole reads no entry
+                by_seam.setdefault(entry_seam, []).append(segment)
         missing: dict[SegmentKey, None] = {}
         source = self.engine.segment_source
         for entry_seam, group in by_seam.items():
@@ -380,7 +391,8 @@ class Scheduler:
         """Plan the sequence's prefill (entries fetched now); False when it failed (the sequence has left)."""
         try:
             plan = self.engine.plan_prefill(
-                sequence.request, sequence.mode, sequence.seam_tokens, check=sequence.check, provided=sequence.provided
+                sequence.request, sequence.mode, sequence.seam_tokens, check=sequence.check, policy=sequence.policy,
+                provided=sequence.provided,
             )
         except Exception as error:  # its check, a bad request, a cache failure: this sequence ends
             self._fail(sequence, error)
@@ -390,7 +402,7 @@ class Scheduler:
         sequence.plan, sequence.provided = plan, {}
         return True
 
-    def _advance(self, sequence: Sequence, result: BatchItemResult) -> None:
+    def _advance(self, sequence: Sequence, result: BatchItemResult | StackResult) -> None:
         """Take the sequence's logits from the step: its prefill ends (it starts decoding), a token is chosen and
         handed to its sink, and a finished sequence leaves."""
         try:
@@ -398,12 +410,13 @@ class Scheduler:
                 assert sequence.plan is not None
                 prefill = self.engine.finish_prefill(sequence.plan, result)
                 sequence.stats, sequence.plan = prefill.stats, None
-                sequence.state = result.state
                 sequence.phase = RUNNING
                 model = self.engine.model
                 sequence.progress = GenerationProgress(
                     sequence.params, model.eos_token_ids, model.tokenizer, sequence.submitted_at
                 )
+            # the batched pass advances a running sequence's state in place; `run_each` returns a new one
+            sequence.state = result.state
             progress = sequence.progress
             assert progress is not None
             item = progress.advance(result.logits)

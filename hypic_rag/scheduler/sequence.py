@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from hypic_rag.entry import Entry
 from hypic_rag.errors import HypicError
@@ -15,6 +15,7 @@ from hypic_rag.runtime.engine import PrefillPlan, PrefillStats
 from hypic_rag.runtime.generation import Generation, GenerationProgress
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.runtime.state import DecodeState
 
 WAITING, ENCODING, READY, RUNNING, FINISHED = "waiting", "encoding", "ready", "running", "finished"
 """A sequence's phases: waiting for admission; admitted, its cold segments being encoded; admitted with every entry
@@ -63,6 +64,8 @@ class Sequence:
     seam_tokens: int | None
     sink: SequenceSink
     check: Callable[[], None] | None = None
+    policy: Any = None
+    """What a `hypic` prefill recomputes (a `RecomputePolicy`; None: the engine's)."""
     submitted_at: float = field(default_factory=time.perf_counter)
     phase: str = WAITING
     admitted_at: float | None = None
@@ -71,7 +74,7 @@ class Sequence:
     encode_seconds: float = 0.0
     plan: PrefillPlan | None = None
     stats: PrefillStats | None = None
-    state: SequenceState | None = None
+    state: SequenceState | DecodeState | None = None
     progress: GenerationProgress | None = None
     _cancelled: threading.Event = field(default_factory=threading.Event)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.prompt import tokenize_segment
+from hypic_rag.reuse import NO_MATCHING, MatchSettings, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
@@ -75,8 +76,9 @@ class CompletionResult:
     """Per generated token when asked: {"token", "bytes", "logprob", "top": [{"token", "bytes", "logprob"}]}."""
 
 
-PromptBuilder = Callable[[ModelSession], Request]
-"""Builds one prompt's request in the worker thread (which owns the tokenizer); ValueError for bad input (400)."""
+PromptBuilder = Callable[[ModelSession], Request | SegmentedPrompt]
+"""Builds one prompt's request (or a `SegmentedPrompt`, which says which segments were matched) in the worker
+thread (which owns the tokenizer and the matcher); ValueError for bad input (400)."""
 
 
 class TokenCounter:
@@ -103,8 +105,15 @@ class ServiceBackend:
         self.chunker = chunker
         self.model_name = config.model_name or Path(str(pipeline.index.manifest.model.path)).name or "hypic-rag"
         self.counts = pipeline.index.counts()
+        pipeline.session.set_matching(
+            MatchSettings(enabled=config.match_segments, max_segments=config.max_segments)
+        )
+        if config.match_segments:
+            known = pipeline.session.know_chunks(pipeline.index.docstore.iter_chunk_texts())
+            logger.info("segment matching: %d of %d indexed chunks can be found in prompts", known, self.counts.chunks)
         self.token_counter = TokenCounter(pipeline.session.tokenizer)
         self.cache_snapshot: dict[str, Any] = {}
+        self.miss_encoder: Any = None  # where cache misses are encoded (`ServerConfig.miss_encoders`), closed with us
         self.refresh_cache_snapshot()
         # the model worker drives its steps (max_waiting None: the worker bounds the queue itself, --queue-size)
         self.scheduler = Scheduler(pipeline.session.engine, SchedulerConfig(
@@ -127,9 +136,10 @@ class ServiceBackend:
         index_dir = config.index_dir.resolve()
         manifest = IndexManifest.load(index_dir)
         # best effort: a damaged cache is disabled (warned), a failed write is logged; the service goes on
-        cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes)
+        cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache)
         session = ModelSession.for_index(
-            manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache
+            manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache,
+            recompute_policy=config.recompute_policy,
         )
         chunker = None
         try:
@@ -165,6 +175,9 @@ class ServiceBackend:
         )
         backend = cls(pipeline, config=config, writable=not config.read_only, chunker=chunker)
         try:
+            if config.miss_encoders is not None:
+                backend.miss_encoder = config.miss_encoders(session.engine, session.model_path)
+                session.engine.miss_encoder = backend.miss_encoder
             backend.warm_up()
         except BaseException:
             backend.close()
@@ -181,8 +194,12 @@ class ServiceBackend:
         self.refresh_cache_snapshot()
 
     def close(self) -> None:
-        """Close the cache (flushing pending access notes) and the index."""
-        self.pipeline.close()
+        """Close the cache (flushing pending access notes), the index and the miss encoder's actors."""
+        try:
+            self.pipeline.close()
+        finally:
+            if self.miss_encoder is not None:
+                self.miss_encoder.close()
 
     @property
     def cache(self) -> Any:
@@ -196,12 +213,14 @@ class ServiceBackend:
 
     # ------------------------------------------------------------------------------------------- answering
     def ask(
-        self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext
+        self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext,
+        policy: Any = None,
     ) -> Deferred[Answer]:
         """Retrieve and lay out the prompt now, emit ("sources", [Source]); the generation runs in the scheduler's
         steps, emitting ("token", text) events (stripped as the answer is); the `Answer` arrives in the returned
-        `Deferred`. The scheduler checks the request (deadline, client gone) before every step."""
-        prepared = self.pipeline.prepare(question, top_k=top_k, mode=mode)
+        `Deferred`. The scheduler checks the request (deadline, client gone) before every step. policy: the
+        request's recompute policy (None: the service's)."""
+        prepared = self.pipeline.prepare(question, top_k=top_k, mode=mode, policy=policy)
         context.emit(("sources", prepared.sources))
         stripped = StrippedDeltas()
         answer: Deferred[Answer] = Deferred()
@@ -216,7 +235,7 @@ class ServiceBackend:
             answer.resolve(self.pipeline.answer_of(prepared, generation))
 
         self.scheduler.submit(prepared.request, mode, params, sink=CallbackSink(on_token, on_finish, answer.reject),
-                              check=context.check)
+                              check=context.check, policy=prepared.policy)
         return answer
 
     def complete(
@@ -249,13 +268,15 @@ class ServiceBackend:
         if bad:
             raise BadRequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
                                   param="logit_bias")
-        built: list[tuple[Request, float]] = []
+        built: list[tuple[Request, float, SegmentedPrompt | None]] = []
         for build in prompts:
             began = time.perf_counter()
             try:
-                request = build(session)
+                prompt = build(session)
             except ValueError as error:
                 raise BadRequestError(f"{param}: {error}", param=param) from None
+            request = prompt.request if isinstance(prompt, SegmentedPrompt) else prompt
+            matched = prompt if isinstance(prompt, SegmentedPrompt) else None
             check_segment_count(request.segments + [request.question_ids], self.config.max_segments)
             if any(not 0 <= token < vocab for token in request.all_ids()):
                 raise BadRequestError(f"{param}: token ids must lie in 0..{vocab - 1}", param=param)
@@ -265,15 +286,15 @@ class ServiceBackend:
                     f"{self.config.max_prompt_tokens}",
                     param=param,
                 )
-            built.append((request, time.perf_counter() - began))
+            built.append((request, time.perf_counter() - began, matched))
         choices: list[Deferred[CompletionResult]] = []
         sequences: list[Any] = []
-        for number, (request, tokenized) in enumerate(built):
+        for number, (request, tokenized, matched) in enumerate(built):
             for choice in range(n):
                 index = number * n + choice
                 seed = None if params.seed is None else (params.seed + index) % (SEED_MAX + 1)
                 result, sequence = self._generate(request, mode, dataclasses.replace(params, seed=seed), context,
-                                                  index if tagged else None, tokenized)
+                                                  index if tagged else None, tokenized, matched)
                 choices.append(result)
                 sequences.append(sequence)
         return Deferred.gather(choices, on_reject=lambda: [sequence.cancel() for sequence in sequences])
@@ -285,7 +306,8 @@ class ServiceBackend:
         return int(getattr(getattr(config, "text_config", None) or config, "vocab_size"))
 
     def _generate(self, request: Request, mode: str, params: SamplingParams, context: TaskContext,
-                  index: int | None, tokenized: float) -> tuple[Deferred[CompletionResult], Any]:
+                  index: int | None, tokenized: float,
+                  matched: SegmentedPrompt | None = None) -> tuple[Deferred[CompletionResult], Any]:
         began = time.perf_counter()
         result: Deferred[CompletionResult] = Deferred()
 
@@ -304,8 +326,11 @@ class ServiceBackend:
                  "top": [{**self._token_text(token), "logprob": value} for token, value in item.top]}
                 for item in generation.logprobs
             ]
-            result.resolve(CompletionResult(generation.text, generation.finish_reason, usage_of(generation), timings,
-                                            logprobs))
+            usage = usage_of(generation)
+            usage["segments"] = len(request.segments) + 1
+            usage.update(NO_MATCHING if matched is None else
+                         matched.matching_usage(generation.prefill.segment_reused_tokens))
+            result.resolve(CompletionResult(generation.text, generation.finish_reason, usage, timings, logprobs))
 
         sink = CallbackSink(on_token, on_finish, result.reject)
         sequence = self.scheduler.submit(request, mode, params, sink=sink, check=context.check)
@@ -352,6 +377,8 @@ class ServiceBackend:
             totals["chunks_added"] += report.chunks_added
             for document in batch:
                 segments.extend(index.docstore.token_ids_of(document.doc_id))
+                if self.config.match_segments:
+                    self.pipeline.session.know_chunks(index.docstore.iter_chunk_texts(document.doc_id))
             self.counts = index.counts()
             jobs.update(job, documents_indexed=start + len(batch))
             yield

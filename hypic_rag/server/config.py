@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
+from hypic_rag.cache.remote_config import RemoteTierConfig
 from hypic_rag.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
+
+
+class MissEncoderFactory(Protocol):
+    """Called once by the model worker with its engine and model path; returns the started miss encoder (an
+    `Engine.miss_encoder` with a `close()`), which the backend closes when it closes. Must pickle (replicas)."""
+
+    def __call__(self, engine: Any, model_path: str) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +31,19 @@ class ServerConfig:
     runs (one per running sequence plus newly admitted prompts' recomputed tokens; see `SchedulerConfig`).
     request_timeout_s: default deadline of a request, queue wait included (a request may ask for less).
     separator: what splits an OpenAI-style completion prompt into cached segments.
+    match_segments: cut completion and chat prompts around the indexed chunks and seen segments they contain
+    (`hypic_rag.reuse`), so text pasted without separators reuses its cached entries (a request may turn it off).
     max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_segments (separated parts of
     one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
     document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before
-    new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish.
+    new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish. remote_cache: the
+    shared remote tier below the index's segment cache (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g.
+    ``RemoteTierConfig.from_url("s3://bucket/prefix", endpoint_url=...)``; None: none); replicas given the same
+    one share their entries.
+    miss_encoders: builds where each request's cache misses are encoded in parallel (an `Engine.miss_encoder`, e.g.
+    `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
+    recompute_policy: what `hypic` requests recompute (a spec of `hypic_rag.runtime.recompute_policy`, e.g.
+    "whole:1"; None: the index's recorded policy, else the fixed seam); a request may name another.
     """
 
     index_dir: Path
@@ -39,6 +57,7 @@ class ServerConfig:
     step_tokens: int = 2048
     request_timeout_s: float = 120.0
     separator: str = DEFAULT_SEPARATOR
+    match_segments: bool = True
     max_body_bytes: int = 8 << 20
     max_question_chars: int = 4_000
     max_prompt_chars: int = 200_000
@@ -55,6 +74,9 @@ class ServerConfig:
     hot_cache_bytes: int | None = None
     shutdown_grace_s: float = 30.0
     startup_timeout_s: float = 600.0
+    remote_cache: RemoteTierConfig | None = None
+    miss_encoders: MissEncoderFactory | None = None
+    recompute_policy: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -88,8 +110,14 @@ class ServerConfig:
             raise ValueError(f"hop_slots must be >= 0, got {self.hop_slots!r}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s!r}")
+        if self.remote_cache is not None and not isinstance(self.remote_cache, RemoteTierConfig):
+            raise ValueError(f"remote_cache must be a RemoteTierConfig, got {type(self.remote_cache).__name__}")
         if not self.separator:
             raise ValueError("separator must be a non-empty string")
+        if self.recompute_policy is not None:
+            from hypic_rag.runtime.recompute_policy import RecomputePolicy
+
+            RecomputePolicy.parse(self.recompute_policy)  # a bad spec: RecomputePolicyError (a ValueError)
         if self.dtype is not None:
             from hypic_rag.runtime.model import resolve_dtype
 

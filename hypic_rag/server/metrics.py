@@ -12,6 +12,12 @@ Exported (text format at `GET /metrics`):
                                                         completion tokens
     hypic_segment_cache_bytes / _entries                what the persistent cache holds (store-wide)
     hypic_segment_cache_hot_bytes                       this process's in-memory tier
+    hypic_segment_cache_remote_<counter>_total          with a remote tier: this process's remote lookups
+                                                        (hits, misses, errors, corrupt, skipped), uploads
+                                                        (puts, puts_skipped, puts_dropped) and bytes
+                                                        (bytes_read, bytes_written)
+    hypic_segment_cache_remote_up / _queue_bytes        remote reachable (1) or cooling down after a failure
+                                                        (0); bytes waiting for upload
     hypic_jobs{status}                                  document jobs by status
     hypic_running_sequences / hypic_waiting_requests    sequences generating in the batch / requests waiting
                                                         (queued, or waiting for admission to the batch)
@@ -26,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -52,10 +58,40 @@ class _SnapshotCollector:
             family = GaugeMetricFamily(name, documentation)
             family.add_metric([], float(snapshot.get(key, 0)))
             yield family
+        if "remote_url" in snapshot:
+            yield from _remote_families(snapshot)
         jobs = GaugeMetricFamily("hypic_jobs", "Document jobs by status.", labels=["status"])
         for status, count in self._job_counts().items():
             jobs.add_metric([status], float(count))
         yield jobs
+
+
+REMOTE_COUNTERS = {
+    "hits": "Segments served from the remote cache tier.",
+    "misses": "Segment lookups the remote tier did not serve (absent, failed, skipped or bad).",
+    "errors": "Failed calls to the remote tier.",
+    "corrupt": "Remote objects that failed their checksum (deleted and recomputed).",
+    "skipped": "Remote calls not made while the tier cooled down after a failure.",
+    "puts": "Entries uploaded to the remote tier.",
+    "puts_skipped": "Uploads skipped: the same value was already there.",
+    "puts_dropped": "Uploads dropped: queue full, remote failing, or shutting down.",
+    "bytes_read": "Bytes fetched from the remote tier.",
+    "bytes_written": "Bytes uploaded to the remote tier.",
+}
+
+
+def _remote_families(snapshot: dict[str, Any]):  # noqa: ANN202 - metric families
+    """The remote tier's counters and gauges from a cache snapshot that has them."""
+    for name, documentation in REMOTE_COUNTERS.items():
+        family = CounterMetricFamily(f"hypic_segment_cache_remote_{name}", documentation)
+        family.add_metric([], float(snapshot.get(f"remote_{name}", 0)))
+        yield family
+    up = GaugeMetricFamily("hypic_segment_cache_remote_up", "1 when the remote tier answers, 0 while it fails.")
+    up.add_metric([], 1.0 if snapshot.get("remote_available") else 0.0)
+    yield up
+    queued = GaugeMetricFamily("hypic_segment_cache_remote_queue_bytes", "Bytes waiting for upload to the remote tier.")
+    queued.add_metric([], float(snapshot.get("remote_queue_bytes", 0)))
+    yield queued
 
 
 class ServiceMetrics:

@@ -45,7 +45,8 @@ def total_usage(results: Sequence[CompletionResult], n: int) -> dict[str, int]:
     """Usage of `n` choices per prompt: each prompt's prompt-side counts once (its first choice's), completion
     tokens of every choice."""
     first = results[::n]
-    keys = ("prompt_tokens", "cached_tokens", "encoded_tokens", "recomputed_tokens", "cache_hits", "cache_misses")
+    keys = ("prompt_tokens", "cached_tokens", "encoded_tokens", "recomputed_tokens", "cache_hits", "cache_misses",
+            "segments", "matched_segments", "matched_tokens", "matched_cached_tokens")
     usage = {key: sum(result.usage[key] for result in first) for key in keys}
     usage["completion_tokens"] = sum(result.usage["completion_tokens"] for result in results)
     return usage
@@ -62,12 +63,15 @@ def usage_model(usage: dict[str, int]) -> CompletionUsage:
     )
 
 
-def hypic_details(usage: dict[str, int], result: CompletionResult, mode: str, segments: int,
-                  queue_s: float) -> HypicDetails:
-    """The `hypic` extension object: assembly counts and the first choice's timings (ms)."""
+def hypic_details(usage: dict[str, int], result: CompletionResult, mode: str, queue_s: float) -> HypicDetails:
+    """The `hypic` extension object: assembly counts (segments of every prompt, the query included; those the
+    matcher found) and the first choice's timings (ms)."""
     return HypicDetails(
         mode=mode,
-        segments=segments,
+        segments=usage["segments"],
+        matched_segments=usage["matched_segments"],
+        matched_tokens=usage["matched_tokens"],
+        matched_cached_tokens=usage["matched_cached_tokens"],
         encoded_tokens=usage["encoded_tokens"],
         recomputed_tokens=usage["recomputed_tokens"],
         cache_hits=usage["cache_hits"],

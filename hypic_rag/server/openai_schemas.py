@@ -45,6 +45,9 @@ class SamplingFields(BaseModel):
     user: str | None = None
     mode: str = Field("hypic", description="hypic-rag extension: the assembly mode.")
     separator: str | None = Field(None, min_length=1, description="hypic-rag extension: the segment separator.")
+    match_segments: bool | None = Field(
+        None, description="hypic-rag extension: cut the prompt around the indexed chunks and seen segments it holds "
+        "(None: the server's setting, on unless started with --no-segment-matching).")
 
     @field_validator("logit_bias")
     @classmethod
@@ -103,7 +106,12 @@ class HypicDetails(BaseModel):
     """hypic-rag extension: how the prompt was assembled and where the time went (milliseconds)."""
 
     mode: str
-    segments: int
+    segments: int = Field(description="Segments the prompt was cut into, the query included.")
+    matched_segments: int = Field(
+        0, description="Segments found by matching the prompt's text against indexed chunks and seen segments.")
+    matched_tokens: int = Field(0, description="Prompt tokens inside matched segments.")
+    matched_cached_tokens: int = Field(
+        0, description="Of matched_tokens, those reused from entries held before this request (seams excluded).")
     encoded_tokens: int = Field(description="Prompt tokens from segment entries encoded during this request.")
     recomputed_tokens: int = Field(description="Prompt tokens run through the model while assembling.")
     cache_hits: int

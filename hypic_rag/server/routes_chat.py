@@ -2,7 +2,9 @@
 
 Messages are rendered with the model's chat template when its tokenizer has one, else with the index's prompt
 format (`hypic_rag.chat`); documents (content parts, or text cut at the separator) are cached segments, so a
-repeated request with the same documents reuses their entries (`usage.prompt_tokens_details.cached_tokens`).
+repeated request with the same documents reuses their entries (`usage.prompt_tokens_details.cached_tokens`). The
+rest of the rendered prompt is cut around the indexed chunks and seen segments it contains (`hypic_rag.reuse`), so
+documents pasted into a message without separators are reused too.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def chat_logprobs(items: list[dict[str, Any]] | None) -> dict[str, Any] | None:
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="OpenAI-compatible chat completion; documents cached as segments")
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Any:
-    """OpenAI's chat completions API (vLLM's parameters). hypic-rag extensions: `mode`, `separator`; the response
-    adds `hypic` and `usage.encoded_tokens`."""
+    """OpenAI's chat completions API (vLLM's parameters). hypic-rag extensions: `mode`, `separator`,
+    `match_segments`; the response adds `hypic` and `usage.encoded_tokens`."""
     config = service.config
     model = service.backend.model_name
     check_model(body.model, model)
@@ -93,15 +95,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     messages = messages_of(body, body.separator or config.separator, config.max_prompt_chars)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens=max_tokens, stops=stop_strings(body.stop), logprobs=logprobs)
-    documents = sum(len(message.documents) for message in messages)
+    match = config.match_segments if body.match_segments is None else body.match_segments
 
     def run(backend: Any, context: TaskContext) -> Deferred[list[CompletionResult]]:
         session = backend.pipeline.session
-        prompt = chat_prompt(session.tokenizer, messages, session.prompt_format)
+        matcher = session.matcher if match and session.matcher.settings.enabled else None
+        prompt = chat_prompt(session.tokenizer, messages, session.prompt_format, matcher)
         choice_params = params
         if prompt.stop_strings:  # the product's format ends the answer at its stop string, as /v1/ask does
             choice_params = dataclasses.replace(params, stop_strings=params.stop_strings + prompt.stop_strings)
-        return backend.complete_choices([lambda _: prompt.request], n=body.n, mode=mode, params=choice_params,
+        return backend.complete_choices([lambda _: prompt.prompt], n=body.n, mode=mode, params=choice_params,
                                          context=context, param="messages")
 
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -110,8 +113,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     if body.stream:
         stream = service.open_stream(run, timeout_s=timeout_s)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_relay(stream, service, completion_id, created, model, mode, documents + 1, body.n,
-                                   include_usage))
+        return sse_response(_relay(stream, service, completion_id, created, model, mode, body.n, include_usage))
     results, context = await service.call(run, timeout_s=timeout_s, request=request)
     usage = total_usage(results, body.n)
     ttft = context.queue_seconds + results[0].timings.get("time_to_first_token", 0.0)
@@ -122,13 +124,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
                             logprobs=chat_logprobs(result.logprobs), finish_reason=result.finish_reason)
                  for index, result in enumerate(results)],
         usage=usage_model(usage),
-        hypic=hypic_details(usage, results[0], mode, documents + 1, context.queue_seconds),
+        hypic=hypic_details(usage, results[0], mode, context.queue_seconds),
     )
 
 
 async def _relay(
-    stream: EventStream, service: Service, completion_id: str, created: int, model: str, mode: str, segments: int,
-    n: int, include_usage: bool,
+    stream: EventStream, service: Service, completion_id: str, created: int, model: str, mode: str, n: int,
+    include_usage: bool,
 ) -> AsyncIterator[str]:
     """`chat.completion.chunk` framing: a role chunk per choice, one chunk per text delta, a chunk with each
     choice's finish_reason, the usage chunk when asked, then [DONE]."""
@@ -151,7 +153,7 @@ async def _relay(
             final = chat_chunk(completion_id, created, model, 0, {}, None)
             final["choices"] = []
             final.update(usage_payload(usage_model(usage), hypic_details(
-                usage, results[0], mode, segments, stream.task.context.queue_seconds)))
+                usage, results[0], mode, stream.task.context.queue_seconds)))
             yield sse_event(final)
     except ServiceError as error:
         yield sse_event(error.body())

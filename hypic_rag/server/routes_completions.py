@@ -2,8 +2,9 @@
 
 The prompt is split at the separator (default `<<PIC_SEP>>`): every part but the last is a segment whose cached
 entry is reused wherever it lands (encoded and stored on first sight), the last part is the query. An existing
-OpenAI client thus gets position-independent reuse without the retriever. A prompt without a separator is one
-query segment, recomputed in full.
+OpenAI client thus gets position-independent reuse without the retriever. The query part (the whole prompt when
+it has no separator) is cut around the indexed chunks and previously seen segments it contains (`hypic_rag.reuse`),
+so text pasted without separators reuses its cached entries too; what no match covers is recomputed as before.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from hypic_rag.reuse import separated_pieces
 from hypic_rag.runtime.request import Request as HypicRequest
 from hypic_rag.segments import split_segments
 from hypic_rag.server.backend import CompletionResult, PromptBuilder, check_segment_count
@@ -106,7 +108,7 @@ def completion_logprobs(items: list[dict[str, Any]], offset: int) -> CompletionL
 
 def completion_response(
     results: list[CompletionResult], echoes: list[str], n: int, completion_id: str, created: int, model: str,
-    mode: str, segments: int, queue_s: float,
+    mode: str, queue_s: float,
 ) -> CompletionResponse:
     usage = total_usage(results, n)
     choices = []
@@ -117,15 +119,15 @@ def completion_response(
                                         finish_reason=result.finish_reason))
     return CompletionResponse(
         id=completion_id, created=created, model=model, choices=choices, usage=usage_model(usage),
-        hypic=hypic_details(usage, results[0], mode, segments, queue_s),
+        hypic=hypic_details(usage, results[0], mode, queue_s),
     )
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="OpenAI-compatible completion over separated segments")
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Any:
-    """OpenAI's completions API (vLLM's parameters). hypic-rag extensions: `mode` and `separator`; the response
-    adds `hypic` and `usage.encoded_tokens`."""
+    """OpenAI's completions API (vLLM's parameters). hypic-rag extensions: `mode`, `separator` and
+    `match_segments`; the response adds `hypic` and `usage.encoded_tokens`."""
     config = service.config
     model = service.backend.model_name
     check_model(body.model, model)
@@ -135,16 +137,15 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     prompts = prompt_list(body.prompt)
     check_at_most("n * prompts", body.n * len(prompts), MAX_CHOICES * 4)
     separator = body.separator or config.separator
+    match = config.match_segments if body.match_segments is None else body.match_segments
     builders: list[PromptBuilder] = []
-    segment_count = 0
     for prompt in prompts:
         if isinstance(prompt, str):
             segments = split_prompt(prompt, separator, config.max_prompt_chars)
             check_segment_count(segments, config.max_segments)
-            segment_count += len(segments)
-            builders.append(lambda session, parts=segments: session.segmented_request(parts))
+            pieces = separated_pieces(segments)
+            builders.append(lambda session, pieces=pieces: session.segmented_prompt(pieces, match=match))
         else:
-            segment_count += 1
             builders.append(lambda session, ids=prompt: HypicRequest([], [], list(ids)))
     params = sampling_params(body, max_tokens=body.max_tokens, stops=stop_strings(body.stop), logprobs=body.logprobs)
 
@@ -159,10 +160,10 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     if body.stream:
         stream = service.open_stream(run, timeout_s=timeout_s)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        relay = _relay(stream, service, completion_id, created, model, mode, segment_count, body.n, include_usage)
+        relay = _relay(stream, service, completion_id, created, model, mode, body.n, include_usage)
         return sse_response(relay)
     (results, echoes), context = await service.call(run, timeout_s=timeout_s, request=request)
-    response = completion_response(results, echoes, body.n, completion_id, created, model, mode, segment_count,
+    response = completion_response(results, echoes, body.n, completion_id, created, model, mode,
                                    context.queue_seconds)
     ttft = context.queue_seconds + results[0].timings.get("time_to_first_token", 0.0)
     service.metrics.observe_generation(ROUTE, total_usage(results, body.n), ttft)
@@ -170,8 +171,8 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
 
 
 async def _relay(
-    stream: EventStream, service: Service, completion_id: str, created: int, model: str, mode: str, segments: int,
-    n: int, include_usage: bool,
+    stream: EventStream, service: Service, completion_id: str, created: int, model: str, mode: str, n: int,
+    include_usage: bool,
 ) -> AsyncIterator[str]:
     """OpenAI's stream framing: one chunk per text delta (its choice's index), a chunk with each choice's
     finish_reason, the usage chunk when asked, then [DONE]."""
@@ -192,7 +193,7 @@ async def _relay(
             final = chunk_payload(completion_id, created, model, "", None)
             final["choices"] = []
             final.update(usage_payload(usage_model(usage), hypic_details(
-                usage, results[0], mode, segments, stream.task.context.queue_seconds)))
+                usage, results[0], mode, stream.task.context.queue_seconds)))
             yield sse_event(final)
     except ServiceError as error:
         yield sse_event(error.body())

@@ -23,7 +23,8 @@ class HypicCacheTransformation(TransformComponent):
 
     Place it after the node parser. Each node's text (metadata left out) is formatted as a retrieved-chunk
     segment, exactly as `HypicQueryEngine` lays it out, so queries find its entry; the prompt prefix is encoded
-    too. Nodes pass through unchanged
+    too. Each node's text becomes a known chunk of the runtime, so a `HypicLLM` finds it in the plain prompts
+    LlamaIndex's own engines send and reuses its entry (`hypic_rag.reuse`). Nodes pass through unchanged
     but for `metadata[metadata_key]` (the segment's token count), hidden from embeddings and the LLM.
     """
 
@@ -53,9 +54,10 @@ class HypicCacheTransformation(TransformComponent):
         return self._last_stats
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
-        segments = []
+        segments, texts = [], []
         for node in nodes:
-            ids = self._runtime.chunk_ids(node.get_content(metadata_mode=MetadataMode.NONE))
+            texts.append(node.get_content(metadata_mode=MetadataMode.NONE))
+            ids = self._runtime.chunk_ids(texts[-1])
             segments.append(ids)
             node.metadata[self.metadata_key] = len(ids)
             for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
@@ -63,6 +65,7 @@ class HypicCacheTransformation(TransformComponent):
                     excluded.append(self.metadata_key)
         began = time.perf_counter()
         self._last_stats = self._runtime.precompute(segments, include_prefix=True)
+        self._runtime.know_chunks(texts)
         logger.info(
             "segment cache: %d nodes and the prompt prefix, %d already cached, %d encoded in %.2f s",
             len(segments), self._last_stats.cache_hits, self._last_stats.cache_misses, time.perf_counter() - began,

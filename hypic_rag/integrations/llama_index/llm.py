@@ -1,51 +1,67 @@
-"""`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments."""
+"""`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments, and whose
+prompts are cut around the chunks its runtime knows (`hypic_rag.reuse`), so LlamaIndex's own engines reuse them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
+from llama_index.core.base.llms.generic_utils import (
+    completion_response_to_chat_response,
+    stream_completion_response_to_chat_response,
+)
 from llama_index.core.base.llms.types import (
     ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
     CompletionResponse,
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
+from hypic_rag.integrations.llama_index.aio import in_thread, relay_stream
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
+from hypic_rag.reuse import Piece, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.modes import check_mode
-from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.segments import DEFAULT_SEPARATOR, split_segments
 from hypic_rag.usage import usage_of
 
-__all__ = ["HypicLLM", "segmented_messages_to_prompt"]
+__all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "segmented_messages_to_prompt"]
+
+MESSAGE_BOUNDARY = "<<PIC_MSG>>"
+"""Where `segmented_messages_to_prompt` ends a message: `HypicLLM` cuts the prompt there (each message is its own
+segment) and, unlike at a separator, still looks for known chunks inside each message (a context chat engine
+puts its retrieved nodes in the system message)."""
 
 
-def segmented_messages_to_prompt(messages: Sequence[ChatMessage], separator: str = DEFAULT_SEPARATOR) -> str:
-    """Chat messages as separated segments: every message is its own (cached) segment; the last one, followed by
-    the assistant's turn, is the query."""
+def segmented_messages_to_prompt(messages: Sequence[ChatMessage], boundary: str = MESSAGE_BOUNDARY) -> str:
+    """Chat messages as `"{role}: {content}\n"` segments joined by `boundary` (`MESSAGE_BOUNDARY`): every message is
+    its own (cached) segment; the last one, followed by the assistant's turn, is the query."""
     parts = [f"{message.role.value}: {message.content or ''}\n" for message in messages]
     if not parts:
         raise ValueError("no messages given")
     parts[-1] += "assistant:"
-    return separator.join(parts)
+    return boundary.join(parts)
 
 
 class HypicLLM(CustomLLM):
     """A LlamaIndex LLM that generates with hypic-rag (the bundled default model unless `model_path`).
 
     `complete(prompt)`: segments of the prompt separated by `separator` are cached and reused wherever they land;
-    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment. Usage
-    (prompt, cached, recomputed and completion tokens) is in `CompletionResponse.additional_kwargs`. Generations
-    go through the runtime's scheduler: concurrent calls (threads, or `acomplete` / `astream_complete` awaited
-    together) are batched.
+    the last segment is the query. `chat(messages)`: each earlier message is its own cached segment
+    (`segmented_messages_to_prompt`). With `match_segments` (the default) the text not marked by a separator (the
+    query part; each message) is cut around the chunks the runtime knows (nodes of `HypicCacheTransformation`
+    and `HypicQueryEngine`, segments seen), so LlamaIndex's own engines, which send one formatted prompt, reuse
+    their entries. Usage (prompt, cached, recomputed, completion and matched tokens) is in
+    `CompletionResponse.additional_kwargs` (streamed: in the last response). Generations go through the runtime's
+    scheduler: concurrent calls (threads, or `acomplete` / `astream_complete` awaited together) are batched.
     """
 
     model_path: str | None = Field(default=None, description="Checkpoint directory; None: the bundled default model.")
@@ -60,11 +76,19 @@ class HypicLLM(CustomLLM):
         description="Makes sampling reproducible (0 to 2**64 - 1); None: every call samples afresh.",
     )
     separator: str = Field(default=DEFAULT_SEPARATOR, min_length=1, description="What separates prompt segments.")
+    stop: list[str] | None = Field(
+        default=None,
+        description="Stop strings; None: the prompt format's answer stop (as HypicQueryEngine answers), []: none.",
+    )
+    match_segments: bool = Field(
+        default=True, description="Cut prompts around the chunks the runtime knows, reusing their entries."
+    )
     _runtime: HypicRuntime = PrivateAttr()
 
     def __init__(self, *, runtime: HypicRuntime | None = None, **kwargs: Any) -> None:
-        separator = kwargs.get("separator", DEFAULT_SEPARATOR)
-        kwargs.setdefault("messages_to_prompt", partial(segmented_messages_to_prompt, separator=separator))
+        kwargs.setdefault("messages_to_prompt", segmented_messages_to_prompt)
+        if kwargs.get("separator") == MESSAGE_BOUNDARY:
+            raise ValueError(f"separator: {MESSAGE_BOUNDARY!r} marks message boundaries; choose another")
         super().__init__(**kwargs)
         check_mode(self.mode)
         self._runtime = runtime_for(runtime, self.model_path, self.cache_dir, self.seam_tokens, self.device)
@@ -89,7 +113,9 @@ class HypicLLM(CustomLLM):
     def sampling(self, **kwargs: Any) -> SamplingParams:
         """Sampling for one call: `max_new_tokens` (or `max_tokens`), `temperature`, `seed`, `stop` override the
         fields. Without a seed, sampling (temperature > 0) draws fresh randomness on every call."""
-        stop = kwargs.get("stop") or ()
+        stop = kwargs.get("stop")
+        if stop is None:
+            stop = self.default_stop()
         return SamplingParams(
             max_new_tokens=int(kwargs.get("max_new_tokens", kwargs.get("max_tokens", self.max_new_tokens))),
             temperature=float(kwargs.get("temperature", self.temperature)),
@@ -97,55 +123,124 @@ class HypicLLM(CustomLLM):
             stop_strings=(stop,) if isinstance(stop, str) else tuple(stop),
         )
 
-    def _request(self, prompt: str, formatted: bool) -> Request:
+    def default_stop(self) -> tuple[str, ...]:
+        """The stop strings of a call that names none: the `stop` field, else the prompt format's answer stop, so
+        LlamaIndex's own engines get an answer that ends where the model ends it (not `max_new_tokens` later)."""
+        if self.stop is not None:
+            return tuple(self.stop)
+        answer_stop = self._runtime.prompt_format.answer_stop
+        return (answer_stop,) if answer_stop else ()
+
+    def segmented(self, prompt: str, formatted: bool = False) -> SegmentedPrompt:
+        """How `complete(prompt)` cuts the prompt: at `MESSAGE_BOUNDARY` into messages, each message at `separator`
+        (every part but its last an explicit segment), and, with `match_segments`, each message's last part around
+        the chunks the runtime knows."""
         if not formatted:
             prompt = self.completion_to_prompt(prompt)
-        return self._runtime.segmented_request(split_segments(prompt, self.separator))
+        pieces: list[Piece] = []
+        for message in prompt.split(MESSAGE_BOUNDARY):
+            *marked, rest = split_segments(message, self.separator)
+            pieces.extend(Piece(part, explicit=True) for part in marked)
+            pieces.append(Piece(rest))
+        return self._runtime.segmented_prompt(pieces, match=self.match_segments)
 
-    @llm_completion_callback()
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+    def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """One completion, no events (the public methods send them); its usage (with how much of the prompt was
+        matched to known chunks) in `additional_kwargs` and in `raw["usage"]`, where LlamaIndex's
+        `TokenCountingHandler` reads token counts."""
         mode = check_mode(kwargs.get("mode", self.mode))
-        generation = self._runtime.generate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
-        return _completion_response(generation, mode)
+        prompt_segments = self._segmented_locked(prompt, formatted)
+        generation = self._runtime.generate(prompt_segments.request, mode, self.sampling(**kwargs))
+        return _completion_response(prompt_segments, generation, mode)
 
-    @llm_completion_callback()
-    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        mode = check_mode(kwargs.get("mode", self.mode))
-        generation = await self._runtime.agenerate(self._request(prompt, formatted), mode, self.sampling(**kwargs))
-        return _completion_response(generation, mode)
+    def _segmented_locked(self, prompt: str, formatted: bool) -> SegmentedPrompt:
+        """`segmented` under the runtime's lock: the tokenizer is shared with the scheduler's steps (never hold
+        the lock while waiting for a generation: the scheduler takes it for every step)."""
+        with self._runtime.lock:
+            return self.segmented(prompt, formatted)
 
-    @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+    async def _acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """`_complete` on an event loop: the prompt cut in a worker thread (it waits for the lock), the generation
+        awaited from the scheduler (concurrent calls batch)."""
         mode = check_mode(kwargs.get("mode", self.mode))
-        request = self._request(prompt, formatted)
+        prompt_segments = await in_thread(self._segmented_locked, prompt, formatted)
+        generation = await self._runtime.agenerate(prompt_segments.request, mode, self.sampling(**kwargs))
+        return _completion_response(prompt_segments, generation, mode)
+
+    def _stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        """The deltas of one completion, no events; a last item with an empty delta carries the usage (as
+        `_complete`'s response does)."""
+        mode = check_mode(kwargs.get("mode", self.mode))
+        prompt_segments = self._segmented_locked(prompt, formatted)
         params = self.sampling(**kwargs)
 
         def generate() -> CompletionResponseGen:
             text = ""
-            for delta in self._runtime.stream(request, mode, params):
-                text += delta
-                yield CompletionResponse(text=text, delta=delta)
+            with self._runtime.stream(prompt_segments.request, mode, params) as deltas:
+                for delta in deltas:
+                    text += delta
+                    yield CompletionResponse(text=text, delta=delta)
+            generation = deltas.result
+            usage = {**usage_of(generation), **prompt_segments.matching_usage(generation.prefill.segment_reused_tokens)}
+            yield CompletionResponse(
+                text=text, delta="",
+                additional_kwargs={**usage, "finish_reason": generation.finish_reason, "mode": mode},
+                raw={"usage": usage, "timings": dict(generation.timings)},
+            )
 
         return generate()
 
     @llm_completion_callback()
-    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        mode = check_mode(kwargs.get("mode", self.mode))
-        request = self._request(prompt, formatted)
-        params = self.sampling(**kwargs)
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._complete(prompt, formatted, **kwargs)
 
-        async def generate() -> CompletionResponseAsyncGen:
-            text = ""
-            async for delta in self._runtime.astream(request, mode, params):
-                text += delta
-                yield CompletionResponse(text=text, delta=delta)
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        """Deltas that add up exactly to the text `complete` returns; the last item (empty delta) carries the
+        usage."""
+        return self._stream_complete(prompt, formatted, **kwargs)
 
-        return generate()
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """`complete` awaited from the runtime's scheduler: the event loop keeps running meanwhile."""
+        return await self._acomplete(prompt, formatted, **kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        """`stream_complete` iterated in its own thread, the deltas relayed to the event loop."""
+        items = await in_thread(self._stream_complete, prompt, formatted, **kwargs)
+        return relay_stream(lambda: items)
+
+    # Chat: the messages laid out as separated segments (`messages_to_prompt`), one LLM chat event per call (the
+    # completion underneath sends none, so LlamaIndex's token counting sees each call once).
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return completion_response_to_chat_response(self._complete(self.messages_to_prompt(messages), True, **kwargs))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        items = self._stream_complete(self.messages_to_prompt(messages), True, **kwargs)
+        return stream_completion_response_to_chat_response(items)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        response = await self._acomplete(self.messages_to_prompt(messages), True, **kwargs)
+        return completion_response_to_chat_response(response)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        items = await in_thread(self._stream_complete, self.messages_to_prompt(messages), True, **kwargs)
+        return relay_stream(lambda: stream_completion_response_to_chat_response(items))
 
 
-def _completion_response(generation: Generation, mode: str) -> CompletionResponse:
+def _completion_response(prompt_segments: SegmentedPrompt, generation: Generation, mode: str) -> CompletionResponse:
+    """A completion's response: its text, and its usage (with how much of the prompt was matched to known chunks)
+    in `additional_kwargs` and in `raw["usage"]`, where LlamaIndex's `TokenCountingHandler` reads token counts."""
+    usage = {**usage_of(generation), **prompt_segments.matching_usage(generation.prefill.segment_reused_tokens)}
     return CompletionResponse(
         text=generation.text,
-        additional_kwargs={**usage_of(generation), "finish_reason": generation.finish_reason, "mode": mode},
-        raw={"timings": dict(generation.timings)},
+        additional_kwargs={**usage, "finish_reason": generation.finish_reason, "mode": mode},
+        raw={"usage": usage, "timings": dict(generation.timings)},
     )

@@ -1,116 +1,172 @@
-"""`HypicQueryEngine`: answers over any LlamaIndex retriever's nodes, each node its own cached segment."""
+"""`HypicQueryEngine`: LlamaIndex's retriever query engine with the segment synthesizer, each node its own segment."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
-from llama_index.core.base.response.schema import Response, StreamingResponse
-from llama_index.core.bridge.pydantic import Field
-from llama_index.core.query_engine import CustomQueryEngine
+from llama_index.core.base.response.schema import RESPONSE_TYPE, AsyncStreamingResponse, StreamingResponse
+from llama_index.core.callbacks import CBEventType, EventPayload
+from llama_index.core.prompts.mixin import PromptDictType
+from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.retrievers import BaseRetriever
-from llama_index.core.schema import MetadataMode, NodeWithScore
+from llama_index.core.schema import QueryBundle
 
 from hypic_rag.integrations.llama_index.llm import HypicLLM
-from hypic_rag.runtime.generation import Generation
-from hypic_rag.runtime.modes import check_mode
-from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.streaming import StrippedDeltas
-from hypic_rag.usage import usage_of
+from hypic_rag.integrations.llama_index.options import refuse_unknown_options
+from hypic_rag.integrations.llama_index.synthesizer import OPTIONS as SYNTHESIZER_OPTIONS
+from hypic_rag.integrations.llama_index.synthesizer import HypicSynthesizer
 
 __all__ = ["HypicQueryEngine"]
 
+ENGINE_OPTIONS = ("node_postprocessors",)
+RETRIEVER_HINT = (
+    "Retrieval options (similarity_top_k, filters...) belong to the retriever: "
+    "HypicQueryEngine(retriever=index.as_retriever(similarity_top_k=4), ...)"
+)
 
-class HypicQueryEngine(CustomQueryEngine):
+
+class HypicQueryEngine(RetrieverQueryEngine):
     """Answers with hypic-rag over the nodes any LlamaIndex retriever returns, each node its own segment.
 
-    The prompt is hypic-rag's RAG layout: the fixed prefix, one segment per retrieved node (its text, metadata
-    left out, in retrieval order), then the question. Returns a `Response` (or `StreamingResponse` with
-    `streaming=True`) whose `source_nodes` are the retrieved nodes and whose `metadata` holds usage and timings.
-    The answer is stripped of surrounding whitespace, and so is the stream: its deltas add up to the answer.
+    `HypicQueryEngine(retriever=..., llm=None, node_postprocessors=None, response_mode="compact",
+    text_qa_template=None, mode=None, max_new_tokens=None, streaming=False, metadata_mode=MetadataMode.NONE,
+    empty_response=None, callback_manager=None)`: a `RetrieverQueryEngine` (retrieval, then the node
+    postprocessors in order, then a `HypicSynthesizer` with the remaining options; an unknown option is a
+    TypeError naming it). So it sends LlamaIndex's query, retrieval, synthesis and LLM events, exposes the
+    synthesizer's prompt as `response_synthesizer:text_qa_template`, and `aquery` runs the model off the event
+    loop (an `AsyncStreamingResponse` when streaming). `response.metadata` holds mode, response mode, usage,
+    timings (retrieval, which includes the postprocessors, added to the synthesizer's) and finish reason, beside
+    LlamaIndex's per-node metadata. `llm=None` takes `Settings.llm` when it is a `HypicLLM`, else a default
+    `HypicLLM()`.
     """
 
-    retriever: BaseRetriever = Field(description="Any retriever, e.g. VectorStoreIndex.as_retriever().")
-    llm: HypicLLM = Field(description="The hypic-rag LLM that generates (its runtime holds the cache).")
-    mode: str | None = Field(default=None, description="Assembly mode; None: the LLM's.")
-    max_new_tokens: int | None = Field(default=None, gt=0, description="Answer length cap; None: the LLM's.")
-    streaming: bool = Field(default=False, description="Return a StreamingResponse.")
-
-    def __init__(self, *, retriever: BaseRetriever, llm: HypicLLM | None = None, **kwargs: Any) -> None:
-        if llm is None:
+    def __init__(self, retriever: BaseRetriever | None = None, llm: HypicLLM | None = None, **options: Any) -> None:
+        refuse_unknown_options(
+            type(self).__name__, options, (*ENGINE_OPTIONS, *SYNTHESIZER_OPTIONS, "retriever"), RETRIEVER_HINT
+        )
+        if not isinstance(retriever, BaseRetriever):
+            raise TypeError(f"retriever must be a LlamaIndex retriever (BaseRetriever), got {type(retriever).__name__}")
+        if options.get("callback_manager") is None:
             from llama_index.core import Settings
 
-            llm = Settings.llm if isinstance(Settings.llm, HypicLLM) else HypicLLM()
-        super().__init__(retriever=retriever, llm=llm, **kwargs)
-        if self.mode is not None:
-            check_mode(self.mode)
+            options["callback_manager"] = Settings.callback_manager
+        postprocessors = options.pop("node_postprocessors", None)
+        synthesizer = HypicSynthesizer(llm=llm, **options)
+        super().__init__(
+            retriever=retriever, response_synthesizer=synthesizer, node_postprocessors=postprocessors,
+            callback_manager=options["callback_manager"],
+        )
+
+    @classmethod
+    def from_args(  # type: ignore[override]
+        cls, retriever: BaseRetriever, llm: Any = None, **options: Any
+    ) -> HypicQueryEngine:
+        """The same as the constructor (LlamaIndex's `from_args` spelling)."""
+        return cls(retriever, llm, **options)
 
     @classmethod
     def class_name(cls) -> str:
         return "HypicQueryEngine"
 
-    def custom_query(self, query_str: str) -> Response | StreamingResponse:
+    # ------------------------------------------------------------------------------------------- settings
+    @property
+    def response_synthesizer(self) -> HypicSynthesizer:
+        return self._response_synthesizer  # type: ignore[return-value]
+
+    @property
+    def llm(self) -> HypicLLM:
+        return self.response_synthesizer.llm
+
+    @property
+    def mode(self) -> str:
+        return self.response_synthesizer.mode
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.response_synthesizer.max_new_tokens
+
+    @property
+    def streaming(self) -> bool:
+        return self.response_synthesizer.streaming
+
+    @property
+    def response_mode(self) -> str:
+        return self.response_synthesizer.response_mode
+
+    @property
+    def node_postprocessors(self) -> list[Any]:
+        return list(self._node_postprocessors)
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        own = sorted(key for key in prompts if ":" not in key)
+        if own:
+            raise ValueError(
+                f"{type(self).__name__} has no prompt {', '.join(map(repr, own))} of its own; its prompt is its "
+                "synthesizer's: 'response_synthesizer:text_qa_template'"
+            )
+
+    # ------------------------------------------------------------------------------------------- queries
+    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         began = time.perf_counter()
-        nodes: list[NodeWithScore] = self.retriever.retrieve(query_str)
-        return self._answer(query_str, nodes, began, time.perf_counter() - began)
+        with self.callback_manager.event(
+            CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
+        ) as query_event:
+            nodes = self.retrieve(query_bundle)
+            retrieval = time.perf_counter() - began
+            response = self._response_synthesizer.synthesize(query=query_bundle, nodes=nodes)
+            query_event.on_end(payload={EventPayload.RESPONSE: response})
+        return _timed(response, retrieval, began)
 
-    async def acustom_query(self, query_str: str) -> Response | StreamingResponse:
-        """`custom_query` on an event loop: retrieval through the retriever's `aretrieve` and the generation
-        awaited from the runtime's scheduler, so concurrent `aquery` calls batch."""
+    async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         began = time.perf_counter()
-        nodes: list[NodeWithScore] = await self.retriever.aretrieve(query_str)
-        retrieval_seconds = time.perf_counter() - began
-        if self.streaming:
-            return self._answer(query_str, nodes, began, retrieval_seconds)
-        request, mode, params = self._generation_inputs(query_str, nodes)
-        generation = await self.llm.runtime.agenerate(request, mode, params)
-        return self._response(generation, nodes, mode, began, retrieval_seconds)
+        with self.callback_manager.event(
+            CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
+        ) as query_event:
+            nodes = await self.aretrieve(query_bundle)
+            retrieval = time.perf_counter() - began
+            response = await self._response_synthesizer.asynthesize(query=query_bundle, nodes=nodes)
+            query_event.on_end(payload={EventPayload.RESPONSE: response})
+        return _timed(response, retrieval, began)
 
-    def _generation_inputs(self, query_str: str, nodes: list[NodeWithScore]) -> tuple[Any, str, SamplingParams]:
-        runtime = self.llm.runtime
-        texts = [item.node.get_content(metadata_mode=MetadataMode.NONE) for item in nodes]
-        request = runtime.rag_request(texts, query_str)
-        mode = self.mode or self.llm.mode
-        params = SamplingParams(
-            max_new_tokens=self.max_new_tokens or self.llm.max_new_tokens,
-            temperature=self.llm.temperature,
-            seed=self.llm.seed,
-            stop_strings=(runtime.prompt_format.answer_stop,) if runtime.prompt_format.answer_stop else (),
-        )
-        return request, mode, params
 
-    def _answer(
-        self, query_str: str, nodes: list[NodeWithScore], began: float, retrieval_seconds: float
-    ) -> Response | StreamingResponse:
-        runtime = self.llm.runtime
-        request, mode, params = self._generation_inputs(query_str, nodes)
-        if self.streaming:
-            metadata: dict[str, Any] = {"mode": mode, "retrieval_seconds": retrieval_seconds}
+def _add_retrieval(metadata: dict[str, Any], retrieval: float, began: float) -> None:
+    """The query's timings: retrieval first, the synthesizer's, time to first token and total from the query's
+    start."""
+    timings = dict(metadata.get("timings") or {})
+    first = timings.get("time_to_first_token")
+    timings = {"retrieval": retrieval, **timings, "total": time.perf_counter() - began}
+    if first is not None:
+        timings["time_to_first_token"] = retrieval + first
+    metadata["timings"] = timings
 
-            def generate() -> Iterator[str]:
-                stripped = StrippedDeltas()
-                with runtime.stream(request, mode, params) as deltas:  # stopping early stops the generation
-                    for raw in deltas:
-                        delta = stripped.feed(raw)
-                        if delta:
-                            yield delta
-                generation: Generation = deltas.result
-                metadata.update(usage=usage_of(generation), timings=dict(generation.timings))
 
-            return StreamingResponse(response_gen=generate(), source_nodes=nodes, metadata=metadata)
-        return self._response(runtime.generate(request, mode, params), nodes, mode, began, retrieval_seconds)
+def _timed(response: RESPONSE_TYPE, retrieval: float, began: float) -> RESPONSE_TYPE:
+    """`response` with the retrieval time in its timings (for a stream: once it has ended)."""
+    metadata = response.metadata
+    if metadata is None:
+        return response
+    if isinstance(response, StreamingResponse) and response.response_gen is not None:
+        inner = response.response_gen
 
-    @staticmethod
-    def _response(
-        generation: Generation, nodes: list[NodeWithScore], mode: str, began: float, retrieval_seconds: float
-    ) -> Response:
-        timings = {"retrieval": retrieval_seconds, **generation.timings}
-        timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
-        timings["total"] = time.perf_counter() - began
-        return Response(
-            response=generation.text.strip(),
-            source_nodes=nodes,
-            metadata={"mode": mode, "usage": usage_of(generation), "timings": timings,
-                      "finish_reason": generation.finish_reason},
-        )
+        def timed() -> Generator[str, None, None]:
+            yield from inner
+            _add_retrieval(metadata, retrieval, began)
+
+        response.response_gen = timed()
+    elif isinstance(response, AsyncStreamingResponse):
+        ainner = response.response_gen
+
+        async def atimed() -> AsyncGenerator[str, None]:
+            try:
+                async for delta in ainner:
+                    yield delta
+            finally:
+                await ainner.aclose()
+            _add_retrieval(metadata, retrieval, began)
+
+        response.response_gen = atimed()
+    else:
+        _add_retrieval(metadata, retrieval, began)
+    return response

@@ -84,10 +84,13 @@ class HypicRuntime(ModelSession):
 
     def rag_request(self, texts: Sequence[str], question: str) -> Request:
         """The prompt prefix, one segment per text (formatted as a retrieved chunk), then the question, each
-        tokenized on its own (`ModelSession.request`)."""
+        tokenized on its own (`ModelSession.request`). The texts become known chunks: a later prompt holding one
+        without separators reuses its entry (`ModelSession.know_chunks`)."""
         if not question.strip():
             raise ValueError("the question is empty")
-        return self.request(question, [self.chunk_ids(text) for text in texts])
+        request = self.request(question, [self.chunk_ids(text) for text in texts])
+        self.know_chunks(texts)
+        return request
 
     # ------------------------------------------------------------------------------------------- work
     def precompute(self, segments: Sequence[Sequence[int]], *, include_prefix: bool = False) -> PrefillStats:

@@ -1,0 +1,280 @@
+"""The HTTP front of `hypic-rag serve --replicas N`: one endpoint, the same API, requests routed by cache affinity.
+
+Every request is forwarded whole to one replica, which runs the single-process service's own application (so
+answers, errors, limits, deadlines, 429 back-pressure and streams are the single server's), and the replica's
+response is streamed back as it is produced. What the front adds is the choice of replica:
+
+- `POST /v1/ask`: the front retrieves first (the index's embedder and FAISS, opened read-only here) and routes by
+  the retrieved chunk ids (`rendezvous.RendezvousRouter`): a chunk's entry is then hot in one replica, whatever
+  order or company it is retrieved in;
+- `POST /v1/completions`, `POST /v1/chat/completions`: by the digests of the cached segments (every separated
+  part of the prompt but the query, every part of a chat message but the last message's last one);
+- anything else (and a body the front cannot read, which the replica will refuse with the proper error): the
+  least loaded replica.
+
+`GET /v1/cache/stats` and `GET /healthz` gather every replica's answer, each under its replica id, with the
+router's counts; `GET /metrics` is the front's own (requests routed, in flight and overflowed per replica).
+A response carries `X-Hypic-Replica`, the replica that served it. Replicas are `ReplicaClient`s: Ray Serve
+deployments in production (`serve_replicas.py`), in-process applications in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from hypic_rag import __version__
+from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
+from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, RendezvousRouter, RouteDecision
+from hypic_rag.server.config import ServerConfig
+from hypic_rag.server.middleware import BodySizeLimit
+
+logger = logging.getLogger(__name__)
+
+REPLICA_HEADER = "x-hypic-replica"
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade"})
+DEFAULT_TOP_K = 4
+"""`/v1/ask`'s default top_k (its schema's)."""
+
+
+class ReplicaClient(Protocol):
+    """One replica: streams a forwarded request's response (a `ResponseStart`, then body parts)."""
+
+    def stream(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]: ...
+
+
+Retrieve = Callable[[str, int], Awaitable[list[str]]]
+"""(question, top_k) -> the chunk ids a replica will retrieve for it (`IndexRetriever.chunk_ids`)."""
+
+
+class IndexRetriever:
+    """The index opened for search in one thread of its own (its SQLite connection belongs to that thread):
+    `chunk_ids(question, top_k)` retrieves as a replica will, with the server's hop slots."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hypic-front-retrieval")
+        self._index: Any = None
+        self._executor.submit(self._open).result()
+
+    def _open(self) -> None:
+        from hypic_rag.retrieval.corpus_index import CorpusIndex
+
+        self._index = CorpusIndex.open(self.config.index_dir)
+        self._index.embedder.load()
+
+    def _search(self, question: str, top_k: int) -> list[str]:
+        hop_slots = self.config.hop_slots if self.config.hop_slots < top_k else 0
+        return [hit.chunk.chunk_id for hit in self._index.search(question, k=top_k, hop_slots=hop_slots)]
+
+    async def chunk_ids(self, question: str, top_k: int) -> list[str]:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._search, question, top_k)
+
+    def close(self) -> None:
+        def close_index() -> None:
+            if self._index is not None:
+                self._index.close()
+
+        self._executor.submit(close_index).result()
+        self._executor.shutdown()
+
+
+def segment_keys(parts: Sequence[str]) -> list[str]:
+    """Affinity keys of cached text segments: a digest of each (equal text, equal key, on every front)."""
+    return [hashlib.sha256(part.encode("utf-8", "surrogatepass")).hexdigest()[:32] for part in parts if part]
+
+
+def completion_keys(body: Mapping[str, Any], separator: str) -> list[str]:
+    """The cached segments of a completion request: each prompt's separated parts but its last (the query)."""
+    separator = body.get("separator") if isinstance(body.get("separator"), str) and body["separator"] else separator
+    prompts = body.get("prompt")
+    prompts = [prompts] if isinstance(prompts, str) else prompts if isinstance(prompts, list) else []
+    parts = [part for prompt in prompts if isinstance(prompt, str) for part in prompt.split(separator)[:-1]]
+    return segment_keys(parts)
+
+
+def chat_keys(body: Mapping[str, Any], separator: str) -> list[str]:
+    """The cached documents of a chat request: every part of every message but the last message's last part."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    parts: list[str] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.extend(content.split(separator))
+        elif isinstance(content, list):
+            parts.extend(item["text"] for item in content if isinstance(item, dict) and isinstance(item.get("text"), str))
+    return segment_keys(parts[:-1])
+
+
+class Front:
+    """Routes and forwards requests to `replicas` (replica id -> client)."""
+
+    def __init__(
+        self, config: ServerConfig, replicas: Mapping[str, ReplicaClient], retrieve: Retrieve,
+        *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        self.config = config
+        self.replicas = dict(replicas)
+        self.retrieve = retrieve
+        self.router = RendezvousRouter(list(self.replicas), max_in_flight=max_in_flight)
+
+    async def affinity_keys(self, path: str, body: bytes) -> list[str]:
+        """What to route a request by (empty: no affinity, the least loaded replica)."""
+        if path not in ("/v1/ask", "/v1/completions", "/v1/chat/completions"):
+            return []
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return []
+        if not isinstance(parsed, dict):
+            return []
+        if path == "/v1/completions":
+            return completion_keys(parsed, self.config.separator)
+        if path == "/v1/chat/completions":
+            return chat_keys(parsed, self.config.separator)
+        question, top_k = parsed.get("question"), parsed.get("top_k", DEFAULT_TOP_K)
+        if not isinstance(question, str) or not question.strip() or not isinstance(top_k, int) or top_k < 1:
+            return []
+        try:
+            return await self.retrieve(question, min(top_k, self.config.max_top_k))
+        except Exception as error:  # noqa: BLE001 - routing only: the replica answers (or refuses) the request
+            logger.warning("front retrieval failed, routing by load: %s", error)
+            return []
+
+    async def forward(self, request: Request) -> Response:
+        body = await request.body()
+        keys = await self.affinity_keys(request.url.path, body)
+        forwarded = ForwardedRequest(
+            method=request.method, path=request.url.path, query_string=request.url.query.encode("latin-1"),
+            headers=(*((key, value) for key, value in request.headers.raw
+                       if key not in HOP_BY_HOP and key not in (b"host", b"content-length")),
+                     (b"content-length", str(len(body)).encode())),
+            body=body, client=(request.client.host, request.client.port) if request.client else ("127.0.0.1", 0),
+        )
+        decision = self.router.acquire(keys)
+        try:
+            parts = self.replicas[decision.replica].stream(forwarded)
+            start = await anext(parts)
+        except BaseException:
+            self.router.release(decision)
+            raise
+        if not isinstance(start, ResponseStart):
+            self.router.release(decision)
+            raise RuntimeError(f"replica {decision.replica} answered without a response start")
+        headers = [(k, v) for k, v in start.headers if k.lower() not in HOP_BY_HOP]
+        headers.append((REPLICA_HEADER.encode(), decision.replica.encode()))
+        return _RawHeadersStreamingResponse(self._relay(parts, decision), start.status, headers)
+
+    async def _relay(self, parts: AsyncIterator[ResponseStart | bytes], decision: RouteDecision) -> AsyncIterator[bytes]:
+        try:
+            async for part in parts:
+                if isinstance(part, bytes):
+                    yield part
+        finally:
+            self.router.release(decision)
+            closer = getattr(parts, "aclose", None)
+            if closer is not None:
+                await closer()
+
+    async def gather(self, path: str) -> dict[str, tuple[int, Any]]:
+        """Every replica's answer to `GET path`: replica id -> (status, JSON body or None)."""
+
+        async def one(name: str, client: ReplicaClient) -> tuple[int, Any]:
+            status, chunks = 502, []
+            try:
+                async for part in client.stream(ForwardedRequest("GET", path)):
+                    if isinstance(part, ResponseStart):
+                        status = part.status
+                    else:
+                        chunks.append(part)
+                return status, json.loads(b"".join(chunks) or b"null")
+            except Exception as error:  # noqa: BLE001 - a replica that cannot answer is reported, not fatal
+                logger.warning("replica %s did not answer %s: %s", name, path, error)
+                return 502, {"error": {"message": f"replica unreachable: {type(error).__name__}: {error}"}}
+
+        answers = await asyncio.gather(*(one(name, client) for name, client in self.replicas.items()))
+        return dict(zip(self.replicas, answers))
+
+
+class _RawHeadersStreamingResponse(StreamingResponse):
+    """A streaming response whose headers are taken as given (a replica's, repeated names kept)."""
+
+    def __init__(self, content: AsyncIterator[bytes], status_code: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(content, status_code=status_code)
+        self.raw_headers = [(k.lower(), v) for k, v in raw_headers]
+
+
+PER_PROCESS_FIELDS = ("hot_entries", "hot_bytes", "hot_budget_bytes", "hot_evictions", "hot_hits", "disk_hits")
+"""Cache counters each replica keeps for itself (summed over the replicas; the others are the shared store's)."""
+
+
+def create_front_app(front: Front) -> FastAPI:
+    """The front's application: its own /healthz, /v1/cache/stats and /metrics; everything else forwarded."""
+    app = FastAPI(title="hypic-rag (replicas)", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.front = front
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        answers = await front.gather("/healthz")
+        replicas = [{"replica": name, "status_code": status, **(body if isinstance(body, dict) else {})}
+                    for name, (status, body) in answers.items()]
+        ready = all(status == 200 for status, _ in answers.values())
+        first = next((body for _, body in answers.values() if isinstance(body, dict) and "model" in body), {})
+        summary = {**first, "status": "ok" if ready else "degraded", "replicas": replicas}
+        return JSONResponse(summary, status_code=200 if ready else 503)
+
+    @app.get("/v1/cache/stats")
+    async def cache_stats() -> JSONResponse:
+        answers = await front.gather("/v1/cache/stats")
+        replicas = [{"replica": name, **body} for name, (status, body) in answers.items()
+                    if status == 200 and isinstance(body, dict)]
+        cache: dict[str, Any] = dict(replicas[0]["cache"]) if replicas else {}
+        for name in PER_PROCESS_FIELDS:
+            if name in cache:
+                cache[name] = sum(int(replica["cache"].get(name, 0)) for replica in replicas)
+        server = {"cache_hits": 0, "cache_misses": 0}
+        for replica in replicas:
+            for name in server:
+                server[name] += int(replica.get("server", {}).get(name, 0))
+        return JSONResponse({
+            "cache": cache,
+            "index": replicas[0]["index"] if replicas else {},
+            "server": server,
+            "replicas": replicas,
+            "router": front.router.snapshot(),
+        }, status_code=200 if len(replicas) == len(answers) else 502)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render_metrics(front.router.snapshot()), media_type="text/plain; version=0.0.4")
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
+                   include_in_schema=False)
+    async def forward(request: Request) -> Response:
+        return await front.forward(request)
+
+    app.add_middleware(BodySizeLimit, max_bytes=front.config.max_body_bytes)
+    return app
+
+
+def render_metrics(snapshot: Mapping[str, Any]) -> str:
+    """The front's Prometheus text: requests routed and in flight per replica, overflows past the affine replica."""
+    lines = ["# HELP hypic_front_routed_total Requests the front routed to each replica.",
+             "# TYPE hypic_front_routed_total counter"]
+    lines += [f'hypic_front_routed_total{{replica="{name}"}} {count}' for name, count in snapshot["routed"].items()]
+    lines += ["# HELP hypic_front_in_flight Requests each replica is serving for the front now.",
+              "# TYPE hypic_front_in_flight gauge"]
+    lines += [f'hypic_front_in_flight{{replica="{name}"}} {count}' for name, count in snapshot["in_flight"].items()]
+    lines += ["# HELP hypic_front_overflowed_total Requests sent past their affine replica because it was busy.",
+              "# TYPE hypic_front_overflowed_total counter", f"hypic_front_overflowed_total {snapshot['overflowed']}"]
+    return "\n".join(lines) + "\n"

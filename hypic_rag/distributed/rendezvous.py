@@ -1,0 +1,135 @@
+"""Rendezvous (highest random weight) routing of requests to replicas by the chunks they will compose.
+
+Each chunk id has an owner among the replicas: the replica with the highest weight `hash(replica, chunk)`. A
+request goes to the replica owning the most of its chunks, so a chunk's entry is loaded into one replica's hot
+tier and found there by every later request that retrieves it, wherever it sits in the prompt and whatever its
+neighbours (a prefix-based router, keyed on the prompt's first tokens, sends two orders of the same chunks to
+two replicas). Ties (as many chunks owned by two replicas, or no chunk at all) go to the replica with fewer
+requests in flight, then to the higher summed weight (deterministic). Overflow: a replica already running
+`max_in_flight` requests is passed over for the next-ranked one below it; when all are that busy, the least loaded
+one is taken.
+
+Why rendezvous hashing: adding or removing a replica moves only the chunks it gains or loses (about 1/N of
+them), with no ring or virtual nodes to tune, and the ownership of N replicas is uniform in expectation.
+
+Pure Python, no Ray: `front.py` routes with it, the tests check it directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+DEFAULT_MAX_IN_FLIGHT = 4
+"""Requests a replica runs (or queues) before the router sends its affine requests to the next-ranked replica."""
+
+
+def weight(replica: str, key: str) -> int:
+    """The rendezvous weight of `key` on `replica`: 64 bits of blake2b over both (stable across processes and runs)."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8, key=replica.encode("utf-8")[:64])
+    return int.from_bytes(digest.digest(), "big")
+
+
+def owner(replicas: Sequence[str], key: str) -> str:
+    """The replica that owns `key`: the highest weight (ties, which 64-bit weights make rare, by name)."""
+    if not replicas:
+        raise ValueError("no replicas to route to")
+    return max(replicas, key=lambda replica: (weight(replica, key), replica))
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where a request went and why: `replica` chosen, `owned` (chunks it owns per replica), `affine` (the
+    replica the chunks alone pointed at, None without chunks), `overflowed` (the affine one was too busy)."""
+
+    replica: str
+    owned: dict[str, int]
+    affine: str | None
+    overflowed: bool
+
+
+class RendezvousRouter:
+    """Chooses a replica per request by its chunk ids and tracks requests in flight per replica (thread-safe).
+
+        router = RendezvousRouter(["replica-0", "replica-1"])
+        with router.routed(chunk_ids) as decision:     # counts the request in flight until the block ends
+            forward(request, decision.replica)
+    """
+
+    def __init__(self, replicas: Sequence[str], *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+        if not replicas:
+            raise ValueError("a router needs at least one replica")
+        if len(set(replicas)) != len(replicas):
+            raise ValueError("replica names must be distinct")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.replicas = list(replicas)
+        self.max_in_flight = max_in_flight
+        self._lock = threading.Lock()
+        self._in_flight = dict.fromkeys(self.replicas, 0)
+        self._routed = dict.fromkeys(self.replicas, 0)
+        self._overflowed = 0
+
+    def ranking(self, keys: Sequence[str], in_flight: dict[str, int] | None = None) -> list[str]:
+        """Every replica, best first for a request over `keys`: most owned keys, then fewer in flight, then the
+        higher summed weight, then the name."""
+        in_flight = self._in_flight if in_flight is None else in_flight
+        distinct = list(dict.fromkeys(keys))
+        owned = self._owned(distinct)
+        summed = {replica: sum(weight(replica, key) for key in distinct) for replica in self.replicas}
+        return sorted(self.replicas,
+                      key=lambda r: (-owned[r], in_flight.get(r, 0), -summed[r], r))
+
+    def choose(self, keys: Sequence[str]) -> RouteDecision:
+        """The replica for a request over `keys` (chunk ids, or any affinity keys), under the current load; does not
+        count it in flight (see `routed`)."""
+        with self._lock:
+            return self._choose(keys)
+
+    def _owned(self, keys: Sequence[str]) -> dict[str, int]:
+        owned = dict.fromkeys(self.replicas, 0)
+        for key in dict.fromkeys(keys):
+            owned[owner(self.replicas, key)] += 1
+        return owned
+
+    def _choose(self, keys: Sequence[str]) -> RouteDecision:
+        ranking = self.ranking(keys, self._in_flight)
+        owned = self._owned(keys)
+        affine = ranking[0] if keys else None
+        for replica in ranking:
+            if self._in_flight[replica] < self.max_in_flight:
+                return RouteDecision(replica, owned, affine, overflowed=replica != ranking[0])
+        least = min(ranking, key=lambda r: (self._in_flight[r], ranking.index(r)))  # all busy: least loaded
+        return RouteDecision(least, owned, affine, overflowed=least != ranking[0])
+
+    def acquire(self, keys: Sequence[str]) -> RouteDecision:
+        """Choose a replica and count the request in flight on it until `release(decision)`."""
+        with self._lock:
+            decision = self._choose(keys)
+            self._in_flight[decision.replica] += 1
+            self._routed[decision.replica] += 1
+            self._overflowed += decision.overflowed
+        return decision
+
+    def release(self, decision: RouteDecision) -> None:
+        """The request `acquire` routed has finished (its response ended or failed)."""
+        with self._lock:
+            self._in_flight[decision.replica] -= 1
+
+    @contextmanager
+    def routed(self, keys: Sequence[str]) -> Iterator[RouteDecision]:
+        """Choose a replica and count the request in flight on it until the block ends."""
+        decision = self.acquire(keys)
+        try:
+            yield decision
+        finally:
+            self.release(decision)
+
+    def snapshot(self) -> dict[str, object]:
+        """Requests routed and in flight per replica, and how many overflowed past their affine replica."""
+        with self._lock:
+            return {"routed": dict(self._routed), "in_flight": dict(self._in_flight), "overflowed": self._overflowed,
+                    "max_in_flight": self.max_in_flight}

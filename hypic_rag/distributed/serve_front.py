@@ -1,0 +1,85 @@
+"""Running `hypic-rag serve --replicas N`: replicas on Ray Serve, the front on uvicorn in this process.
+
+    serve_with_replicas(config, ReplicaOptions(replicas=2), "127.0.0.1", 8000, cluster="local")
+
+Start-up in the order of the single server's (`server.runner.serve`): the port is bound first (by the caller),
+then the replicas load (each its model, index and cache: `serve_replicas.deploy_replicas`), then the front opens
+the index for retrieval and serves. SIGINT or SIGTERM stop uvicorn, then the replicas are deleted (each finishes
+its in-flight requests within the shutdown grace) and a private Ray instance is shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+
+from hypic_rag.distributed.cluster import ClusterOptions, connect, disconnect_if_local
+from hypic_rag.distributed.front import Front, IndexRetriever, create_front_app
+from hypic_rag.distributed.serve_replicas import ReplicaOptions, deploy_replicas, remove_replicas
+from hypic_rag.errors import HypicError
+from hypic_rag.server.config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaStartError(HypicError):
+    """A replica could not start (its model, index or cache failed to open, or the cluster lacks the resources)."""
+
+
+def start_replicas(config: ServerConfig, options: ReplicaOptions, cluster: ClusterOptions) -> tuple[Any, Front, IndexRetriever]:
+    """Connect, deploy the replicas, open the front's retriever; (ray, front, retriever)."""
+    ray = connect(cluster)
+    try:
+        clients = deploy_replicas(ray, config, options)
+    except Exception as error:  # noqa: BLE001 - Serve's deployment failures carry long multi-line messages
+        remove_replicas(options.replicas)
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise ReplicaStartError(f"a replica could not start: {lines[-1] if lines else type(error).__name__}"[:600]) from None
+    retriever = IndexRetriever(config)
+    return ray, Front(config, clients, retriever.chunk_ids), retriever
+
+
+def serve_with_replicas(
+    config: ServerConfig,
+    options: ReplicaOptions,
+    host: str,
+    port: int,
+    *,
+    cluster: ClusterOptions,
+    sock: socket.socket,
+    log_level: str = "info",
+    on_ready: Callable[[], None] | None = None,
+    max_in_flight: int | None = None,
+) -> bool:
+    """Serve the front on `sock` until SIGINT or SIGTERM; False if uvicorn failed to start."""
+    ray, front, retriever = start_replicas(config, options, cluster)
+    if max_in_flight is not None:
+        front.router.max_in_flight = max_in_flight
+    try:
+        server = uvicorn.Server(uvicorn.Config(
+            create_front_app(front), host=host, port=port, log_level=log_level, lifespan="off",
+            timeout_graceful_shutdown=max(1, int(config.shutdown_grace_s)), access_log=log_level == "debug",
+        ))
+        if on_ready is not None:
+            on_ready()
+        previous = signal.signal(signal.SIGTERM, _ignore_signal)
+        try:
+            server.run(sockets=[sock])
+        except SystemExit:
+            return False
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return bool(server.started)
+    finally:
+        retriever.close()
+        remove_replicas(options.replicas)
+        disconnect_if_local(ray, cluster)
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    logger.debug("signal %d after shutdown ignored", signum)

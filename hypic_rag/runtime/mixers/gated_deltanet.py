@@ -1,0 +1,142 @@
+"""Gated DeltaNet (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) on the mixer interface, over the model's own module.
+
+Per value head, state S [K, V]: S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T q_t; the
+transition of a span is a K x K matrix ("matrix" kind). Token-wise: the q/k/v (pre-conv), z (output gate), b and a
+projections; the short causal conv (SiLU) over the q/k/v channels; the gated RMS norm and output projection.
+The recurrence is `runtime/ops/gated_delta_rule` (chunked WY form, fla on CUDA; naive reference beside it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun
+from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
+
+
+@dataclass(slots=True)
+class GatedDeltaInputs(RecurrenceInputs):
+    """query, key [n, H, T, K] (l2-normalised, query scaled by K^-1/2), value [n, H, T, V], log_decay, beta
+    [n, H, T] (head-major, as the ops take them)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    log_decay: torch.Tensor
+    beta: torch.Tensor
+
+    def select(self, rows: slice, start: int, stop: int) -> GatedDeltaInputs:
+        return GatedDeltaInputs(
+            self.query[rows, :, start:stop], self.key[rows, :, start:stop], self.value[rows, :, start:stop],
+            self.log_decay[rows, :, start:stop], self.beta[rows, :, start:stop],
+        )
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return self.query, self.key, self.value, self.log_decay, self.beta
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+class GatedDeltaNetMixer(RecurrentMixer):
+    """Wraps a transformers Gated DeltaNet module (`Qwen3_5GatedDeltaNet`, `Qwen3NextGatedDeltaNet`, ...).
+
+    state_shape (H, K, V) with H the value heads; outputs [n, T, H, V]; projections: preconv [.., T, C] (q|k|v),
+    extras (z [.., T, H, V], b [.., T, H], a [.., T, H]).
+    """
+
+    transition_kind = "matrix"
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    @property
+    def conv_channels(self) -> int:
+        return int(self.module.conv_dim)
+
+    @property
+    def conv_width(self) -> int:
+        return int(self.module.conv_kernel_size) - 1
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        module = self.module
+        return (int(module.num_v_heads), int(module.head_k_dim), int(module.head_v_dim))
+
+    def project(self, x: torch.Tensor) -> Projections:
+        module = self.module
+        if hasattr(module, "in_proj_qkvz"):  # Qwen3-Next: grouped qkvz / ba layout (its own code wants 3 dims)
+            batched = x if x.dim() == 3 else x[None]
+            query, key, value, z, b, a = module.fix_query_key_value_ordering(
+                module.in_proj_qkvz(batched), module.in_proj_ba(batched)
+            )
+            preconv = torch.cat([t.reshape(*t.shape[:2], -1) for t in (query, key, value)], dim=-1)
+            if x.dim() != 3:
+                preconv, z, b, a = preconv[0], z[0], b[0], a[0]
+            return Projections(preconv, (z, b, a))
+        preconv = module.in_proj_qkv(x)
+        z = module.in_proj_z(x).reshape(*x.shape[:-1], -1, module.head_v_dim)
+        return Projections(preconv, (z, module.in_proj_b(x), module.in_proj_a(x)))
+
+    def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        weight = self.module.conv1d.weight  # [C, 1, kernel]
+        conv_input = torch.cat([context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
+        convolved = F.conv1d(conv_input, weight, self.module.conv1d.bias, groups=conv_input.shape[1])
+        return F.silu(convolved).transpose(1, 2)
+
+    def recurrence_inputs(
+        self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None
+    ) -> GatedDeltaInputs:
+        module = self.module
+        _, b, a = projections.extras
+        runs, length, _ = convolved.shape
+        query, key, value = torch.split(convolved, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+        heads_v, heads_k = module.num_v_heads, module.num_k_heads
+        query = query.reshape(runs, length, heads_k, module.head_k_dim).float()
+        key = key.reshape(runs, length, heads_k, module.head_k_dim).float()
+        value = value.reshape(runs, length, heads_v, module.head_v_dim).float()
+        if heads_v != heads_k:
+            query = query.repeat_interleave(heads_v // heads_k, dim=2)
+            key = key.repeat_interleave(heads_v // heads_k, dim=2)
+        query = _l2norm(query) * (module.head_k_dim**-0.5)
+        key = _l2norm(key)
+        beta = b.float().sigmoid()
+        log_decay = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
+        if lengths is not None:  # identity steps past each run's end: decay 1, write strength 0
+            steps = torch.arange(length, device=convolved.device)[None, :]
+            valid = (steps < torch.tensor(lengths, device=convolved.device)[:, None]).float()
+            beta = beta * valid[..., None]
+            log_decay = log_decay * valid[..., None]
+        return GatedDeltaInputs(
+            query.transpose(1, 2).contiguous(),
+            key.transpose(1, 2).contiguous(),
+            value.transpose(1, 2).contiguous(),
+            log_decay.transpose(1, 2).contiguous(),
+            beta.transpose(1, 2).contiguous(),
+        )
+
+    def run(self, inputs: GatedDeltaInputs, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        output, final = gated_delta_rule(*inputs.as_tuple(), start)
+        return output.transpose(1, 2), final
+
+    def run_with_transition(self, inputs: GatedDeltaInputs) -> TransitionRun:
+        zero_outputs, transition_outputs, segment = gated_delta_rule_with_transition(*inputs.as_tuple())
+        return TransitionRun(zero_outputs.transpose(1, 2), transition_outputs, segment)
+
+    def outputs_from_start(
+        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
+    ) -> torch.Tensor:
+        """zero_outputs [n, T, H, V], transition_outputs [n, H, T, K] (P_t^T q_t), start [n, H, K, V]."""
+        return zero_outputs + (transition_outputs @ start).transpose(1, 2)
+
+    def output(self, core: torch.Tensor, projections: Projections, dtype: torch.dtype) -> torch.Tensor:
+        """Gated RMS norm and output projection: core [..., T, H, V] -> [..., T, hidden]."""
+        z = projections.extras[0]
+        *lead, heads, value_dim = core.shape
+        normed = self.module.norm(core.reshape(-1, value_dim).to(dtype), z.reshape(-1, value_dim))
+        return self.module.out_proj(normed.reshape(*lead, heads * value_dim))

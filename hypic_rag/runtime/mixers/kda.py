@@ -1,0 +1,141 @@
+"""Kimi Delta Attention (kimi_linear, bailing_hybrid / Ling 3) on the mixer interface, over the model's own module.
+
+Per head, state S [K, V]: S_t = (I - b_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T q_t, with a
+per-key-channel log decay g_t [K]; the transition of a span is a K x K matrix ("matrix" kind). Token-wise: the
+q | k | v projections (pre-conv), the decay (the module's own `forget_gate`: Kimi's low-rank softplus gate or Ling's
+bounded "safe" gate), the write strength b and the output gate (Kimi: low-rank `g_b_proj(g_a_proj(x))`, Ling:
+`g_proj(x)`); one short causal conv + SiLU over all of q | k | v; the per-head gated RMS norm (`o_norm`, sigmoid
+gate) and `o_proj`. The recurrence is `runtime/ops/kda` (chunked WY form; naive float32 reference beside it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun
+from hypic_rag.runtime.ops.kda import kda, kda_with_transition
+
+
+@dataclass(slots=True)
+class KdaInputs(RecurrenceInputs):
+    """query, key [n, H, T, K] (l2-normalised, query scaled by K^-1/2), value [n, H, T, V], log_decay [n, H, T, K],
+    beta [n, H, T] (head-major, as `ops/kda` takes them)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    log_decay: torch.Tensor
+    beta: torch.Tensor
+
+    def select(self, rows: slice, start: int, stop: int) -> KdaInputs:
+        return KdaInputs(
+            self.query[rows, :, start:stop], self.key[rows, :, start:stop], self.value[rows, :, start:stop],
+            self.log_decay[rows, :, start:stop], self.beta[rows, :, start:stop],
+        )
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return self.query, self.key, self.value, self.log_decay, self.beta
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim (the models' l2norm)."""
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def _token_wise(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A module written for [B, T, hidden] inputs applied to tokens x [..., T, hidden] of any leading shape."""
+    flat = module(x.reshape(1, -1, x.shape[-1]))
+    return flat.reshape(*x.shape[:-1], *flat.shape[2:])
+
+
+class KdaMixer(RecurrentMixer):
+    """Wraps `KimiLinearDeltaAttention` or `BailingHybridDeltaAttention`.
+
+    state_shape (H, K, V) with K = V = the linear head dim; outputs [n, T, H, V]; projections: preconv
+    [.., T, 3*H*K] (q | k | v), extras (log_decay [.., T, H, K] float32, b [.., T, H], output gate [.., T, H*K]).
+    """
+
+    transition_kind = "matrix"
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.heads = int(module.num_heads)
+        self.head_dim = int(module.head_dim)
+
+    @property
+    def conv_channels(self) -> int:
+        return int(self.module.conv_dim)
+
+    @property
+    def conv_width(self) -> int:
+        return int(self.module.conv_kernel_size) - 1
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.heads, self.head_dim, self.head_dim)
+
+    def project(self, x: torch.Tensor) -> Projections:
+        module = self.module
+        preconv = torch.cat([module.q_proj(x), module.k_proj(x), module.v_proj(x)], dim=-1)
+        log_decay = _token_wise(module.forget_gate, x).float()  # [.., T, H, K]
+        if hasattr(module, "g_a_proj"):  # Kimi: low-rank output gate
+            gate = module.g_b_proj(module.g_a_proj(x))
+        else:  # Ling: full-rank output gate
+            gate = module.g_proj(x)
+        return Projections(preconv, (log_decay, module.b_proj(x), gate))
+
+    def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        weight = self.module.conv1d.weight  # [C, 1, kernel]
+        conv_input = torch.cat([context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
+        convolved = F.conv1d(conv_input, weight, self.module.conv1d.bias, groups=conv_input.shape[1])
+        return F.silu(convolved).transpose(1, 2).to(preconv.dtype)
+
+    def recurrence_inputs(
+        self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None
+    ) -> KdaInputs:
+        log_decay, b, _ = projections.extras
+        runs, length, _ = convolved.shape
+        query, key, value = (
+            part.reshape(runs, length, self.heads, self.head_dim).float() for part in convolved.chunk(3, dim=-1)
+        )
+        query = _l2norm(query) * (self.head_dim**-0.5)
+        key = _l2norm(key)
+        beta = b.float().sigmoid()
+        log_decay = log_decay.float()
+        if lengths is not None:  # identity steps past each run's end: decay 1, write strength 0
+            steps = torch.arange(length, device=convolved.device)[None, :]
+            valid = (steps < torch.tensor(lengths, device=convolved.device)[:, None]).float()
+            beta = beta * valid[..., None]
+            log_decay = log_decay * valid[..., None, None]
+        return KdaInputs(
+            query.transpose(1, 2).contiguous(),
+            key.transpose(1, 2).contiguous(),
+            value.transpose(1, 2).contiguous(),
+            log_decay.transpose(1, 2).contiguous(),
+            beta.transpose(1, 2).contiguous(),
+        )
+
+    def run(self, inputs: KdaInputs, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        output, final = kda(*inputs.as_tuple(), start)
+        return output.transpose(1, 2), final
+
+    def run_with_transition(self, inputs: KdaInputs) -> TransitionRun:
+        zero_outputs, transition_outputs, segment = kda_with_transition(*inputs.as_tuple())
+        return TransitionRun(zero_outputs.transpose(1, 2), transition_outputs, segment)
+
+    def outputs_from_start(
+        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
+    ) -> torch.Tensor:
+        """zero_outputs [n, T, H, V], transition_outputs [n, H, T, K] (P_t^T q_t), start [n, H, K, V]."""
+        return zero_outputs + (transition_outputs @ start).transpose(1, 2)
+
+    def output(self, core: torch.Tensor, projections: Projections, dtype: torch.dtype) -> torch.Tensor:
+        """Per-head RMS norm times sigmoid(output gate), then o_proj: core [..., T, H, V] -> [..., T, hidden]."""
+        gate = projections.extras[2]
+        *lead, heads, value_dim = core.shape
+        normed = self.module.o_norm(core.to(dtype), gate.reshape(*lead, heads, value_dim))
+        return self.module.o_proj(normed.reshape(*lead, heads * value_dim))

@@ -1,0 +1,44 @@
+"""Step-by-step KDA for a handful of tokens (decode): no chunk padding, no triangular solves.
+
+Same contract and mathematics as `naive.py` (the reference), written for speed at T of 1-4: the state is updated in
+place with batched matrix products. Longer inputs belong to `chunk.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def fused_recurrent_kda(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query, key [B, H, T, K]; value [B, H, T, V]; log_decay [B, H, T, K]; beta [B, H, T];
+    initial_state [B, H, K, V] or None.
+
+    Returns output [B, H, T, V] and the final state [B, H, K, V], float32 (the input state is not modified).
+    """
+    batch, heads, length, key_dim = key.shape
+    value_dim = value.shape[-1]
+    if initial_state is None:
+        state = torch.zeros(batch * heads, key_dim, value_dim, dtype=torch.float32, device=value.device)
+    else:
+        state = initial_state.float().reshape(batch * heads, key_dim, value_dim).clone()
+    query_rows, key_rows, value_rows, decay_rows = (
+        x.float().reshape(batch * heads, length, x.shape[-1]) for x in (query, key, value, log_decay)
+    )
+    decay_rows = decay_rows.exp()
+    strength = beta.float().reshape(batch * heads, length)
+    outputs = []
+    for t in range(length):
+        k_t = key_rows[:, t : t + 1]  # [BH, 1, K]
+        state.mul_(decay_rows[:, t, :, None])
+        error = value_rows[:, t : t + 1] - torch.bmm(k_t, state)  # [BH, 1, V]
+        state.baddbmm_(k_t.transpose(1, 2), error * strength[:, t, None, None])
+        outputs.append(torch.bmm(query_rows[:, t : t + 1], state))
+    output = torch.cat(outputs, dim=1) if outputs else value_rows.new_zeros(batch * heads, 0, value_dim)
+    return output.reshape(batch, heads, length, value_dim), state.reshape(batch, heads, key_dim, value_dim)

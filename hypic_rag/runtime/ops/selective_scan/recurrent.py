@@ -1,0 +1,42 @@
+"""Step-by-step selective scan for a handful of tokens (decode): one small update per token, no block scan.
+
+Same contract and mathematics as `naive.naive_selective_scan` (the reference), written for T of 1-4 with the
+state updated in place. Longer inputs belong to `scan.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hypic_rag.runtime.ops.selective_scan.naive import check_selective_scan_shapes
+
+
+def recurrent_selective_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, dt [batch, D, T]; a [D, N]; b, c [batch, T, N]; d [D] or None; initial_state [batch, D, N] or None.
+
+    Returns output [batch, D, T] and the final state [batch, D, N], float32 (the input state is not modified).
+    """
+    check_selective_scan_shapes(x, dt, a, b, c)
+    batch, channels, length = x.shape
+    a, b, c, dt = a.float(), b.float(), c.float(), dt.float()
+    state = (
+        torch.zeros(batch, channels, a.shape[1], dtype=torch.float32, device=x.device)
+        if initial_state is None
+        else initial_state.float().clone()
+    )
+    weighted_input = dt * x.float()
+    output = torch.empty(batch, channels, length, dtype=torch.float32, device=x.device)
+    for t in range(length):
+        state.mul_(torch.exp(dt[:, :, t, None] * a)).addcmul_(weighted_input[:, :, t, None], b[:, None, t])
+        output[:, :, t] = torch.bmm(state, c[:, t, :, None])[..., 0]
+    if d is not None:
+        output = output + d.float()[None, :, None] * x.float()
+    return output, state

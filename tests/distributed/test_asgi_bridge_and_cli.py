@@ -1,0 +1,153 @@
+"""The ASGI bridge replicas answer through (a real FastAPI app: status, headers, a streamed body, an app that fails,
+a client that goes away mid-stream), and the scale-out options' bad input on the command line: one line, exit 2,
+nothing started (real subprocesses; the unreachable-cluster cases need Ray installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart, stream_asgi
+from hypic_rag.distributed.front import chat_keys, completion_keys
+from hypic_rag.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bridge_app(seen: dict[str, object]) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> JSONResponse:
+        body = await request.json()
+        return JSONResponse({"got": body, "query": request.url.query}, status_code=201, headers={"x-one": "1"})
+
+    @app.get("/stream")
+    async def stream(request: Request) -> StreamingResponse:
+        async def parts():
+            number = 0
+            try:  # Starlette stops the body when it hears the disconnect (cancelled, or seen here)
+                for number in range(1000):
+                    if await request.is_disconnected():
+                        return
+                    yield f"part {number}\n"
+                    await asyncio.sleep(0.01)
+            finally:
+                seen["stopped_at"] = number
+
+        return StreamingResponse(parts(), media_type="text/plain")
+
+    @app.get("/fail")
+    async def fail() -> None:
+        raise RuntimeError("boom")
+
+    return app
+
+
+def collect(app: FastAPI, request: ForwardedRequest, limit: int | None = None) -> list[ResponseStart | bytes]:
+    async def run() -> list[ResponseStart | bytes]:
+        parts = []
+        stream = stream_asgi(app, request)
+        async for part in stream:
+            parts.append(part)
+            if limit is not None and len(parts) >= limit:
+                break
+        await stream.aclose()
+        await asyncio.sleep(0.2)  # the app notices the disconnect
+        return parts
+
+    return asyncio.run(run())
+
+
+def test_a_request_comes_back_with_status_headers_and_body() -> None:
+    parts = collect(bridge_app({}), ForwardedRequest("POST", "/echo", b"a=1", ((b"content-type", b"application/json"),),
+                                                     b'{"x": [1, 2]}'))
+    start, body = parts[0], b"".join(part for part in parts[1:] if isinstance(part, bytes))
+    assert isinstance(start, ResponseStart) and start.status == 201 and (b"x-one", b"1") in start.headers
+    assert body == b'{"got":{"x":[1,2]},"query":"a=1"}'
+
+
+def test_a_stream_comes_in_parts_and_a_consumer_that_leaves_stops_it() -> None:
+    seen: dict[str, object] = {}
+    parts = collect(bridge_app(seen), ForwardedRequest("GET", "/stream"), limit=4)
+    assert [part for part in parts[1:]] == [b"part 0\n", b"part 1\n", b"part 2\n"]
+    assert seen.get("stopped_at") is not None and int(seen["stopped_at"]) < 50  # not the 1000 parts
+
+
+def test_an_application_error_is_a_500() -> None:
+    parts = collect(bridge_app({}), ForwardedRequest("GET", "/fail"))
+    assert isinstance(parts[0], ResponseStart) and parts[0].status == 500
+
+    async def raises_before_answering(scope, receive, send) -> None:  # noqa: ANN001 - a bare ASGI app
+        raise RuntimeError("boom")
+
+    parts = collect(raises_before_answering, ForwardedRequest("GET", "/"))  # type: ignore[arg-type]
+    assert isinstance(parts[0], ResponseStart) and parts[0].status == 500
+    assert b'"type": "internal_error"' in b"".join(part for part in parts[1:] if isinstance(part, bytes))
+
+
+def test_affinity_keys_of_completions_and_chats() -> None:
+    prompt = "A.<<PIC_SEP>>B.<<PIC_SEP>>question"
+    assert completion_keys({"prompt": prompt}, "<<PIC_SEP>>") == completion_keys({"prompt": [prompt]}, "<<PIC_SEP>>")
+    assert len(completion_keys({"prompt": prompt}, "<<PIC_SEP>>")) == 2  # the query is no key
+    assert completion_keys({"prompt": "A.|q", "separator": "|"}, "<<PIC_SEP>>") == \
+        completion_keys({"prompt": prompt}, "<<PIC_SEP>>")[:1]
+    assert completion_keys({"prompt": [1, 2, 3]}, "<<PIC_SEP>>") == []
+    chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "A."}, {"type": "text", "text": "q"}]}]}
+    assert chat_keys(chat, "<<PIC_SEP>>") == completion_keys({"prompt": prompt}, "<<PIC_SEP>>")[:1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "hypic_rag", *args], capture_output=True, text=True, env=env,
+                          timeout=180, cwd=ROOT)
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], command: str, fragment: str) -> None:
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2, output
+    assert len(output.splitlines()) == 1 and output.startswith(f"hypic-rag {command}: error: "), output
+    assert fragment in output, output
+
+
+def test_precompute_scale_out_options_refused_in_one_line(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("Some text.\n")
+    index = tmp_path / "index"
+    assert_one_line(run_cli("precompute", str(corpus), "--index", str(index), "--workers", "2", "--ray"),
+                    "precompute", "--workers and --ray exclude each other")
+    assert_one_line(run_cli("precompute", str(corpus), "--index", str(index), "--ray-actors", "2"),
+                    "precompute", "--ray-actors needs --ray")
+    assert not index.exists()
+
+
+def test_unreachable_or_malformed_clusters_are_one_line(tmp_path: Path, copy_tiny_index) -> None:
+    pytest.importorskip("ray", reason="ray is not installed")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("Some text.\n")
+    closed = f"127.0.0.1:{free_port()}"
+    assert_one_line(run_cli("precompute", str(corpus), "--index", str(tmp_path / "i"), "--ray", closed),
+                    "precompute", f"cannot reach the Ray cluster at '{closed}'")
+    assert not (tmp_path / "i").exists()
+    index = copy_tiny_index(tmp_path / "index")
+    assert_one_line(run_cli("serve", "--index", str(index), "--port", "0", "--replicas", "2", "--ray", closed,
+                            "--log-level", "warning"), "serve", "cannot reach the Ray cluster")
+
+
+def test_malformed_addresses_are_refused_before_any_connection() -> None:
+    from hypic_rag.distributed.cluster import ClusterOptions, RayUnavailableError, check_reachable
+
+    for address in ("no-port", "host:", "ray://:80"):
+        with pytest.raises(RayUnavailableError, match="not a Ray address"):
+            check_reachable(address)
+    with pytest.raises(ValueError):
+        ClusterOptions(address=" ")

@@ -1,0 +1,156 @@
+"""`hypic-rag serve --replicas 2 --ray ADDRESS` (a real subprocess; its replicas are Ray Serve deployments on the
+session's local cluster) against one single-process server on a copy of the same index: the same answers,
+streams and completions; each request served by the replica that owns most of its retrieved chunks (rendezvous),
+so repeated requests for the same chunks hit that replica's hot tier and never touch the other's; document
+changes refused (replicas are read-only); a clean SIGTERM stop removes the replicas."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hypic_rag.distributed.rendezvous import RendezvousRouter
+from hypic_rag.server.config import ServerConfig
+from hypic_rag.server.runner import ServerThread
+from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 300
+REPLICAS = ["hypic-replica-0", "hypic-replica-1"]
+
+
+@pytest.fixture(scope="module")
+def replicated(ray_address: str, tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Iterator[dict[str, Any]]:
+    index = copy_tiny_index(tmp_path_factory.mktemp("replicated") / "index")
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--port", str(port), "--device", "cpu",
+         "--replicas", "2", "--ray", ray_address, "--replica-cpus", "0.5", "--log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the replicas did not come up"
+            try:
+                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield {"url": url, "process": process}
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Iterator[str]:
+    index = copy_tiny_index(tmp_path_factory.mktemp("single") / "index")
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", read_only=True)) as server:
+        yield server.url
+
+
+def ask(url: str, question: str, **options: Any) -> httpx.Response:
+    response = httpx.post(f"{url}/v1/ask", json={"question": question, "max_new_tokens": 8, **options}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def comparable(body: dict[str, Any]) -> dict[str, Any]:
+    return {"answer": body["answer"], "finish_reason": body["finish_reason"], "usage": body["usage"],
+            "sources": [(source["chunk_id"], round(source["score"], 5)) for source in body["sources"]]}
+
+
+def replica_stats(url: str) -> dict[str, dict[str, int]]:
+    body = httpx.get(f"{url}/v1/cache/stats", timeout=60).json()
+    assert [replica["replica"] for replica in body["replicas"]] == REPLICAS
+    return {replica["replica"]: replica["cache"] for replica in body["replicas"]}
+
+
+def test_two_replicas_answer_as_one_server_routed_by_chunk_affinity(replicated: dict[str, Any], single: str) -> None:
+    url = replicated["url"]
+    router = RendezvousRouter(REPLICAS)  # the front's rule, with nothing in flight (requests one at a time)
+    for question in SMALL_CORPUS_QUESTIONS.values():
+        front, alone = ask(url, question), ask(single, question)
+        assert comparable(front.json()) == comparable(alone.json())
+        chunk_ids = [source["chunk_id"] for source in front.json()["sources"]]
+        assert front.headers["x-hypic-replica"] == router.choose(chunk_ids).replica
+    health = httpx.get(f"{url}/healthz", timeout=60).json()
+    assert health["status"] == "ok" and [r["replica"] for r in health["replicas"]] == REPLICAS
+
+
+def test_repeated_requests_for_the_same_chunks_hit_one_replicas_hot_tier(replicated: dict[str, Any]) -> None:
+    url = replicated["url"]
+    question = SMALL_CORPUS_QUESTIONS["volcano.md"]
+    before = replica_stats(url)
+    replicas = {ask(url, question).headers["x-hypic-replica"] for _ in range(3)}
+    assert len(replicas) == 1
+    (target,) = replicas
+    (other,) = [name for name in REPLICAS if name != target]
+    after = replica_stats(url)
+    lookups = lambda stats: stats["hot_hits"] + stats["disk_hits"]  # noqa: E731
+    assert after[other]["hot_hits"] == before[other]["hot_hits"] and lookups(after[other]) == lookups(before[other])
+    assert after[target]["hot_hits"] - before[target]["hot_hits"] >= 2 * 5  # prefix + 4 chunks, twice from memory
+    routed = httpx.get(f"{url}/v1/cache/stats", timeout=60).json()["router"]["routed"]
+    assert routed[target] >= 3
+
+
+def test_streams_and_completions_pass_through_unchanged(replicated: dict[str, Any], single: str) -> None:
+    url = replicated["url"]
+    question = SMALL_CORPUS_QUESTIONS["chess.md"]
+    with httpx.stream("POST", f"{url}/v1/ask", json={"question": question, "max_new_tokens": 8, "stream": True},
+                      timeout=120) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert events[0]["type"] == "sources" and events[-1]["type"] == "done"
+    streamed = "".join(event["text"] for event in events if event["type"] == "token")
+    assert streamed == events[-1]["answer"] == ask(single, question).json()["answer"]
+
+    prompt = "The ferry leaves at noon.\n<<PIC_SEP>>The mill has a tower.\n<<PIC_SEP>>When does the ferry leave?"
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0}
+    front = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    alone = httpx.post(f"{single}/v1/completions", json=body, timeout=120)
+    assert front.status_code == alone.status_code == 200
+    assert front.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
+    again = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert again.headers["x-hypic-replica"] == front.headers["x-hypic-replica"]  # same segments, same replica
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_replicas_refuse_document_changes_and_bad_input_as_one_server(replicated: dict[str, Any], single: str) -> None:
+    url = replicated["url"]
+    added = httpx.post(f"{url}/v1/documents", json={"documents": [{"id": "x", "text": "y"}]}, timeout=60)
+    assert added.status_code == 409
+    for body in ({"question": ""}, {"question": "x", "top_k": 0}, {"nothing": 1}):
+        front = httpx.post(f"{url}/v1/ask", json=body, timeout=60)
+        alone = httpx.post(f"{single}/v1/ask", json=body, timeout=60)
+        assert front.status_code == alone.status_code and front.status_code in (400, 422)
+        assert front.json()["error"]["type"] == alone.json()["error"]["type"]
+    assert httpx.post(f"{url}/v1/ask", content=b"x" * (9 << 20), timeout=60).status_code == 413
+    metrics = httpx.get(f"{url}/metrics", timeout=60).text
+    assert 'hypic_front_routed_total{replica="hypic-replica-0"}' in metrics
+
+
+def test_sigterm_stops_the_front_and_removes_the_replicas(replicated: dict[str, Any], ray_cluster: Any) -> None:
+    from ray import serve
+
+    process = replicated["process"]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0, process.communicate()[1][-3000:]
+    applications = serve.status().applications
+    assert not any(name.startswith("hypic-replica-") for name in applications)
