@@ -280,3 +280,81 @@ def test_the_waiting_queue_is_bounded_and_a_stream_closed_early_frees_its_sequen
 def test_scheduler_config_is_checked(options: dict) -> None:
     with pytest.raises(ValueError):
         SchedulerConfig(**options)
+
+
+# ---------------------------------------------------------------------------------------------- policies, families
+@pytest.mark.parametrize("engine_policy", [None, "whole:1"])
+def test_the_scheduler_applies_each_requests_recompute_policy(qwen35, engine_policy) -> None:
+    """A sequence's `hypic` prefill is planned under its own policy (None: the engine's): tokens, logprobs and the
+    token accounting (recomputed, encoded, per-segment reuse) equal `Engine.generate` with that policy; chunks a
+    policy recomputes whole get no entry encoded."""
+    requests = random_requests(11, 6, pool_size=5)
+    requests = [request for request in requests if len(request.chunk_ids) >= 2] or requests[:1]
+    policies = [None, "seam@2", "whole:1", "whole:9", "budget:2"]
+    jobs = [(request, policy) for request in requests for policy in policies]
+    params = SamplingParams(max_new_tokens=4, logprobs=2)
+    reference = Engine(qwen35, seam_tokens=4, recompute_policy=engine_policy)
+    alone = []
+    for request, policy in jobs:  # each alone from a cold cache, as the scheduler's engine starts
+        reference.segment_source = MemorySegmentSource()
+        alone.append(reference.generate(request, "hypic", params, policy=policy))
+    sinks = [QueueSink() for _ in jobs]
+    for (request, policy), sink in zip(jobs, sinks):
+        engine = Engine(qwen35, seam_tokens=4, recompute_policy=engine_policy)
+        scheduler = Scheduler(engine, SchedulerConfig(max_running=4, step_tokens=128, encode_tokens=32))
+        scheduler.submit(request, "hypic", params, sink=sink, policy=policy)
+        while scheduler.has_work:
+            scheduler.step()
+    whole_everything = [number for number, (_, policy) in enumerate(jobs) if policy == "whole:9"]
+    for sink, expected in zip(sinks, alone):
+        generation = sink.future.result(timeout=0)
+        assert_same_generation(generation, expected)
+        for name in ("recomputed_tokens", "encoded_tokens", "cached_tokens", "segment_reused_tokens"):
+            assert getattr(generation.prefill, name) == getattr(expected.prefill, name), name
+    for number in whole_everything:  # every chunk recomputed whole: only the prefix's entry is read
+        request = jobs[number][0]
+        stats = sinks[number].future.result(timeout=0).prefill
+        assert stats.recomputed_tokens >= sum(len(chunk) for chunk in request.chunk_ids) + len(request.question_ids)
+        assert stats.encoded_tokens <= len(request.prefix_ids)
+    # together in one scheduler (a shared cache): the same tokens as alone
+    engine = Engine(qwen35, seam_tokens=4, recompute_policy=engine_policy)
+    scheduler = Scheduler(engine, SchedulerConfig(max_running=8, step_tokens=256))
+    together = [QueueSink() for _ in jobs]
+    for (request, policy), sink in zip(jobs, together):
+        scheduler.submit(request, "hypic", params, sink=sink, policy=policy)
+    while scheduler.has_work:
+        scheduler.step()
+    for sink, expected in zip(together, alone):
+        assert_same_generation(sink.future.result(timeout=0), expected)
+
+
+def test_scheduler_serves_a_family_the_batched_pass_does_not_cover() -> None:
+    """granitemoehybrid (Mamba2 / SSD + NoPE attention) is not a Qwen family: `run_batch` refuses it and the
+    scheduler runs its items one at a time (`run_each`), with the same scheduling (several sequences per step,
+    cold segments encoded over steps, every mode) and exactly the tokens each request gets alone."""
+    model = wrap_model(build_tiny_model("granitemoehybrid", seed=3))
+    jobs = random_jobs(2, 10)
+    reference = Engine(model, seam_tokens=4)
+    alone = [reference.generate(request, mode, params) for request, mode, params, _ in jobs]
+    engine = Engine(model, seam_tokens=4)
+    scheduler = Scheduler(engine, SchedulerConfig(max_running=4, step_tokens=64, encode_tokens=40))
+    assert not scheduler.batched
+    with pytest.raises(ValueError, match="run_each"):
+        run_batch(model, [BatchItem(engine.plan_prefill(jobs[0][0], "full").spans)])
+    reports = []
+    scheduler.on_step = reports.append
+    sinks: dict[int, QueueSink] = {}
+    step = 0
+    while len(sinks) < len(jobs) or scheduler.has_work:
+        for number, (request, mode, params, arrival) in enumerate(jobs):
+            if arrival == step:
+                sinks[number] = QueueSink()
+                scheduler.submit(request, mode, params, sink=sinks[number])
+        scheduler.step()
+        step += 1
+        assert step < 500
+    for number, sink in sinks.items():
+        assert_same_generation(sink.future.result(timeout=0), alone[number])
+    assert max(report.sequences for report in reports) > 1
+    assert any(report.encoded_tokens for report in reports)
+    assert scheduler.running == scheduler.waiting == 0
