@@ -51,6 +51,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.calibration import CalibrationError
     from hypic_rag.distributed.cluster import RayUnavailableError
     from hypic_rag.distributed.serve_front import ReplicaStartError
+    from hypic_rag.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
 
     return {
@@ -85,6 +86,9 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         CalibrationError: EXIT_BAD_INPUT,  # `hypic-rag calibrate` on an index it cannot calibrate
         RayUnavailableError: EXIT_BAD_INPUT,
         ReplicaStartError: EXIT_FAILURE,
+        SchedulerFullError: EXIT_FAILURE,  # the scheduler's errors (docs/runtime.md, "Continuous batching")
+        SequenceCancelled: EXIT_FAILURE,
+        SchedulerStopped: EXIT_FAILURE,
     }
 
 
