@@ -46,7 +46,9 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.retrieval.encoding_pool import EncodingPoolError, WorkerStartError
     from hypic_rag.retrieval.formats import UnreadableFile
     from hypic_rag.runtime.model import ModelLoadError, UnsupportedModelError
+    from hypic_rag.calibration import CalibrationError
     from hypic_rag.runtime.modes import UnknownModeError
+    from hypic_rag.runtime.recompute_policy import RecomputePolicyError
     from hypic_rag.server.runner import AddressInUseError
 
     return {
@@ -75,6 +77,8 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         ModelLoadError: EXIT_BAD_INPUT,
         UnsupportedModelError: EXIT_BAD_INPUT,
         UnknownModeError: EXIT_BAD_INPUT,
+        RecomputePolicyError: EXIT_BAD_INPUT,
+        CalibrationError: EXIT_BAD_INPUT,
         AddressInUseError: EXIT_FAILURE,
     }
 
