@@ -396,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", default="", help="KL targets (comma-separated): calibrate on --calibration-"
                         "questions of worlds --calibration-seed with `hypic_rag.runtime.calibration`, record the choice")
     parser.add_argument("--calibration-questions", type=int, default=50)
+    parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
+                        "`hypic_rag.runtime.calibration.DEFAULT_CANDIDATES`)")
     parser.add_argument("--calibration-seed", type=int, default=CALIBRATION_SEED)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
@@ -457,8 +459,9 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     choices = []
     targets = [float(value) for value in args.calibrate.split(",") if value.strip()]
     measured = None
+    candidates = [spec.strip() for spec in args.candidates.split(",") if spec.strip()] or DEFAULT_CANDIDATES
     for target in targets:
-        result = calibrate(engine, requests, DEFAULT_CANDIDATES, target, measured=measured)
+        result = calibrate(engine, requests, candidates, target, measured=measured)
         measured = result.candidates
         spec = result.chosen.resolved(args.seam_tokens).spec if result.chosen.kind == "seam" else result.chosen.spec
         choices.append({"kl_target": target, "chosen": spec if result.chosen.kind == "seam" else f"{spec}|alternate",

@@ -90,8 +90,8 @@ def add_recompute_policy_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--recompute-policy", type=recompute_policy_spec, metavar="SPEC",
         help="what hypic recomputes: seam, seam@W, whole:N[@W] (the N top-ranked chunks whole, seam W for the rest), "
-             "budget:X[@W] (whole chunks while at most X times the seam's tokens); default: the index's calibrated "
-             "policy (hypic-rag calibrate), else seam",
+             "budget:X[@W] (whole chunks while at most X times the seam's tokens), tokens:N[@W] (while at most N "
+             "chunk tokens); default: the index's calibrated policy (hypic-rag calibrate), else seam",
     )
 
 

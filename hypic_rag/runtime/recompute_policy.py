@@ -14,12 +14,15 @@ The policies (`RecomputePolicy.kind`):
 - `budget`: chunks recomputed whole in rank order while the chunk tokens recomputed stay within `budget` times
   those of the seam plan (scale-free: the same spec costs at most that factor whatever the chunk length), seam w
   for the rest. A chunk that does not fit is skipped and the next one tried.
+- `tokens`: the same with an absolute budget: at most `tokens` chunk tokens recomputed per request, seams
+  included (a request whose seams alone exceed it keeps its seams).
 
 The rank of a chunk is `Request.chunk_ranks` (0 = most important; the pipeline ranks direct retrieval hits and
 the retrieval hop's hits alternately, see `pipeline.retrieval_ranks`), or prompt order when the request has none.
 
 Specs (CLI `--recompute-policy`, the service's config, the index manifest): `seam`, `seam@16`, `whole:1`,
-`whole:2@8`, `budget:2`, `budget:1.5@8`; `@w` sets the seam of the chunks that are not recomputed whole.
+`whole:2@8`, `budget:2`, `budget:1.5@8`, `tokens:96@0`; `@w` sets the seam of the chunks that are not recomputed
+whole.
 `docs/recompute_policies.md` has the measurements that chose among them.
 """
 
@@ -37,8 +40,8 @@ from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 WHOLE = None
 """A chunk recomputed whole: no entry, every token through the model in context."""
 
-POLICY_KINDS = ("seam", "whole", "budget")
-SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W]"
+POLICY_KINDS = ("seam", "whole", "budget", "tokens")
+SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W], tokens:N[@W]"
 """The spec forms, for help texts and error messages."""
 
 DEFAULT_KL_TARGET = 0.1
@@ -82,14 +85,16 @@ class RecomputePlan:
 class RecomputePolicy:
     """A rule that turns a request's chunks into a `RecomputePlan` (see the module docstring).
 
-    kind: "seam", "whole" or "budget". chunks: for "whole", how many top-ranked chunks are recomputed whole.
-    budget: for "budget", the most chunk tokens recomputed, as a multiple (>= 1) of the seam plan's.
+    kind: "seam", "whole", "budget" or "tokens". chunks: for "whole", how many top-ranked chunks are recomputed
+    whole. budget: for "budget", the most chunk tokens recomputed, as a multiple (>= 1) of the seam plan's.
+    tokens: for "tokens", the most chunk tokens recomputed per request.
     seam_tokens: the seam of the chunks not recomputed whole; None: the engine's (the index's) seam.
     """
 
     kind: str = "seam"
     chunks: int = 0
     budget: float = 1.0
+    tokens: int = 0
     seam_tokens: int | None = None
 
     def __post_init__(self) -> None:
@@ -103,6 +108,12 @@ class RecomputePolicy:
             raise RecomputePolicyError(f"a recompute policy's budget must be a number >= 1, got {self.budget!r}")
         if self.kind == "whole" and self.chunks < 1:
             raise RecomputePolicyError("policy whole needs a chunk count >= 1 (whole:N)")
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0:
+            raise RecomputePolicyError(f"a recompute policy's token budget must be an integer >= 0, got {self.tokens!r}")
+        if self.kind == "tokens" and self.tokens < 1:
+            raise RecomputePolicyError("policy tokens needs a token count >= 1 (tokens:N)")
+        if self.kind != "tokens" and self.tokens:
+            raise RecomputePolicyError(f"policy {self.kind} takes no token count")
         if self.kind != "whole" and self.chunks:
             raise RecomputePolicyError(f"policy {self.kind} takes no chunk count")
         if self.kind != "budget" and self.budget != 1:
@@ -127,9 +138,11 @@ class RecomputePolicy:
             return cls("seam", seam_tokens=seam_tokens)
         if amount is None:
             raise RecomputePolicyError(f"policy {kind} needs an amount ({kind}:N), got {spec!r}")
-        if kind == "whole":
+        if kind in ("whole", "tokens"):
             if "." in amount:
-                raise RecomputePolicyError(f"policy whole takes a whole number of chunks, got {spec!r}")
+                raise RecomputePolicyError(f"policy {kind} takes a whole number, got {spec!r}")
+            if kind == "tokens":
+                return cls("tokens", tokens=int(amount), seam_tokens=seam_tokens)
             return cls("whole", chunks=int(amount), seam_tokens=seam_tokens)
         return cls("budget", budget=float(amount), seam_tokens=seam_tokens)
 
@@ -139,6 +152,8 @@ class RecomputePolicy:
         seam = "" if self.seam_tokens is None else f"@{self.seam_tokens}"
         if self.kind == "whole":
             return f"whole:{self.chunks}{seam}"
+        if self.kind == "tokens":
+            return f"tokens:{self.tokens}{seam}"
         if self.kind == "budget":
             return f"budget:{self.budget:g}{seam}"
         return f"seam{seam}"
@@ -164,9 +179,9 @@ class RecomputePolicy:
         if self.kind == "whole":
             for number in order[: self.chunks]:
                 seams[number] = WHOLE
-        elif self.kind == "budget":
-            allowed = self.budget * sum(min(seam, length) for length in chunk_lengths)
+        elif self.kind in ("budget", "tokens"):
             spent = sum(min(seam, length) for length in chunk_lengths)
+            allowed = self.budget * spent if self.kind == "budget" else float(self.tokens)
             for number in order:
                 extra = chunk_lengths[number] - min(seam, chunk_lengths[number])
                 if extra and spent + extra <= allowed + 1e-9:
@@ -176,7 +191,8 @@ class RecomputePolicy:
 
     def resolved(self, default_seam: int) -> RecomputePolicy:
         """This policy with its seam made explicit (`default_seam` unless it names one)."""
-        return RecomputePolicy(self.kind, self.chunks, self.budget, self.chunk_seam(default_seam))
+        return RecomputePolicy(self.kind, chunks=self.chunks, budget=self.budget, tokens=self.tokens,
+                               seam_tokens=self.chunk_seam(default_seam))
 
     def entry_seams(self, default_seam: int) -> set[int]:
         """The entry seams the plans of this policy read (what precompute must encode for it)."""

@@ -61,7 +61,8 @@ class AskRequest(_Strict):
     recompute_policy: str | None = Field(
         None,
         description="What a hypic answer recomputes: seam, seam@W, whole:N[@W] (the N top-ranked chunks recomputed "
-                    "whole), budget:X[@W]; default: the server's (the index's calibrated policy, else seam).",
+                    "whole), budget:X[@W], tokens:N[@W]; default: the server's (the index's calibrated policy, else "
+                    "seam).",
     )
     stream: bool = Field(False, description="Answer as server-sent events (text/event-stream).")
     timeout_s: float | None = Field(

@@ -39,7 +39,8 @@ def engine() -> Engine:
 
 
 # ------------------------------------------------------------------------------------------------------- specs
-@pytest.mark.parametrize("spec", ["seam", "seam@16", "whole:1", "whole:3@8", "budget:2", "budget:1.5@0"])
+@pytest.mark.parametrize("spec", ["seam", "seam@16", "whole:1", "whole:3@8", "budget:2", "budget:1.5@0", "tokens:96@0",
+                                  "tokens:40"])
 def test_a_spec_round_trips(spec: str) -> None:
     policy = RecomputePolicy.parse(spec)
     assert policy.spec == spec
@@ -47,7 +48,8 @@ def test_a_spec_round_trips(spec: str) -> None:
 
 
 @pytest.mark.parametrize("spec", ["", "seams", "whole", "whole:0", "whole:1.5", "budget", "budget:0.5", "seam:3",
-                                  "whole:2@", "whole:-1", "budget:2@x", " whole : 1"])
+                                  "whole:2@", "whole:-1", "budget:2@x", " whole : 1", "tokens", "tokens:0",
+                                  "tokens:1.5"])
 def test_a_bad_spec_is_a_one_line_error_naming_the_forms(spec: str) -> None:
     with pytest.raises(RecomputePolicyError) as raised:
         RecomputePolicy.parse(spec)
@@ -105,6 +107,23 @@ def test_budget_plan_never_exceeds_its_budget_and_spends_it_in_rank_order() -> N
                 assert extra == 0 or spent + extra > budget * seam_tokens
 
 
+def test_token_budget_plan_never_exceeds_its_tokens_unless_the_seams_alone_do() -> None:
+    rng = random.Random(1)
+    for _ in range(300):
+        count = rng.randint(1, 10)
+        lengths = [rng.randint(1, 60) for _ in range(count)]
+        ranks = rng.sample(range(count), count)
+        seam, limit = rng.choice([0, 4, 8]), rng.randint(1, 300)
+        plan = RecomputePolicy("tokens", tokens=limit, seam_tokens=seam).plan(lengths, SEAM, ranks)
+        seams_only = sum(min(seam, length) for length in lengths)
+        assert plan.recomputed_chunk_tokens(lengths) <= max(limit, seams_only)
+        left = [n for n in range(count) if plan.chunk_seams[n] is not WHOLE and lengths[n] > seam]
+        used = plan.recomputed_chunk_tokens(lengths)
+        assert all(used + lengths[n] - min(seam, lengths[n]) > limit for n in left)  # nothing more would fit
+    plan = RecomputePolicy.parse("tokens:80@0").plan([34, 30, 33, 35], SEAM, [2, 0, 1, 3])
+    assert plan.chunk_seams == (0, WHOLE, WHOLE, 0)
+
+
 def test_plan_checks_its_ranks() -> None:
     with pytest.raises(ValueError):
         RecomputePolicy.parse("whole:1").plan([3, 4], SEAM, [0])
@@ -131,7 +150,7 @@ def hand_built(engine: Engine, request: Request, plan: RecomputePlan) -> torch.T
     return run_stack(engine.model, spans).logits
 
 
-@pytest.mark.parametrize("spec", ["whole:1", "whole:2@2", "budget:2", "seam@6"])
+@pytest.mark.parametrize("spec", ["whole:1", "whole:2@2", "budget:2", "seam@6", "tokens:30@0"])
 def test_prefill_under_a_policy_is_its_span_plan(engine: Engine, spec: str) -> None:
     request = random_request(1, [14, 9, 20, 11])
     request.chunk_ranks = [2, 3, 0, 1]
