@@ -33,6 +33,10 @@ SEAM_TOKENS = 8
 MODEL_DTYPE = torch.bfloat16
 
 
+POSITION_NAMES = {"RotaryPositions": "RoPE", "InterleavedTailRotary": "RoPE (interleaved, MLA's rope part)"}
+"""How the runtime's positioners are named in the tables (a class not listed: its class name)."""
+
+
 def meta_model(config: Any, dtype: torch.dtype = MODEL_DTYPE) -> HybridModel:
     """`config`'s causal LM on the meta device (shapes, no storage), wrapped by its family adapter."""
     from transformers import AutoModelForCausalLM
@@ -65,7 +69,8 @@ def mixer_summary(model: HybridModel) -> dict[str, Any]:
             if isinstance(mixer, RecurrentMixer):
                 transitions[f"{type(mixer).__name__} ({mixer.transition_kind or 'no state'})"] += 1
             elif isinstance(mixer, AttentionMixer):
-                positions.add(type(mixer.positions).__name__ if mixer.positions.moves_keys else "NoPE")
+                name = type(mixer.positions).__name__
+                positions.add(POSITION_NAMES.get(name, name) if mixer.positions.moves_keys else "NoPE")
     return {
         "layers": len(model.blocks),
         "layer_kinds": dict(Counter(model.layer_types)),
