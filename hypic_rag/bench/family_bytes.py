@@ -22,7 +22,7 @@ import torch
 from hypic_rag.bench.published_layouts import PUBLISHED_LAYOUTS, PublishedLayout
 from hypic_rag.cache.layout import is_lowerable_state_name
 from hypic_rag.entry import SEAM_TOKENS as SEAM_NAME
-from hypic_rag.entry import TOKEN_IDS, Entry, entry_bytes, is_kv_name
+from hypic_rag.entry import TOKEN_IDS, Entry, entry_bytes
 from hypic_rag.runtime.mixers.base import AttentionMixer, RecurrentMixer
 from hypic_rag.runtime.model import HybridModel
 
@@ -56,10 +56,6 @@ def layout_entry(model: HybridModel, chunk_tokens: int = CHUNK_TOKENS, seam_toke
     return entry_layout(model, chunk_tokens, seam_tokens)
 
 
-def _part(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
 def mixer_summary(model: HybridModel) -> dict[str, Any]:
     """Layer counts by kind, the recurrent mixers' transition kinds and whether attention re-positions keys."""
     transitions: Counter[str] = Counter()
@@ -81,26 +77,23 @@ def mixer_summary(model: HybridModel) -> dict[str, Any]:
 
 def entry_sizes(entry: Entry) -> dict[str, int]:
     """Bytes by part: P (`transition`), Z (`suffix_state`), conv tails, linear state in all, K/V, total, and the
-    total with P and Z stored in bfloat16."""
+    total with P and Z stored in bfloat16 (all through `entry_bytes`)."""
     sizes = entry_bytes(entry)
-    by_part: Counter[str] = Counter()
-    lowerable = 0
-    for name, tensor in entry.items():
-        if name in (TOKEN_IDS, SEAM_NAME) or is_kv_name(name):
-            continue
-        size = tensor.numel() * tensor.element_size()
-        by_part[_part(name)] += size
-        if is_lowerable_state_name(name) and tensor.is_floating_point():
-            lowerable += size - tensor.numel() * torch.finfo(torch.bfloat16).bits // 8
-    total = sizes.linear_bytes + sizes.kv_bytes
+
+    def part_bytes(part: str) -> int:
+        return entry_bytes({name: t for name, t in entry.items() if name.endswith(f".{part}")}).linear_bytes
+
+    lowered = {name: tensor.to(torch.bfloat16) if is_lowerable_state_name(name) and tensor.is_floating_point()
+               else tensor for name, tensor in entry.items()}
+    stored = entry_bytes(lowered)
     return {
-        "transition": by_part["transition"],
-        "suffix_state": by_part["suffix_state"],
-        "conv_tail": by_part["conv_tail"],
+        "transition": part_bytes("transition"),
+        "suffix_state": part_bytes("suffix_state"),
+        "conv_tail": part_bytes("conv_tail"),
         "linear_state": sizes.linear_bytes,
         "key_value": sizes.kv_bytes,
-        "total": total,
-        "pz_bfloat16_total": total - lowerable,
+        "total": sizes.linear_bytes + sizes.kv_bytes,
+        "pz_bfloat16_total": stored.linear_bytes + stored.kv_bytes,
     }
 
 
