@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from hypic_rag.prompt import PromptFormat
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream
 from hypic_rag.runtime.modes import check_mode
+from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.session import CacheOptions, ModelSession
@@ -63,6 +64,8 @@ class Source:
 
 @dataclass(slots=True)
 class Answer:
+    """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes)."""
+
     text: str
     sources: list[Source]
     mode: str
@@ -70,12 +73,14 @@ class Answer:
     usage: dict[str, int]
     timings: dict[str, float]
     token_ids: list[int] = field(default_factory=list)
+    recompute_policy: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "answer": self.text,
             "sources": [source.as_dict() for source in self.sources],
             "mode": self.mode,
+            "recompute_policy": self.recompute_policy,
             "finish_reason": self.finish_reason,
             "usage": dict(self.usage),
             "timings": dict(self.timings),
@@ -135,13 +140,16 @@ class RagPipeline:
         hop_slots: int = 2,
         dtype: str | None = None,
         remote_cache: RemoteTierConfig | None = None,
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> RagPipeline:
         """Open an index and the session it was built for (`ModelSession.for_index`: its model, the one recorded
         in the manifest unless `model_path`, in the dtype recorded there unless `dtype`, checked against the
-        manifest: another model or dtype raises `IndexMismatchError`; its prompt format; its segment cache), and
-        its embedder (loaded now, so the first question's timing is the question's). A model directory that cannot
-        be loaded raises `ModelLoadError`. remote_cache: the shared remote tier below the segment cache
+        manifest: another model or dtype raises `IndexMismatchError`; its prompt format; its segment cache; its
+        recorded recompute policy unless `recompute_policy`), and its embedder (loaded now, so the first question's
+        timing is the question's). A model directory that cannot be loaded raises `ModelLoadError`, a bad policy
+        spec `RecomputePolicyError`. remote_cache: the shared remote tier below the segment cache
         (`hypic_rag.cache.remote_config.RemoteTierConfig`; None: none)."""
+        policy = as_policy(recompute_policy)
         from hypic_rag.retrieval.corpus_index import CorpusIndex
         from hypic_rag.retrieval.manifest import IndexManifest
 
@@ -155,7 +163,7 @@ class RagPipeline:
                              remote=remote_cache)
         session = ModelSession.for_index(
             manifest, index_dir, model_path=model_path, device=device, dtype=dtype, seam_tokens=seam_tokens,
-            cache=cache,
+            cache=cache, recompute_policy=policy,
         )
         try:
             index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
@@ -176,13 +184,19 @@ class RagPipeline:
 
     # ----------------------------------------------------------------------------------------------------------
 
-    def request_for(self, question: str, chunk_token_ids: list[list[int]]) -> Request:
+    def request_for(
+        self, question: str, chunk_token_ids: list[list[int]], from_hop: Sequence[bool] = ()
+    ) -> Request:
         """The request of `question` over chunks given as token ids of their formatted segments
-        (`ModelSession.request`); `PipelineError` for an empty question or one holding a lone surrogate."""
+        (`ModelSession.request`), its chunks ranked for recompute policies by `retrieval_ranks(from_hop)` (prompt
+        order when `from_hop` is empty); `PipelineError` for an empty question or one holding a lone surrogate."""
         try:
-            return self.session.request(question, chunk_token_ids)
+            request = self.session.request(question, chunk_token_ids)
         except ValueError as error:
             raise PipelineError(str(error)) from None
+        if from_hop and len(from_hop) == len(request.chunk_ids):
+            request.chunk_ranks = retrieval_ranks(from_hop)
+        return request
 
     def stream(
         self,
@@ -192,6 +206,7 @@ class RagPipeline:
         mode: str = "hypic",
         params: SamplingParams | None = None,
         check: Callable[[], None] | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> ResultStream[tuple[str, Any], Answer]:
         """A stream of ("sources", [Source]) first (best first by similarity to the question), then ("token", text_delta) items; its `.result` is the `Answer`.
 
@@ -199,13 +214,17 @@ class RagPipeline:
         whitespace, and so is the stream: its deltas add up exactly to `Answer.text` (leading whitespace is
         dropped, trailing whitespace held until more text follows; a delta may be ""). check: runs before every
         step and before each segment the prefill encodes (a deadline, a cancellation); raising stops it there.
+        policy: what a `hypic` answer recomputes (None: the session's, i.e. the index's recorded policy or the one
+        the pipeline was opened with; `runtime.recompute_policy`).
         """
-        return ResultStream(self._answer_steps(question, top_k, mode, params, check), check=check)
+        return ResultStream(self._answer_steps(question, top_k, mode, params, check, as_policy(policy)), check=check)
 
     def _answer_steps(
-        self, question: str, top_k: int, mode: str, params: SamplingParams | None, check: Callable[[], None] | None
+        self, question: str, top_k: int, mode: str, params: SamplingParams | None, check: Callable[[], None] | None,
+        policy: RecomputePolicy | None = None,
     ) -> Generator[tuple[str, Any], None, Answer]:
         check_mode(mode)
+        policy = policy or self.session.recompute_policy
         params = params or SamplingParams(max_new_tokens=48, stop_strings=(self.prompt_format.answer_stop,))
         began = time.perf_counter()
         question = check_encodable(question, "the question").strip()
@@ -218,13 +237,14 @@ class RagPipeline:
         sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt keeps
         # retrieval order (direct hits, then the hop's, whose scores against the question are usually lower)
         yield "sources", sources
-        request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits])
-        generation: Generation = yield from _relay(self.engine.stream(request, mode, params, check=check))
+        request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits],
+                                   [hit.hop_query is not None for hit in hits])
+        generation: Generation = yield from _relay(self.engine.stream(request, mode, params, check=check, policy=policy))
         timings = {"retrieval": retrieval_seconds, **generation.timings}
         timings["time_to_first_token"] = retrieval_seconds + generation.time_to_first_token
         timings["total"] = time.perf_counter() - began
         return Answer(generation.text.strip(), sources, mode, generation.finish_reason, generation.usage(), timings,
-                      generation.token_ids)
+                      generation.token_ids, _policy_label(policy, self.session.seam_tokens) if mode == "hypic" else "")
 
     def answer(
         self,
@@ -234,14 +254,38 @@ class RagPipeline:
         mode: str = "hypic",
         params: SamplingParams | None = None,
         on_token: Callable[[str], None] | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> Answer:
-        """Retrieve `top_k` chunks, assemble under `mode`, generate; the answer with sources, usage and timings."""
+        """Retrieve `top_k` chunks, assemble under `mode` (and `policy`, see `stream`), generate; the answer with
+        sources, usage and timings."""
 
         def forward(item: tuple[str, Any]) -> None:
             if item[0] == "token" and on_token is not None:
                 on_token(item[1])
 
-        return self.stream(question, top_k=top_k, mode=mode, params=params).run(forward)
+        return self.stream(question, top_k=top_k, mode=mode, params=params, policy=policy).run(forward)
+
+
+def _policy_label(policy: Any, seam_tokens: int) -> str:
+    """The spec of `policy` with its seam made explicit (`whole:1@8`), or its text for a custom rule."""
+    return policy.resolved(seam_tokens).spec if isinstance(policy, RecomputePolicy) else str(policy)
+
+
+def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:
+    """How much each retrieved chunk matters to a recompute policy (0 = most), from whether the retrieval hop found
+    it (`from_hop[i]`, chunks in prompt order): direct hits and hop hits alternately, each in its own order
+    (best direct hit, first hop hit, second direct hit, ...). A two-hop question's second document is a hop hit,
+    so a policy that recomputes the top two chunks recomputes both of its documents
+    (docs/recompute_policies.md measures this against the other rankings)."""
+    direct = [number for number, hop in enumerate(from_hop) if not hop]
+    hops = [number for number, hop in enumerate(from_hop) if hop]
+    order: list[int] = []
+    for position in range(max(len(direct), len(hops))):
+        order.extend(group[position] for group in (direct, hops) if position < len(group))
+    ranks = [0] * len(from_hop)
+    for rank, number in enumerate(order):
+        ranks[number] = rank
+    return ranks
 
 
 def _source_of(hit: Any) -> Source:

@@ -43,6 +43,7 @@ from hypic_rag.runtime.encode import plan_encode_batches
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
+from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_source import SegmentSource
 from hypic_rag.segments import segmented_request
@@ -102,6 +103,9 @@ class IndexRecord(Protocol):
 
     @property
     def prompt_format(self) -> PromptFormat: ...
+
+    @property
+    def recompute_policy_spec(self) -> str | None: ...
 
     def cache_path(self, index_dir: Path) -> Path: ...
 
@@ -240,10 +244,12 @@ class ModelSession:
         cache_dir: str | Path | None = None,
         cache: CacheOptions = CacheOptions(),
         prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
         """Load a model (None: the bundled default model) and open `cache_dir` as its segment cache (None: an
         in-memory one). FileNotFoundError when the directory (or the bundled model) is missing, `ModelLoadError`
-        when it cannot be loaded or has no tokenizer."""
+        when it cannot be loaded or has no tokenizer. recompute_policy: what `hypic` recomputes (None: the fixed
+        seam; `runtime.recompute_policy`)."""
         from hypic_rag.default_model import resolve_model_path
         from hypic_rag.runtime.model import load_model
 
@@ -251,7 +257,7 @@ class ModelSession:
         model = load_model(path, device=device, dtype=dtype, require_tokenizer=True)
         return cls.of_model(
             model, model_path=path, seam_tokens=seam_tokens, cache_dir=cache_dir, cache=cache,
-            prompt_format=prompt_format,
+            prompt_format=prompt_format, recompute_policy=recompute_policy,
         )
 
     @classmethod
@@ -265,11 +271,13 @@ class ModelSession:
         dtype: str | None = None,
         seam_tokens: int | None = None,
         cache: CacheOptions = CacheOptions(),
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
         """The session an index was built for: its model (the manifest's unless `model_path`, in the recorded
         dtype unless `dtype`; another model or dtype than the manifest's raises `IndexMismatchError`), its seam
-        width (unless `seam_tokens`), its whole prompt format, and its segment cache. A model directory that
-        cannot be loaded raises `ModelLoadError`."""
+        width (unless `seam_tokens`), its recompute policy (unless `recompute_policy`; an index without one: the
+        fixed seam), its whole prompt format, and its segment cache. A model directory that cannot be loaded raises
+        `ModelLoadError`."""
         from hypic_rag.runtime.model import load_model
 
         path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
@@ -282,6 +290,7 @@ class ModelSession:
             cache_dir=manifest.cache_path(Path(index_dir).expanduser().resolve()),
             cache=cache,
             prompt_format=manifest.prompt_format,
+            recompute_policy=recompute_policy if recompute_policy is not None else manifest.recompute_policy_spec,
         )
 
     @classmethod
@@ -294,13 +303,15 @@ class ModelSession:
         cache_dir: str | Path | None = None,
         cache: CacheOptions = CacheOptions(),
         prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
         """A session of an already-loaded model: `cache_dir` opened as its segment cache (bound to the model's
-        namespace), or an in-memory source when None."""
+        namespace), or an in-memory source when None; `recompute_policy` as in `open`."""
         check_seam_tokens(seam_tokens)
+        policy = as_policy(recompute_policy)  # a bad spec fails before the cache opens
         source = None if cache_dir is None else _open_cache(model, seam_tokens, Path(cache_dir).expanduser(), cache)
         try:
-            engine = Engine(model, seam_tokens=seam_tokens, segment_source=source)
+            engine = Engine(model, seam_tokens=seam_tokens, segment_source=source, recompute_policy=policy)
             return cls(engine, prompt_format=prompt_format, model_path=model_path)
         except BaseException:
             if source is not None:
@@ -329,6 +340,11 @@ class ModelSession:
     @property
     def seam_tokens(self) -> int:
         return self.engine.seam_tokens
+
+    @property
+    def recompute_policy(self) -> RecomputePolicy:
+        """What `hypic` requests recompute unless a call names another policy (the engine's)."""
+        return self.engine.recompute_policy
 
     @property
     def segment_source(self) -> SegmentSource:
@@ -409,9 +425,11 @@ class ModelSession:
         distinct: bool = True,
     ) -> list[SegmentPlan]:
         """The entries `mode` requests over these chunk segments compose (`plan_segments`), with the prompt
-        prefix's when `include_prefix`."""
+        prefix's when `include_prefix`; in `hypic` the chunks' entries are for the recompute policy's seam (the
+        chunks a policy recomputes whole read none, but which ones depends on the request)."""
         prefix = self._prefix_ids if include_prefix else ()
-        plans = plan_segments(prefix, chunk_segments, self.seam_tokens, mode, distinct=distinct)
+        seam = self.recompute_policy.chunk_seam(self.seam_tokens) if mode == "hypic" else self.seam_tokens
+        plans = plan_segments(prefix, chunk_segments, seam, mode, distinct=distinct)
         return [plan for plan in plans if plan.segments]
 
     def fill_steps(

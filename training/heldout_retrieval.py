@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.data.synthetic_qa import Question, World, generate_questions, generate_world, write_corpus
@@ -19,13 +19,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RetrievedCase:
-    """A held-out question, the retrieved chunks (text and segment token ids, best first) and their doc ids."""
+    """A held-out question, the retrieved chunks (text and segment token ids, in prompt order: direct hits best
+    first, then the retrieval hop's), their doc ids, similarity to the question and whether the hop found them."""
 
     world: World
     question: Question
     chunk_texts: list[str]
     chunk_token_ids: list[list[int]]
     retrieved_doc_ids: list[str]
+    scores: list[float] = field(default_factory=list)
+    from_hop: list[bool] = field(default_factory=list)
 
     @property
     def gold_retrieved(self) -> bool:
@@ -75,6 +78,8 @@ def retrieved_cases(
                         [hit.chunk.text for hit in hits],
                         [list(hit.chunk.token_ids) for hit in hits],
                         [Path(hit.chunk.doc_id).stem for hit in hits],
+                        [float(hit.score) for hit in hits],
+                        [hit.hop_query is not None for hit in hits],
                     )
                     produced += 1
             world_seed += 1

@@ -21,6 +21,7 @@ from hypic_rag.cli.common import (
     CliError,
     add_dtype_argument,
     add_remote_cache_arguments,
+    add_recompute_policy_argument,
     device_name,
     non_negative_int,
     positive_int,
@@ -44,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--mode", choices=MODES, default="hypic", help="composition mode (hypic)")
+    add_recompute_policy_argument(parser)
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N", help="answer length cap (32)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
@@ -101,6 +103,7 @@ def print_answer(answer: Answer) -> None:
         f"Cache: {usage.get('cache_hits', 0)} segments hit, {usage.get('cache_misses', 0)} encoded "
         f"({_milliseconds(timings.get('encode', 0.0))}); {usage.get('recomputed_tokens', 0)} of "
         f"{usage.get('prompt_tokens', 0)} prompt tokens recomputed"
+        + (f" (recompute policy {answer.recompute_policy})" if answer.recompute_policy else "")
     )
 
 
@@ -138,7 +141,8 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     from hypic_rag.pipeline import RagPipeline
 
     return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device,
-                            hop_slots=args.hop_slots, dtype=args.dtype, remote_cache=remote_cache_config(args))
+                            hop_slots=args.hop_slots, dtype=args.dtype, remote_cache=remote_cache_config(args),
+                            recompute_policy=args.recompute_policy)
 
 
 def run_ask(args: argparse.Namespace) -> int:

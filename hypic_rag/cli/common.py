@@ -29,6 +29,7 @@ __all__ = [
     "device_name",
     "non_negative_int",
     "positive_int",
+    "recompute_policy_spec",
     "remote_cache_config",
     "resolve_model_path",
     "worker_count",
@@ -72,6 +73,26 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return integer_at_least(text, 0)
+
+
+def recompute_policy_spec(text: str) -> str:
+    """A recompute policy spec (`hypic_rag.runtime.recompute_policy`), checked; an argparse error naming the forms."""
+    from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError
+
+    try:
+        return RecomputePolicy.parse(text).spec
+    except RecomputePolicyError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_recompute_policy_argument(parser: argparse.ArgumentParser) -> None:
+    """The `--recompute-policy` option of ask and serve."""
+    parser.add_argument(
+        "--recompute-policy", type=recompute_policy_spec, metavar="SPEC",
+        help="what hypic recomputes: seam, seam@W, whole:N[@W] (the N top-ranked chunks whole, seam W for the rest), "
+             "budget:X[@W] (whole chunks while at most X times the seam's tokens); default: the index's calibrated "
+             "policy (hypic-rag calibrate), else seam",
+    )
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> None:

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "hypic_rag.cli.cache_command",
     "hypic_rag.cli.precompute_command",
     "hypic_rag.cli.ask_command",
+    "hypic_rag.cli.calibrate_command",
     "hypic_rag.cli.demo_command",
     "hypic_rag.cli.serve_command",
     "hypic_rag.cli.bench_command",

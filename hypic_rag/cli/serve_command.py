@@ -27,6 +27,7 @@ from hypic_rag.cli.common import (
     CliError,
     add_dtype_argument,
     add_remote_cache_arguments,
+    add_recompute_policy_argument,
     device_name,
     integer_at_least,
     non_negative_int,
@@ -69,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_remote_cache_arguments(parser)
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
+    add_recompute_policy_argument(parser)
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
     parser.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                         help="requests that may wait for the model before new ones get 429 (64)")
@@ -155,6 +157,7 @@ def run_serve(args: argparse.Namespace) -> int:
             shutdown_grace_s=args.shutdown_grace,
             remote_cache=remote_cache_config(args),
             miss_encoders=_miss_encoders(args),
+            recompute_policy=args.recompute_policy,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

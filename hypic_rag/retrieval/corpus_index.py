@@ -22,7 +22,7 @@ import sqlite3
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -151,6 +151,22 @@ def check_not_locked(directory: str | Path) -> None:
     """RetrievalError when another process holds the index's writer lock (checked now, not kept: a caller that
     goes on to `open_for_update` may still lose a race, and gets the same error then)."""
     _acquire_lock(Path(directory).expanduser().resolve()).close()
+
+
+def record_recompute_policy(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
+    """Record `record` (a calibration, `hypic_rag.runtime.calibration.Calibration.to_dict()` and how it was made;
+    None clears it) as the index's recompute policy, under the index's writer lock; the manifest saved.
+    `IndexLockedError` when another process writes the index."""
+    directory = Path(directory).expanduser().resolve()
+    lock = _acquire_lock(directory)
+    try:
+        manifest = IndexManifest.load(directory)
+        manifest.recompute_policy = None if record is None else dict(record)
+        manifest.__post_init__()  # checks the recorded spec
+        manifest.save(directory)
+        return manifest
+    finally:
+        lock.close()
 
 
 def _open_docstore(directory: Path) -> DocStore:

@@ -4,7 +4,8 @@ It records the embedder identity (and the embedder's directory unless it is the 
 settings, the whole prompt format (its chunk template decides the stored token ids, its prefix the prefix segment's
 cache entry, its question template and answer stop how questions are asked), the model and tokenizer fingerprints
 and the dtype the model ran in (which decide the cache entries), the seam width the cache was encoded with, the
-FAISS settings, where the segment cache lives, and counts. Opening an index with another embedder, model,
+FAISS settings, where the segment cache lives, counts, and the recompute policy `ask` and `serve` use for it
+(`recompute_policy`: set by `hypic-rag calibrate`; absent: the fixed seam). Opening an index with another embedder, model,
 tokenizer, chunker setting or prompt format is refused with an `IndexMismatchError` that names the difference.
 
 A manifest written before the whole format was recorded holds only `chunk_template`: it reads as that template
@@ -27,6 +28,7 @@ from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
+from hypic_rag.runtime.recompute_policy import RecomputePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +81,23 @@ class IndexManifest:
     format_version: int = MANIFEST_FORMAT_VERSION
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+    recompute_policy: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_seam_tokens(self.seam_tokens)
+        if self.recompute_policy is not None:
+            if not isinstance(self.recompute_policy, dict) or not isinstance(self.recompute_policy.get("policy"), str):
+                raise ValueError(f"recompute_policy must be an object with a policy spec, got {self.recompute_policy!r}")
+            RecomputePolicy.parse(self.recompute_policy["policy"])  # a bad spec: ValueError (IndexCorruptError on load)
         if self.format_version != MANIFEST_FORMAT_VERSION:
             raise IndexMismatchError(
                 f"index format version {self.format_version} is not supported (expected {MANIFEST_FORMAT_VERSION})"
             )
+
+    @property
+    def recompute_policy_spec(self) -> str | None:
+        """The recompute policy recorded for this index (`hypic-rag calibrate`), or None (the fixed seam)."""
+        return None if self.recompute_policy is None else str(self.recompute_policy["policy"])
 
     @property
     def chunk_template(self) -> str:
@@ -201,6 +213,7 @@ class IndexManifest:
             format_version=int(data["format_version"]),
             created_at=float(data["created_at"]),
             updated_at=float(data["updated_at"]),
+            recompute_policy=data.get("recompute_policy"),
         )
 
     def save(self, index_dir: Path) -> None:

@@ -7,7 +7,9 @@ Modes (the comparison ladder of docs/design.md, all through the same stack pass;
 - addition: sum of zero-start states (no P), keys left at their standalone positions: the naive baseline.
 - transition: P composition, keys left at their standalone positions.
 - transition_rope: P composition, cached keys re-positioned with RoPE.
-- hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk.
+- hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk; a recompute
+  policy (`recompute_policy.py`; the engine's `recompute_policy` unless a call names one) may instead recompute
+  some chunks whole, or use another seam.
 The prefix sits at position 0 with a zero start, so its (seam-0) entry is exact in every mode; without a prefix the
 first chunk's seam is recomputed from the zero start, which is exact too.
 
@@ -32,6 +34,7 @@ from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment
 from hypic_rag.runtime.generation import Generation, GenerationStream, first_stop, settled_length
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import ModeSpec, mode_spec
+from hypic_rag.runtime.recompute_policy import SEAM_POLICY, WHOLE, RecomputePlan, RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams, TokenLogprob, choose_token, sampling_generator, token_logprobs
 from hypic_rag.runtime.segment_source import MemorySegmentSource, SegmentSource
@@ -39,6 +42,9 @@ from hypic_rag.runtime.stack import Span, StackOptions, run_stack
 from hypic_rag.runtime.state import DecodeState
 
 logger = logging.getLogger(__name__)
+
+PIECE_TOKENS = 8
+"""Shortest piece a chunk recomputed whole among cached chunks is run as (the widest seam if wider)."""
 
 Check = Callable[[], None]
 """A per-step check (deadline, cancellation): returns to go on, raises to stop."""
@@ -102,6 +108,8 @@ class Engine:
     another model's entries is refused (ValueError).
     prefix_cache_bytes: the budget of `prefix` mode's chunk-boundary checkpoints.
     miss_encoder: where cache misses are encoded (None: here, in batches); settable later (`engine.miss_encoder`).
+    recompute_policy: what `hypic` recomputes when a call names no policy (a `RecomputePolicy` or its spec; None:
+    the fixed seam of `seam_tokens`).
     """
 
     def __init__(
@@ -114,6 +122,7 @@ class Engine:
         prefix_cache_bytes: int = 1 << 30,
         encode_batch_tokens: int = DEFAULT_ENCODE_BATCH_TOKENS,
         miss_encoder: MissEncoder | None = None,
+        recompute_policy: RecomputePolicy | str | None = None,
     ) -> None:
         if encode_batch_tokens < 1:
             raise ValueError(f"encode_batch_tokens must be positive, got {encode_batch_tokens}")
@@ -121,6 +130,7 @@ class Engine:
         self.encode_batch_tokens = encode_batch_tokens
         self.miss_encoder = miss_encoder
         self.seam_tokens = check_seam_tokens(seam_tokens)
+        self.recompute_policy: RecomputePolicy = as_policy(recompute_policy) or SEAM_POLICY
         self.segment_source: SegmentSource = (
             segment_source if segment_source is not None else MemorySegmentSource(memory_cache_bytes)
         )
@@ -185,14 +195,32 @@ class Engine:
 
     # ------------------------------------------------------------------ prefill
 
+    def plan(
+        self, request: Request, seam_tokens: int | None = None, policy: RecomputePolicy | str | None = None
+    ) -> RecomputePlan:
+        """What `hypic` recomputes of `request`'s chunks under `policy` (the engine's when None), chunks not
+        recomputed whole at the policy's seam (`seam_tokens`, else the engine's, unless the policy names one)."""
+        chosen = as_policy(policy) or self.recompute_policy
+        seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
+        return chosen.plan([len(chunk) for chunk in request.chunk_ids], seam, request.chunk_ranks)
+
     def prefill(
-        self, request: Request, mode: str = "hypic", seam_tokens: int | None = None, *, check: Check | None = None
+        self,
+        request: Request,
+        mode: str = "hypic",
+        seam_tokens: int | None = None,
+        *,
+        check: Check | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> PrefillResult:
         """Assemble `request` under `mode`; returns next-token logits and the decode state.
 
-        check: runs before each segment the prefill has to encode (raising stops it there)."""
+        check: runs before each segment the prefill has to encode (raising stops it there). policy: in `hypic`,
+        which chunks are recomputed whole and the seam of the others (`recompute_policy.py`; None: the engine's
+        `recompute_policy`); the other modes ignore it."""
         spec = mode_spec(mode)
         seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
+        plan = self.plan(request, seam, policy) if spec.seam_repair else None
         began = time.perf_counter()
         stats = PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens,
                              segment_reused_tokens=[0] * len(request.segments))
@@ -202,7 +230,7 @@ class Engine:
         elif mode == "prefix":
             result = self._prefill_prefix(request, stats)
         else:
-            result = self._prefill_composed(request, spec, seam, stats, check)
+            result = self._prefill_composed(request, spec, seam, stats, check, plan)
         stats.recomputed_tokens = result.recomputed_tokens
         stats.cached_tokens = (
             request.prompt_tokens - result.recomputed_tokens - stats.prefix_reused_tokens - stats.encoded_tokens
@@ -213,14 +241,19 @@ class Engine:
         return PrefillResult(result.logits, result.state, stats)
 
     def _prefill_composed(
-        self, request: Request, spec: ModeSpec, seam: int, stats: PrefillStats, check: Check | None
+        self, request: Request, spec: ModeSpec, seam: int, stats: PrefillStats, check: Check | None,
+        plan: RecomputePlan | None = None,
     ):
         segments = request.segments
         # the prefix always sits at position 0: its seam-0 entry is exact (Z is its state). In hypic every chunk
-        # recomputes its seam (the first one, when there is no prefix, from the zero start: exact as well).
-        seams = spec.segment_seams(seam, has_prefix=bool(request.prefix_ids), segments=len(segments))
+        # recomputes its seam (the first one, when there is no prefix, from the zero start: exact as well), or is
+        # recomputed whole when the plan says so (WHOLE: no entry read).
+        seams: list[int | None] = list(spec.segment_seams(seam, has_prefix=bool(request.prefix_ids), segments=len(segments)))
+        if plan is not None:
+            first_chunk = 1 if request.prefix_ids else 0
+            seams[first_chunk:] = plan.chunk_seams
         entries: list[Entry | None] = [None] * len(segments)
-        for entry_seam in sorted(set(seams)):
+        for entry_seam in sorted({s for s in seams if s is not WHOLE}):
             numbers = [number for number, s in enumerate(seams) if s == entry_seam]
             fetched, hits = self._fetch_entries([segments[n] for n in numbers], entry_seam, stats, check)
             for number, entry, hit in zip(numbers, fetched, hits):
@@ -233,12 +266,26 @@ class Engine:
             check()
         spans: list[Span] = []
         position = 0
+        # a chunk recomputed whole among cached ones runs as pieces of the seam's width: the stack evaluates every
+        # recomputed run but the last in one batch padded to the longest run, so one 256-token run beside 8-token
+        # seams would cost (runs x 256) tokens of delta rule. Pieces are exact (consecutive recomputed spans carry
+        # the state and conv tail); the stack merges neighbouring recomputed spans back unless asked for
+        # per-span checkpoints, hence `want_checkpoints` below. To go once the stack batches runs by length.
+        piece = max([s for s in seams if s is not WHOLE] + [PIECE_TOKENS])
+        chunk_seams = seams[1:] if request.prefix_ids else seams
+        split = WHOLE in chunk_seams and any(s is not WHOLE and s > 0 for s in chunk_seams)
         for segment, entry, entry_seam in zip(segments, entries, seams):
-            spans.append(Span(segment, position, min(entry_seam, len(segment)), entry))
+            if entry_seam is WHOLE and split:
+                for begin in range(0, len(segment), piece):
+                    part = segment[begin : begin + piece]
+                    spans.append(Span(part, position + begin, len(part)))
+            else:
+                recompute = len(segment) if entry_seam is WHOLE else min(entry_seam, len(segment))
+                spans.append(Span(segment, position, recompute, entry))
             position += len(segment)
         spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
         options = StackOptions(reposition_keys=spec.reposition_keys, composition=spec.composition)
-        return run_stack(self.model, spans, options=options)
+        return run_stack(self.model, spans, options=options, want_checkpoints=split)
 
     def _prefill_prefix(self, request: Request, stats: PrefillStats):
         segments = request.segments
@@ -284,6 +331,7 @@ class Engine:
         seam_tokens: int | None = None,
         *,
         check: Check | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> GenerationStream:
         """A `GenerationStream` of (token_id, text_delta) as tokens are chosen; its `.result` is the `Generation`.
 
@@ -292,9 +340,9 @@ class Engine:
         multi-byte character, is held back until the next token settles it (its delta is then ""); text still
         held when an end-of-sequence token stops generation comes with that token's id as the last item.
         check: runs before every step and before each segment the prefill encodes (a deadline, a cancellation);
-        what it raises stops the generation there.
+        what it raises stops the generation there. policy: the recompute policy of a `hypic` prefill (`prefill`).
         """
-        return GenerationStream(self._generation_steps(request, mode, params, seam_tokens, check), check=check)
+        return GenerationStream(self._generation_steps(request, mode, params, seam_tokens, check, policy), check=check)
 
     def _generation_steps(
         self,
@@ -303,10 +351,11 @@ class Engine:
         params: SamplingParams | None,
         seam_tokens: int | None,
         check: Check | None,
+        policy: RecomputePolicy | str | None = None,
     ) -> Generator[tuple[int, str], None, Generation]:
         params = params or SamplingParams()
         began = time.perf_counter()
-        prefill = self.prefill(request, mode, seam_tokens, check=check)
+        prefill = self.prefill(request, mode, seam_tokens, check=check, policy=policy)
         generator = sampling_generator(params.seed)
         stop_ids = set(params.stop_token_ids) | self.model.eos_token_ids
         tokenizer = self.model.tokenizer
@@ -372,10 +421,11 @@ class Engine:
         on_token: Callable[[int, str], None] | None = None,
         *,
         check: Check | None = None,
+        policy: RecomputePolicy | str | None = None,
     ) -> Generation:
         """Prefill then decode until a stop token, a stop string or `max_new_tokens` (`stream` run to its end)."""
         callback = None if on_token is None else (lambda item: on_token(*item))
-        return self.stream(request, mode, params, seam_tokens, check=check).run(callback)
+        return self.stream(request, mode, params, seam_tokens, check=check, policy=policy).run(callback)
 
 
 def _detach_checkpoint(state: DecodeState) -> DecodeState:

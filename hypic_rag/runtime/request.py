@@ -14,18 +14,23 @@ from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segme
 @dataclass(slots=True)
 class Request:
     """prefix_ids: instruction at position 0 (may be empty); chunk_ids: one token list per retrieved chunk;
-    question_ids: the final segment (non-empty: its last token's logits start generation)."""
+    question_ids: the final segment (non-empty: its last token's logits start generation); chunk_ranks: how
+    much each chunk matters, 0 = most (e.g. its retrieval rank), read by recompute policies that recompute some
+    chunks whole (`recompute_policy.py`); empty: prompt order."""
 
     prefix_ids: list[int]
     chunk_ids: list[list[int]]
     question_ids: list[int]
     chunk_labels: list[str] = field(default_factory=list)
+    chunk_ranks: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.question_ids:
             raise ValueError("the question segment must not be empty")
         if any(len(chunk) == 0 for chunk in self.chunk_ids):
             raise ValueError("chunks must not be empty")
+        if self.chunk_ranks and len(self.chunk_ranks) != len(self.chunk_ids):
+            raise ValueError(f"{len(self.chunk_ranks)} chunk ranks for {len(self.chunk_ids)} chunks")
 
     @property
     def segments(self) -> list[list[int]]:

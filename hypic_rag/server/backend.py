@@ -131,7 +131,8 @@ class ServiceBackend:
         # best effort: a damaged cache is disabled (warned), a failed write is logged; the service goes on
         cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache)
         session = ModelSession.for_index(
-            manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache
+            manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache,
+            recompute_policy=config.recompute_policy,
         )
         chunker = None
         try:
@@ -204,10 +205,13 @@ class ServiceBackend:
         return self.cache_snapshot
 
     # ------------------------------------------------------------------------------------------- answering
-    def ask(self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext) -> Answer:
-        """Retrieve, assemble and generate; emits ("sources", [Source]) then ("token", text) events."""
+    def ask(self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext,
+            policy: Any = None) -> Answer:
+        """Retrieve, assemble and generate; emits ("sources", [Source]) then ("token", text) events. policy: the
+        request's recompute policy (None: the service's)."""
         # checked (deadline, client gone) before every step and before each segment the prefill encodes
-        stream = self.pipeline.stream(question, top_k=top_k, mode=mode, params=params, check=context.check)
+        stream = self.pipeline.stream(question, top_k=top_k, mode=mode, params=params, check=context.check,
+                                      policy=policy)
         try:
             for kind, value in stream:
                 if value or kind != "token":  # a token ending inside a character brings no text yet

@@ -39,6 +39,8 @@ class ServerConfig:
     one share their entries.
     miss_encoders: builds where each request's cache misses are encoded in parallel (an `Engine.miss_encoder`, e.g.
     `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
+    recompute_policy: what `hypic` requests recompute (a spec of `hypic_rag.runtime.recompute_policy`, e.g.
+    "whole:1"; None: the index's recorded policy, else the fixed seam); a request may name another.
     """
 
     index_dir: Path
@@ -69,6 +71,7 @@ class ServerConfig:
     startup_timeout_s: float = 600.0
     remote_cache: RemoteTierConfig | None = None
     miss_encoders: MissEncoderFactory | None = None
+    recompute_policy: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -102,6 +105,10 @@ class ServerConfig:
             raise ValueError(f"remote_cache must be a RemoteTierConfig, got {type(self.remote_cache).__name__}")
         if not self.separator:
             raise ValueError("separator must be a non-empty string")
+        if self.recompute_policy is not None:
+            from hypic_rag.runtime.recompute_policy import RecomputePolicy
+
+            RecomputePolicy.parse(self.recompute_policy)  # a bad spec: RecomputePolicyError (a ValueError)
         if self.dtype is not None:
             from hypic_rag.runtime.model import resolve_dtype
 

@@ -15,7 +15,7 @@ from hypic_rag.server.errors import ServiceError, internal_error_body
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
 from hypic_rag.server.service import EventStream, Service, ServiceDep
 from hypic_rag.server.sse import DONE, sse_event, sse_response
-from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question
+from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question, checked_recompute_policy
 from hypic_rag.server.worker import TaskContext
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ ROUTE = "/v1/ask"
 router = APIRouter(tags=["answering"])
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"description": "Empty question or unknown mode."},
+    400: {"description": "Empty question, unknown mode or recompute policy."},
     413: {"description": "Question or body too large."},
     422: {"description": "A field is missing or out of range (the message names it)."},
     429: {"description": "The request queue is full; see Retry-After."},
@@ -70,6 +70,7 @@ def ask_response(answer: Answer, queue_seconds: float) -> AskResponse:
         answer=answer.text,
         sources=[source_out(source) for source in answer.sources],
         mode=answer.mode,
+        recompute_policy=answer.recompute_policy,
         finish_reason=answer.finish_reason,
         usage=Usage(**answer.usage),
         timings=ask_timings(answer, queue_seconds),
@@ -86,6 +87,7 @@ async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
     config = service.config
     question = checked_question(body.question, config)
     mode = checked_mode(body.mode)
+    policy = checked_recompute_policy(body.recompute_policy)
     checked_at_most("top_k", body.top_k, config.max_top_k)
     checked_at_most("max_new_tokens", body.max_new_tokens, config.max_new_tokens)
     sampling = {"max_new_tokens": body.max_new_tokens, "temperature": body.temperature, "top_p": body.top_p,
@@ -94,7 +96,7 @@ async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
 
     def run(backend: Any, context: TaskContext) -> Answer:
         params = SamplingParams(stop_strings=(backend.pipeline.prompt_format.answer_stop,), **sampling)
-        return backend.ask(question, top_k=top_k, mode=mode, params=params, context=context)
+        return backend.ask(question, top_k=top_k, mode=mode, params=params, context=context, policy=policy)
 
     timeout_s = service.timeout_for(body.timeout_s)
     if body.stream:

@@ -58,13 +58,18 @@ class AskRequest(_Strict):
         "hypic",
         description="Assembly mode: hypic (default), transition_rope, transition, addition, prefix or full.",
     )
+    recompute_policy: str | None = Field(
+        None,
+        description="What a hypic answer recomputes: seam, seam@W, whole:N[@W] (the N top-ranked chunks recomputed "
+                    "whole), budget:X[@W]; default: the server's (the index's calibrated policy, else seam).",
+    )
     stream: bool = Field(False, description="Answer as server-sent events (text/event-stream).")
     timeout_s: float | None = Field(
         None, gt=0.0, allow_inf_nan=False,
         description="Deadline in seconds, queue wait included (at most the server's own).",
     )
 
-    _valid_unicode = field_validator("question", "mode")(valid_unicode)
+    _valid_unicode = field_validator("question", "mode", "recompute_policy")(valid_unicode)
 
 
 class SourceOut(BaseModel):
@@ -118,6 +123,8 @@ class AskResponse(BaseModel):
     answer: str
     sources: list[SourceOut]
     mode: str
+    recompute_policy: str = Field("", description="The recompute policy of a hypic answer, its seam explicit "
+                                                  "(empty in other modes).")
     finish_reason: str
     usage: Usage
     timings: AskTimings

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypic_rag.runtime.modes import MODES
+from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, UnprocessableError
 
@@ -11,6 +14,16 @@ def checked_mode(mode: str) -> str:
     if mode not in MODES:
         raise BadRequestError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}", param="mode")
     return mode
+
+
+def checked_recompute_policy(spec: str | None) -> Any:
+    """The request's recompute policy (None: the server's); 400 naming the forms for a bad spec."""
+    if spec is None:
+        return None
+    try:
+        return RecomputePolicy.parse(spec)
+    except RecomputePolicyError as error:
+        raise BadRequestError(str(error), param="recompute_policy") from None
 
 
 def checked_question(question: str, config: ServerConfig) -> str:

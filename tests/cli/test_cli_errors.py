@@ -47,6 +47,8 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.retrieval.formats import UnreadableFile
     from hypic_rag.runtime.model import ModelLoadError, UnsupportedModelError
     from hypic_rag.runtime.modes import UnknownModeError
+    from hypic_rag.runtime.recompute_policy import RecomputePolicyError
+    from hypic_rag.calibration import CalibrationError
     from hypic_rag.distributed.cluster import RayUnavailableError
     from hypic_rag.distributed.serve_front import ReplicaStartError
     from hypic_rag.server.runner import AddressInUseError
@@ -79,6 +81,8 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         UnsupportedModelError: EXIT_BAD_INPUT,
         UnknownModeError: EXIT_BAD_INPUT,
         AddressInUseError: EXIT_FAILURE,
+        RecomputePolicyError: EXIT_BAD_INPUT,  # a bad --recompute-policy spec (docs/retrieval.md)
+        CalibrationError: EXIT_BAD_INPUT,  # `hypic-rag calibrate` on an index it cannot calibrate
         RayUnavailableError: EXIT_BAD_INPUT,
         ReplicaStartError: EXIT_FAILURE,
     }

@@ -1,0 +1,470 @@
+"""Recompute policies on a model never trained for composition: quality against recomputed tokens (issue 20).
+
+The test bed: the bundled model's stage-3 checkpoint (`evals/stage3_model/`, trained only on fully attended
+contexts), the held-out questions (worlds 900,000,000+) with the real retriever's top k = 8 chunks
+(`training/heldout_retrieval.py`, as `evals/eval_default_model.py`), and for every variant: exact match,
+agreement of the greedy answer with `full`'s, mean KL(full || variant) of the first answer token's distribution,
+and the tokens it recomputes per request (the budget: seams, whole chunks and the question; the prefix is exact
+from its entry). JSON (`--out`), a markdown Pareto table (`--markdown`) and a plot (`--plot`).
+
+A variant is `POLICY` or `POLICY|RANKING`:
+- POLICY: a runtime policy spec (`hypic_rag.runtime.recompute_policy`: `seam@8`, `whole:1`, `budget:2`, ...), a
+  mode (`full`, `transition_rope`, `transition`, `addition`), or a study-only rule of this file that needs more
+  than the runtime's plans: `ends:E@W` (seam W at each chunk's start and its last E tokens recomputed, from an
+  extra entry of the chunk without its last E tokens) and `wide:N:V@W` (the N top-ranked chunks at seam V, the
+  rest at seam W: an extra entry per chunk at seam V).
+- RANKING (which chunks matter most, for `whole` / `budget` / `wide`): `prompt` (retrieval order: direct hits
+  best first, then the hop's), `alternate` (direct and hop hits alternately, as the pipeline ranks them),
+  `score` (similarity to the question), `nearest` (closest to the question first), `oracle` (the gold
+  documents first: an upper bound no product can use).
+
+    OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies --questions 200 \\
+        --out docs/benchmarks/recompute_policies_stage3.json --markdown docs/benchmarks/recompute_policies_stage3.md \\
+        --plot docs/benchmarks/recompute_policies_stage3.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from training.data.synthetic_qa import HELDOUT_SEED
+from training.evaluate import EvalItem, summarize
+
+STAGE3_MODEL = Path(__file__).resolve().parent / "stage3_model"
+CALIBRATION_SEED = 950_000_000
+"""Worlds of the calibration questions: apart from training (< 40,000,000), validation (500,000,000+) and the
+held-out set (900,000,000+, 50 questions per world: 200 questions use 4 worlds)."""
+RANKINGS = ("prompt", "alternate", "score", "nearest", "oracle")
+DEFAULT_VARIANTS = (
+    "full,transition_rope,addition,seam@0,seam@2,seam@4,seam@8,seam@16,seam@32,"
+    "whole:1|prompt,whole:1|alternate,whole:1|score,whole:1|nearest,whole:1|oracle,"
+    "whole:2|prompt,whole:2|alternate,whole:2|score,whole:2|nearest,whole:2|oracle,"
+    "whole:3|alternate,whole:4|alternate,budget:1.5|alternate,budget:2|alternate,budget:3|alternate,"
+    "wide:2:16@8|alternate,wide:2:32@8|alternate,ends:8@8,ends:16@8"
+)
+MODES = ("full", "transition_rope", "transition", "addition")
+
+
+# ============================================================================================== rankings
+def chunk_ranks(ranking: str, case: Any) -> list[int]:
+    """Rank of each chunk of `case` (0 = most important) under `ranking` (one of `RANKINGS`)."""
+    count = len(case.chunk_token_ids)
+    if ranking == "prompt":
+        order = list(range(count))
+    elif ranking == "alternate":
+        from hypic_rag.pipeline import retrieval_ranks
+
+        return retrieval_ranks(case.from_hop)
+    elif ranking == "score":
+        order = sorted(range(count), key=lambda n: -case.scores[n])
+    elif ranking == "nearest":
+        order = list(reversed(range(count)))
+    elif ranking == "oracle":
+        gold = list(case.question.gold_doc_ids)
+        order = sorted(range(count), key=lambda n: (gold.index(case.retrieved_doc_ids[n])
+                                                     if case.retrieved_doc_ids[n] in gold else len(gold), n))
+    else:
+        raise ValueError(f"unknown ranking {ranking!r}; choose one of {', '.join(RANKINGS)}")
+    ranks = [0] * count
+    for rank, number in enumerate(order):
+        ranks[number] = rank
+    return ranks
+
+
+# ============================================================================================== variants
+@dataclass(frozen=True, slots=True)
+class WideSeams:
+    """Study rule `wide:N:V@W`: the N top-ranked chunks at seam V, the others at seam W (an extra entry per chunk
+    at seam V: the cache holds two entries per chunk)."""
+
+    chunks: int
+    wide_seam: int
+    seam: int
+
+    def plan(self, chunk_lengths: Sequence[int], default_seam: int, ranks: Sequence[int] = ()):
+        from hypic_rag.runtime.recompute_policy import RecomputePlan
+
+        order = sorted(range(len(chunk_lengths)), key=lambda n: (ranks[n] if ranks else 0, n))
+        seams = [self.seam] * len(chunk_lengths)
+        for number in order[: self.chunks]:
+            seams[number] = self.wide_seam
+        return RecomputePlan(tuple(seams))
+
+
+@dataclass(slots=True)
+class Variant:
+    """One row of the study: a label, how to prefill a request, and what it costs in extra cache bytes."""
+
+    label: str
+    kind: str  # "mode", "policy", "ends"
+    spec: str
+    ranking: str | None = None
+    policy: Any = None
+    end_tokens: int = 0
+    seam: int = 8
+    extra_entries_per_chunk: int = 0
+    notes: str = ""
+
+
+def parse_variant(text: str, default_seam: int) -> Variant:
+    """A `Variant` from `POLICY[|RANKING]` (see the module docstring)."""
+    from hypic_rag.runtime.recompute_policy import RecomputePolicy
+
+    spec, _, ranking = text.strip().partition("|")
+    ranking = ranking or None
+    if ranking is not None and ranking not in RANKINGS:
+        raise ValueError(f"unknown ranking {ranking!r} in {text!r}")
+    if spec in MODES:
+        return Variant(spec, "mode", spec)
+    ends = re.fullmatch(r"ends:(\d+)@(\d+)", spec)
+    if ends:
+        return Variant(spec, "ends", spec, end_tokens=int(ends.group(1)), seam=int(ends.group(2)),
+                       extra_entries_per_chunk=1, notes="study only: an extra entry per chunk")
+    wide = re.fullmatch(r"wide:(\d+):(\d+)@(\d+)", spec)
+    if wide:
+        rule = WideSeams(int(wide.group(1)), int(wide.group(2)), int(wide.group(3)))
+        return Variant(text, "policy", spec, ranking or "prompt", rule, seam=rule.seam, extra_entries_per_chunk=1,
+                       notes="study only: an extra entry per chunk")
+    policy = RecomputePolicy.parse(spec)
+    if policy.kind == "seam":
+        return Variant(spec, "policy", spec, None, policy, seam=policy.chunk_seam(default_seam))
+    ranking = ranking or "prompt"
+    return Variant(f"{spec}|{ranking}", "policy", spec, ranking, policy, seam=policy.chunk_seam(default_seam))
+
+
+# ============================================================================================== running
+def prefill_ends(engine: Any, request: Any, seam: int, end_tokens: int):
+    """Seam `seam` at each chunk's start and its last `end_tokens` recomputed: each chunk is two spans, the chunk
+    without its last tokens from that shorter segment's own seam-`seam` entry (its K/V are the chunk's first
+    tokens', causal; its suffix pair ends where the recomputed end begins), then the end recomputed. Returns the
+    stack's result (logits, state, recomputed tokens)."""
+    from hypic_rag.runtime.engine import PrefillStats
+    from hypic_rag.runtime.stack import Span, run_stack
+
+    stats = PrefillStats(mode="hypic")
+    spans, position = [], 0
+    if request.prefix_ids:
+        entry = engine.fetch_entries([request.prefix_ids], 0, stats)[0]
+        spans.append(Span(list(request.prefix_ids), 0, 0, entry))
+        position = len(request.prefix_ids)
+    heads = [chunk[: max(0, len(chunk) - end_tokens)] for chunk in request.chunk_ids]
+    entries = engine.fetch_entries([head for head in heads if len(head) > seam], seam, stats)
+    found = iter(entries)
+    for chunk, head in zip(request.chunk_ids, heads):
+        if len(head) > seam:
+            spans.append(Span(list(head), position, seam, next(found)))
+            spans.append(Span(list(chunk[len(head):]), position + len(head), len(chunk) - len(head)))
+        else:
+            spans.append(Span(list(chunk), position, len(chunk)))
+        position += len(chunk)
+    spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
+    return run_stack(engine.model, spans)
+
+
+def greedy_decode(engine: Any, logits: torch.Tensor, state: Any, stop: str, max_new_tokens: int = 24) -> str:
+    """Greedy continuation from a prefill's logits and state up to `stop` (what `Engine.generate` does greedily)."""
+    tokenizer = engine.model.tokenizer
+    generated: list[int] = []
+    for step in range(max_new_tokens):
+        token = int(torch.argmax(logits))
+        if token in engine.model.eos_token_ids:
+            break
+        generated.append(token)
+        text = tokenizer.decode(generated, skip_special_tokens=True)
+        if stop in text:
+            return text.split(stop)[0].strip()
+        if step + 1 < max_new_tokens:
+            logits, state = engine.decode_step(state, token)
+    return tokenizer.decode(generated, skip_special_tokens=True).split(stop)[0].strip()
+
+
+def run_variant(engine: Any, variant: Variant, request: Any) -> tuple[torch.Tensor, Any, int]:
+    """(first-token logits [vocab], decode state, tokens recomputed) of `request` under `variant`."""
+    if variant.kind == "mode":
+        result = engine.prefill(request, variant.spec)
+        return result.logits, result.state, result.stats.recomputed_tokens
+    if variant.kind == "ends":
+        result = prefill_ends(engine, request, variant.seam, variant.end_tokens)
+        return result.logits, result.state, result.recomputed_tokens
+    result = engine.prefill(request, "hypic", policy=variant.policy)
+    return result.logits, result.state, result.stats.recomputed_tokens
+
+
+@dataclass(slots=True)
+class Tally:
+    """What one variant accumulates over the cases."""
+
+    answers: list[str] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)
+    recomputed: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def build_requests(cases: Sequence[Any], encoder: Any) -> list[Any]:
+    from hypic_rag.runtime.request import Request
+
+    return [Request(list(encoder.prefix()), case.chunk_token_ids, encoder.question(case.question.text)) for case in cases]
+
+
+def evaluate(engine: Any, cases: Sequence[Any], variants: Sequence[Variant], stop: str,
+             progress: bool = True) -> dict[str, Any]:
+    """Every variant on every case against `full`: the report's rows (see `row_of`)."""
+    import dataclasses
+
+    from hypic_rag.runtime.quality import kl_divergence
+    from training.packing import SegmentEncoder
+
+    encoder = SegmentEncoder(engine.model.tokenizer)
+    requests = build_requests(cases, encoder)
+    reference = Variant("full", "mode", "full")
+    tallies: dict[str, Tally] = {variant.label: Tally() for variant in variants}
+    full_answers: list[str] = []
+    for case, request in tqdm(list(zip(cases, requests)), desc="questions", file=sys.stderr, disable=not progress):
+        full_logits, full_state, _ = run_variant(engine, reference, request)
+        full_answers.append(greedy_decode(engine, full_logits, full_state, stop))
+        for variant in variants:
+            ranked = request if variant.ranking is None else dataclasses.replace(
+                request, chunk_ranks=chunk_ranks(variant.ranking, case))
+            began = time.perf_counter()
+            logits, state, recomputed = run_variant(engine, variant, ranked)
+            tally = tallies[variant.label]
+            tally.answers.append(greedy_decode(engine, logits, state, stop))
+            tally.seconds += time.perf_counter() - began
+            tally.kl.append(kl_divergence(full_logits, logits))
+            tally.recomputed.append(recomputed)
+    prompt_tokens = sum(request.prompt_tokens for request in requests) / len(requests)
+    question_tokens = sum(len(request.question_ids) for request in requests) / len(requests)
+    rows = {variant.label: row_of(variant, tallies[variant.label], cases, full_answers) for variant in variants}
+    return {"prompt_tokens": prompt_tokens, "question_tokens": question_tokens, "rows": rows,
+            "full_answers": full_answers}
+
+
+def paired_difference(flags: Sequence[bool], reference: Sequence[bool]) -> dict[str, Any]:
+    """EM(variant) - EM(reference) on the same questions with its 95% interval (normal approximation of the paired
+    differences) and the discordant counts (variant right / reference wrong, and the reverse)."""
+    count = len(flags)
+    differences = [int(a) - int(b) for a, b in zip(flags, reference)]
+    mean = sum(differences) / count
+    variance = sum((d - mean) ** 2 for d in differences) / max(1, count - 1)
+    half = 1.959963984540054 * (variance / count) ** 0.5
+    return {"em_minus_full": mean, "em_minus_full_ci95": [mean - half, mean + half],
+            "only_variant_right": differences.count(1), "only_full_right": differences.count(-1)}
+
+
+def row_of(variant: Variant, tally: Tally, cases: Sequence[Any], full_answers: Sequence[str]) -> dict[str, Any]:
+    items = [EvalItem(case.question, answer) for case, answer in zip(cases, tally.answers)]
+    summary = summarize(items)
+    full_exact = [EvalItem(case.question, answer).exact for case, answer in zip(cases, full_answers)]
+    count = len(cases)
+    return {
+        "variant": variant.label,
+        "spec": variant.spec,
+        "ranking": variant.ranking,
+        "kind": variant.kind,
+        "notes": variant.notes,
+        "extra_entries_per_chunk": variant.extra_entries_per_chunk,
+        **summary,
+        "agreement": sum(a == b for a, b in zip(tally.answers, full_answers)) / count,
+        "kl": sum(tally.kl) / count,
+        "kl_median": float(torch.tensor(tally.kl).median()),
+        "recomputed_tokens": sum(tally.recomputed) / count,
+        "seconds": round(tally.seconds, 2),
+        **paired_difference([item.exact for item in items], full_exact),
+        "exact_flags": "".join("1" if item.exact else "0" for item in items),
+    }
+
+
+# ============================================================================================== report
+def pareto_flags(rows: Sequence[dict[str, Any]], quality: str = "exact_match") -> list[bool]:
+    """Whether each row is on the Pareto front of (fewer recomputed tokens, higher `quality`): no other row has
+    at most its tokens and strictly better quality, or equal quality with strictly fewer tokens."""
+    flags = []
+    for row in rows:
+        dominated = any(
+            other is not row and other["recomputed_tokens"] <= row["recomputed_tokens"]
+            and (other[quality] > row[quality] or (other[quality] == row[quality]
+                                                   and other["recomputed_tokens"] < row["recomputed_tokens"]))
+            for other in rows
+        )
+        flags.append(not dominated)
+    return flags
+
+
+def markdown_table(report: dict[str, Any], reference: str = "seam@8") -> str:
+    """The Pareto table: one line per variant by recomputed tokens; EM, its gap to `full`, agreement, KL,
+    tokens and their ratio to `reference`'s, and the Pareto front (on EM and on KL)."""
+    rows = sorted(report["rows"].values(), key=lambda row: (row["recomputed_tokens"], -row["exact_match"]))
+    full = report["rows"]["full"]["exact_match"] if "full" in report["rows"] else float("nan")
+    base = report["rows"].get(reference, {}).get("recomputed_tokens", float("nan"))
+    front_em = pareto_flags(rows)
+    kl_rows = [{**row, "neg_kl": -row["kl"]} for row in rows]
+    front_kl = pareto_flags(kl_rows, "neg_kl")
+    lines = [
+        f"{report['questions']} held-out questions (seed {report['seed']}), k = {report['k']}, model "
+        f"`{report['model_label']}`; prompt {report['prompt_tokens']:.0f} tokens on average (question "
+        f"{report['question_tokens']:.0f}). Recomputed tokens per request count seams, whole chunks and the question.",
+        "",
+        f"| variant | recomputed tokens / request | x {reference} | EM | EM - full (points) [95% paired] | agreement with full "
+        "| KL(full ‖ variant), mean | median | Pareto (EM) | Pareto (KL) | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row, on_em, on_kl in zip(rows, front_em, front_kl):
+        lines.append(
+            f"| {row['variant']} | {row['recomputed_tokens']:.1f} | {row['recomputed_tokens'] / base:.2f} | "
+            f"{100 * row['exact_match']:.1f}% | {100 * (row['exact_match'] - full):+.1f}{_interval(row)} | "
+            f"{100 * row['agreement']:.1f}% | {row['kl']:.4f} | {row['kl_median']:.4f} | {'yes' if on_em else ''} | "
+            f"{'yes' if on_kl else ''} | {row['notes']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _interval(row: dict[str, Any]) -> str:
+    """" [lo, hi]" in points when the row has a paired interval (results saved before it was added have none)."""
+    interval = row.get("em_minus_full_ci95")
+    return "" if interval is None else f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """EM and mean KL against recomputed tokens per request, one point per variant, labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(report["rows"].values())
+    figure, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
+    colours = {"mode": "tab:gray", "seam": "tab:blue", "whole": "tab:green", "budget": "tab:orange",
+               "wide": "tab:purple", "ends": "tab:red"}
+    for row in rows:
+        family = row["kind"] if row["kind"] != "policy" else row["spec"].split(":")[0].split("@")[0]
+        colour = colours.get(family, "black")
+        x = row["recomputed_tokens"]
+        for axis, y in ((left, 100 * row["exact_match"]), (right, max(row["kl"], 1e-4))):
+            axis.scatter([x], [y], color=colour, s=22)
+            axis.annotate(row["variant"], (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    if "full" in report["rows"]:
+        left.axhline(100 * report["rows"]["full"]["exact_match"], color="tab:gray", linestyle=":", linewidth=1)
+        left.axhline(100 * report["rows"]["full"]["exact_match"] - 2, color="tab:red", linestyle=":", linewidth=1)
+    if "seam@8" in report["rows"]:
+        for axis in (left, right):
+            axis.axvline(2 * report["rows"]["seam@8"]["recomputed_tokens"], color="tab:red", linestyle=":", linewidth=1)
+    left.set_xscale("log")
+    right.set_xscale("log")
+    right.set_yscale("log")
+    left.set_xlabel("recomputed tokens per request (log)")
+    right.set_xlabel("recomputed tokens per request (log)")
+    left.set_ylabel("exact match (%)")
+    right.set_ylabel("mean KL(full || variant), first answer token (log)")
+    left.set_title(f"{report['model_label']}: EM (dotted: full, full - 2 points, 2x seam@8 tokens)", fontsize=9)
+    right.set_title(f"{report['model_label']}: KL, {report['questions']} held-out questions, k = {report['k']}",
+                    fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# ============================================================================================== main
+def load_cases(seed: int, count: int, tokenizer: Any, k: int, progress: bool = True) -> list[Any]:
+    from training.heldout_retrieval import retrieved_cases
+
+    return list(tqdm(retrieved_cases(seed, count, tokenizer, num_chunks=k), total=count, desc="retrieve",
+                     file=sys.stderr, disable=not progress))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=STAGE3_MODEL)
+    parser.add_argument("--model-label", default=None, help="name in the table (default: the directory's)")
+    parser.add_argument("--questions", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--seam-tokens", type=int, default=8, help="the engine's (index's) seam")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma-separated POLICY[|RANKING]")
+    parser.add_argument("--calibrate", default="", help="KL targets (comma-separated): calibrate on --calibration-"
+                        "questions of worlds --calibration-seed with `hypic_rag.runtime.calibration`, record the choice")
+    parser.add_argument("--calibration-questions", type=int, default=50)
+    parser.add_argument("--calibration-seed", type=int, default=CALIBRATION_SEED)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+
+    from hypic_rag.runtime.engine import Engine
+    from hypic_rag.runtime.model import load_model
+    from training.packing import SegmentEncoder
+
+    model = load_model(args.model, device="cpu")
+    engine = Engine(model, seam_tokens=args.seam_tokens, memory_cache_bytes=4 << 30)
+    stop = SegmentEncoder(model.tokenizer).prompt_format.answer_stop
+    variants = [parse_variant(text, args.seam_tokens) for text in args.variants.split(",") if text.strip()]
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "model": str(args.model), "model_label": args.model_label or args.model.name, "questions": args.questions,
+        "seed": args.seed, "k": args.k, "seam_tokens": args.seam_tokens,
+    }
+    if args.calibrate:
+        report["calibration"] = calibrate_on_worlds(engine, args, stop)
+        for choice in report["calibration"]["choices"]:
+            label = choice["chosen"]
+            if label not in {variant.label for variant in variants}:
+                variants.append(parse_variant(label, args.seam_tokens))
+    cases = load_cases(args.seed, args.questions, model.tokenizer, args.k)
+    report["gold_recall"] = sum(case.gold_retrieved for case in cases) / len(cases)
+    report.update(evaluate(engine, cases, variants, stop))
+    del report["full_answers"]  # not kept (the rows hold the summaries)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown_table(report))
+    if args.plot:
+        plot(report, args.plot)
+    print(markdown_table(report))
+    return 0
+
+
+def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dict[str, Any]:
+    """The runtime's calibration on the calibration worlds' questions (their real retrieval, ranked as the
+    pipeline ranks), one choice per KL target."""
+    import dataclasses
+
+    from hypic_rag.pipeline import retrieval_ranks
+    from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, calibrate
+    from training.packing import SegmentEncoder
+
+    cases = load_cases(args.calibration_seed, args.calibration_questions, engine.model.tokenizer, args.k)
+    requests = [dataclasses.replace(request, chunk_ranks=retrieval_ranks(case.from_hop))
+                for request, case in zip(build_requests(cases, SegmentEncoder(engine.model.tokenizer)), cases)]
+    choices = []
+    targets = [float(value) for value in args.calibrate.split(",") if value.strip()]
+    measured = None
+    for target in targets:
+        result = calibrate(engine, requests, DEFAULT_CANDIDATES, target, measured=measured)
+        measured = result.candidates
+        spec = result.chosen.resolved(args.seam_tokens).spec if result.chosen.kind == "seam" else result.chosen.spec
+        choices.append({"kl_target": target, "chosen": spec if result.chosen.kind == "seam" else f"{spec}|alternate",
+                        **result.to_dict()})
+    return {"questions": len(cases), "seed": args.calibration_seed, "choices": choices}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

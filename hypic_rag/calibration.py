@@ -1,0 +1,115 @@
+"""Calibrating an index's recompute policy: the requests, the choice, the record in its manifest.
+
+`hypic-rag calibrate` (and this module's `calibrate_index`) builds calibration requests exactly as `ask` builds
+its own (the index's retriever, the pipeline's ranking of chunks), scores the candidate policies on them against
+`full` (`hypic_rag.runtime.calibration`), and records the cheapest one meeting the KL target in the manifest,
+where `ask` and `serve` find it. The questions come from a file (one per line, or JSON lines with a "question"
+field: questions like the ones the index will be asked are best), or else are probes made from the index itself:
+the first sentence of chunks spread evenly over the corpus. A probe needs no answer: the score compares each
+policy's next-token distribution with `full`'s on the same request, whatever the question.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+from hypic_rag.retrieval.multi_hop import sentences_of
+from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, Calibration, calibrate
+from hypic_rag.runtime.recompute_policy import RecomputePolicy
+from hypic_rag.runtime.request import Request
+
+PROBE_CHARACTERS = 200
+"""Longest probe question (a chunk's first sentence, cut at a word)."""
+
+
+class CalibrationError(HypicError, ValueError):
+    """Calibration cannot run as asked (no questions, unreadable question file): exit code 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def read_questions(path: str | Path) -> list[str]:
+    """Questions of a file: one per line, or JSON lines with a "question" field (blank lines skipped)."""
+    path = Path(path).expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CalibrationError(f"cannot read questions from {str(path)!r}: {error}") from None
+    questions = []
+    for number, line in enumerate(lines, start=1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                value = json.loads(line).get("question")
+            except (ValueError, AttributeError):
+                value = None
+            if not isinstance(value, str) or not value.strip():
+                raise CalibrationError(f"{path}:{number}: a JSON line needs a non-empty \"question\" string")
+            line = value.strip()
+        questions.append(line)
+    if not questions:
+        raise CalibrationError(f"{str(path)!r} holds no questions")
+    return questions
+
+
+def probe_questions(index: Any, count: int) -> list[str]:
+    """Up to `count` distinct probes: the first sentence of chunks spread evenly over the index (its docstore
+    order), cut at a word to `PROBE_CHARACTERS`."""
+    chunks = list(index.docstore.iter_chunks())
+    if not chunks:
+        raise CalibrationError("the index holds no chunks to calibrate on")
+    step = max(1, len(chunks) // max(1, count))
+    probes: dict[str, None] = {}
+    for chunk in chunks[::step]:
+        sentences = sentences_of(chunk.text)
+        if not sentences:
+            continue
+        probe = sentences[0]
+        if len(probe) > PROBE_CHARACTERS:
+            probe = probe[:PROBE_CHARACTERS].rsplit(" ", 1)[0]
+        probes.setdefault(probe, None)
+        if len(probes) >= count:
+            break
+    return list(probes)
+
+
+def calibration_requests(pipeline: Any, questions: Sequence[str], top_k: int) -> list[Request]:
+    """The requests `ask` would assemble for `questions` (retrieval with the pipeline's hop, chunks ranked)."""
+    requests = []
+    for question in questions:
+        hits = pipeline.index.search(question, top_k, hop_slots=pipeline.hop_slots)
+        requests.append(pipeline.request_for(question, [list(hit.chunk.token_ids) for hit in hits],
+                                             [hit.hop_query is not None for hit in hits]))
+    return requests
+
+
+def calibrate_index(
+    pipeline: Any,
+    *,
+    kl_target: float,
+    questions: Sequence[str] | None = None,
+    requests: int = 32,
+    top_k: int = 8,
+    candidates: Sequence[RecomputePolicy | str] = DEFAULT_CANDIDATES,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[Calibration, dict[str, Any]]:
+    """Calibrate on `questions` (None: `requests` probes of the index) at `top_k`; returns the calibration and the
+    record to keep in the manifest (the calibration, how many requests, their source, top_k, when)."""
+    if requests < 1:
+        raise CalibrationError(f"requests must be >= 1, got {requests}")
+    source = "questions" if questions is not None else "index probes"
+    chosen_questions = list(questions)[:requests] if questions is not None else probe_questions(pipeline.index, requests)
+    if not chosen_questions:
+        raise CalibrationError("no calibration questions")
+    built = calibration_requests(pipeline, chosen_questions, top_k)
+    result = calibrate(pipeline.engine, built, candidates, kl_target, on_progress=on_progress)
+    record = {**result.to_dict(), "requests": len(built), "source": source, "top_k": top_k,
+              "seam_tokens": pipeline.session.seam_tokens, "calibrated_at": time.time()}
+    return result, record

@@ -1,0 +1,127 @@
+"""`hypic-rag calibrate --index DIR [--kl-target X]`: choose the index's recompute policy and record it.
+
+Builds calibration requests as `ask` does (questions from `--questions FILE`, else probes made from the index's
+own chunks), scores each candidate recompute policy against `full` by the mean KL divergence of the next-token
+distribution, and records the one recomputing fewest tokens whose mean KL is at most `--kl-target` in the index
+manifest; `ask` and `serve` then use it unless given `--recompute-policy`. Prints a table of the candidates (or
+`--json`). `--dry-run` records nothing. Exit codes: 0 done (also when no candidate met the target: the closest is
+recorded and the output says so); 2 bad input; 3 index built for another model; 1 another process writes the
+index (stop it first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from hypic_rag.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    CliError,
+    add_dtype_argument,
+    device_name,
+    non_negative_int,
+    positive_int,
+    recompute_policy_spec,
+)
+from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET
+
+
+def _kl_target(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def _candidates(text: str) -> list[str]:
+    specs = [recompute_policy_spec(part) for part in text.split(",") if part.strip()]
+    if not specs:
+        raise argparse.ArgumentTypeError("no candidate policies given")
+    return specs
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "calibrate", help="choose the recompute policy of an index (KL target) and record it", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
+    parser.add_argument("--kl-target", type=_kl_target, default=DEFAULT_KL_TARGET, metavar="X",
+                        help="largest mean KL(full || policy) of the next-token distribution accepted (0.1)")
+    parser.add_argument("--questions", metavar="FILE",
+                        help="questions, one per line or JSON lines with \"question\" (default: probes from the index)")
+    parser.add_argument("--requests", type=positive_int, default=32, metavar="N",
+                        help="calibration requests (32; the first N questions of --questions)")
+    parser.add_argument("--top-k", type=positive_int, default=4, metavar="K",
+                        help="chunks retrieved per request, as ask will retrieve them (4)")
+    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+                        help="of the top-k places, how many go to one retrieval hop (2, as ask)")
+    parser.add_argument("--candidates", type=_candidates, metavar="SPECS",
+                        help="comma-separated policies to compare (default: seam, budget:1.5, whole:1, budget:2, "
+                             "whole:2, budget:3, whole:3, whole:4)")
+    parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
+    parser.add_argument("--device", type=device_name, help="model device (default: cuda when available)")
+    add_dtype_argument(parser, "default: the one the index was built with")
+    parser.add_argument("--dry-run", action="store_true", help="print the choice, record nothing")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the record)")
+    parser.set_defaults(func=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from hypic_rag.calibration import DEFAULT_CANDIDATES, calibrate_index, read_questions
+    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.retrieval.corpus_index import check_not_locked, record_recompute_policy
+    from hypic_rag.retrieval.errors import IndexLockedError
+    from hypic_rag.retrieval.manifest import MANIFEST_FILE
+
+    index_dir = Path(args.index).expanduser()
+    if not (index_dir / MANIFEST_FILE).is_file():
+        raise CliError(f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
+                       EXIT_BAD_INPUT)
+    questions = read_questions(args.questions) if args.questions else None
+    if not args.dry_run:
+        try:
+            check_not_locked(index_dir.resolve())
+        except IndexLockedError as error:
+            raise CliError(f"{error}; stop it (calibration records its choice in the manifest) or pass --dry-run",
+                           EXIT_FAILURE) from None
+    pipeline = RagPipeline.open(index_dir, model_path=args.model, device=args.device, dtype=args.dtype,
+                                hop_slots=args.hop_slots, recompute_policy="seam")
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rcalibrating: {done}/{total} requests", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    try:
+        result, record = calibrate_index(
+            pipeline, kl_target=args.kl_target, questions=questions, requests=args.requests, top_k=args.top_k,
+            candidates=args.candidates or DEFAULT_CANDIDATES, on_progress=None if args.json else progress,
+        )
+    finally:
+        pipeline.close()
+    if not args.dry_run:
+        try:
+            record_recompute_policy(index_dir, record)
+        except IndexLockedError as error:
+            raise CliError(f"{error}; stop it or pass --dry-run", EXIT_FAILURE) from None
+    if args.json:
+        print(json.dumps({**record, "recorded": not args.dry_run}, ensure_ascii=False))
+        return EXIT_OK
+    print(f"Calibrated on {record['requests']} requests ({record['source']}, top-k {args.top_k}), KL target "
+          f"{args.kl_target:g}:")
+    print(f"  {'policy':<16} {'recomputed/request':>18} {'mean KL':>10} {'max KL':>10} {'top-1 agree':>12}")
+    for candidate in result.candidates:
+        mark = "  <- chosen" if candidate.spec == result.chosen.spec else ""
+        print(f"  {candidate.spec:<16} {candidate.recomputed_tokens:>18.1f} {candidate.mean_kl:>10.4f} "
+              f"{candidate.max_kl:>10.4f} {100 * candidate.top1_agreement:>11.1f}%{mark}")
+    verdict = "meets the target" if result.met else "is the closest (no candidate met the target)"
+    where = "not recorded (--dry-run)" if args.dry_run else "recorded in the index manifest; ask and serve use it"
+    print(f"Policy {result.chosen.spec} {verdict}; {where}.")
+    return EXIT_OK

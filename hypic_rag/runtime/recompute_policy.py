@@ -1,0 +1,213 @@
+"""Recompute policies: which tokens of a `hypic` request run through the model, chunk by chunk.
+
+A `hypic` request is a plan of spans (`stack.Span`): the prefix (exact from its seam-0 entry), one span per chunk,
+the question (recomputed). A policy decides, per chunk, one of
+- a seam window w: its first w tokens are recomputed in context, the rest come from its entry encoded for seam w
+  (the suffix pair P, Z of tokens w..L-1, its K/V, its conv tail): what HYPIC and EPIC do;
+- whole (`WHOLE`): the chunk is recomputed in context from its first to its last token; no entry is read.
+Both are exact compositions of what the cache already stores (a whole chunk needs nothing at all), so no policy
+here adds bytes to the cache or changes the stack pass.
+
+The policies (`RecomputePolicy.kind`):
+- `seam`: every chunk seam w (today's fixed seam; w = the index's seam unless the spec says another).
+- `whole`: the `chunks` highest-ranked chunks recomputed whole, seam w for the rest.
+- `budget`: chunks recomputed whole in rank order while the chunk tokens recomputed stay within `budget` times
+  those of the seam plan (scale-free: the same spec costs at most that factor whatever the chunk length), seam w
+  for the rest. A chunk that does not fit is skipped and the next one tried.
+
+The rank of a chunk is `Request.chunk_ranks` (0 = most important; the pipeline ranks direct retrieval hits and
+the retrieval hop's hits alternately, see `pipeline.retrieval_ranks`), or prompt order when the request has none.
+
+Specs (CLI `--recompute-policy`, the service's config, the index manifest): `seam`, `seam@16`, `whole:1`,
+`whole:2@8`, `budget:2`, `budget:1.5@8`; `@w` sets the seam of the chunks that are not recomputed whole.
+`docs/recompute_policies.md` has the measurements that chose among them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from hypic_rag.entry import check_seam_tokens
+from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+
+WHOLE = None
+"""A chunk recomputed whole: no entry, every token through the model in context."""
+
+POLICY_KINDS = ("seam", "whole", "budget")
+SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W]"
+"""The spec forms, for help texts and error messages."""
+
+DEFAULT_KL_TARGET = 0.1
+"""Calibration's default target (`runtime.calibration`, `hypic-rag calibrate`): on the stage-3 test bed a mean
+first-token KL(full || policy) of about 0.1 came within half a point of `full`'s exact match (budget:2), while the
+fixed seam (KL 0.46) was 9 points below; on the bundled model the fixed seam already meets it
+(docs/recompute_policies.md)."""
+
+_SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<amount>[0-9]+(?:\.[0-9]+)?))?(?:@(?P<seam>[0-9]+))?$")
+
+
+class RecomputePolicyError(HypicError, ValueError):
+    """A recompute policy spec or setting that is not valid (exit code 2; still a ValueError)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputePlan:
+    """What one request recomputes: per chunk, the seam window of its entry or `WHOLE` (None).
+
+    chunk_seams[i] = w: chunk i recomputes its first min(w, L_i) tokens and reads the rest from its seam-w entry;
+    None: chunk i is recomputed whole and reads no entry.
+    """
+
+    chunk_seams: tuple[int | None, ...]
+
+    def recomputed_chunk_tokens(self, chunk_lengths: Sequence[int]) -> int:
+        """Chunk tokens this plan runs through the model (prefix and question excluded)."""
+        if len(chunk_lengths) != len(self.chunk_seams):
+            raise ValueError(f"{len(chunk_lengths)} chunk lengths for a plan of {len(self.chunk_seams)} chunks")
+        return sum(length if seam is WHOLE else min(seam, length) for seam, length in zip(self.chunk_seams, chunk_lengths))
+
+    @property
+    def whole_chunks(self) -> list[int]:
+        """Indices of the chunks recomputed whole."""
+        return [number for number, seam in enumerate(self.chunk_seams) if seam is WHOLE]
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputePolicy:
+    """A rule that turns a request's chunks into a `RecomputePlan` (see the module docstring).
+
+    kind: "seam", "whole" or "budget". chunks: for "whole", how many top-ranked chunks are recomputed whole.
+    budget: for "budget", the most chunk tokens recomputed, as a multiple (>= 1) of the seam plan's.
+    seam_tokens: the seam of the chunks not recomputed whole; None: the engine's (the index's) seam.
+    """
+
+    kind: str = "seam"
+    chunks: int = 0
+    budget: float = 1.0
+    seam_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICY_KINDS:
+            raise RecomputePolicyError(f"unknown recompute policy {self.kind!r}; choose one of: {SPEC_HELP}")
+        if self.seam_tokens is not None:
+            check_seam_tokens(self.seam_tokens, "a recompute policy's seam")
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 0:
+            raise RecomputePolicyError(f"a recompute policy's chunk count must be an integer >= 0, got {self.chunks!r}")
+        if not isinstance(self.budget, (int, float)) or not math.isfinite(self.budget) or self.budget < 1:
+            raise RecomputePolicyError(f"a recompute policy's budget must be a number >= 1, got {self.budget!r}")
+        if self.kind == "whole" and self.chunks < 1:
+            raise RecomputePolicyError("policy whole needs a chunk count >= 1 (whole:N)")
+        if self.kind != "whole" and self.chunks:
+            raise RecomputePolicyError(f"policy {self.kind} takes no chunk count")
+        if self.kind != "budget" and self.budget != 1:
+            raise RecomputePolicyError(f"policy {self.kind} takes no budget")
+        object.__setattr__(self, "budget", float(self.budget))
+
+    # ------------------------------------------------------------------------------------------------ specs
+    @classmethod
+    def parse(cls, spec: str) -> RecomputePolicy:
+        """The policy of a spec (`seam`, `seam@16`, `whole:1`, `whole:2@8`, `budget:2`, `budget:1.5@8`);
+        `RecomputePolicyError` naming the forms for anything else."""
+        match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
+        if match is None:
+            raise RecomputePolicyError(f"not a recompute policy: {spec!r}; expected one of: {SPEC_HELP}")
+        kind, amount, seam = match.group("kind"), match.group("amount"), match.group("seam")
+        if kind not in POLICY_KINDS:
+            raise RecomputePolicyError(f"unknown recompute policy {kind!r}; expected one of: {SPEC_HELP}")
+        seam_tokens = int(seam) if seam is not None else None
+        if kind == "seam":
+            if amount is not None:
+                raise RecomputePolicyError(f"policy seam takes no amount (seam or seam@W), got {spec!r}")
+            return cls("seam", seam_tokens=seam_tokens)
+        if amount is None:
+            raise RecomputePolicyError(f"policy {kind} needs an amount ({kind}:N), got {spec!r}")
+        if kind == "whole":
+            if "." in amount:
+                raise RecomputePolicyError(f"policy whole takes a whole number of chunks, got {spec!r}")
+            return cls("whole", chunks=int(amount), seam_tokens=seam_tokens)
+        return cls("budget", budget=float(amount), seam_tokens=seam_tokens)
+
+    @property
+    def spec(self) -> str:
+        """The spec `parse` reads back into this policy."""
+        seam = "" if self.seam_tokens is None else f"@{self.seam_tokens}"
+        if self.kind == "whole":
+            return f"whole:{self.chunks}{seam}"
+        if self.kind == "budget":
+            return f"budget:{self.budget:g}{seam}"
+        return f"seam{seam}"
+
+    def __str__(self) -> str:
+        return self.spec
+
+    # ------------------------------------------------------------------------------------------------ plans
+    def chunk_seam(self, default_seam: int) -> int:
+        """The seam window of the chunks this policy does not recompute whole."""
+        return check_seam_tokens(default_seam if self.seam_tokens is None else self.seam_tokens)
+
+    def plan(self, chunk_lengths: Sequence[int], default_seam: int, ranks: Sequence[int] = ()) -> RecomputePlan:
+        """The plan for chunks of `chunk_lengths` [n] ranked by `ranks` [n] (lower = more important; ties and an
+        empty `ranks` in prompt order); chunks not recomputed whole get the policy's seam (`default_seam` unless
+        the policy names its own)."""
+        seam = self.chunk_seam(default_seam)
+        count = len(chunk_lengths)
+        if ranks and len(ranks) != count:
+            raise ValueError(f"{len(ranks)} ranks for {count} chunks")
+        seams: list[int | None] = [seam] * count
+        order = sorted(range(count), key=lambda number: (ranks[number] if ranks else 0, number))
+        if self.kind == "whole":
+            for number in order[: self.chunks]:
+                seams[number] = WHOLE
+        elif self.kind == "budget":
+            allowed = self.budget * sum(min(seam, length) for length in chunk_lengths)
+            spent = sum(min(seam, length) for length in chunk_lengths)
+            for number in order:
+                extra = chunk_lengths[number] - min(seam, chunk_lengths[number])
+                if extra and spent + extra <= allowed + 1e-9:
+                    seams[number] = WHOLE
+                    spent += extra
+        return RecomputePlan(tuple(seams))
+
+    def resolved(self, default_seam: int) -> RecomputePolicy:
+        """This policy with its seam made explicit (`default_seam` unless it names one)."""
+        return RecomputePolicy(self.kind, self.chunks, self.budget, self.chunk_seam(default_seam))
+
+    def entry_seams(self, default_seam: int) -> set[int]:
+        """The entry seams the plans of this policy read (what precompute must encode for it)."""
+        return {self.chunk_seam(default_seam)}
+
+    # ------------------------------------------------------------------------------------------------ records
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RecomputePolicy:
+        if not isinstance(data, dict) or not isinstance(data.get("spec"), str):
+            raise RecomputePolicyError(f"a recorded recompute policy must be an object with a spec, got {data!r}")
+        return cls.parse(data["spec"])
+
+
+SEAM_POLICY = RecomputePolicy()
+"""Today's fixed seam at the engine's (the index's) seam width: the default."""
+
+
+@runtime_checkable
+class PlansChunks(Protocol):
+    """Anything that plans a request's chunks as `RecomputePolicy.plan` does (a study's custom rule)."""
+
+    def plan(self, chunk_lengths: Sequence[int], default_seam: int, ranks: Sequence[int] = ()) -> RecomputePlan: ...
+
+
+def as_policy(policy: RecomputePolicy | PlansChunks | str | None) -> RecomputePolicy | PlansChunks | None:
+    """A policy from a `RecomputePolicy` (or any object with its `plan`), a spec string, or None (kept None)."""
+    if policy is None or isinstance(policy, (RecomputePolicy, PlansChunks)):
+        return policy
+    if not isinstance(policy, str):
+        raise RecomputePolicyError(f"a recompute policy must be a spec string, got {type(policy).__name__}")
+    return RecomputePolicy.parse(policy)

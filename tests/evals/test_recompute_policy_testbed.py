@@ -1,0 +1,108 @@
+"""The recompute-policy test bed (`evals/recompute_policies.py`): its study-only rules, rankings and report on a tiny
+random model and small made-up results (the real evaluation is minutes long and writes docs/benchmarks/)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from evals.recompute_policies import (
+    STAGE3_MODEL,
+    WideSeams,
+    chunk_ranks,
+    markdown_table,
+    pareto_flags,
+    paired_difference,
+    parse_variant,
+    prefill_ends,
+    run_variant,
+)
+from hypic_rag.runtime.engine import Engine, PrefillStats
+from hypic_rag.runtime.model import wrap_model
+from hypic_rag.runtime.request import Request
+from hypic_rag.testing import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine(wrap_model(build_tiny_model("qwen3_5", seed=9)), seam_tokens=4)
+
+
+def request_of(seed: int, lengths: list[int]) -> Request:
+    generator = torch.Generator().manual_seed(seed)
+    ids = lambda n: torch.randint(0, 256, (n,), generator=generator).tolist()  # noqa: E731
+    return Request(ids(5), [ids(n) for n in lengths], ids(6))
+
+
+def test_the_stage3_checkpoint_is_in_the_repository() -> None:
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in STAGE3_MODEL.iterdir()}
+
+
+def test_a_chunk_without_its_end_has_the_chunks_first_keys_and_values(engine: Engine) -> None:
+    """What `ends:E@W` relies on: attention is causal, so the shorter segment's K/V are the chunk's first ones."""
+    chunk = request_of(0, [20]).chunk_ids[0]
+    stats = PrefillStats(mode="test")
+    whole, head = engine.fetch_entries([chunk, chunk[:14]], 4, stats)
+    for name, tensor in head.items():
+        if name.endswith((".key", ".value")):
+            torch.testing.assert_close(tensor, whole[name][:, :14], atol=1e-5, rtol=1e-5)
+
+
+def test_ends_recomputes_each_chunks_seam_and_end(engine: Engine) -> None:
+    request = request_of(1, [20, 15, 18])
+    result = prefill_ends(engine, request, seam=4, end_tokens=6)
+    assert result.recomputed_tokens == 3 * (4 + 6) + len(request.question_ids)
+    # ends covering all but the seam: every chunk recomputed whole, which is `full` (the prefix is exact)
+    covered = prefill_ends(engine, request, seam=4, end_tokens=16)
+    torch.testing.assert_close(covered.logits, engine.prefill(request, "full").logits, atol=1e-5, rtol=1e-5)
+
+
+def test_wide_seams_give_the_top_ranked_chunks_the_wider_seam(engine: Engine) -> None:
+    plan = WideSeams(chunks=2, wide_seam=12, seam=4).plan([20, 15, 18, 9], 4, [3, 0, 2, 1])
+    assert plan.chunk_seams == (4, 12, 4, 12)
+    variant = parse_variant("wide:1:12@4|prompt", 4)
+    request = request_of(2, [20, 15, 18])
+    _, _, recomputed = run_variant(engine, variant, request)
+    assert recomputed == 12 + 4 + 4 + len(request.question_ids)
+
+
+def test_rankings() -> None:
+    case = SimpleNamespace(chunk_token_ids=[[1]] * 5, from_hop=[False, False, False, True, True],
+                           scores=[0.9, 0.8, 0.7, 0.2, 0.5], retrieved_doc_ids=["a", "b", "c", "d", "e"],
+                           question=SimpleNamespace(gold_doc_ids=("d", "b")))
+    assert chunk_ranks("prompt", case) == [0, 1, 2, 3, 4]
+    assert chunk_ranks("alternate", case) == [0, 2, 4, 1, 3]
+    assert chunk_ranks("score", case) == [0, 1, 2, 4, 3]
+    assert chunk_ranks("nearest", case) == [4, 3, 2, 1, 0]
+    assert chunk_ranks("oracle", case) == [2, 1, 3, 0, 4]
+    with pytest.raises(ValueError):
+        chunk_ranks("random", case)
+
+
+def test_the_pareto_front_and_the_table() -> None:
+    rows = {
+        "full": {"variant": "full", "recomputed_tokens": 100.0, "exact_match": 0.9, "kl": 0.0},
+        "seam@8": {"variant": "seam@8", "recomputed_tokens": 20.0, "exact_match": 0.8, "kl": 0.4},
+        "worse": {"variant": "worse", "recomputed_tokens": 30.0, "exact_match": 0.75, "kl": 0.5},
+        "whole:1|prompt": {"variant": "whole:1|prompt", "recomputed_tokens": 30.0, "exact_match": 0.9, "kl": 0.1},
+    }
+    ordered = list(rows.values())
+    assert pareto_flags(ordered) == [False, True, False, True]
+    for row in ordered:
+        row.update(kl_median=row["kl"], agreement=1.0, notes="", **paired_difference([True, False], [True, True]))
+    report = {"questions": 2, "seed": 1, "k": 8, "model_label": "m", "prompt_tokens": 100.0, "question_tokens": 10.0,
+              "rows": rows}
+    table = markdown_table(report)
+    lines = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [line.split(" | ")[0][2:] for line in lines] == ["seam@8", "whole:1|prompt", "worse", "full"]
+    assert "| 1.50 |" in lines[1]  # 30 tokens / seam@8's 20
+
+
+def test_paired_difference_counts_discordant_questions() -> None:
+    result = paired_difference([True, True, False, False], [True, False, True, False])
+    assert result["em_minus_full"] == 0.0
+    assert (result["only_variant_right"], result["only_full_right"]) == (1, 1)
+    low, high = result["em_minus_full_ci95"]
+    assert low < 0 < high

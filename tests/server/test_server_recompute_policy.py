@@ -1,0 +1,57 @@
+"""The service's recompute policy: set in its config (checked there), named per request in /v1/ask (a bad one is
+400), reported in the answer; a real uvicorn server on 127.0.0.1 over a copy of the tiny index."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from hypic_rag.runtime.recompute_policy import RecomputePolicyError
+from hypic_rag.server import ServerConfig
+from hypic_rag.server.runner import ServerThread
+
+QUESTION = "Where does the river flow?"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index):
+    index = copy_tiny_index(tmp_path_factory.mktemp("server_policy") / "index")
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", recompute_policy="whole:1")) as running:
+        with httpx.Client(base_url=running.url, timeout=120) as http:
+            yield http
+
+
+def ask(client: httpx.Client, **options) -> httpx.Response:
+    return client.post("/v1/ask", json={"question": QUESTION, "max_new_tokens": 3, "top_k": 3, **options})
+
+
+@pytest.mark.parametrize("value", ["bogus", "whole:0", "budget:0.5", ""])
+def test_the_config_refuses_a_bad_policy(tmp_path, value: str) -> None:
+    with pytest.raises(RecomputePolicyError) as raised:
+        ServerConfig(index_dir=tmp_path, recompute_policy=value)
+    assert isinstance(raised.value, ValueError) and "\n" not in str(raised.value)
+
+
+def test_answers_use_the_configured_policy_unless_the_request_names_one(client: httpx.Client) -> None:
+    configured = ask(client)
+    assert configured.status_code == 200, configured.text
+    assert configured.json()["recompute_policy"] == "whole:1@8"
+    seam = ask(client, recompute_policy="seam")
+    assert seam.status_code == 200, seam.text
+    assert seam.json()["recompute_policy"] == "seam@8"
+    everything = ask(client, recompute_policy="budget:1000")
+    assert everything.json()["recompute_policy"] == "budget:1000@8"
+    tokens = [response.json()["usage"]["recomputed_tokens"] for response in (seam, configured, everything)]
+    assert tokens[0] < tokens[1] < tokens[2]
+    assert ask(client, mode="full").json()["recompute_policy"] == ""
+
+
+@pytest.mark.parametrize("value", ["bogus", "whole:0", "seam:3", "budget:"])
+def test_a_bad_policy_in_a_request_is_400_naming_the_field(client: httpx.Client, value: str) -> None:
+    response = ask(client, recompute_policy=value)
+    assert response.status_code == 400, response.text
+    assert "recompute policy" in response.text or "recompute_policy" in response.text
+
+
+def test_a_policy_of_the_wrong_type_is_422(client: httpx.Client) -> None:
+    assert ask(client, recompute_policy=3).status_code == 422
