@@ -43,6 +43,8 @@ from hypic_rag.testing import (
 )
 from hypic_rag.testing_ssm import save_published_ssm_checkpoint
 
+pytestmark = pytest.mark.slow  # 14 processes in all: about 2.5 minutes on 2 shared cores, 115 CPU-seconds
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = (list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())) * 4
 QUESTION = SMALL_CORPUS_QUESTIONS["volcano.md"]
