@@ -29,6 +29,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ray-scaling", action="store_true",
                         help="instead: encoding throughput of 1 vs 2 Ray actors against this process (a private Ray "
                              "instance; needs the ray extra); writes ray_scaling.json")
+    parser.add_argument("--families", action="store_true",
+                        help="instead: per model family, cache bytes per chunk at a published checkpoint's shapes and "
+                             "time to first token against transformers' forward on a ~100-200M random model (about "
+                             "10-15 minutes on 2 CPU cores; --profile test: tiny models); writes families.json/.md")
+    parser.add_argument("--family", action="append", metavar="MODEL_TYPE",
+                        help="with --families: only this family (repeatable), e.g. --family jamba")
     parser.set_defaults(func=run)
 
 
@@ -53,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--output unusable: {reason}")
     if args.ray_scaling:
         return run_ray_scaling(args, output)
+    if args.families or args.family:
+        return run_families_bench(args, output)
     profile = args.profile or "quick"
     config = PROFILES[profile]
     command = f"hypic-rag bench --profile {profile}"
@@ -77,4 +85,27 @@ def run_ray_scaling(args: argparse.Namespace, output: Path) -> int:
     written = write_scaling(result, output)
     print(markdown_row(result))
     print(f"written: {written}")
+    return EXIT_OK
+
+
+def run_families_bench(args: argparse.Namespace, output: Path) -> int:
+    """`--families`: the model-family benchmark (`hypic_rag.bench.families`); `--profile test` for tiny models."""
+    from hypic_rag.bench.families import FAMILIES_PROFILES, families_markdown, run_families, write_families
+
+    if not args.families:
+        raise CliError("--family needs --families")
+    profile = "test" if args.profile == "test" else "standard"
+    config = FAMILIES_PROFILES[profile]
+    command = "hypic-rag bench --families" + (" --profile test" if profile == "test" else "")
+    if args.family:
+        try:
+            config = config.only(args.family)
+        except ValueError as error:
+            raise CliError(f"--family: {error}") from None
+        command += "".join(f" --family {name}" for name in args.family)
+    print(f"family benchmark ({profile}); results go to {output.resolve()}", file=sys.stderr)
+    result = run_families(config, command=command)
+    written = write_families(result, output)
+    print(families_markdown(result))
+    print("written: " + ", ".join(str(path) for path in written))
     return EXIT_OK

@@ -125,8 +125,24 @@ def _encode_attention(
     return mixer.output(core, projections), parts
 
 
-def _encode_batch(model: HybridModel, segments: list[list[int]], seam_tokens: int) -> list[Entry]:
-    """`encode_segments` without its checks: the segments as one padded batch through every block."""
+@torch.no_grad()
+def entry_layout(model: HybridModel, length: int, seam_tokens: int) -> Entry:
+    """The entry `encode_segment` makes for a chunk of `length` tokens, by the same code, left on the model's device.
+
+    For a model built on the meta device (`with torch.device("meta"): AutoModelForCausalLM.from_config(config)`,
+    then `wrap_model`) every tensor has its name, shape and dtype and no values: an entry's bytes
+    (`hypic_rag.entry.entry_bytes`) at a published checkpoint's shapes, without its weights
+    (`hypic_rag.bench.families`). On a real device: the entry of `length` zero token ids.
+    """
+    if length < 1:
+        raise ValueError("length must be >= 1")
+    check_seam_tokens(seam_tokens)
+    return _encode_batch(model, [[0] * length], seam_tokens, to_cpu=False)[0]
+
+
+def _encode_batch(model: HybridModel, segments: list[list[int]], seam_tokens: int, to_cpu: bool = True) -> list[Entry]:
+    """`encode_segments` without its checks: the segments as one padded batch through every block (entries on the
+    CPU, contiguous; with `to_cpu` False, as the blocks left them)."""
     device = model.device
     lengths = [len(segment) for segment in segments]
     count, longest = len(segments), max(lengths)
@@ -153,4 +169,6 @@ def _encode_batch(model: HybridModel, segments: list[list[int]], seam_tokens: in
             return mixed
 
         hidden = block.forward(hidden, mix, context)
+    if not to_cpu:
+        return entries
     return [{name: tensor.detach().to("cpu").contiguous() for name, tensor in entry.items()} for entry in entries]

@@ -236,7 +236,10 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, *, family: Fam
     except ValueError as error:
         raise UnsupportedModelError(f"cannot drive {type(hf_model).__name__}: {error}") from error
     layer_types = tuple(block.layer_type for block in blocks)
-    fingerprint = hashlib.sha256((config_digest(config) + weights_digest(text_stack_tensors(hf_model))).encode()).hexdigest()
+    # a model on the meta device has shapes but no weights (`encode.entry_layout`): its fingerprint is the config's
+    on_meta = any(parameter.is_meta for parameter in hf_model.parameters())
+    weights = "meta" if on_meta else weights_digest(text_stack_tensors(hf_model))
+    fingerprint = hashlib.sha256((config_digest(config) + weights).encode()).hexdigest()
     return HybridModel(
         hf_model=hf_model,
         config=config,
