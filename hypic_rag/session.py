@@ -265,11 +265,13 @@ class ModelSession:
         dtype: str | None = None,
         seam_tokens: int | None = None,
         cache: CacheOptions = CacheOptions(),
+        cache_dir: str | Path | None = None,
     ) -> ModelSession:
         """The session an index was built for: its model (the manifest's unless `model_path`, in the recorded
         dtype unless `dtype`; another model or dtype than the manifest's raises `IndexMismatchError`), its seam
-        width (unless `seam_tokens`), its whole prompt format, and its segment cache. A model directory that
-        cannot be loaded raises `ModelLoadError`."""
+        width (unless `seam_tokens`), its whole prompt format, and its segment cache (the one the index records
+        unless `cache_dir`: e.g. a node-local disk when the index lies on a shared file system). A model directory
+        that cannot be loaded raises `ModelLoadError`."""
         from hypic_rag.runtime.model import load_model
 
         path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
@@ -279,7 +281,8 @@ class ModelSession:
             model,
             model_path=path,
             seam_tokens=manifest.seam_tokens if seam_tokens is None else seam_tokens,
-            cache_dir=manifest.cache_path(Path(index_dir).expanduser().resolve()),
+            cache_dir=(Path(cache_dir).expanduser() if cache_dir is not None
+                       else manifest.cache_path(Path(index_dir).expanduser().resolve())),
             cache=cache,
             prompt_format=manifest.prompt_format,
         )

@@ -131,7 +131,8 @@ class ServiceBackend:
         # best effort: a damaged cache is disabled (warned), a failed write is logged; the service goes on
         cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache)
         session = ModelSession.for_index(
-            manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache
+            manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache,
+            cache_dir=config.cache_dir,
         )
         chunker = None
         try:
