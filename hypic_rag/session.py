@@ -157,9 +157,10 @@ def encoding_batches(tasks: Sequence[SegmentTask], batch_tokens: int) -> list[li
 
 class SegmentEncoder(Protocol):
     """Encodes tasks' entries, yielding (position in `tasks`, entry) in any order (e.g. a process pool,
-    `hypic_rag.retrieval.encoding_pool.SegmentEncoder`)."""
+    `hypic_rag.retrieval.encoding_pool.SegmentEncoder`), or `StoredRemotely` for an entry it stored in the shared
+    remote tier itself."""
 
-    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry]]: ...
+    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry | StoredRemotely]]: ...
 
 
 def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -195,6 +196,9 @@ class FillReport:
     segments: planned segments (a repeated one counts each time); cache_hits / cache_misses: of those, held
     before the fill / not held. to_encode, tokens_to_encode: the distinct missing ones and their tokens;
     encoded, tokens_encoded: those encoded and handed to the segment source so far; seconds: since the start.
+    stored_remotely: of the encoded, those the encoder stored in the shared remote tier itself (`StoredRemotely`);
+    uploaded_remotely / uploaded_remotely_bytes: how many of them it sent, and their bytes (the others were there
+    already).
     """
 
     segments: int = 0
@@ -205,6 +209,19 @@ class FillReport:
     encoded: int = 0
     tokens_encoded: int = 0
     seconds: float = 0.0
+    stored_remotely: int = 0
+    uploaded_remotely: int = 0
+    uploaded_remotely_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRemotely:
+    """What an encoder yields instead of an entry it has stored in the shared remote tier itself (Ray actors of
+    `precompute --ray --remote-cache`): the entry's encoded bytes, and whether it uploaded them (False: the same
+    value was there). `ModelSession.fill_steps` counts it as encoded and keeps nothing locally."""
+
+    value_bytes: int
+    sent: bool = True
 
 
 # ==================================================================================================== session
@@ -429,7 +446,8 @@ class ModelSession:
 
         The first step looks up which planned segments the source lacks (nothing is loaded or counted); each
         later one encodes one segment's entry (each distinct one once) and yields the report so far. Entries are
-        encoded by `encoder` when given (any order), else here, longest first, `commit_entries` at a time through
+        encoded by `encoder` when given (any order; one it stored in the shared remote tier itself comes back as
+        `StoredRemotely` and is only counted), else here, longest first, `commit_entries` at a time through
         `Engine.encode_segments`. They are handed to the source through its own get-or-encode path
         (`SegmentSource.get_or_encode_segments`) every `commit_entries` entries or `commit_bytes` tensor bytes,
         and at the end: one write each, so a fill stopped between writes keeps what it wrote.
@@ -470,12 +488,17 @@ class ModelSession:
             if not wanted[position]:  # held already: recomputed only to keep its batch whole
                 continue
             task = tasks[position]
-            pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
-            pending_entries += 1
-            pending_bytes += entry_tensor_bytes(entry)
-            if pending_entries >= commit_entries or pending_bytes >= commit_bytes:
-                self._keep(pending)
-                pending_entries = pending_bytes = 0
+            if isinstance(entry, StoredRemotely):  # the encoder put it in the remote tier: nothing to keep here
+                report.stored_remotely += 1
+                report.uploaded_remotely += entry.sent
+                report.uploaded_remotely_bytes += entry.value_bytes if entry.sent else 0
+            else:
+                pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
+                pending_entries += 1
+                pending_bytes += entry_tensor_bytes(entry)
+                if pending_entries >= commit_entries or pending_bytes >= commit_bytes:
+                    self._keep(pending)
+                    pending_entries = pending_bytes = 0
             report.encoded += 1
             report.tokens_encoded += len(task.token_ids)
             report.seconds = time.perf_counter() - began
