@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from hypic_rag.cache.errors import CacheOpenError
 from hypic_rag.cache.keys import CacheNamespace, segment_key
@@ -32,6 +33,7 @@ WORDS = (
     "captain engineer painter teacher winter summer lantern copper granite orchard mill tower"
 ).split()
 CHUNK_TOKENS = 32
+DOCUMENTS = 28
 DEADLINE_S = 240
 
 
@@ -51,7 +53,7 @@ def write_corpus(root: Path, documents: int, paragraphs: int, seed: int = 7) -> 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "docs", documents=40, paragraphs=3)
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "docs", documents=DOCUMENTS, paragraphs=3)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,12 @@ def options(corpus: Path, index: Path, model: Path, **changes: Any) -> Precomput
 @pytest.fixture(scope="module")
 def local_index(tmp_path_factory: pytest.TempPathFactory, corpus: Path, model: Path) -> Path:
     index = tmp_path_factory.mktemp("local") / "index"
-    precompute(options(corpus, index, model))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the actors run: a batch's bytes depend on torch's thread count (docs/scale.md)
+    try:
+        precompute(options(corpus, index, model))
+    finally:
+        torch.set_num_threads(threads)
     return index
 
 
@@ -155,7 +162,7 @@ def test_distributed_precompute_writes_the_local_entries_to_the_remote_tier_from
         lost = sorted(local_s3.objects(bucket, "segments/"))[:3]
         for name in lost:
             client.delete_object(Bucket=bucket, Key=name)
-        resumed = precompute(options(corpus, index, model, scale_out=RayScaleOut(), remote_cache=remote))
+        resumed = precompute(options(corpus, index, model, scale_out=RayScaleOut(actors=1), remote_cache=remote))
         assert resumed.encode.encoded == resumed.encode.stored_remotely == 3 and not resumed.ingest.changed
         assert remote_contents(local_s3, bucket) == expected
 
@@ -181,7 +188,7 @@ def test_ingest_feeder_predicts_every_embedding_batch(ray_cluster: Any, corpus: 
     from hypic_rag.runtime.model import load_model
 
     loaded = load_corpus(corpus)
-    loaded.documents[:] = loaded.documents[:16]
+    loaded.documents[:] = loaded.documents[:12]
     tiny = load_model(model, device="cpu", require_tokenizer=True)
     chunker = Chunker(tiny.tokenizer, ChunkerConfig(chunk_tokens=CHUNK_TOKENS))
     settings = IndexSettings(model=ModelIdentity.of(model, tiny), chunker=chunker.config, embed_batch_chunks=8)
@@ -232,7 +239,7 @@ def test_killed_distributed_precompute_resumes(
     rerun = precompute(options(corpus, index, model, scale_out=RayScaleOut(address=ray_address, actors=2)))
     encoded_now, segments = rerun.encode.encoded, rerun.encode.segments
     assert 0 < encoded_now == segments - stored < segments  # the killed run had stored some; only the rest ran
-    assert rerun.ingest.documents_unchanged == 40  # every document was committed before the kill
+    assert rerun.ingest.documents_unchanged == DOCUMENTS  # every document was committed before the kill
     manifest = IndexManifest.load(index)
     namespace = CacheNamespace(manifest.model.fingerprint, manifest.model.tokenizer_fingerprint, manifest.seam_tokens)
     with CorpusIndex.open(index) as opened:
