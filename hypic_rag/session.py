@@ -161,9 +161,10 @@ def encoding_batches(tasks: Sequence[SegmentTask], batch_tokens: int) -> list[li
 
 class SegmentEncoder(Protocol):
     """Encodes tasks' entries, yielding (position in `tasks`, entry) in any order (e.g. a process pool,
-    `hypic_rag.retrieval.encoding_pool.SegmentEncoder`)."""
+    `hypic_rag.retrieval.encoding_pool.SegmentEncoder`), or `StoredRemotely` for an entry it stored in the shared
+    remote tier itself."""
 
-    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry]]: ...
+    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry | StoredRemotely]]: ...
 
 
 def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -199,6 +200,9 @@ class FillReport:
     segments: planned segments (a repeated one counts each time); cache_hits / cache_misses: of those, held
     before the fill / not held. to_encode, tokens_to_encode: the distinct missing ones and their tokens;
     encoded, tokens_encoded: those encoded and handed to the segment source so far; seconds: since the start.
+    stored_remotely: of the encoded, those the encoder stored in the shared remote tier itself (`StoredRemotely`);
+    uploaded_remotely / uploaded_remotely_bytes: how many of them it sent, and their bytes (the others were there
+    already).
     """
 
     segments: int = 0
@@ -209,6 +213,19 @@ class FillReport:
     encoded: int = 0
     tokens_encoded: int = 0
     seconds: float = 0.0
+    stored_remotely: int = 0
+    uploaded_remotely: int = 0
+    uploaded_remotely_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRemotely:
+    """What an encoder yields instead of an entry it has stored in the shared remote tier itself (Ray actors of
+    `precompute --ray --remote-cache`): the entry's encoded bytes, and whether it uploaded them (False: the same
+    value was there). `ModelSession.fill_steps` counts it as encoded and keeps nothing locally."""
+
+    value_bytes: int
+    sent: bool = True
 
 
 # ==================================================================================================== session
@@ -272,12 +289,14 @@ class ModelSession:
         seam_tokens: int | None = None,
         cache: CacheOptions = CacheOptions(),
         recompute_policy: RecomputePolicy | str | None = None,
+        cache_dir: str | Path | None = None,
     ) -> ModelSession:
         """The session an index was built for: its model (the manifest's unless `model_path`, in the recorded
         dtype unless `dtype`; another model or dtype than the manifest's raises `IndexMismatchError`), its seam
         width (unless `seam_tokens`), its recompute policy (unless `recompute_policy`; an index without one: the
-        fixed seam), its whole prompt format, and its segment cache. A model directory that cannot be loaded raises
-        `ModelLoadError`."""
+        fixed seam), its whole prompt format, and its segment cache (the one the index records unless `cache_dir`:
+        e.g. a node-local disk when the index lies on a shared file system). A model directory that cannot be
+        loaded raises `ModelLoadError`."""
         from hypic_rag.runtime.model import load_model
 
         path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
@@ -287,7 +306,8 @@ class ModelSession:
             model,
             model_path=path,
             seam_tokens=manifest.seam_tokens if seam_tokens is None else seam_tokens,
-            cache_dir=manifest.cache_path(Path(index_dir).expanduser().resolve()),
+            cache_dir=(Path(cache_dir).expanduser() if cache_dir is not None
+                       else manifest.cache_path(Path(index_dir).expanduser().resolve())),
             cache=cache,
             prompt_format=manifest.prompt_format,
             recompute_policy=recompute_policy if recompute_policy is not None else manifest.recompute_policy_spec,
@@ -444,7 +464,8 @@ class ModelSession:
 
         The first step looks up which planned segments the source lacks (nothing is loaded or counted); each
         later one encodes one segment's entry (each distinct one once) and yields the report so far. Entries are
-        encoded by `encoder` when given (any order), else here, longest first, `commit_entries` at a time through
+        encoded by `encoder` when given (any order; one it stored in the shared remote tier itself comes back as
+        `StoredRemotely` and is only counted), else here, longest first, `commit_entries` at a time through
         `Engine.encode_segments`. They are handed to the source through its own get-or-encode path
         (`SegmentSource.get_or_encode_segments`) every `commit_entries` entries or `commit_bytes` tensor bytes,
         and at the end: one write each, so a fill stopped between writes keeps what it wrote.
@@ -485,12 +506,17 @@ class ModelSession:
             if not wanted[position]:  # held already: recomputed only to keep its batch whole
                 continue
             task = tasks[position]
-            pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
-            pending_entries += 1
-            pending_bytes += entry_tensor_bytes(entry)
-            if pending_entries >= commit_entries or pending_bytes >= commit_bytes:
-                self._keep(pending)
-                pending_entries = pending_bytes = 0
+            if isinstance(entry, StoredRemotely):  # the encoder put it in the remote tier: nothing to keep here
+                report.stored_remotely += 1
+                report.uploaded_remotely += entry.sent
+                report.uploaded_remotely_bytes += entry.value_bytes if entry.sent else 0
+            else:
+                pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
+                pending_entries += 1
+                pending_bytes += entry_tensor_bytes(entry)
+                if pending_entries >= commit_entries or pending_bytes >= commit_bytes:
+                    self._keep(pending)
+                    pending_entries = pending_bytes = 0
             report.encoded += 1
             report.tokens_encoded += len(task.token_ids)
             report.seconds = time.perf_counter() - began

@@ -46,6 +46,9 @@ READ_CHUNK_BYTES = 1 << 20
 WRITER_THREADS = 2
 CLOSE_TIMEOUT_S = 60.0
 """How long `close` waits for queued uploads by default."""
+UPLOADED = "uploaded"
+PRESENT = "present"
+"""`store_now` outcomes: the value was sent; the same value was already there."""
 
 _T = TypeVar("_T")
 _MISSING = object()  # a call answered "no such object"
@@ -273,12 +276,24 @@ class RemoteTier:
                     self._counters.deletes += 1
                 log.info("remote cache %s: deleted bad object %s", self.config.url, name)
 
-    def _upload(self, job: UploadJob) -> None:
-        """Upload one value unless the same one is there (runs on a writer thread; never raises)."""
+    def store_now(self, items: Sequence[tuple[bytes, Buffer]]) -> list[str | None]:
+        """Upload each (key, value) now, up to `max_concurrency` at once, bypassing the write-behind queue; per item
+        `UPLOADED`, `PRESENT` (the same value was there: not sent again) or None (not stored: the remote failed or
+        is cooling down, read-only or closed). Never raises: the caller keeps what was not stored."""
+        if self.config.read_only or self._closed or not items:
+            return [None] * len(items)
+        jobs = {bytes(key): UploadJob(bytes(key), value, overwrite=bytes(key) in self._distrusted)
+                for key, value in items}
+        outcomes = dict(zip(jobs, self._parallel(lambda key: self._upload(jobs[key]), list(jobs))))
+        return [outcomes[bytes(key)] for key, _ in items]
+
+    def _upload(self, job: UploadJob) -> str | None:
+        """Upload one value unless the same one is there (runs on a writer thread; never raises): `UPLOADED`,
+        `PRESENT`, or None when it was dropped."""
         if not self._usable():
             with self._lock:
                 self._counters.puts_dropped += 1
-            return
+            return None
         name = self.object_name(job.key)
         crc = value_crc32(job.value)
         if self.config.check_existing and not job.overwrite and crc is not None:
@@ -287,11 +302,11 @@ class RemoteTier:
             if head is _FAILED:
                 with self._lock:
                     self._counters.puts_dropped += 1
-                return
+                return None
             if head is not _MISSING and _same_value(head, crc, len(job.value)):
                 with self._lock:
                     self._counters.puts_skipped += 1
-                return
+                return PRESENT
         metadata = {CRC_METADATA: f"{crc:08x}"} if crc is not None else {}
         body = job.value if not isinstance(job.value, memoryview) else job.value.tobytes()
         result = self._call("writing", lambda: self._client.put_object(
@@ -300,10 +315,11 @@ class RemoteTier:
         with self._lock:
             if result is _FAILED:
                 self._counters.puts_dropped += 1
-                return
+                return None
             self._counters.puts += 1
             self._counters.bytes_written += len(job.value)
             self._distrusted.discard(job.key)
+        return UPLOADED
 
     # ------------------------------------------------------------------------------------------- calls
     def _usable(self) -> bool:

@@ -41,7 +41,7 @@ class WriteBehindQueue:
 
     def __init__(
         self,
-        upload: Callable[[UploadJob], None],
+        upload: Callable[[UploadJob], object],
         *,
         max_bytes: int,
         wait_when_full: bool,

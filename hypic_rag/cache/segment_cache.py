@@ -362,14 +362,10 @@ class SegmentCache:
         """Encode and put freshly computed entries in one transaction; returns them as a hit would."""
         requests: list[PutRequest] = []
         returned: list[Entry] = []
-        text = namespace.canonical()
         for ids, entry in zip(token_id_lists, produced):
-            if TOKEN_IDS not in entry or not _same_token_ids(entry, ids):
-                raise ValueError("an encoded entry's token_ids differ from the chunk it was computed for")
-            stored_form = lower_state_precision(entry, namespace.torch_state_dtype)
-            key = segment_key(namespace, ids)
+            key, stored_form, value = stored_value(namespace, ids, entry)
             sizes = entry_bytes(stored_form)
-            requests.append(PutRequest(key, encode_entry(stored_form, text), sizes.linear_bytes, sizes.kv_bytes))
+            requests.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
             as_hit = restore_state_precision(stored_form) if namespace.state_dtype != "float32" else dict(entry)
             self.hot_tier.put(key, as_hit)
             returned.append(as_hit)
@@ -452,6 +448,18 @@ class SegmentCache:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def stored_value(
+    namespace: CacheNamespace, token_ids: Sequence[int], entry: Mapping[str, torch.Tensor]
+) -> tuple[bytes, Entry, bytearray]:
+    """(key, the entry as stored: P/Z in the namespace's storage dtype, its encoded value) of a freshly encoded
+    `entry` of `token_ids`: the bytes every tier holds for it, whichever process computes them (a cache's put, a
+    Ray actor uploading straight to the remote tier). ValueError when the entry's token_ids are not `token_ids`."""
+    if TOKEN_IDS not in entry or not _same_token_ids(entry, token_ids):
+        raise ValueError("an encoded entry's token_ids differ from the chunk it was computed for")
+    stored_form = lower_state_precision(entry, namespace.torch_state_dtype)
+    return segment_key(namespace, token_ids), stored_form, encode_entry(stored_form, namespace.canonical())
 
 
 def _same_token_ids(entry: Mapping[str, torch.Tensor], token_ids: Sequence[int]) -> bool:

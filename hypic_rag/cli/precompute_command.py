@@ -3,7 +3,8 @@
 Resumable: interrupted and rerun, it finishes what is left; rerun on an unchanged corpus it does nothing.
 With --ray the corpus is loaded, chunked and embedded by Ray tasks and encoded on Ray actors, longest batches
 first; this process stays the index's single writer, so the result is the same index and byte-identical cache
-entries as a local run, and a killed run resumes the same way.
+entries as a local run, and a killed run resumes the same way. With --ray and --remote-cache the actors write
+their entries straight to the remote tier (the same keys and bytes), and only the index goes through this process.
 Exit codes: 0 done; 2 bad input (missing or empty corpus, missing model, bad option, an --index or --cache that
 is a file or not writable: checked before anything is created; Ray missing or unreachable with --ray); 3 the index was built with another embedder,
 model, tokenizer, chunker setting or --cache; 1 any other failure (unreadable index or cache).
@@ -81,7 +82,9 @@ def print_summary(summary: PrecomputeSummary) -> None:
         f"encoded: {encode.encoded} of {encode.segments} segments, {encode.tokens_encoded} tokens "
         f"in {encode.seconds:.2f} s ({encode.tokens_per_second:.0f} tokens/s)"
     )
-    print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}")
+    stored_remotely = (f" (and {encode.stored_remotely} entries the encoding actors wrote to the remote tier only)"
+                       if encode.stored_remotely else "")
+    print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}{stored_remotely}")
     if summary.remote is not None:
         print(remote_summary_line(summary.remote))
     overall = summary.tokens / summary.elapsed_seconds if summary.elapsed_seconds > 0 else 0.0
@@ -94,9 +97,11 @@ def remote_summary_line(remote: dict[str, Any]) -> str:
     """'remote: s3://... 12 uploaded (1.2 GiB), 3 already there, 0 dropped' (and the last error, if any)."""
     from hypic_rag.cache.stats import human_bytes
 
+    by_encoders = (f", {remote['remote_puts_by_encoders']} of them by the encoding actors"
+                   if "remote_puts_by_encoders" in remote else "")
     line = (f"remote: {remote['remote_url']}: {remote['remote_puts']} uploaded "
-            f"({human_bytes(remote['remote_bytes_written'])}), {remote['remote_puts_skipped']} already there, "
-            f"{remote['remote_puts_dropped']} dropped")
+            f"({human_bytes(remote['remote_bytes_written'])}{by_encoders}), {remote['remote_puts_skipped']} already "
+            f"there, {remote['remote_puts_dropped']} dropped")
     if remote.get("remote_last_error"):
         line += f" (the remote is failing: {remote['remote_last_error']})"
     return line

@@ -7,6 +7,8 @@ the cache is closed cleanly). Start-up binds the port first, then loads the mode
 With --replicas N the model runs in N Ray Serve replicas (read-only) behind this endpoint: the same API, each
 request routed to the replica likely to hold its retrieved chunks hot (rendezvous hashing, load as tie-break);
 /v1/cache/stats and /healthz report every replica. --encode-actors K encodes cache misses on K Ray actors.
+With --remote-cache every replica reads and writes the shared remote tier (an entry one replica encodes is a hit
+on the others); --cache DIR/{replica} gives each replica a local cache of its own.
 Exit codes: 0 after a clean shutdown; 2 bad input (no index, missing model, bad option); 3 the index was built
 for another model or tokenizer; 1 the server could not start (port in use, another process writes the index:
 stop it or pass --read-only, unreadable index or cache). Each failure prints one line.
@@ -68,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
     add_remote_cache_arguments(parser)
+    parser.add_argument("--cache", metavar="DIR",
+                        help="segment cache directory (default: the index's), e.g. a local disk when the index lies "
+                             "on a shared file system; with --replicas, {replica} in DIR becomes each replica's name")
     parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     add_recompute_policy_argument(parser)
@@ -144,6 +149,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _check_docstore(index_dir)
     manifest = IndexManifest.load(index_dir.resolve())  # an unreadable one: IndexCorruptError, exit 1
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
+    cache_dir = _cache_dir(args)
     try:
         config = ServerConfig(
             index_dir=index_dir,
@@ -164,7 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
             shutdown_grace_s=args.shutdown_grace,
             remote_cache=remote_cache_config(args),
             miss_encoders=_miss_encoders(args),
-            recompute_policy=args.recompute_policy,
+            cache_dir=cache_dir,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
@@ -205,6 +211,25 @@ def run_serve(args: argparse.Namespace) -> int:
     if not started:
         raise CliError("the server failed to start (reason logged above)", EXIT_FAILURE)
     return EXIT_OK
+
+
+def _cache_dir(args: argparse.Namespace) -> Path | None:
+    """`--cache DIR`, checked: a directory that can be written (each replica's, with `{replica}`: its parent)."""
+    from hypic_rag.paths import unusable_directory_reason
+    from hypic_rag.server.config import REPLICA_PLACEHOLDER
+
+    if args.cache is None:
+        return None
+    cache_dir = Path(args.cache).expanduser()
+    templated = REPLICA_PLACEHOLDER in args.cache
+    if templated and args.replicas < 2:
+        raise CliError(f"--cache: {REPLICA_PLACEHOLDER} names a directory per replica and needs --replicas N > 1",
+                       EXIT_BAD_INPUT)
+    checked = Path(args.cache.split(REPLICA_PLACEHOLDER)[0]).expanduser() if templated else cache_dir
+    reason = unusable_directory_reason(checked)
+    if reason is not None:
+        raise CliError(f"segment cache directory unusable: {reason}; pass another --cache", EXIT_BAD_INPUT)
+    return cache_dir
 
 
 def _miss_encoders(args: argparse.Namespace):  # noqa: ANN202 - a RayMissEncoders, or None

@@ -6,7 +6,7 @@ gate), so `hypic-rag` without `--ray` never loads it. See docs/scale.md.
 | module | concern |
 | --- | --- |
 | `cluster.py` | connect to a Ray cluster (`--ray [local|auto|ADDRESS]`), encoder slots, the missing-Ray error |
-| `actors.py` | `EncoderActor`: one model per actor, encodes batches (precompute and query-time misses) |
+| `actors.py` | `EncoderActor`: one model per actor, encodes batches (precompute and query-time misses); with a remote tier, uploads its entries itself |
 | `ray_encoder.py` | `RayEncoderPool`: LPT scheduling of encoding batches over actors (a `session.SegmentEncoder`, an `Engine.miss_encoder`); `RayMissEncoders` |
 | `ray_ingest.py` | load, chunk and embed as Ray tasks, feeding the index's single writer in corpus order |
 | `ray_scale_out.py` | `RayScaleOut`: the `PrecomputeOptions.scale_out` of `precompute --ray` |

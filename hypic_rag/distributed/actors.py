@@ -6,6 +6,10 @@ forward planned by the driver (`session.encoding_batches` / `runtime.encode.plan
 byte-identical to the one the driver's own process, a `--workers` process or any other actor would compute.
 The class is plain Python; `remote_encoder_class` wraps it with `ray.remote` (importing this module does not
 import Ray).
+
+With a shared remote tier (`precompute --ray --remote-cache`), `encode_batch_to_remote` also writes each entry
+straight to the remote tier, as the exact bytes a cache's put would write (`segment_cache.stored_value`), and
+hands back only its size: the entries do not travel to the driver, nor through its single writer.
 """
 
 from __future__ import annotations
@@ -15,8 +19,16 @@ import os
 import time
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from hypic_rag.entry import Entry
 from hypic_rag.retrieval.encoding_pool import EncoderSpec
+from hypic_rag.session import StoredRemotely
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.remote_config import RemoteTierConfig
+    from hypic_rag.cache.remote_tier import RemoteTier
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +57,7 @@ class EncoderActor:
         self.load_seconds = time.perf_counter() - began
         self.busy_seconds = 0.0
         self.tokens = 0
+        self._remote_tiers: dict[RemoteTierConfig, RemoteTier] = {}
 
     def ready(self) -> dict[str, Any]:
         """Where this actor runs and how long its model took to load (answers once the model is loaded)."""
@@ -59,6 +72,32 @@ class EncoderActor:
         self.busy_seconds += time.perf_counter() - began
         self.tokens += sum(len(segment) for segment in segments)
         return entries
+
+    def encode_batch_to_remote(
+        self, segments: list[list[int]], seam_tokens: int, namespace: CacheNamespace, remote: RemoteTierConfig
+    ) -> list[Entry | StoredRemotely]:
+        """`encode_batch`, each entry then stored in the remote tier `remote` under `namespace` at this seam (the
+        bytes and key a cache's put would write); in order, a `StoredRemotely` for each entry the remote now holds,
+        the entry itself for one it did not take (the remote failed: the driver keeps it as usual)."""
+        from hypic_rag.cache.remote_tier import UPLOADED
+        from hypic_rag.cache.segment_cache import stored_value
+
+        entries = self.encode_batch(segments, seam_tokens)
+        bound = namespace.with_seam(seam_tokens)
+        values = [(key, value) for key, _, value in (stored_value(bound, ids, entry)
+                                                     for ids, entry in zip(segments, entries))]
+        outcomes = self._remote_tier(remote).store_now(values)
+        return [entry if outcome is None else StoredRemotely(len(value), sent=outcome == UPLOADED)
+                for entry, (_, value), outcome in zip(entries, values, outcomes)]
+
+    def _remote_tier(self, config: RemoteTierConfig) -> RemoteTier:
+        """This actor's client of the remote tier `config` (made once; uploads run in `store_now`, no queue)."""
+        tier = self._remote_tiers.get(config)
+        if tier is None:
+            from hypic_rag.cache.remote_tier import RemoteTier
+
+            tier = self._remote_tiers[config] = RemoteTier(config.with_options(write_behind=False))
+        return tier
 
     def counters(self) -> dict[str, float]:
         """Tokens encoded and seconds spent encoding, since the actor started."""

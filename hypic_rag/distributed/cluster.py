@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,10 @@ logger = logging.getLogger(__name__)
 
 LOCAL = "local"
 """`--ray` without an address: start a Ray instance in this process (it ends with the process)."""
+LOOPBACK_ONLY_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Set to "0" before Ray is imported, Ray runs as a single-machine instance: node address 127.0.0.1, every server
+it starts bound to it. Without it, Ray replaces a node address of 127.0.0.1 by the machine's routable one and
+listens on every interface (see docs/scale.md, "Network")."""
 CONNECT_TIMEOUT_S = 5.0
 """How long a cluster address gets to accept a TCP connection before `--ray ADDRESS` gives up."""
 RAY_EXTRA_HINT = "install it with: pip install 'hypic-rag[ray]'"
@@ -73,9 +78,14 @@ class ClusterOptions:
 def connect(options: ClusterOptions | str = LOCAL) -> Any:
     """Initialise Ray for this process (once; a process already connected is left as it is) and return `ray`.
 
+    A private instance ("local") listens on 127.0.0.1 only when Ray is first imported here (the environment may
+    say otherwise: `LOOPBACK_ONLY_VARIABLE`); no other machine has a reason to reach it.
+
     RayUnavailableError when Ray is missing or the address cannot be reached."""
     if isinstance(options, str):
         options = ClusterOptions(address=options)
+    if options.address == LOCAL and "ray" not in sys.modules:  # a private instance listens on 127.0.0.1 only
+        os.environ.setdefault(LOOPBACK_ONLY_VARIABLE, "0")
     ray = ray_module()
     if ray.is_initialized():
         return ray

@@ -215,7 +215,41 @@ class _RawHeadersStreamingResponse(StreamingResponse):
 
 
 PER_PROCESS_FIELDS = ("hot_entries", "hot_bytes", "hot_budget_bytes", "hot_evictions", "hot_hits", "disk_hits")
-"""Cache counters each replica keeps for itself (summed over the replicas; the others are the shared store's)."""
+"""Cache counters each replica keeps for itself (summed over the replicas), besides its remote tier's (``remote_*``:
+also its own); the others are its store's, shared by the replicas that open the same directory."""
+PER_ENTRY_FIELDS = ("bytes_per_entry", "linear_bytes_per_entry", "kv_bytes_per_entry", "hit_rate")
+
+
+def merge_cache_stats(caches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The replicas' `/v1/cache/stats` ``cache`` parts as one: per-process counters (hot tier, hit split, the remote
+    tier's counters) summed over the replicas; store counters taken once per distinct store directory (replicas
+    on one host share one; `--cache DIR/{replica}` gives each its own), summed when there are several, and then
+    listed under ``paths``. ``remote_available`` is true only when every replica reaches the remote."""
+    if not caches:
+        return {}
+    merged: dict[str, Any] = dict(caches[0])
+    stores = list({str(cache.get("path")): cache for cache in caches}.values())  # one per directory
+    for name, value in caches[0].items():
+        counter = isinstance(value, int) and not isinstance(value, bool)
+        if name in PER_PROCESS_FIELDS or (name.startswith("remote_") and counter):
+            merged[name] = sum(int(cache.get(name, 0)) for cache in caches)
+        elif name == "remote_available":
+            merged[name] = all(bool(cache.get(name)) for cache in caches)
+        elif name == "remote_last_error":
+            merged[name] = next((cache[name] for cache in caches if cache.get(name)), "")
+        elif len(stores) > 1 and counter and name not in PER_ENTRY_FIELDS:
+            merged[name] = sum(int(store.get(name, 0)) for store in stores)
+    if len(stores) > 1:
+        merged["paths"] = [store.get("path") for store in stores]
+        entries = max(int(merged.get("entries", 0)), 1)
+        for name, total in (("bytes_per_entry", "value_bytes"), ("linear_bytes_per_entry", "linear_bytes"),
+                            ("kv_bytes_per_entry", "kv_bytes")):
+            if name in merged:
+                merged[name] = int(merged.get(total, 0)) // entries
+        lookups = int(merged.get("hits", 0)) + int(merged.get("misses", 0))
+        if "hit_rate" in merged:
+            merged["hit_rate"] = round(int(merged.get("hits", 0)) / lookups, 4) if lookups else 0.0
+    return merged
 
 
 def create_front_app(front: Front) -> FastAPI:
@@ -238,10 +272,7 @@ def create_front_app(front: Front) -> FastAPI:
         answers = await front.gather("/v1/cache/stats")
         replicas = [{"replica": name, **body} for name, (status, body) in answers.items()
                     if status == 200 and isinstance(body, dict)]
-        cache: dict[str, Any] = dict(replicas[0]["cache"]) if replicas else {}
-        for name in PER_PROCESS_FIELDS:
-            if name in cache:
-                cache[name] = sum(int(replica["cache"].get(name, 0)) for replica in replicas)
+        cache = merge_cache_stats([replica["cache"] for replica in replicas if isinstance(replica.get("cache"), dict)])
         server = {"cache_hits": 0, "cache_misses": 0}
         for replica in replicas:
             for name in server:

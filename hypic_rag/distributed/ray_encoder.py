@@ -6,7 +6,11 @@ Two uses, one pool:
   (`session.encoding_batches`, longest first) are handed out as list scheduling in LPT order: every actor gets
   `in_flight_per_actor` batches, and each result that comes back frees its actor for the next longest batch. The
   driver stores what comes back (`ModelSession.fill_steps`: the index's single LMDB writer, small transactions),
-  so a killed run keeps what it stored and resumes like a local one.
+  so a killed run keeps what it stored and resumes like a local one. With a shared remote tier (`remote`,
+  `namespace`), each actor writes its entries straight to it and sends back only their sizes
+  (`session.StoredRemotely`); an entry the remote does not take comes back whole and is stored by the driver.
+  A killed run keeps what the actors uploaded: the rerun's lookup (`SegmentCache.missing_segments`) asks the
+  remote, as it asks the disk.
 - query time (`encode_segments(segments, seam, check)`, an `Engine` miss encoder): one request's misses are cut into
   the batches the engine would run (`runtime.encode.plan_encode_batches`), the batches are assigned up front to
   actors by LPT (longest first, each to the actor with the least padded tokens so far), all run at once, and the
@@ -23,12 +27,16 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypic_rag.entry import Entry
 from hypic_rag.retrieval.encoding_pool import EncoderSpec, EncodingPoolError
 from hypic_rag.runtime.encode import plan_encode_batches
-from hypic_rag.session import SegmentTask, encoding_batches
+from hypic_rag.session import SegmentTask, StoredRemotely, encoding_batches
+
+if TYPE_CHECKING:
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.remote_config import RemoteTierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +70,15 @@ class RayEncoderPool:
     """`actors` `EncoderActor`s of `spec`'s model on the connected Ray cluster (`cluster.connect` first).
 
     gpu: one GPU per actor (the spec's device must then be CUDA). encode_batch_tokens: the engine's batch size in
-    padded tokens; it must be the driver engine's for byte-identical batches. Actors start on first use (or
-    `start()`) and stop on `close()`.
+    padded tokens; it must be the driver engine's for byte-identical batches. remote, namespace: in `encode`, the
+    actors store each entry in this remote tier under the cache's `namespace` themselves (None: entries come back
+    to the driver). Actors start on first use (or `start()`) and stop on `close()`.
     """
 
     def __init__(
         self, ray: Any, spec: EncoderSpec, *, actors: int, encode_batch_tokens: int, gpu: bool = False,
-        in_flight_per_actor: int = IN_FLIGHT_PER_ACTOR,
+        in_flight_per_actor: int = IN_FLIGHT_PER_ACTOR, remote: RemoteTierConfig | None = None,
+        namespace: CacheNamespace | None = None,
     ) -> None:
         if actors < 1:
             raise ValueError(f"actors must be >= 1, got {actors}")
@@ -76,6 +86,10 @@ class RayEncoderPool:
             raise ValueError(f"in_flight_per_actor must be >= 1, got {in_flight_per_actor}")
         if encode_batch_tokens < 1:
             raise ValueError(f"encode_batch_tokens must be positive, got {encode_batch_tokens}")
+        if (remote is None) != (namespace is None):
+            raise ValueError("remote and namespace go together (the actors' uploads need both)")
+        self.remote = remote
+        self.namespace = namespace
         self.ray = ray
         self.spec = spec
         self.actor_count = actors
@@ -128,9 +142,10 @@ class RayEncoderPool:
         return self.ray.get([actor.counters.remote() for actor in self._actors]) if self._actors else []
 
     # ------------------------------------------------------------------------------------------ precompute
-    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry]]:
+    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry | StoredRemotely]]:
         """Yield (position in `tasks`, entry) for every task as batches complete, longest batches handed out
-        first; `EncodingPoolError` when an actor cannot start, dies or fails a batch."""
+        first (with `remote`: `StoredRemotely` for each entry an actor stored there); `EncodingPoolError` when an
+        actor cannot start, dies or fails a batch."""
         batches = encoding_batches(tasks, self.encode_batch_tokens)
         if not batches:
             return
@@ -143,7 +158,11 @@ class RayEncoderPool:
             if batch is None:
                 return
             segments = [list(tasks[position].token_ids) for position in batch]
-            ref = self._actors[actor_number].encode_batch.remote(segments, tasks[batch[0]].seam_tokens)
+            actor, seam = self._actors[actor_number], tasks[batch[0]].seam_tokens
+            if self.remote is not None:
+                ref = actor.encode_batch_to_remote.remote(segments, seam, self.namespace, self.remote)
+            else:
+                ref = actor.encode_batch.remote(segments, seam)
             running[ref] = (actor_number, batch)
             self.batches_run += 1
             self.tokens_sent += sum(len(segment) for segment in segments)
@@ -204,7 +223,7 @@ class RayEncoderPool:
         return entries  # type: ignore[return-value]
 
     # ------------------------------------------------------------------------------------------ results
-    def _result(self, ref: Any) -> list[Entry]:
+    def _result(self, ref: Any) -> list[Any]:
         exceptions = self.ray.exceptions
         try:
             return self.ray.get(ref)

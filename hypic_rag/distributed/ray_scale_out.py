@@ -3,7 +3,8 @@
 
     precompute(PrecomputeOptions(corpus=..., index_dir=..., model_path=..., scale_out=RayScaleOut("auto")))
 
-The driver stays the index's and the cache's single writer; see `ray_ingest` and `ray_encoder`.
+The driver stays the index's single writer, and the cache's, unless a shared remote tier is given: then the
+actors write their entries there themselves; see `ray_ingest` and `ray_encoder`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from hypic_rag.retrieval.encoding_pool import EncoderSpec
 from hypic_rag.retrieval.loading import LoadedCorpus, load_corpus
 
 if TYPE_CHECKING:
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.remote_config import RemoteTierConfig
     from hypic_rag.retrieval.chunking import Chunker
     from hypic_rag.retrieval.corpus_index import CorpusIndex
 
@@ -55,9 +58,12 @@ class RayScaleOut:
         logger.info("%d changed documents to chunk and embed on Ray", feeder.changed_documents)
         return {"cut": feeder.cut, "embed": feeder.embed}
 
-    def encoder(self, engine: Any, spec: EncoderSpec) -> RayEncoderPool:
-        """Encoding actors of `spec`'s model running `engine`'s batches (they start on first use)."""
+    def encoder(self, engine: Any, spec: EncoderSpec, *, remote: RemoteTierConfig | None = None,
+                namespace: CacheNamespace | None = None) -> RayEncoderPool:
+        """Encoding actors of `spec`'s model running `engine`'s batches (they start on first use); with `remote`
+        and `namespace` (the cache's), each actor stores its entries in that remote tier itself."""
         ray = self.connect()
         gpu = spec.device.startswith("cuda")
         actors = self.actors or encoder_slots(ray, gpu=gpu)
-        return RayEncoderPool(ray, spec, actors=actors, encode_batch_tokens=engine.encode_batch_tokens, gpu=gpu)
+        return RayEncoderPool(ray, spec, actors=actors, encode_batch_tokens=engine.encode_batch_tokens, gpu=gpu,
+                              remote=remote, namespace=namespace)

@@ -14,14 +14,16 @@ have to retrieve inside Serve's routing loop. Serve's HTTP proxy is not used (it
 streams `StreamingResponse`s), because the front must retrieve before it routes and binds its port before any
 model loads, as the single server does.
 
-The replicas share the host's LMDB segment cache (one writer at a time, many readers); on several hosts they
-would share the remote tier below it: the whole `ServerConfig` is handed to every replica, so a remote-tier
-setting in it reaches them all.
+The replicas on one host share its LMDB segment cache (one writer at a time, many readers), unless `cache_dir`
+names a directory per replica (``{replica}``); all of them share the remote tier below it (`remote_cache`): the
+whole `ServerConfig` is handed to every replica, so an entry one replica encodes is a remote hit on every other
+replica that lacks it locally. Each replica builds its own S3 client, with the credentials of its node's
+environment (the standard AWS chain of the Ray worker: variables set where the node was started, a profile,
+an instance role), never the front's: credentials are not shipped through the cluster.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -46,6 +48,7 @@ class ReplicaServer:
 
         began = time.perf_counter()
         self.replica = replica
+        config = config.for_replica(replica)  # read-only; its own cache directory when `{replica}` names one
         self.service = Service(config, lambda: ServiceBackend.open(config))
         self.service.start()
         self.app = create_app(config, service=self.service)
@@ -107,11 +110,11 @@ def replica_names(count: int) -> list[str]:
 
 def deploy_replicas(ray: Any, config: ServerConfig, options: ReplicaOptions) -> dict[str, ServeReplicaClient]:
     """Start Serve (no HTTP proxy) on the connected cluster and `options.replicas` replica applications, and wait
-    until every one has loaded its model; replica id -> client. The replicas open the index read-only."""
+    until every one has loaded its model; replica id -> client. The replicas open the index read-only
+    (`ServerConfig.for_replica`)."""
     from ray import serve
 
     serve.start(proxy_location="Disabled")
-    replica_config = dataclasses.replace(config, read_only=True)
     actor_options: dict[str, Any] = {"num_cpus": options.replica_cpus}
     if options.gpu:
         actor_options["num_gpus"] = 1
@@ -121,7 +124,7 @@ def deploy_replicas(ray: Any, config: ServerConfig, options: ReplicaOptions) -> 
         graceful_shutdown_timeout_s=max(1.0, config.shutdown_grace_s),
     )
     names = replica_names(options.replicas)
-    targets = [serve.RunTarget(deployment.options(name=name).bind(replica_config, name), name=name, route_prefix=None)
+    targets = [serve.RunTarget(deployment.options(name=name).bind(config, name), name=name, route_prefix=None)
                for name in names]
     handles = serve.run_many(targets)
     return {name: ServeReplicaClient(handle) for name, handle in zip(names, handles)}

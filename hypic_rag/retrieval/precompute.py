@@ -78,7 +78,9 @@ class PrecomputeOptions:
     "float16", the dtype the model runs in (None: the one an existing index recorded, else float32 on CPU and
     bfloat16 on CUDA); cache entries are encoded in, and keyed by, that dtype. remote_cache: a shared remote tier
     (`hypic_rag.cache.remote_config.RemoteTierConfig`): chunks it holds are not encoded again, every entry
-    encoded (or found on disk but not in the remote) is uploaded, and the run waits for the uploads. scale_out: None (this machine
+    encoded (or found on disk but not in the remote) is uploaded, and the run waits for the uploads; with
+    `scale_out`, the encoding actors write their entries to it themselves (this host's disk then holds only what
+    the remote did not take). scale_out: None (this machine
     only) or where loading, chunking, embedding and encoding run instead (`ScaleOut`; e.g.
     `hypic_rag.distributed.ray_scale_out.RayScaleOut`: Ray tasks and actors), while this process stays the
     index's single writer.
@@ -128,19 +130,29 @@ class ScaleOut(Protocol):
         """`cut` and `embed` for `CorpusIndex.ingest` (what this process's chunker and embedder would return)."""
         ...
 
-    def encoder(self, engine: Any, spec: EncoderSpec) -> AbstractContextManager[SegmentEncoderLike]:
-        """An encoder of `spec`'s model running `engine`'s batches (closed at the end of the `with`)."""
+    def encoder(
+        self, engine: Any, spec: EncoderSpec, *, remote: RemoteTierConfig | None = None,
+        namespace: CacheNamespace | None = None,
+    ) -> AbstractContextManager[SegmentEncoderLike]:
+        """An encoder of `spec`'s model running `engine`'s batches (closed at the end of the `with`). With `remote`
+        and `namespace` (the cache's), it may store entries in that remote tier itself, as the bytes the cache
+        would write, and yield `session.StoredRemotely` for them."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
 class EncodeReport:
-    """The encode phase: segments considered (chunks plus the prefix), encoded, their tokens, seconds."""
+    """The encode phase: segments considered (chunks plus the prefix), encoded, their tokens, seconds; of the
+    encoded, those the encoders stored in the remote tier themselves (`stored_remotely`: not on this host's disk),
+    how many of them they uploaded and those bytes (the others were there already)."""
 
     segments: int = 0
     encoded: int = 0
     tokens_encoded: int = 0
     seconds: float = 0.0
+    stored_remotely: int = 0
+    uploaded_remotely: int = 0
+    uploaded_remotely_bytes: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -192,7 +204,9 @@ def encode_plans(
             progress.set_postfix_str(f"segments {report.encoded}/{report.to_encode}", refresh=False)
     report = fill.result
     return EncodeReport(
-        segments=report.segments, encoded=report.encoded, tokens_encoded=report.tokens_encoded, seconds=report.seconds
+        segments=report.segments, encoded=report.encoded, tokens_encoded=report.tokens_encoded, seconds=report.seconds,
+        stored_remotely=report.stored_remotely, uploaded_remotely=report.uploaded_remotely,
+        uploaded_remotely_bytes=report.uploaded_remotely_bytes,
     )
 
 
@@ -292,16 +306,17 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         hooks = {} if scale_out is None else scale_out.ingest_hooks(index, corpus, chunker)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
-        if scale_out is not None:
-            with scale_out.encoder(session.engine, encoder_spec(options, model, threads=1)) as pool:
+        cache = session.segment_source
+        if scale_out is not None:  # with a remote tier, the actors write their entries there themselves
+            direct = {} if remote is None or remote.read_only else {"remote": remote, "namespace": cache.namespace}
+            with scale_out.encoder(session.engine, encoder_spec(options, model, threads=1), **direct) as pool:
                 encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
         elif options.workers > 1:
             with SegmentEncoder(session.engine, encoder_spec(options, model), workers=options.workers) as pool:
                 encode = encode_plans(session, plans, pool, show_progress=options.show_progress)
         else:
             encode = encode_plans(session, plans, show_progress=options.show_progress)
-        cache = session.segment_source
-        remote_stats = publish_to_remote(cache, plans) if remote is not None else None
+        remote_stats = publish_to_remote(cache, plans, encode) if remote is not None else None
         cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
         counts = index.counts()
         return PrecomputeSummary(
@@ -318,14 +333,24 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         )
 
 
-def publish_to_remote(cache: SegmentCache, plans: Sequence[SegmentPlan]) -> dict[str, Any]:
+def publish_to_remote(
+    cache: SegmentCache, plans: Sequence[SegmentPlan], encode: EncodeReport | None = None
+) -> dict[str, Any]:
     """Upload the planned entries the disk holds and the remote tier lacks, wait for every queued upload, and
-    return the remote tier's counters (``remote_*`` of `SegmentCache.stats`)."""
+    return the remote tier's counters (``remote_*`` of `SegmentCache.stats`), the uploads the encoders made
+    themselves (`encode`) added in (``remote_puts``, ``remote_bytes_written``, ``remote_puts_skipped``; and
+    ``remote_puts_by_encoders``)."""
     published = sum(cache.publish(cache.namespace_for(plan.seam_tokens), plan.segments) for plan in plans)
     if published:
         logger.info("%d entries on disk but not in the remote tier handed to it", published)
     cache.flush_remote()
-    return {name: value for name, value in cache.stats().items() if name.startswith("remote_")}
+    stats = {name: value for name, value in cache.stats().items() if name.startswith("remote_")}
+    if encode is not None and encode.stored_remotely:
+        stats["remote_puts"] += encode.uploaded_remotely
+        stats["remote_bytes_written"] += encode.uploaded_remotely_bytes
+        stats["remote_puts_skipped"] += encode.stored_remotely - encode.uploaded_remotely
+        stats["remote_puts_by_encoders"] = encode.uploaded_remotely
+    return stats
 
 
 def encoder_spec(options: PrecomputeOptions, model: Any, *, threads: int | None = None) -> EncoderSpec:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from hypic_rag.cache.remote_config import RemoteTierConfig
 from hypic_rag.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
+
+
+REPLICA_PLACEHOLDER = "{replica}"
+"""In `ServerConfig.cache_dir`: replaced by each replica's name (`serve --replicas N --cache DIR/{replica}`)."""
 
 
 class MissEncoderFactory(Protocol):
@@ -39,7 +43,9 @@ class ServerConfig:
     new ones get 429. shutdown_grace_s: how long shutdown lets the running request finish. remote_cache: the
     shared remote tier below the index's segment cache (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g.
     ``RemoteTierConfig.from_url("s3://bucket/prefix", endpoint_url=...)``; None: none); replicas given the same
-    one share their entries.
+    one share their entries. cache_dir: the segment cache directory (None: the one the index records), e.g. a
+    node-local disk when the index lies on a shared file system (LMDB needs a local one); with replicas,
+    ``{replica}`` in it is replaced by each replica's name (`for_replica`), giving each its own local cache.
     miss_encoders: builds where each request's cache misses are encoded in parallel (an `Engine.miss_encoder`, e.g.
     `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
     recompute_policy: what `hypic` requests recompute (a spec of `hypic_rag.runtime.recompute_policy`, e.g.
@@ -76,12 +82,14 @@ class ServerConfig:
     startup_timeout_s: float = 600.0
     remote_cache: RemoteTierConfig | None = None
     miss_encoders: MissEncoderFactory | None = None
-    recompute_policy: str | None = None
+    cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
         if self.model_path is not None:
             object.__setattr__(self, "model_path", Path(self.model_path).expanduser())
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
         positive = {
             "queue_size": self.queue_size,
             "max_running": self.max_running,
@@ -122,3 +130,11 @@ class ServerConfig:
             from hypic_rag.runtime.model import resolve_dtype
 
             resolve_dtype(self.dtype)  # validates the name
+
+    def for_replica(self, replica: str) -> ServerConfig:
+        """This configuration as replica `replica` runs it: read-only (N replicas cannot all write the index), and
+        ``{replica}`` in `cache_dir` replaced by the replica's name."""
+        cache_dir = self.cache_dir
+        if cache_dir is not None and REPLICA_PLACEHOLDER in str(cache_dir):
+            cache_dir = Path(str(cache_dir).replace(REPLICA_PLACEHOLDER, replica))
+        return replace(self, read_only=True, cache_dir=cache_dir)

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 from hypic_rag.cache.codec import encode_entry  # noqa: E402
 from hypic_rag.cache.keys import CacheNamespace, segment_key  # noqa: E402
@@ -51,33 +51,18 @@ from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute  # noqa
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM  # noqa: E402
 from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port  # noqa: E402
+from hypic_rag.testing_s3 import TEST_AWS_ENV as AWS_ENV  # noqa: E402
+from hypic_rag.testing_s3 import LocalS3 as MotoServer  # noqa: E402  (moto's server on 127.0.0.1)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NS = CacheNamespace(model_fingerprint="m", tokenizer_fingerprint="t", seam_tokens=8)
 CHUNKS = [list(range(start, start + 24)) for start in range(0, 24 * 6, 24)]
 QUESTION = SMALL_CORPUS_QUESTIONS["glassblowing.md"]
 PARAMS = SamplingParams(max_new_tokens=6)
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
 REMOTE_LOG = "hypic_rag.cache.remote_health"
 
 
 # ------------------------------------------------------------------------------------------------ servers
-class MotoServer:
-    """moto's S3 server in a thread on 127.0.0.1 (all instances in this process share their buckets)."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self._server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self._server.stop()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def aws_environment() -> Iterator[None]:
     """Credentials for the local server (standard AWS variables; children inherit them), no instance metadata."""

@@ -1,6 +1,7 @@
 """The ASGI bridge replicas answer through (a real FastAPI app: status, headers, a streamed body, an app that fails,
 a client that goes away mid-stream), and the scale-out options' bad input on the command line: one line, exit 2,
-nothing started (real subprocesses; the unreachable-cluster cases need Ray installed)."""
+nothing started (in this process; unreachable clusters in real subprocesses, which need Ray installed), and
+how the front merges the replicas' cache statistics."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart, stream_asgi
-from hypic_rag.distributed.front import chat_keys, completion_keys
+from hypic_rag.distributed.front import chat_keys, completion_keys, merge_cache_stats
 from hypic_rag.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,43 +105,75 @@ def test_affinity_keys_of_completions_and_chats() -> None:
     assert chat_keys(chat, "<<PIC_SEP>>") == completion_keys({"prompt": prompt}, "<<PIC_SEP>>")[:1]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def start_cli(*args: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "hypic_rag", *args], capture_output=True, text=True, env=env,
-                          timeout=180, cwd=ROOT)
+    return subprocess.Popen([sys.executable, "-m", "hypic_rag", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
-def assert_one_line(result: subprocess.CompletedProcess[str], command: str, fragment: str) -> None:
-    output = (result.stdout + result.stderr).strip()
-    assert result.returncode == 2, output
+def assert_one_line(code: int, output: str, command: str, fragment: str) -> None:
+    output = output.strip()
+    assert code == 2, output
     assert len(output.splitlines()) == 1 and output.startswith(f"hypic-rag {command}: error: "), output
     assert fragment in output, output
 
 
-def test_precompute_scale_out_options_refused_in_one_line(tmp_path: Path) -> None:
+def test_scale_out_options_refused_in_one_line(tmp_path: Path, copy_tiny_index,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before anything starts (the command line in this process: nothing here reaches Ray)."""
+    from hypic_rag.cli.main import main
+
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("Some text.\n")
     index = tmp_path / "index"
-    assert_one_line(run_cli("precompute", str(corpus), "--index", str(index), "--workers", "2", "--ray"),
-                    "precompute", "--workers and --ray exclude each other")
-    assert_one_line(run_cli("precompute", str(corpus), "--index", str(index), "--ray-actors", "2"),
-                    "precompute", "--ray-actors needs --ray")
+
+    def refused(argv: list[str], fragment: str) -> None:
+        code = main(argv)
+        captured = capsys.readouterr()
+        assert_one_line(code, captured.out + captured.err, argv[0], fragment)
+
+    refused(["precompute", str(corpus), "--index", str(index), "--workers", "2", "--ray"],
+            "--workers and --ray exclude each other")
+    refused(["precompute", str(corpus), "--index", str(index), "--ray-actors", "2"], "--ray-actors needs --ray")
     assert not index.exists()
+    served = copy_tiny_index(tmp_path / "served")
+    refused(["serve", "--index", str(served), "--port", "0", "--cache", str(tmp_path / "c" / "{replica}")],
+            "{replica} names a directory per replica and needs --replicas N > 1")
+    (tmp_path / "a-file").write_text("x")
+    refused(["serve", "--index", str(served), "--port", "0", "--cache", str(tmp_path / "a-file")],
+            "segment cache directory unusable")
 
 
-def test_unreachable_or_malformed_clusters_are_one_line(tmp_path: Path, copy_tiny_index) -> None:
+def test_unreachable_clusters_are_one_line(tmp_path: Path, copy_tiny_index) -> None:
+    """Real subprocesses (this process may be connected to the session's cluster already), run side by side."""
     pytest.importorskip("ray", reason="ray is not installed")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("Some text.\n")
     closed = f"127.0.0.1:{free_port()}"
-    assert_one_line(run_cli("precompute", str(corpus), "--index", str(tmp_path / "i"), "--ray", closed),
-                    "precompute", f"cannot reach the Ray cluster at '{closed}'")
-    assert not (tmp_path / "i").exists()
     index = copy_tiny_index(tmp_path / "index")
-    assert_one_line(run_cli("serve", "--index", str(index), "--port", "0", "--replicas", "2", "--ray", closed,
-                            "--log-level", "warning"), "serve", "cannot reach the Ray cluster")
+    precomputing = start_cli("precompute", str(corpus), "--index", str(tmp_path / "i"), "--ray", closed)
+    serving = start_cli("serve", "--index", str(index), "--port", "0", "--replicas", "2", "--ray", closed,
+                        "--log-level", "warning")
+    for process, command, fragment in ((precomputing, "precompute", f"cannot reach the Ray cluster at '{closed}'"),
+                                       (serving, "serve", "cannot reach the Ray cluster")):
+        out, err = process.communicate(timeout=180)
+        assert_one_line(process.returncode, out + err, command, fragment)
+    assert not (tmp_path / "i").exists()
+
+
+def test_replicas_stats_merge_per_process_and_per_store_counters() -> None:
+    shared = {"path": "/c", "entries": 10, "hits": 6, "misses": 2, "hit_rate": 0.75, "hot_hits": 3, "disk_hits": 1,
+              "remote_url": "s3://b/p", "remote_hits": 2, "remote_available": True, "remote_last_error": ""}
+    other = dict(shared, hot_hits=5, remote_hits=1, remote_available=False, remote_last_error="down")
+    merged = merge_cache_stats([shared, other])  # one store shared by both replicas: its counters once
+    assert (merged["entries"], merged["hits"], merged["hot_hits"], merged["remote_hits"]) == (10, 6, 8, 3)
+    assert merged["remote_available"] is False and merged["remote_last_error"] == "down" and "paths" not in merged
+    merged = merge_cache_stats([shared, dict(other, path="/d", entries=4, hits=0, misses=2)])  # a store each
+    assert (merged["entries"], merged["hits"], merged["misses"], merged["hit_rate"]) == (14, 6, 4, 0.6)
+    assert merged["paths"] == ["/c", "/d"] and merged["remote_url"] == "s3://b/p"
+    assert merge_cache_stats([]) == {}
 
 
 def test_malformed_addresses_are_refused_before_any_connection() -> None:

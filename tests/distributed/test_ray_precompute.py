@@ -4,6 +4,7 @@ query whose chunks all miss encoded on actors with the local answer. Without `--
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from hypic_rag.cache.errors import CacheOpenError
 from hypic_rag.cache.keys import CacheNamespace, segment_key
@@ -31,6 +33,7 @@ WORDS = (
     "captain engineer painter teacher winter summer lantern copper granite orchard mill tower"
 ).split()
 CHUNK_TOKENS = 32
+DOCUMENTS = 28
 DEADLINE_S = 240
 
 
@@ -50,7 +53,7 @@ def write_corpus(root: Path, documents: int, paragraphs: int, seed: int = 7) -> 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "docs", documents=40, paragraphs=3)
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "docs", documents=DOCUMENTS, paragraphs=3)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,12 @@ def options(corpus: Path, index: Path, model: Path, **changes: Any) -> Precomput
 @pytest.fixture(scope="module")
 def local_index(tmp_path_factory: pytest.TempPathFactory, corpus: Path, model: Path) -> Path:
     index = tmp_path_factory.mktemp("local") / "index"
-    precompute(options(corpus, index, model))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the actors run: a batch's bytes depend on torch's thread count (docs/scale.md)
+    try:
+        precompute(options(corpus, index, model))
+    finally:
+        torch.set_num_threads(threads)
     return index
 
 
@@ -115,15 +123,58 @@ def test_without_ray_nothing_imports_it() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_distributed_precompute_gives_the_local_index_and_entries(
-    ray_cluster: Any, corpus: Path, model: Path, local_index: Path, tmp_path: Path
+def remote_contents(local_s3: Any, bucket: str) -> dict[bytes, bytes]:
+    """The bucket's objects under `segments/`, keyed by the cache keys their names spell (namespace | ids digest)."""
+    return {bytes.fromhex("".join(name.split("/")[-2:])): value
+            for name, value in local_s3.objects(bucket, "segments/").items()}
+
+
+def test_distributed_precompute_writes_the_local_entries_to_the_remote_tier_from_the_actors(
+    ray_cluster: Any, local_s3: Any, corpus: Path, model: Path, local_index: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    summary = precompute(options(corpus, tmp_path / "index", model, scale_out=RayScaleOut()))
-    assert summary.encode.encoded == summary.encode.segments > 20
-    assert [str(skip) for skip in summary.skipped] == ["broken.txt: binary file"]
-    assert_same_index(local_index, tmp_path / "index")
-    again = precompute(options(corpus, tmp_path / "index", model, scale_out=RayScaleOut()))
-    assert not again.did_work
+    """`precompute --ray --remote-cache`: the index is the local run's, and the actors write every entry straight
+    to the remote tier as the local run's exact bytes (nothing through the driver's disk); entries missing from
+    the remote are encoded again on a rerun (resumable), and a second host's `ask` is served from remote hits."""
+    from hypic_rag.cache.remote_config import RemoteTierConfig
+    from hypic_rag.cli.main import main
+    from hypic_rag.cli.precompute_command import remote_summary_line
+    from hypic_rag.testing_s3 import aws_test_environment
+
+    bucket = local_s3.new_bucket()
+    remote = RemoteTierConfig.from_url(f"s3://{bucket}/segments", endpoint_url=local_s3.url)
+    index = tmp_path / "index"
+    with aws_test_environment():
+        summary = precompute(options(corpus, index, model, scale_out=RayScaleOut(), remote_cache=remote))
+        assert summary.encode.encoded == summary.encode.segments == summary.encode.stored_remotely > 20
+        assert summary.encode.uploaded_remotely == summary.encode.encoded and summary.cache_bytes == 0
+        assert summary.remote["remote_puts_by_encoders"] == summary.remote["remote_puts"] == summary.encode.encoded
+        assert "of them by the encoding actors" in remote_summary_line(summary.remote)
+        assert [str(skip) for skip in summary.skipped] == ["broken.txt: binary file"]
+        rows_local, vectors_local, _ = index_rows(local_index)
+        rows_ray, vectors_ray, _ = index_rows(index)
+        assert rows_local == rows_ray and vectors_local.tobytes() == vectors_ray.tobytes()
+        assert cached_entries(index) == 0  # not one entry went through the driver's disk
+        expected = cache_contents(local_index)
+        assert remote_contents(local_s3, bucket) == expected  # the local run's keys and bytes
+
+        client = local_s3.client()  # a run stopped before its last uploads: three entries never reached the remote
+        lost = sorted(local_s3.objects(bucket, "segments/"))[:3]
+        for name in lost:
+            client.delete_object(Bucket=bucket, Key=name)
+        resumed = precompute(options(corpus, index, model, scale_out=RayScaleOut(actors=1), remote_cache=remote))
+        assert resumed.encode.encoded == resumed.encode.stored_remotely == 3 and not resumed.ingest.changed
+        assert remote_contents(local_s3, bucket) == expected
+
+        second_host = Path(shutil.copytree(index, tmp_path / "second_host"))  # the index, an empty local cache
+        code = main(["ask", "Where does the captain keep the lantern?", "--index", str(second_host), "--device",
+                     "cpu", "--top-k", "3", "--max-new-tokens", "4", "--json", "--remote-cache",
+                     f"s3://{bucket}/segments", "--remote-endpoint", local_s3.url])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    usage = json.loads(printed)["usage"]
+    assert usage["cache_misses"] == 0 and usage["cache_hits"] == 4  # the prefix and 3 chunks, all remote hits
+    assert cached_entries(second_host) == 4  # the remote hits filled the second host's disk
 
 
 def test_ingest_feeder_predicts_every_embedding_batch(ray_cluster: Any, corpus: Path, model: Path, tmp_path: Path) -> None:
@@ -137,7 +188,7 @@ def test_ingest_feeder_predicts_every_embedding_batch(ray_cluster: Any, corpus: 
     from hypic_rag.runtime.model import load_model
 
     loaded = load_corpus(corpus)
-    loaded.documents[:] = loaded.documents[:16]
+    loaded.documents[:] = loaded.documents[:12]
     tiny = load_model(model, device="cpu", require_tokenizer=True)
     chunker = Chunker(tiny.tokenizer, ChunkerConfig(chunk_tokens=CHUNK_TOKENS))
     settings = IndexSettings(model=ModelIdentity.of(model, tiny), chunker=chunker.config, embed_batch_chunks=8)
@@ -188,7 +239,7 @@ def test_killed_distributed_precompute_resumes(
     rerun = precompute(options(corpus, index, model, scale_out=RayScaleOut(address=ray_address, actors=2)))
     encoded_now, segments = rerun.encode.encoded, rerun.encode.segments
     assert 0 < encoded_now == segments - stored < segments  # the killed run had stored some; only the rest ran
-    assert rerun.ingest.documents_unchanged == 40  # every document was committed before the kill
+    assert rerun.ingest.documents_unchanged == DOCUMENTS  # every document was committed before the kill
     manifest = IndexManifest.load(index)
     namespace = CacheNamespace(manifest.model.fingerprint, manifest.model.tokenizer_fingerprint, manifest.seam_tokens)
     with CorpusIndex.open(index) as opened:
