@@ -42,3 +42,21 @@ def test_null_content_is_a_400_and_streams_a_400_error(server: ServerThread) -> 
     assert answer.status_code == 400, answer.text
     streamed = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
     assert '"code":400' in streamed.text.replace(" ", "") and "internal" not in streamed.text
+
+
+NULLABLE = ["max_tokens", "temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "echo",
+            "logprobs", "mode", "seed", "stop"]
+
+
+@pytest.mark.parametrize("field", NULLABLE)
+def test_null_means_the_default_as_openai_and_vllm_take_it(server: ServerThread, field: str) -> None:
+    """OpenAI's spec makes these parameters nullable (`"max_tokens": null` is the default); clients send nulls."""
+    route, body = (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Who keeps goats?"}]})
+                   if field == "logprobs" else ("/v1/completions", {"prompt": "Who keeps goats?"}))
+    limit = {} if field == "max_tokens" else {"max_tokens": 2}
+    plain = httpx.post(f"{server.url}{route}", json={**body, "temperature": 0, "max_tokens": 16, **limit}, timeout=60)
+    nulled = httpx.post(f"{server.url}{route}",
+                        json={**body, "temperature": 0, "max_tokens": 16, **limit, field: None}, timeout=60)
+    assert nulled.status_code == 200, nulled.text
+    if field != "temperature":  # null temperature is OpenAI's default 1 (sampled), the others must not change a thing
+        assert nulled.json()["choices"] == plain.json()["choices"]
