@@ -124,6 +124,12 @@ def segment_key(namespace: CacheNamespace, token_ids: Sequence[int] | torch.Tens
     return namespace.digest() + token_ids_digest(token_ids)
 
 
+def key_label(key: bytes) -> str:
+    """A short name of a segment key for logs: the first 4 bytes of its namespace digest and the first 8 of its
+    token ids digest in hex (``ns/tokens``); the key's first bytes alone are the same for a whole namespace."""
+    return f"{key[:4].hex()}/{key[NAMESPACE_DIGEST_BYTES:NAMESPACE_DIGEST_BYTES + 8].hex()}"
+
+
 def split_key(key: bytes) -> tuple[bytes, bytes]:
     """(namespace digest, token ids digest) of a key made by `segment_key`; ValueError for any other length."""
     if len(key) != KEY_BYTES:

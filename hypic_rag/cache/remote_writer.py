@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hypic_rag.cache.keys import key_label
+
 log = logging.getLogger(__name__)
 
 Buffer = bytes | bytearray | memoryview
@@ -86,7 +88,7 @@ class WriteBehindQueue:
             while not self._closing and self._bytes and self._bytes + size > self.max_bytes:
                 if not self.wait_when_full:
                     self.dropped += 1
-                    log.debug("remote cache %s: write queue full, entry %s not uploaded", self.name, job.key.hex()[:16])
+                    log.debug("remote cache %s: write queue full, entry %s not uploaded", self.name, key_label(job.key))
                     return False
                 self._condition.wait()
             if self._closing:
@@ -138,7 +140,7 @@ class WriteBehindQueue:
             try:
                 self._upload(job)
             except Exception:  # noqa: BLE001 - a writer thread must survive anything an upload raises
-                log.exception("remote cache %s: upload of %s failed unexpectedly", self.name, job.key.hex()[:16])
+                log.exception("remote cache %s: upload of %s failed unexpectedly", self.name, key_label(job.key))
             finally:
                 with self._condition:
                     self._in_flight -= 1

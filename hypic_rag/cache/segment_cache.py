@@ -41,7 +41,7 @@ import torch
 from hypic_rag.cache.codec import decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CacheDamagedError, CacheWriteError, CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.hot_tier import HotTier
-from hypic_rag.cache.keys import CacheNamespace, segment_key
+from hypic_rag.cache.keys import CacheNamespace, key_label, segment_key
 from hypic_rag.cache.layout import lower_state_precision, restore_state_precision
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.stats import CacheStats
@@ -338,16 +338,16 @@ class SegmentCache:
         try:
             decoded = decode_entry(value)
         except CorruptEntryError as error:
-            log.warning("corrupt cache entry %s in %s (%s); recomputing it", key.hex()[:16], where, error)
+            log.warning("corrupt cache entry %s in %s (%s); recomputing it", key_label(key), where, error)
             tally.corrupt += 1
             return None
         except IncompatibleEntryError as error:
-            log.info("stale cache entry %s in %s (%s); recomputing it", key.hex()[:16], where, error)
+            log.info("stale cache entry %s in %s (%s); recomputing it", key_label(key), where, error)
             tally.mismatched += 1
             return None
         if decoded.namespace != namespace.canonical() or not _same_token_ids(decoded.tensors, token_ids):
             log.warning("cache entry %s in %s belongs to another namespace or token sequence; recomputing it",
-                        key.hex()[:16], where)
+                        key_label(key), where)
             tally.mismatched += 1
             return None
         return decoded.tensors
@@ -424,7 +424,7 @@ class SegmentCache:
             try:
                 read_header(value)  # the crc32 and the layout: never upload damaged bytes
             except (CorruptEntryError, IncompatibleEntryError) as error:
-                log.warning("cache entry %s in %s not published (%s)", key.hex()[:16], self.store.path, error)
+                log.warning("cache entry %s in %s not published (%s)", key_label(key), self.store.path, error)
                 continue
             handed += self.remote.put_many([(key, value)])
         return handed

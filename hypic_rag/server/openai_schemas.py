@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hypic_rag.server.schemas import SEED_DESCRIPTION, SEED_MAX, valid_unicode
 
@@ -48,6 +48,15 @@ class SamplingFields(BaseModel):
     match_segments: bool | None = Field(
         None, description="hypic-rag extension: cut the prompt around the indexed chunks and seen segments it holds "
         "(None: the server's setting, on unless started with --no-segment-matching).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """A field sent as null takes its default: OpenAI's spec makes every optional parameter nullable
+        (`"max_tokens": null`, `"temperature": null`), clients send such nulls, and vLLM takes them."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     @field_validator("logit_bias")
     @classmethod

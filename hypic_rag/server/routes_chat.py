@@ -100,7 +100,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     def run(backend: Any, context: TaskContext) -> Deferred[list[CompletionResult]]:
         session = backend.pipeline.session
         matcher = session.matcher if match and session.matcher.settings.enabled else None
-        prompt = chat_prompt(session.tokenizer, messages, session.prompt_format, matcher)
+        try:
+            prompt = chat_prompt(session.tokenizer, messages, session.prompt_format, matcher)
+        except ValueError as error:  # an empty question, a lone surrogate: the client's input, not a bug
+            raise BadRequestError(f"messages: {error}", param="messages") from None
         choice_params = params
         if prompt.stop_strings:  # the product's format ends the answer at its stop string, as /v1/ask does
             choice_params = dataclasses.replace(params, stop_strings=params.stop_strings + prompt.stop_strings)

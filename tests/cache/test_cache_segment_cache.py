@@ -217,3 +217,19 @@ def test_open_errors_are_cache_open_errors(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(CacheOpenError, match="not a directory"):
         SegmentCache.open(tmp_path / "file")
+
+
+def test_warnings_name_each_corrupt_entry_apart(tmp_path: Path, caplog) -> None:
+    """Two corrupt entries of one namespace are named differently (a key's first bytes are its namespace's)."""
+    encoder = CountingEncoder()
+    chunks = [list(range(30)), list(range(40, 70))]
+    with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
+        cache.get_or_encode_many(NS, chunks, encoder.many)
+        stored = [bytes(cache.store.get(segment_key(NS, ids), touch=False)) for ids in chunks]
+    for value in stored:
+        flip_byte_on_disk(tmp_path, value, len(value) - 100)
+    with SegmentCache.open(tmp_path) as cache, caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
+        cache.get_or_encode_many(NS, chunks, encoder.many)
+    named = {record.getMessage().split()[3] for record in caplog.records
+             if record.getMessage().startswith("corrupt cache entry")}
+    assert len(named) == 2, caplog.messages
