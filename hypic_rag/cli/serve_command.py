@@ -170,6 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
             shutdown_grace_s=args.shutdown_grace,
             remote_cache=remote_cache_config(args),
             miss_encoders=_miss_encoders(args),
+            recompute_policy=args.recompute_policy,
             cache_dir=cache_dir,
         )
     except ValueError as error:

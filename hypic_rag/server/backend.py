@@ -139,6 +139,7 @@ class ServiceBackend:
         cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache)
         session = ModelSession.for_index(
             manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache,
+            recompute_policy=config.recompute_policy,
             cache_dir=config.cache_dir,
         )
         chunker = None

@@ -82,6 +82,7 @@ class ServerConfig:
     startup_timeout_s: float = 600.0
     remote_cache: RemoteTierConfig | None = None
     miss_encoders: MissEncoderFactory | None = None
+    recompute_policy: str | None = None
     cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
