@@ -13,9 +13,17 @@ import torch
 from hypic_rag.entry import tensor_name
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
-from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from family_modes import (  # noqa: F401  (the checks every family runs; re-exported for the Mamba tests)
+    check_conv_tail_needs_the_seam,
+    check_deviation_ordering,
+    check_full_matches_transformers,
+    check_linear_only_transition_is_exact,
+    check_seams_and_prefix_are_exact,
+    mean_deviations,
+    random_request,
+)
 from hypic_rag.testing import (
     SMALL_CORPUS,
     SMALL_CORPUS_QUESTIONS,
@@ -30,89 +38,6 @@ TEXTS = list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())
 def corpus_tokenizer():
     """A byte-level BPE trained on the small corpus (what the stand-in checkpoints carry)."""
     return train_tiny_tokenizer(TEXTS * 4)
-
-
-def random_request(generator: torch.Generator, chunk_lengths: list[int], prefix: int = 5, question: int = 6,
-                   vocab: int = 256) -> Request:
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=generator).tolist()
-
-    return Request(ids(prefix) if prefix else [], [ids(n) for n in chunk_lengths], ids(question))
-
-
-def check_full_matches_transformers(hf_model, engine: Engine, seed: int = 0) -> None:
-    """`full` against transformers' forward over the whole prompt (logits, 1e-4) and its cached greedy `generate`
-    (16 tokens: a whole-prompt prefill from the zero state, then one-token decode steps)."""
-    request = random_request(torch.Generator().manual_seed(seed), [23, 40, 17])
-    ids = torch.tensor([request.all_ids()])
-    with torch.no_grad():
-        expected = hf_model(ids, use_cache=False).logits[0, -1]
-        expected_tokens = hf_model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, ids.shape[1]:]
-    torch.testing.assert_close(engine.prefill(request, "full").logits, expected, atol=1e-4, rtol=1e-4)
-    generation = engine.generate(request, "full", SamplingParams(max_new_tokens=16))
-    assert generation.token_ids == expected_tokens.tolist()
-    assert len(generation.token_ids) == 16
-
-
-def check_seams_and_prefix_are_exact(engine: Engine, seed: int = 1) -> None:
-    """`hypic` with a seam covering every chunk equals `full` (1e-4); `prefix` equals `full` (1e-5), also when it
-    reuses a checkpointed chunk boundary; `transition` is not exact (the check can fail)."""
-    request = random_request(torch.Generator().manual_seed(seed), [9, 13, 5, 11])
-    full = engine.prefill(request, "full").logits
-    hypic = engine.prefill(request, "hypic", seam_tokens=13)
-    torch.testing.assert_close(hypic.logits, full, atol=1e-4, rtol=1e-4)
-    assert hypic.stats.recomputed_tokens == request.prompt_tokens - len(request.prefix_ids)
-    torch.testing.assert_close(engine.prefill(request, "prefix").logits, full, atol=1e-5, rtol=1e-5)
-    again = Request(request.prefix_ids, request.chunk_ids[:2] + [[1, 2, 3]], request.question_ids)
-    reused = engine.prefill(again, "prefix")  # the boundary state after prefix + two chunks, checkpointed above
-    assert reused.stats.prefix_reused_tokens == len(request.prefix_ids) + 9 + 13
-    torch.testing.assert_close(reused.logits, engine.prefill(again, "full").logits, atol=1e-5, rtol=1e-5)
-    assert (engine.prefill(request, "transition").logits - full).abs().max() > 1e-3
-
-
-def check_linear_only_transition_is_exact(engine: Engine, chunks: int) -> None:
-    """`engine`: a one-layer model whose layer is the family's recurrent mixer with conv kernel 1."""
-    generator = torch.Generator().manual_seed(chunks)
-    lengths = torch.randint(3, 30, (chunks,), generator=generator).tolist()
-    request = random_request(generator, lengths, prefix=0)
-    full = engine.prefill(request, "full")
-    transition = engine.prefill(request, "transition")
-    torch.testing.assert_close(transition.logits, full.logits, atol=1e-5, rtol=1e-5)
-    for layer_index, state in full.state.linear.items():
-        torch.testing.assert_close(transition.state.linear[layer_index].recurrent, state.recurrent, atol=1e-5, rtol=1e-5)
-    assert (engine.prefill(request, "addition").logits - full.logits).abs().max() > 1e-3
-
-
-def check_conv_tail_needs_the_seam(engine: Engine, seam: int) -> None:
-    """A one-layer model with conv kernel seam + 1: `transition` misses the conv tail, `hypic` recomputes it."""
-    request = random_request(torch.Generator().manual_seed(12), [15, 22, 9, 30], prefix=0)
-    full = engine.prefill(request, "full").logits
-    assert (engine.prefill(request, "transition").logits - full).abs().max() > 1e-3
-    torch.testing.assert_close(engine.prefill(request, "hypic", seam_tokens=seam).logits, full, atol=1e-5, rtol=1e-5)
-
-
-def mean_deviations(engine: Engine, modes: tuple[str, ...], requests: int = 20, seed: int = 0) -> dict[str, float]:
-    """Mean KL(full || mode) of the next-token distribution over random requests (prefix 6, 2-5 chunks of 16-47
-    tokens, question 8)."""
-    generator = torch.Generator().manual_seed(seed)
-    totals = dict.fromkeys(modes, 0.0)
-    for _ in range(requests):
-        count = int(torch.randint(2, 6, (1,), generator=generator))
-        lengths = torch.randint(16, 48, (count,), generator=generator).tolist()
-        request = random_request(generator, lengths, prefix=6, question=8)
-        reference = engine.prefill(request, "full").logits
-        for mode in modes:
-            totals[mode] += kl_divergence(reference, engine.prefill(request, mode).logits) / requests
-    return totals
-
-
-def check_deviation_ordering(engine: Engine, *, moves_keys: bool) -> dict[str, float]:
-    """hypic < transition_rope < addition (RoPE), hypic < transition < addition (NoPE: transition_rope is
-    transition there)."""
-    middle = "transition_rope" if moves_keys else "transition"
-    totals = mean_deviations(engine, ("hypic", middle, "addition"))
-    assert totals["hypic"] < totals[middle] < totals["addition"], totals
-    return totals
 
 
 def check_entry_shapes(engine: Engine, layer: int, transition: tuple[int, ...], state: tuple[int, ...],
