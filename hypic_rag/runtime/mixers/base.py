@@ -70,6 +70,13 @@ class TransitionRun:
         selected = tuple(t[rows] for t in outputs) if isinstance(outputs, tuple) else outputs[rows]
         return TransitionRun(self.zero_outputs[rows], selected, self.segment.select(rows))
 
+def valid_steps(lengths: list[int], length: int, device: torch.device) -> torch.Tensor:
+    """[n, T] float mask, 1 for the steps of run i below lengths[i] and 0 past its end: what every recurrent mixer
+    multiplies into its write strength / time step / decay so that the padded steps of a batch of runs are identity
+    steps (the `recurrence_inputs` contract)."""
+    steps = torch.arange(length, device=device)[None, :]
+    return (steps < torch.tensor(lengths, device=device)[:, None]).float()
+
 
 class RecurrentMixer(ABC):
     """A linear-attention / SSM / short-conv mixer (see the module docstring).

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun
+from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.kda import kda, kda_with_transition
 
 
@@ -107,8 +107,7 @@ class KdaMixer(RecurrentMixer):
         beta = b.float().sigmoid()
         log_decay = log_decay.float()
         if lengths is not None:  # identity steps past each run's end: decay 1, write strength 0
-            steps = torch.arange(length, device=convolved.device)[None, :]
-            valid = (steps < torch.tensor(lengths, device=convolved.device)[:, None]).float()
+            valid = valid_steps(lengths, length, convolved.device)
             beta = beta * valid[..., None]
             log_decay = log_decay * valid[..., None, None]
         return KdaInputs(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun
+from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.lightning import lightning_attention, lightning_with_transition
 from hypic_rag.runtime.segment_state import SegmentState
 
@@ -79,8 +79,7 @@ class LightningMixer(RecurrentMixer):
         slopes = self.module.slope_rate.float().reshape(1, self.heads, 1).to(qkv.device)
         log_decay = (-slopes).expand(runs, self.heads, length)
         if lengths is not None:  # identity steps past each run's end: decay 1, nothing written
-            steps = torch.arange(length, device=qkv.device)[None, :]
-            valid = (steps < torch.tensor(lengths, device=qkv.device)[:, None]).float()
+            valid = valid_steps(lengths, length, qkv.device)
             log_decay = log_decay * valid[:, None, :]
             key = key * valid[..., None, None]
         return LightningInputs(

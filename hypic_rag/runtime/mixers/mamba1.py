@@ -21,6 +21,7 @@ from hypic_rag.runtime.mixers.base import (
     RecurrenceInputs,
     RecurrentMixer,
     TransitionRun,
+    valid_steps,
 )
 from hypic_rag.runtime.ops.selective_scan import (
     selective_scan,
@@ -92,8 +93,7 @@ class Mamba1Mixer(RecurrentMixer):
         raw_dt = module.dt_layernorm(raw_dt) @ module.dt_proj.weight.T  # [n, T, D]; the bias goes in the softplus
         dt = softplus_time_step(raw_dt, module.dt_proj.bias)  # no clamp in Mamba1
         if lengths is not None:  # identity steps past each run's end: dt = 0 leaves the state alone
-            steps = torch.arange(length, device=convolved.device)[None, :]
-            dt = dt * (steps < torch.tensor(lengths, device=convolved.device)[:, None]).float()[..., None]
+            dt = dt * valid_steps(lengths, length, convolved.device)[..., None]
         return SelectiveScanInputs(
             convolved.transpose(1, 2).float(),
             dt.transpose(1, 2).contiguous(),

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun
+from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.ssd import ssd, ssd_with_transition
 from hypic_rag.runtime.ops.time_step import softplus_time_step
 from hypic_rag.runtime.segment_state import SegmentState
@@ -91,8 +91,7 @@ class Mamba2Mixer(RecurrentMixer):
         x, b, c = torch.split(convolved, [module.intermediate_size, groups * state_size, groups * state_size], dim=-1)
         dt = softplus_time_step(projections.extras[1], module.dt_bias, self.time_step_limit)  # [n, T, H]
         if lengths is not None:  # identity steps past each run's end: dt = 0 leaves the state alone
-            steps = torch.arange(length, device=convolved.device)[None, :]
-            dt = dt * (steps < torch.tensor(lengths, device=convolved.device)[:, None]).float()[..., None]
+            dt = dt * valid_steps(lengths, length, convolved.device)[..., None]
         return SSDInputs(
             x.reshape(runs, length, heads, module.head_dim).transpose(1, 2).float(),
             dt.transpose(1, 2).contiguous(),
