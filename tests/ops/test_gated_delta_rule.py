@@ -99,3 +99,17 @@ def test_dispatch_picks_a_backend_by_length_and_matches_naive(length: int, backe
     output, state = gated_delta_rule(query, key, value, log_decay, beta, start)
     torch.testing.assert_close(output, expected_output, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("size", [1, 2, 8, 17, 64])
+def test_unit_lower_inverse_matches_triangular_solve(size: int) -> None:
+    """The forward-substitution inverse equals torch's triangular solve against the identity (fp32)."""
+    from hypic_rag.runtime.ops.gated_delta_rule.chunk import unit_lower_inverse
+
+    generator = torch.Generator().manual_seed(size)
+    strictly_lower = (torch.randn(3, 4, size, size, generator=generator) * 0.3).tril(-1)
+    identity = torch.eye(size).expand(3, 4, size, size)
+    expected = torch.linalg.solve_triangular(strictly_lower + identity, identity, upper=False, unitriangular=True)
+    got = unit_lower_inverse(strictly_lower)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got @ (strictly_lower + identity), identity, atol=1e-5, rtol=1e-5)

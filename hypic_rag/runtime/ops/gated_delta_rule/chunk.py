@@ -17,6 +17,22 @@ import torch
 DEFAULT_CHUNK_SIZE = 64
 
 
+def unit_lower_inverse(strictly_lower: torch.Tensor) -> torch.Tensor:
+    """(I + A)^-1 for A [..., C, C] strictly lower triangular, by forward substitution over rows.
+
+    Row i of T = (I + A)^-1 is e_i - sum_{j<i} A_ij T_j. Same arithmetic as a triangular solve against the
+    identity, but batched over all leading dimensions in C - 1 vector steps: `torch.linalg.solve_triangular` on
+    many small matrices costs ~25x more on CPU (8 x 8) and ~1.7x more (64 x 64).
+    """
+    size = strictly_lower.shape[-1]
+    inverse = torch.zeros_like(strictly_lower)
+    inverse.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    for row in range(1, size):
+        # T[row, :row] = -A[row, :row] @ T[:row, :row]  (T[:row, :row] already final)
+        inverse[..., row, :row] = -(strictly_lower[..., row : row + 1, :row] @ inverse[..., :row, :row])[..., 0, :]
+    return inverse
+
+
 def chunk_gated_delta_rule(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -67,13 +83,9 @@ def chunk_gated_delta_rule(
     key_beta = key * beta[..., None]
     strictly_lower = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril(-1)
     interaction = (key_beta @ key.transpose(-1, -2) * decay_matrix).masked_fill(~strictly_lower, 0.0)
-    unit_lower = interaction + torch.eye(chunk, dtype=torch.float32, device=device)
-    # one triangular solve for both right-hand sides: T [b*V | b*exp(gamma)*K]
-    solved = torch.linalg.solve_triangular(
-        unit_lower, torch.cat([value * beta[..., None], key_beta * gamma.exp()[..., None]], dim=-1),
-        upper=False, unitriangular=True,
-    )
-    corrected_values, state_read_weights = solved.split([value_dim, key_dim], dim=-1)  # [B, H, N, C, V], [.., K]
+    inverse = unit_lower_inverse(interaction)  # T = (I + A)^-1, unit lower triangular
+    corrected_values = inverse @ (value * beta[..., None])  # [B, H, N, C, V]
+    state_read_weights = inverse @ (key_beta * gamma.exp()[..., None])  # [B, H, N, C, K]
     intra_attention = query @ key.transpose(-1, -2) * decay_matrix  # [B, H, N, C, C], lower incl. diagonal
     query_decayed = query * gamma.exp()[..., None]
     key_to_end = key * (gamma[..., -1:] - gamma).exp()[..., None]

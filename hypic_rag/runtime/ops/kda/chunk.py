@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from hypic_rag.runtime.ops.gated_delta_rule.chunk import unit_lower_inverse
+
 DEFAULT_CHUNK_SIZE = 32
 """The [C, C, K] pairwise decay makes the intra-chunk work grow with C: on CPU (B=1, H=8, T=2048, K=V=64, a shared
 machine) 16 and 32 took ~0.36 s, 64 took 0.64 s (transformers' torch path: 0.84 s)."""
@@ -71,7 +73,6 @@ def chunk_kda(
     gamma = log_decay.cumsum(3)  # [B, H, N, C, K]
     lower_inclusive = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril()
     strictly_lower = lower_inclusive.tril(-1)
-    identity = torch.eye(chunk, dtype=torch.float32, device=device)
     group = max(1, PAIRWISE_BUDGET // (batch * heads * chunk * chunk * key_dim))
 
     outputs = []
@@ -85,12 +86,9 @@ def chunk_kda(
         interaction = torch.einsum("...ic,...jc,...ijc->...ij", key_beta, k, pairwise).masked_fill(~strictly_lower, 0.0)
         intra_attention = torch.einsum("...ic,...jc,...ijc->...ij", q, k, pairwise)  # lower incl. diagonal
         del pairwise
-        # one triangular solve for both right-hand sides: T [b*V | b*K*exp(gamma)]
-        solved = torch.linalg.solve_triangular(
-            interaction + identity, torch.cat([v * b[..., None], key_beta * g.exp()], dim=-1),
-            upper=False, unitriangular=True,
-        )
-        corrected_values, state_read_weights = solved.split([value_dim, key_dim], dim=-1)  # [.., C, V], [.., C, K]
+        inverse = unit_lower_inverse(interaction)  # T = (I + A)^-1 (forward substitution, chunk.py of gated delta)
+        corrected_values = inverse @ (v * b[..., None])  # [.., C, V]
+        state_read_weights = inverse @ (key_beta * g.exp())  # [.., C, K]
         query_decayed = q * g.exp()
         key_to_end_transposed = (k * (g[..., -1:, :] - g).exp()).transpose(-1, -2)  # [B, H, G, K, C]
         chunk_decay = g[..., -1, :].exp()[..., None]  # [B, H, G, K, 1]
