@@ -23,7 +23,14 @@ from hypic_rag.entry import SEAM_TOKENS, Entry, tensor_name
 from hypic_rag.kernels import triton_enabled
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.blocks import BlockContext
-from hypic_rag.runtime.mixers.base import AttentionMixer, Mixer, RecurrentMixer, TransitionRun
+from hypic_rag.runtime.mixers.base import (
+    AttentionMixer,
+    Mixer,
+    Projections,
+    RecurrenceInputs,
+    RecurrentMixer,
+    TransitionRun,
+)
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.segment_state import apply_in_order
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
@@ -350,13 +357,16 @@ def _recurrent_mixer(
         per_span = [LinearLayerState(empty, tails_after[n]) for n in range(len(spans))] if plan.want_checkpoints else []
         return mixer.output(core, projections, plan.dtype), LinearLayerState(empty, tail), per_span, 0.0
 
+    recurrent = previous.recurrent.float() if previous is not None else mixer.zero_state(device)
+    if mixer.scans_runs and not plan.want_checkpoints:
+        return _scan_runs(mixer, layer_index, plan, projections, inputs, run_numbers, lengths, recurrent, tail, x)
+
     batched_numbers = run_numbers[:-1] if len(run_numbers) > 1 and any(s.entry is not None for s in spans) else []
     batched: TransitionRun | None = None
     if batched_numbers:
         width = max(lengths[: len(batched_numbers)])
         batched = mixer.run_with_transition(inputs.select(slice(0, len(batched_numbers)), 0, width))
 
-    recurrent = previous.recurrent.float() if previous is not None else mixer.zero_state(device)
     per_span: list[LinearLayerState] = []
     pending: list[tuple[Entry, int]] = []  # cached remainders not yet applied: one call per run
     for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
@@ -386,3 +396,47 @@ def _recurrent_mixer(
         compose_seconds += seconds
     mixed = mixer.output(core, projections, plan.dtype)
     return mixed, LinearLayerState(recurrent, tail), per_span, compose_seconds
+
+
+def _scan_runs(
+    mixer: RecurrentMixer,
+    layer_index: int,
+    plan: _Plan,
+    projections: Projections,
+    inputs: RecurrenceInputs,
+    run_numbers: list[int],
+    lengths: list[int],
+    recurrent: torch.Tensor,
+    tail: torch.Tensor,
+    x: torch.Tensor,
+) -> tuple[torch.Tensor, LinearLayerState, list[LinearLayerState], float]:
+    """`_recurrent_mixer` through the mixer's `run_runs`: one scan over the recomputed runs in order, the cached
+    remainders between them applied to the state as the scan reaches each run (no identity-start widening)."""
+    spans, offsets, options, kind = plan.spans, plan.offsets, plan.options, mixer.transition_kind
+    before: list[list[tuple[Entry, int]]] = []  # per run: the cached remainders between it and the previous run
+    pending: list[tuple[Entry, int]] = []
+    for span, (_, count) in zip(spans, offsets):
+        if count:
+            before.append(pending)
+            pending = []
+        if span.entry is not None and count < span.length:
+            pending.append((span.entry, count))
+    compose_seconds = 0.0
+
+    def before_run(run: int, state: torch.Tensor) -> torch.Tensor:
+        nonlocal compose_seconds
+        if not before[run]:
+            return state
+        state, seconds = _apply_pending(state, before[run], layer_index, options.composition, kind or "matrix")
+        compose_seconds += seconds
+        return state
+
+    outputs, recurrent = mixer.run_runs(inputs, lengths, recurrent, before_run)
+    core = outputs.new_empty(x.shape[0], *outputs.shape[2:])
+    for row, number in enumerate(run_numbers):
+        offset, count = offsets[number]
+        core[offset : offset + count] = outputs[row, :count]
+    if pending:
+        recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition, kind or "matrix")
+        compose_seconds += seconds
+    return mixer.output(core, projections, plan.dtype), LinearLayerState(recurrent, tail), [], compose_seconds

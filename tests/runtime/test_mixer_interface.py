@@ -233,3 +233,19 @@ def test_a_parallel_block_keeps_both_states_per_layer_and_stays_exact() -> None:
     stepped, _ = engine.decode_step(full.state, token)
     longer = Request(request.prefix_ids, request.chunk_ids, request.question_ids + [token])
     torch.testing.assert_close(stepped, engine.prefill(longer, "full").logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_next"])
+def test_the_runs_scan_and_the_identity_start_batch_agree_in_the_stack(model_type: str, monkeypatch) -> None:
+    """The stack's two paths for a request's seam runs (one scan with the cached maps applied between runs, and the
+    identity-start batch composed afterwards) give the same logits in every mode that recomputes seams."""
+    engine = Engine(wrap_model(build_tiny_model(model_type, seed=4)), seam_tokens=3)
+    generator = torch.Generator().manual_seed(5)
+    for chunk_lengths, policy in (([7, 2, 11], None), ([9, 9, 9, 4], "whole:1"), ([5], None)):
+        request = random_request(generator, chunk_lengths, question=4)
+        scanned = {mode: engine.prefill(request, mode, policy=policy).logits for mode in ("hypic", "transition_rope")}
+        with monkeypatch.context() as patch:
+            patch.setattr(GatedDeltaNetMixer, "scans_runs", property(lambda self: False))
+            batched = {mode: engine.prefill(request, mode, policy=policy).logits for mode in scanned}
+        for mode in scanned:
+            torch.testing.assert_close(scanned[mode], batched[mode], atol=1e-5, rtol=1e-5)

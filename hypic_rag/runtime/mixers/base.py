@@ -157,6 +157,36 @@ class RecurrentMixer(ABC):
         """The recurrence of n runs from the identity start: outputs from a zero start, what the start state
         adds to them, and each run's affine map `SegmentState` (kind `transition_kind`)."""
 
+    scans_runs: bool = False
+    """True when `run_runs` is faster than running the runs from the identity start in one batch and composing
+    (the stack then prefers it): a single scan over all runs' chunks, no widened state."""
+
+    def run_runs(
+        self,
+        inputs: RecurrenceInputs,
+        lengths: list[int],
+        start: torch.Tensor,
+        before_run: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """n runs of ONE sequence in order: run r starts from `before_run(r, state)` (the state [*state_shape] where
+        run r - 1 ended, `start` for r = 0; None: nothing between runs) and its first lengths[r] steps are real.
+        Returns outputs [n, T, *output_shape] (zero past each run's length) and the end state [*state_shape].
+
+        This default runs them one after the other through `run` (the reference for faster overrides)."""
+        state = start.float()
+        outputs: torch.Tensor | None = None
+        for run, count in enumerate(lengths):
+            if before_run is not None:
+                state = before_run(run, state)
+            run_outputs, final = self.run(inputs.select(slice(run, run + 1), 0, count), state[None])
+            if outputs is None:
+                outputs = run_outputs.new_zeros(len(lengths), max(lengths), *run_outputs.shape[2:])
+            outputs[run, :count] = run_outputs[0]
+            state = final[0]
+        if outputs is None:
+            raise ValueError("run_runs needs at least one run")
+        return outputs, state
+
     @abstractmethod
     def outputs_from_start(
         self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor | tuple[torch.Tensor, ...],

@@ -6,11 +6,18 @@ triangular, A_ij = b_i exp(gamma_i - gamma_j) k_i.k_j. Writing T = (I + A)^-1:
     U = T (b*V) - T (b*exp(gamma)*K) S
     O = (Q*exp(gamma)) S + [tril(Q K^T * exp(gamma_i - gamma_j))] U
     S' = exp(gamma_C) S + (K*exp(gamma_C - gamma))^T U
-Everything but the last three lines is computed for all chunks at once; the chunks are then scanned in order.
-Padding tokens (g = 0, b = 0, k = 0) leave the state untouched, so any length works.
+Everything but the last three lines is computed for all chunks at once (`chunk_terms`); the chunks are then
+scanned in order. Padding tokens (g = 0, b = 0) leave the state untouched, so any length works.
+
+`chunk_gated_delta_rule_runs` scans several runs (a request's seam windows and question) in order from one start
+state, applying a caller's map between runs (the cached spans between them: S <- P S + Z): one batched
+precompute for all runs and one scan, without the identity-start widening of `transition.py`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -33,36 +40,37 @@ def unit_lower_inverse(strictly_lower: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def chunk_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked gated delta rule; same contract as `naive_recurrent_gated_delta_rule`.
+@dataclass(slots=True)
+class ChunkTerms:
+    """The state-independent terms of every chunk, chunk-major so a scan step reads contiguous memory.
 
-    Args:
-        query, key: [B, H, T, K]; value: [B, H, T, V]; log_decay, beta: [B, H, T];
-        initial_state: [B, H, K, V] or None.
-    Returns:
-        output [B, H, T, V] and final state [B, H, K, V], float32.
+    For N chunks of C tokens over batch B and heads H: corrected_values [N, B, H, C, V] (T b V), state_read_weights
+    [N, B, H, C, K] (T b exp(gamma) K), query_decayed [N, B, H, C, K], intra_attention [N, B, H, C, C],
+    key_to_end_transposed [N, B, H, K, C], chunk_decay [N, B, H, 1, 1].
     """
-    query, key, value, log_decay, beta = (x.float() for x in (query, key, value, log_decay, beta))
-    batch, heads, length, key_dim = key.shape
-    value_dim = value.shape[-1]
-    device = value.device
-    state = (
-        torch.zeros(batch, heads, key_dim, value_dim, dtype=torch.float32, device=device)
-        if initial_state is None
-        else initial_state.float()
-    )
-    if length == 0:
-        return value.new_zeros(batch, heads, 0, value_dim), state.clone()
 
-    chunk = min(chunk_size, length)
+    corrected_values: torch.Tensor
+    state_read_weights: torch.Tensor
+    query_decayed: torch.Tensor
+    intra_attention: torch.Tensor
+    key_to_end_transposed: torch.Tensor
+    chunk_decay: torch.Tensor
+
+    def step(self, index: int, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chunk `index` from state [B, H, K, V]: (outputs [B, H, C, V], the state after the chunk)."""
+        updates = self.corrected_values[index] - self.state_read_weights[index] @ state
+        output = self.query_decayed[index] @ state + self.intra_attention[index] @ updates
+        return output, state * self.chunk_decay[index] + self.key_to_end_transposed[index] @ updates
+
+
+def chunk_terms(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+    chunk: int,
+) -> ChunkTerms:
+    """`ChunkTerms` of float32 inputs query, key [B, H, T, K], value [B, H, T, V], log_decay, beta [B, H, T] cut
+    into chunks of `chunk` tokens (T padded at its end with identity steps to a multiple of `chunk`)."""
+    batch, heads, length, key_dim = key.shape
+    device = value.device
     padded = -(-length // chunk) * chunk
     pad = padded - length
     if pad:
@@ -91,18 +99,108 @@ def chunk_gated_delta_rule(
     key_to_end = key * (gamma[..., -1:] - gamma).exp()[..., None]
     chunk_decay = gamma[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
 
-    # the scan over chunks reads one chunk of each tensor per step: lay them out chunk-major so each read is contiguous
     def chunk_major(x: torch.Tensor) -> torch.Tensor:
         return x.permute(2, 0, 1, *range(3, x.dim())).contiguous()
 
-    corrected_values, state_read_weights, query_decayed, intra_attention, chunk_decay = map(
-        chunk_major, (corrected_values, state_read_weights, query_decayed, intra_attention, chunk_decay)
+    return ChunkTerms(
+        chunk_major(corrected_values), chunk_major(state_read_weights), chunk_major(query_decayed),
+        chunk_major(intra_attention), chunk_major(key_to_end.transpose(-1, -2)), chunk_major(chunk_decay),
     )
-    key_to_end_transposed = chunk_major(key_to_end.transpose(-1, -2))  # [N, B, H, K, C]
+
+
+def chunk_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked gated delta rule; same contract as `naive_recurrent_gated_delta_rule`.
+
+    Args:
+        query, key: [B, H, T, K]; value: [B, H, T, V]; log_decay, beta: [B, H, T];
+        initial_state: [B, H, K, V] or None.
+    Returns:
+        output [B, H, T, V] and final state [B, H, K, V], float32.
+    """
+    query, key, value, log_decay, beta = (x.float() for x in (query, key, value, log_decay, beta))
+    batch, heads, length, key_dim = key.shape
+    value_dim = value.shape[-1]
+    state = (
+        torch.zeros(batch, heads, key_dim, value_dim, dtype=torch.float32, device=value.device)
+        if initial_state is None
+        else initial_state.float()
+    )
+    if length == 0:
+        return value.new_zeros(batch, heads, 0, value_dim), state.clone()
+    chunk = min(chunk_size, length)
+    terms = chunk_terms(query, key, value, log_decay, beta, chunk)
     outputs = []
-    for index in range(num_chunks):
-        updates = corrected_values[index] - state_read_weights[index] @ state
-        outputs.append(query_decayed[index] @ state + intra_attention[index] @ updates)
-        state = state * chunk_decay[index] + key_to_end_transposed[index] @ updates
-    output = torch.stack(outputs, dim=2).reshape(batch, heads, padded, value_dim)[:, :, :length]
+    for index in range(terms.chunk_decay.shape[0]):
+        output, state = terms.step(index, state)
+        outputs.append(output)
+    output = torch.stack(outputs, dim=2).reshape(batch, heads, -1, value_dim)[:, :, :length]
     return output, state
+
+
+BetweenRuns = Callable[[int, torch.Tensor], torch.Tensor]
+"""before_run(r, state [H, K, V]) -> the state run r starts from (what sits between run r - 1 and run r)."""
+
+
+def chunk_gated_delta_rule_runs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    lengths: list[int],
+    initial_state: torch.Tensor,
+    before_run: BetweenRuns | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n runs of one sequence, in order: run r starts from `before_run(r, state)` where state is where run r - 1
+    ended (`initial_state` for r = 0), and its first lengths[r] steps are real (steps past them must be identity
+    steps: log_decay 0, beta 0).
+
+    Args:
+        query, key: [n, H, T, K]; value: [n, H, T, V]; log_decay, beta: [n, H, T]; lengths: n ints in 1..T;
+        initial_state: [H, K, V]; before_run: None for no map between runs.
+    Returns:
+        outputs [n, H, T, V] (zero past each run's length) and the end state [H, K, V], float32.
+    The chunk is the longest run but the last, capped at `chunk_size`, so each seam window is one scan step.
+    """
+    query, key, value, log_decay, beta = (x.float() for x in (query, key, value, log_decay, beta))
+    runs, heads, length, key_dim = key.shape
+    value_dim = value.shape[-1]
+    if len(lengths) != runs or any(not 0 < count <= length for count in lengths):
+        raise ValueError(f"lengths {lengths} must be {runs} counts in 1..{length}")
+    state = initial_state.float()
+    outputs = value.new_zeros(runs, heads, length, value_dim)
+    if runs == 0:
+        return outputs, state
+    chunk = min(chunk_size, max(lengths[:-1]) if runs > 1 else lengths[0])
+    # each run's chunks (only those holding real steps), end to end as one batch row
+    run_chunks = [-(-count // chunk) for count in lengths]
+    pieces = []
+    for run, chunks in enumerate(run_chunks):
+        stop = chunks * chunk
+        piece = [x[run : run + 1, :, : min(stop, length)] for x in (query, key, value, log_decay, beta)]
+        if stop > length:
+            piece[:3] = [torch.nn.functional.pad(x, (0, 0, 0, stop - length)) for x in piece[:3]]
+            piece[3:] = [torch.nn.functional.pad(x, (0, stop - length)) for x in piece[3:]]
+        pieces.append(piece)
+    packed = [torch.cat(parts, dim=2) if len(parts) > 1 else parts[0] for parts in zip(*pieces)]
+    terms = chunk_terms(*packed, chunk)
+    state = state[None]
+    first = 0
+    for run, (count, chunks) in enumerate(zip(lengths, run_chunks)):
+        if before_run is not None:
+            state = before_run(run, state[0])[None].float()
+        for number in range(chunks):
+            output, state = terms.step(first + number, state)
+            stop = min(count, (number + 1) * chunk)
+            outputs[run, :, number * chunk : stop] = output[0, :, : stop - number * chunk]
+        first += chunks
+    return outputs, state[0]
