@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from hypic_rag.runtime import layers as L
-from hypic_rag.runtime.mixers.base import Projections, RecurrentMixer
+from hypic_rag.runtime.mixers.base import RecurrentMixer
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, what: str, tolerance: float) -> None:
@@ -76,30 +76,18 @@ def check_recurrent_mixer(mixer: RecurrentMixer, x: torch.Tensor, *, split: int 
     _close(ends[0], end[0], "end state of the full-length row of a padded batch", tolerance)
     _close(ends[1], alone[0], "end state of a run padded at its end", tolerance)
 
-    # runs of one sequence in order (`run_runs`, the mixer's own against the interface's sequential reference)
-    first = projections.map(lambda t: t[:split])
-    second_part = projections.map(lambda t: t[split:])
-    longest = max(split, length - split)
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t.new_zeros(longest - t.shape[0], *t.shape[1:])])
-
-    runs = Projections(
-        torch.stack([pad(first.preconv), pad(second_part.preconv)]),
-        tuple(torch.stack([pad(a), pad(b)]) for a, b in zip(first.extras, second_part.extras)),
-    )
-    runs_convolved = mixer.convolve(runs.preconv, torch.stack([mixer.empty_conv_tail(device), tail]))
-    runs_inputs = mixer.recurrence_inputs(runs_convolved, runs, [split, length - split])
-    run_outputs, run_end = mixer.run_runs(runs_inputs, [split, length - split], start[0])
-    _close(torch.cat([run_outputs[0, :split], run_outputs[1, : length - split]])[None], outputs, "run_runs outputs", tolerance)
-    _close(run_end[None], end, "run_runs end state", tolerance)
+    # runs of one sequence packed in one row (`run_packed`, the mixer's own against the interface's reference)
+    lengths = [split, length - split]
+    packed_outputs, packed_end = mixer.run_packed(inputs, lengths, start[0])
+    _close(packed_outputs, outputs, "run_packed outputs", tolerance)
+    _close(packed_end[None], end, "run_packed end state", tolerance)
     scale = torch.rand(*mixer.state_shape, generator=generator).to(device)
     shift = torch.randn(*mixer.state_shape, generator=generator).to(device)
 
     def between(run: int, state: torch.Tensor) -> torch.Tensor:
         return state * scale + shift if run == 1 else state
 
-    mapped_outputs, mapped_end = mixer.run_runs(runs_inputs, [split, length - split], start[0], between)
-    reference_outputs, reference_end = RecurrentMixer.run_runs(mixer, runs_inputs, [split, length - split], start[0], between)
-    _close(mapped_outputs, reference_outputs, "run_runs with a map between runs against the sequential reference", tolerance)
-    _close(mapped_end, reference_end, "run_runs end state with a map between runs", tolerance)
+    mapped_outputs, mapped_end = mixer.run_packed(inputs, lengths, start[0], between)
+    reference_outputs, reference_end = RecurrentMixer.run_packed(mixer, inputs, lengths, start[0], between)
+    _close(mapped_outputs, reference_outputs, "run_packed with a map between runs against the sequential reference", tolerance)
+    _close(mapped_end, reference_end, "run_packed end state with a map between runs", tolerance)

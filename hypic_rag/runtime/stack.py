@@ -329,9 +329,13 @@ def _recurrent_mixer(
             tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count)
         tails_after.append(tail)
 
-    # conv + recurrence inputs of every recomputed run in one batched call (runs zero-padded at the end)
     windows = [offsets[n] for n in run_numbers]
     lengths = [count for _, count in windows]
+    recurrent = previous.recurrent.float() if previous is not None else mixer.zero_state(device)
+    if kind is not None and mixer.scans_runs and not plan.want_checkpoints:
+        return _scan_runs(mixer, layer_index, plan, projections, contexts, run_numbers, recurrent, tail)
+
+    # conv + recurrence inputs of every recomputed run in one batched call (runs zero-padded at the end)
     if windows == [(0, x.shape[0])]:  # one run of every token (full, prefix, decode): views, no copy
         gathered = projections.map(lambda tensor: tensor[None])
     else:
@@ -356,10 +360,6 @@ def _recurrent_mixer(
         empty = mixer.zero_state(device)
         per_span = [LinearLayerState(empty, tails_after[n]) for n in range(len(spans))] if plan.want_checkpoints else []
         return mixer.output(core, projections, plan.dtype), LinearLayerState(empty, tail), per_span, 0.0
-
-    recurrent = previous.recurrent.float() if previous is not None else mixer.zero_state(device)
-    if mixer.scans_runs and not plan.want_checkpoints:
-        return _scan_runs(mixer, layer_index, plan, projections, inputs, run_numbers, lengths, recurrent, tail, x)
 
     batched_numbers = run_numbers[:-1] if len(run_numbers) > 1 and any(s.entry is not None for s in spans) else []
     batched: TransitionRun | None = None
@@ -398,21 +398,39 @@ def _recurrent_mixer(
     return mixed, LinearLayerState(recurrent, tail), per_span, compose_seconds
 
 
+def _pack_conv_inputs(preconv: torch.Tensor, windows: list[tuple[int, int]], contexts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv inputs of runs packed end to end: run r's rows (offset, count) of preconv [R, C], each run after the
+    first preceded by its own left context contexts[r] [C, w] as w extra rows, so ONE causal conv over the packed
+    rows gives every run's outputs with its own context. Returns (packed [P, C], the packed rows of the R tokens)."""
+    pieces: list[torch.Tensor] = []
+    keep: list[int] = []
+    row = 0
+    for number, ((offset, count), context) in enumerate(zip(windows, contexts)):
+        if number and context.shape[-1]:
+            pieces.append(context.transpose(0, 1).to(preconv.dtype))
+            row += context.shape[-1]
+        pieces.append(preconv[offset : offset + count])
+        keep.extend(range(row, row + count))
+        row += count
+    packed = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    return packed, torch.tensor(keep, dtype=torch.long, device=preconv.device)
+
+
 def _scan_runs(
     mixer: RecurrentMixer,
     layer_index: int,
     plan: _Plan,
     projections: Projections,
-    inputs: RecurrenceInputs,
+    contexts: list[torch.Tensor],
     run_numbers: list[int],
-    lengths: list[int],
     recurrent: torch.Tensor,
     tail: torch.Tensor,
-    x: torch.Tensor,
 ) -> tuple[torch.Tensor, LinearLayerState, list[LinearLayerState], float]:
-    """`_recurrent_mixer` through the mixer's `run_runs`: one scan over the recomputed runs in order, the cached
-    remainders between them applied to the state as the scan reaches each run (no identity-start widening)."""
-    spans, offsets, options, kind = plan.spans, plan.offsets, plan.options, mixer.transition_kind
+    """`_recurrent_mixer` through the mixer's `run_packed`: the recomputed runs packed end to end (one conv with
+    each run's context in between, no padding), then one scan over them in order, the cached remainders between
+    runs applied to the state as the scan reaches each run (no identity-start widening)."""
+    spans, offsets, options, kind = plan.spans, plan.offsets, plan.options, mixer.transition_kind or "matrix"
+    windows = [offsets[number] for number in run_numbers]
     before: list[list[tuple[Entry, int]]] = []  # per run: the cached remainders between it and the previous run
     pending: list[tuple[Entry, int]] = []
     for span, (_, count) in zip(spans, offsets):
@@ -427,16 +445,18 @@ def _scan_runs(
         nonlocal compose_seconds
         if not before[run]:
             return state
-        state, seconds = _apply_pending(state, before[run], layer_index, options.composition, kind or "matrix")
+        state, seconds = _apply_pending(state, before[run], layer_index, options.composition, kind)
         compose_seconds += seconds
         return state
 
-    outputs, recurrent = mixer.run_runs(inputs, lengths, recurrent, before_run)
-    core = outputs.new_empty(x.shape[0], *outputs.shape[2:])
-    for row, number in enumerate(run_numbers):
-        offset, count = offsets[number]
-        core[offset : offset + count] = outputs[row, :count]
+    # the recomputed tokens are the runs in order: offsets are contiguous, so the projections need no gathering
+    packed, keep = _pack_conv_inputs(projections.preconv, windows, contexts)
+    convolved = mixer.convolve(packed[None], contexts[0][None])
+    if packed.shape[0] != keep.shape[0]:
+        convolved = convolved[:, keep]
+    inputs = mixer.recurrence_inputs(convolved, projections.map(lambda tensor: tensor[None]))
+    outputs, recurrent = mixer.run_packed(inputs, [count for _, count in windows], recurrent, before_run)
     if pending:
-        recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition, kind or "matrix")
+        recurrent, seconds = _apply_pending(recurrent, pending, layer_index, options.composition, kind)
         compose_seconds += seconds
-    return mixer.output(core, projections, plan.dtype), LinearLayerState(recurrent, tail), [], compose_seconds
+    return mixer.output(outputs[0], projections, plan.dtype), LinearLayerState(recurrent, tail), [], compose_seconds

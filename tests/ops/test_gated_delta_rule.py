@@ -115,31 +115,27 @@ def test_unit_lower_inverse_matches_triangular_solve(size: int) -> None:
     torch.testing.assert_close(got @ (strictly_lower + identity), identity, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lengths", [[5, 8, 3, 13], [1], [8, 8, 8, 24], [70, 3, 130]])
-def test_runs_scan_matches_the_naive_recurrence_with_maps_between_runs(lengths: list[int]) -> None:
-    """`chunk_gated_delta_rule_runs`: runs padded to a common length, an affine map applied before each run, equal
-    the naive recurrence run after run (outputs past each run's length are zero)."""
-    from hypic_rag.runtime.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_runs
+@pytest.mark.parametrize("lengths", [[5, 8, 3, 13], [1], [8, 8, 8, 24], [70, 3, 130], [8, 8]])
+def test_packed_runs_scan_matches_the_naive_recurrence_with_maps_between_runs(lengths: list[int]) -> None:
+    """`chunk_gated_delta_rule_packed`: runs packed end to end, an affine map applied before each run, equal the
+    naive recurrence run after run."""
+    from hypic_rag.runtime.ops.gated_delta_rule.chunk import chunk_gated_delta_rule_packed
 
-    runs, length = len(lengths), max(lengths)
-    query, key, value, log_decay, beta, _ = random_inputs(runs, 3, length, 8, 6, seed=sum(lengths))
-    valid = (torch.arange(length)[None] < torch.tensor(lengths)[:, None]).float()[:, None]
-    log_decay, beta = log_decay * valid, beta * valid
+    query, key, value, log_decay, beta, _ = random_inputs(1, 3, sum(lengths), 8, 6, seed=sum(lengths))
     generator = torch.Generator().manual_seed(7)
-    transitions = torch.randn(runs, 3, 8, 8, generator=generator) * 0.3
-    shifts = torch.randn(runs, 3, 8, 6, generator=generator)
+    transitions = torch.randn(len(lengths), 3, 8, 8, generator=generator) * 0.3
+    shifts = torch.randn(len(lengths), 3, 8, 6, generator=generator)
     start = torch.randn(3, 8, 6, generator=generator)
 
     def before_run(run: int, state: torch.Tensor) -> torch.Tensor:
         return transitions[run] @ state + shifts[run]
 
-    outputs, end = chunk_gated_delta_rule_runs(query, key, value, log_decay, beta, lengths, start, before_run)
-    state = start
+    outputs, end = chunk_gated_delta_rule_packed(query, key, value, log_decay, beta, lengths, start, before_run)
+    state, first = start, 0
     for run, count in enumerate(lengths):
         state = before_run(run, state)
-        pieces = [x[run : run + 1, :, :count] for x in (query, key, value, log_decay, beta)]
+        pieces = [x[:, :, first : first + count] for x in (query, key, value, log_decay, beta)]
         expected, final = naive_recurrent_gated_delta_rule(*pieces, state[None])
-        torch.testing.assert_close(outputs[run, :, :count], expected[0], atol=1e-5, rtol=1e-5)
-        assert not outputs[run, :, count:].any()
-        state = final[0]
+        torch.testing.assert_close(outputs[:, :, first : first + count], expected, atol=1e-5, rtol=1e-5)
+        state, first = final[0], first + count
     torch.testing.assert_close(end, state, atol=1e-5, rtol=1e-5)

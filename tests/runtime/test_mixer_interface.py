@@ -237,7 +237,7 @@ def test_a_parallel_block_keeps_both_states_per_layer_and_stays_exact() -> None:
 
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_next"])
 def test_the_runs_scan_and_the_identity_start_batch_agree_in_the_stack(model_type: str, monkeypatch) -> None:
-    """The stack's two paths for a request's seam runs (one scan with the cached maps applied between runs, and the
+    """The stack's two paths for a request's seam runs (runs packed in one scan with the cached maps applied between runs, and the
     identity-start batch composed afterwards) give the same logits in every mode that recomputes seams."""
     engine = Engine(wrap_model(build_tiny_model(model_type, seed=4)), seam_tokens=3)
     generator = torch.Generator().manual_seed(5)

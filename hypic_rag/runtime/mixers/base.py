@@ -158,34 +158,35 @@ class RecurrentMixer(ABC):
         adds to them, and each run's affine map `SegmentState` (kind `transition_kind`)."""
 
     scans_runs: bool = False
-    """True when `run_runs` is faster than running the runs from the identity start in one batch and composing
+    """True when `run_packed` is faster than running the runs from the identity start in one batch and composing
     (the stack then prefers it): a single scan over all runs' chunks, no widened state."""
 
-    def run_runs(
+    def run_packed(
         self,
         inputs: RecurrenceInputs,
         lengths: list[int],
         start: torch.Tensor,
         before_run: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """n runs of ONE sequence in order: run r starts from `before_run(r, state)` (the state [*state_shape] where
-        run r - 1 ended, `start` for r = 0; None: nothing between runs) and its first lengths[r] steps are real.
-        Returns outputs [n, T, *output_shape] (zero past each run's length) and the end state [*state_shape].
+        """Runs of ONE sequence packed end to end in one row of `inputs` ([1, sum(lengths)] steps, run r at steps
+        sum(lengths[:r]) ..), in order: run r starts from `before_run(r, state)` (the state [*state_shape] where run
+        r - 1 ended, `start` for r = 0; None: nothing between runs). Returns outputs [1, sum(lengths),
+        *output_shape] and the end state [*state_shape].
 
         This default runs them one after the other through `run` (the reference for faster overrides)."""
         state = start.float()
-        outputs: torch.Tensor | None = None
+        pieces: list[torch.Tensor] = []
+        first = 0
         for run, count in enumerate(lengths):
             if before_run is not None:
                 state = before_run(run, state)
-            run_outputs, final = self.run(inputs.select(slice(run, run + 1), 0, count), state[None])
-            if outputs is None:
-                outputs = run_outputs.new_zeros(len(lengths), max(lengths), *run_outputs.shape[2:])
-            outputs[run, :count] = run_outputs[0]
+            run_outputs, final = self.run(inputs.select(slice(0, 1), first, first + count), state[None])
+            pieces.append(run_outputs)
             state = final[0]
-        if outputs is None:
-            raise ValueError("run_runs needs at least one run")
-        return outputs, state
+            first += count
+        if not pieces:
+            raise ValueError("run_packed needs at least one run")
+        return torch.cat(pieces, dim=1), state
 
     @abstractmethod
     def outputs_from_start(

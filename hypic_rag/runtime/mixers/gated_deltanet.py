@@ -16,7 +16,7 @@ from torch import nn
 
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
-from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_runs
+from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_packed
 
 
 @dataclass(slots=True)
@@ -126,15 +126,15 @@ class GatedDeltaNetMixer(RecurrentMixer):
 
     @property
     def scans_runs(self) -> bool:  # type: ignore[override]
-        """On CPU one chunked scan over all runs (`chunk_gated_delta_rule_runs`) beats the identity-start batch;
+        """On CPU one chunked scan over all runs (`chunk_gated_delta_rule_packed`) beats the identity-start batch;
         on CUDA fla's kernels run the batch, so the stack keeps that path there."""
         return not next(self.module.parameters()).is_cuda
 
-    def run_runs(
+    def run_packed(
         self, inputs: GatedDeltaInputs, lengths: list[int], start: torch.Tensor, before_run: BetweenRuns | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs of one sequence in one chunked scan (`chunk_gated_delta_rule_runs`): outputs [n, T, H, V]."""
-        outputs, final = chunk_gated_delta_rule_runs(*inputs.as_tuple(), lengths, start, before_run)
+        """Packed runs of one sequence in one chunked scan (`chunk_gated_delta_rule_packed`): outputs [1, T, H, V]."""
+        outputs, final = chunk_gated_delta_rule_packed(*inputs.as_tuple(), lengths, start, before_run)
         return outputs.transpose(1, 2), final
 
     def run_with_transition(self, inputs: GatedDeltaInputs) -> TransitionRun:

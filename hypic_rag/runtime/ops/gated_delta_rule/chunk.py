@@ -149,7 +149,7 @@ BetweenRuns = Callable[[int, torch.Tensor], torch.Tensor]
 """before_run(r, state [H, K, V]) -> the state run r starts from (what sits between run r - 1 and run r)."""
 
 
-def chunk_gated_delta_rule_runs(
+def chunk_gated_delta_rule_packed(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -160,47 +160,52 @@ def chunk_gated_delta_rule_runs(
     before_run: BetweenRuns | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """n runs of one sequence, in order: run r starts from `before_run(r, state)` where state is where run r - 1
-    ended (`initial_state` for r = 0), and its first lengths[r] steps are real (steps past them must be identity
-    steps: log_decay 0, beta 0).
+    """Runs of one sequence packed end to end along time, in order: run r (steps sum(lengths[:r]) ..) starts from
+    `before_run(r, state)` where state is where run r - 1 ended (`initial_state` for r = 0).
 
     Args:
-        query, key: [n, H, T, K]; value: [n, H, T, V]; log_decay, beta: [n, H, T]; lengths: n ints in 1..T;
-        initial_state: [H, K, V]; before_run: None for no map between runs.
+        query, key: [1, H, T, K]; value: [1, H, T, V]; log_decay, beta: [1, H, T] with T = sum(lengths);
+        lengths: positive run lengths; initial_state: [H, K, V]; before_run: None for no map between runs.
     Returns:
-        outputs [n, H, T, V] (zero past each run's length) and the end state [H, K, V], float32.
-    The chunk is the longest run but the last, capped at `chunk_size`, so each seam window is one scan step.
+        outputs [1, H, T, V] and the end state [H, K, V], float32.
+    Each run is padded with identity steps to whole chunks; the chunk is the longest run but the last, capped at
+    `chunk_size` (so each seam window is one scan step), and every chunk's terms are computed in one batch.
     """
     query, key, value, log_decay, beta = (x.float() for x in (query, key, value, log_decay, beta))
-    runs, heads, length, key_dim = key.shape
+    _, heads, length, key_dim = key.shape
     value_dim = value.shape[-1]
-    if len(lengths) != runs or any(not 0 < count <= length for count in lengths):
-        raise ValueError(f"lengths {lengths} must be {runs} counts in 1..{length}")
-    state = initial_state.float()
-    outputs = value.new_zeros(runs, heads, length, value_dim)
-    if runs == 0:
-        return outputs, state
-    chunk = min(chunk_size, max(lengths[:-1]) if runs > 1 else lengths[0])
-    # each run's chunks (only those holding real steps), end to end as one batch row
+    if query.shape[0] != 1 or any(count < 1 for count in lengths) or sum(lengths) != length:
+        raise ValueError(f"lengths {lengths} must be positive and sum to the {length} packed steps of a batch of one")
+    state = initial_state.float()[None]
+    chunk = min(chunk_size, max(lengths[:-1]) if len(lengths) > 1 else lengths[0])
     run_chunks = [-(-count // chunk) for count in lengths]
-    pieces = []
-    for run, chunks in enumerate(run_chunks):
-        stop = chunks * chunk
-        piece = [x[run : run + 1, :, : min(stop, length)] for x in (query, key, value, log_decay, beta)]
-        if stop > length:
-            piece[:3] = [torch.nn.functional.pad(x, (0, 0, 0, stop - length)) for x in piece[:3]]
-            piece[3:] = [torch.nn.functional.pad(x, (0, stop - length)) for x in piece[3:]]
-        pieces.append(piece)
-    packed = [torch.cat(parts, dim=2) if len(parts) > 1 else parts[0] for parts in zip(*pieces)]
-    terms = chunk_terms(*packed, chunk)
-    state = state[None]
+    # padded layout: each run rounded up to whole chunks; padding rows read the zero row appended at index T
+    source: list[int] = []
     first = 0
-    for run, (count, chunks) in enumerate(zip(lengths, run_chunks)):
+    for count, chunks in zip(lengths, run_chunks):
+        source.extend(range(first, first + count))
+        source.extend([length] * (chunks * chunk - count))
+        first += count
+    device = value.device
+    if len(source) == length:
+        padded = [query, key, value, log_decay, beta]
+        real_rows = None
+    else:
+        index = torch.tensor(source, dtype=torch.long, device=device)
+        padded = [torch.nn.functional.pad(x, (0, 0, 0, 1)).index_select(2, index) for x in (query, key, value)]
+        padded += [torch.nn.functional.pad(x, (0, 1)).index_select(2, index) for x in (log_decay, beta)]
+        real_rows = torch.tensor([row for row, at in enumerate(source) if at < length], dtype=torch.long, device=device)
+    terms = chunk_terms(*padded, chunk)
+    outputs = []
+    number = 0
+    for run, chunks in enumerate(run_chunks):
         if before_run is not None:
             state = before_run(run, state[0])[None].float()
-        for number in range(chunks):
-            output, state = terms.step(first + number, state)
-            stop = min(count, (number + 1) * chunk)
-            outputs[run, :, number * chunk : stop] = output[0, :, : stop - number * chunk]
-        first += chunks
-    return outputs, state[0]
+        for _ in range(chunks):
+            output, state = terms.step(number, state)
+            outputs.append(output)
+            number += 1
+    output = torch.cat(outputs, dim=2)  # [1, H, padded T, V]
+    if real_rows is not None:
+        output = output.index_select(2, real_rows)
+    return output, state[0]
