@@ -42,11 +42,12 @@ def unit_lower_inverse(strictly_lower: torch.Tensor) -> torch.Tensor:
 
 @dataclass(slots=True)
 class ChunkTerms:
-    """The state-independent terms of every chunk, chunk-major so a scan step reads contiguous memory.
+    """The state-independent terms of every chunk, chunk-major with batch and heads flattened (G = B * H) so a scan
+    step reads contiguous memory and runs fused batched products.
 
-    For N chunks of C tokens over batch B and heads H: corrected_values [N, B, H, C, V] (T b V), state_read_weights
-    [N, B, H, C, K] (T b exp(gamma) K), query_decayed [N, B, H, C, K], intra_attention [N, B, H, C, C],
-    key_to_end_transposed [N, B, H, K, C], chunk_decay [N, B, H, 1, 1].
+    For N chunks of C tokens: corrected_values [N, G, C, V] (T b V), state_read_weights [N, G, C, K]
+    (T b exp(gamma) K), query_decayed [N, G, C, K], intra_attention [N, G, C, C], key_to_end_transposed
+    [N, G, K, C], chunk_decay [N, G, 1, 1].
     """
 
     corrected_values: torch.Tensor
@@ -56,11 +57,15 @@ class ChunkTerms:
     key_to_end_transposed: torch.Tensor
     chunk_decay: torch.Tensor
 
+    @property
+    def chunks(self) -> int:
+        return int(self.chunk_decay.shape[0])
+
     def step(self, index: int, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunk `index` from state [B, H, K, V]: (outputs [B, H, C, V], the state after the chunk)."""
-        updates = self.corrected_values[index] - self.state_read_weights[index] @ state
-        output = self.query_decayed[index] @ state + self.intra_attention[index] @ updates
-        return output, state * self.chunk_decay[index] + self.key_to_end_transposed[index] @ updates
+        """Chunk `index` from state [G, K, V]: (outputs [G, C, V], the state after the chunk)."""
+        updates = torch.baddbmm(self.corrected_values[index], self.state_read_weights[index], state, alpha=-1.0)
+        output = torch.baddbmm(self.intra_attention[index] @ updates, self.query_decayed[index], state)
+        return output, torch.baddbmm(state * self.chunk_decay[index], self.key_to_end_transposed[index], updates)
 
 
 def chunk_terms(
@@ -99,8 +104,8 @@ def chunk_terms(
     key_to_end = key * (gamma[..., -1:] - gamma).exp()[..., None]
     chunk_decay = gamma[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
 
-    def chunk_major(x: torch.Tensor) -> torch.Tensor:
-        return x.permute(2, 0, 1, *range(3, x.dim())).contiguous()
+    def chunk_major(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, ...] -> [N, B * H, ...]
+        return x.permute(2, 0, 1, *range(3, x.dim())).reshape(num_chunks, batch * heads, *x.shape[3:]).contiguous()
 
     return ChunkTerms(
         chunk_major(corrected_values), chunk_major(state_read_weights), chunk_major(query_decayed),
@@ -137,12 +142,13 @@ def chunk_gated_delta_rule(
         return value.new_zeros(batch, heads, 0, value_dim), state.clone()
     chunk = min(chunk_size, length)
     terms = chunk_terms(query, key, value, log_decay, beta, chunk)
+    state = state.reshape(batch * heads, key_dim, value_dim)
     outputs = []
-    for index in range(terms.chunk_decay.shape[0]):
+    for index in range(terms.chunks):
         output, state = terms.step(index, state)
         outputs.append(output)
-    output = torch.stack(outputs, dim=2).reshape(batch, heads, -1, value_dim)[:, :, :length]
-    return output, state
+    output = torch.cat(outputs, dim=1).reshape(batch, heads, -1, value_dim)[:, :, :length]
+    return output, state.reshape(batch, heads, key_dim, value_dim)
 
 
 BetweenRuns = Callable[[int, torch.Tensor], torch.Tensor]
@@ -176,7 +182,7 @@ def chunk_gated_delta_rule_packed(
     value_dim = value.shape[-1]
     if query.shape[0] != 1 or any(count < 1 for count in lengths) or sum(lengths) != length:
         raise ValueError(f"lengths {lengths} must be positive and sum to the {length} packed steps of a batch of one")
-    state = initial_state.float()[None]
+    state = initial_state.float()
     chunk = min(chunk_size, max(lengths[:-1]) if len(lengths) > 1 else lengths[0])
     run_chunks = [-(-count // chunk) for count in lengths]
     # padded layout: each run rounded up to whole chunks; padding rows read the zero row appended at index T
@@ -200,12 +206,12 @@ def chunk_gated_delta_rule_packed(
     number = 0
     for run, chunks in enumerate(run_chunks):
         if before_run is not None:
-            state = before_run(run, state[0])[None].float()
+            state = before_run(run, state).float()
         for _ in range(chunks):
             output, state = terms.step(number, state)
             outputs.append(output)
             number += 1
-    output = torch.cat(outputs, dim=2)  # [1, H, padded T, V]
+    output = torch.cat(outputs, dim=1)[None]  # [1, H, padded T, V]
     if real_rows is not None:
         output = output.index_select(2, real_rows)
-    return output, state[0]
+    return output, state
