@@ -71,12 +71,14 @@ PROFILES: dict[str, BenchConfig] = {
         cold_requests=2, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=3, clients=2, throughput_requests=4,
         throughput_seconds=15.0, batching_requests=24, batching_seconds=30.0,
     ),
-    # the timing model at realistic chunk sizes, workload 1 at k = 8 and cold requests: ~30 min on 2 CPU cores
+    # the timing model at realistic chunk sizes: workload 1 at k = 8 x 256, the long-context workload (k = 16 x
+    # 512, where full's cost grows with the prompt and hypic's with the chunk count) and cold requests: ~30 min on
+    # 2 CPU cores
     "standard": BenchConfig(
         profile="standard", timing_model="medium", seam_tokens=8, chunk_tokens=256, pool_size=24, top_ks=(8,),
-        requests=4, warmup=4, long_chunks=32, long_chunk_tokens=512, long_requests=1, agentic_turns=4,
+        requests=4, warmup=4, long_chunks=16, long_chunk_tokens=512, long_requests=2, agentic_turns=4,
         cold_requests=1, sweep_seams=(0, 2, 8, 32), sweep_requests=2, clients=2, throughput_requests=4,
-        throughput_seconds=300.0, workloads=("rag_qa", "cold"),
+        throughput_seconds=300.0, workloads=("rag_qa", "long_context", "cold"),
     ),
     # what the test suite runs end to end: seconds, shape and sanity only
     "test": BenchConfig(
