@@ -184,12 +184,15 @@ def measure_workload(
         warm_entries(engine, [*workload.requests, *workload.warmup, *workload.load], seams, show_progress)
         for request in workload.warmup:  # prefix mode's chunk-boundary checkpoints, from other requests
             engine.prefill(request, "prefix")
-    reference: list[torch.Tensor] = []
-    per_mode: dict[str, dict[str, Any]] = {}
-    ordered = ["full"] + [mode for mode in modes if mode != "full"]
-    for mode in [*ordered, TRANSFORMERS]:
-        ttfts, fractions, loaded, kls, agree, floors = [], [], [], [], [], []
-        for number, request in enumerate(tqdm(workload.requests, desc=f"{workload.name} {mode}", unit="req", disable=not show_progress, leave=False)):
+    ordered = ["full"] + [mode for mode in modes if mode != "full"] + [TRANSFORMERS]
+    samples: dict[str, dict[str, list[float]]] = {
+        mode: {key: [] for key in ("ttfts", "fractions", "loaded", "kls", "agree", "floors")} for mode in ordered
+    }
+    # requests outer, modes inner: every mode of a request runs back to back, so a machine whose speed drifts
+    # (shared cores) weighs on every mode alike and the ratios stay fair
+    for request in tqdm(workload.requests, desc=f"{workload.name} (all modes)", unit="req", disable=not show_progress, leave=False):
+        reference: torch.Tensor | None = None
+        for mode in ordered:
             if mode == TRANSFORMERS:
                 seconds, logits = timed_transformers_forward(model, request)
                 recomputed, loaded_bytes, prefix_reused = request.prompt_tokens, 0, 0
@@ -198,16 +201,21 @@ def measure_workload(
                 seconds, logits, stats = timed_prefill(run_engine, request, mode, seam_tokens)
                 recomputed, loaded_bytes = stats.recomputed_tokens, stats.cache_bytes_loaded
                 prefix_reused = stats.prefix_reused_tokens
-            ttfts.append(seconds)
-            fractions.append(recomputed / request.prompt_tokens)
-            loaded.append(loaded_bytes)
+            if reference is None:
+                reference = logits
+            row = samples[mode]
+            row["ttfts"].append(seconds)
+            row["fractions"].append(recomputed / request.prompt_tokens)
+            row["loaded"].append(loaded_bytes)
             if rates is not None:
                 positions = recomputed_positions(request, mode, seam_tokens, prefix_reused)
-                floors.append(floor_of(model, rates, positions, loaded_bytes))
-            if mode == "full":
-                reference.append(logits)
-            kls.append(kl_divergence(reference[number], logits))
-            agree.append(float(torch.argmax(logits) == torch.argmax(reference[number])))
+                row["floors"].append(floor_of(model, rates, positions, loaded_bytes))
+            row["kls"].append(kl_divergence(reference, logits))
+            row["agree"].append(float(torch.argmax(logits) == torch.argmax(reference)))
+    per_mode: dict[str, dict[str, Any]] = {}
+    for mode in ordered:
+        row = samples[mode]
+        ttfts, floors = row["ttfts"], row["floors"]
         throughput = (
             closed_loop_throughput(engine, workload.load, mode, seam_tokens, clients, throughput_requests, throughput_seconds, new_tokens)
             if throughput_requests > 0 and workload.load and mode != TRANSFORMERS
@@ -217,10 +225,10 @@ def measure_workload(
             "ttft_p50": percentile(ttfts, 50),
             "ttft_p95": percentile(ttfts, 95),
             "ttft_seconds": ttfts,
-            "recomputed_fraction": float(np.mean(fractions)),
-            "cache_bytes_loaded_per_request": float(np.mean(loaded)),
-            "kl_vs_full": float(np.mean(kls)),
-            "greedy_agreement_vs_full": float(np.mean(agree)),
+            "recomputed_fraction": float(np.mean(row["fractions"])),
+            "cache_bytes_loaded_per_request": float(np.mean(row["loaded"])),
+            "kl_vs_full": float(np.mean(row["kls"])),
+            "greedy_agreement_vs_full": float(np.mean(row["agree"])),
             "throughput": throughput,
         }
         if floors:
