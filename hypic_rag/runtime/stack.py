@@ -332,7 +332,7 @@ def _recurrent_mixer(
     windows = [offsets[n] for n in run_numbers]
     lengths = [count for _, count in windows]
     recurrent = previous.recurrent.float() if previous is not None else mixer.zero_state(device)
-    if kind is not None and mixer.scans_runs and not plan.want_checkpoints:
+    if kind is not None and len(run_numbers) > 1 and mixer.scans_runs and not plan.want_checkpoints:
         return _scan_runs(mixer, layer_index, plan, projections, contexts, run_numbers, recurrent, tail)
 
     # conv + recurrence inputs of every recomputed run in one batched call (runs zero-padded at the end)
