@@ -113,6 +113,11 @@ def test_unit_lower_inverse_matches_triangular_solve(size: int) -> None:
     got = unit_lower_inverse(strictly_lower)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got @ (strictly_lower + identity), identity, atol=1e-5, rtol=1e-5)
+    with_gradient = strictly_lower.clone().requires_grad_(True)  # the training path: differentiable
+    inverse = unit_lower_inverse(with_gradient)
+    torch.testing.assert_close(inverse, expected, atol=1e-5, rtol=1e-5)
+    inverse.sum().backward()
+    assert with_gradient.grad is not None and torch.isfinite(with_gradient.grad).all()
 
 
 @pytest.mark.parametrize("lengths", [[5, 8, 3, 13], [1], [8, 8, 8, 24], [70, 3, 130], [8, 8]])
