@@ -219,7 +219,11 @@ class Engine:
         hit_count = sum(hits)
         device = self.model.device
         stats.cache_bytes_loaded += sum(entry_tensor_bytes(entry) for entry in entries)
-        entries = [{name: tensor.to(device, non_blocking=True) for name, tensor in e.items()} for e in entries]
+        entries = [
+            e if all(tensor.device == device for tensor in e.values())
+            else {name: tensor.to(device, non_blocking=True) for name, tensor in e.items()}
+            for e in entries
+        ]
         stats.cache_hits += hit_count
         stats.cache_misses += len(segments) - hit_count
         stats.encode_seconds += encode_seconds
