@@ -292,12 +292,12 @@ def _grouped_attention(
     kv_heads, length = keys.shape[0], keys.shape[1]
     groups = heads // kv_heads
     grouped = query.reshape(kv_heads, groups * tokens, head_dim)  # head kv * groups + g, token t -> row g * T + t
-    scores = torch.matmul(keys.to(query.dtype), grouped.transpose(1, 2)).float() * attention.scaling  # [Hkv, N, G*T]
-    if int(positions.min()) < length - 1:  # some query does not see every key
-        hidden = torch.arange(length, device=keys.device)[:, None] > positions[None, :]  # [N, T]
-        scores = scores.masked_fill(hidden.repeat(1, groups)[None], float("-inf"))
-    weights = torch.softmax(scores, dim=1).to(query.dtype)
-    out = torch.matmul(weights.transpose(1, 2), values.to(query.dtype))  # [Hkv, G*T, D]
+    scores = torch.matmul(grouped, keys.to(query.dtype).transpose(1, 2)).float()  # [Hkv, G*T, N]
+    if tokens > 1 or int(positions[0]) < length - 1:  # some query may not see every key
+        hidden = torch.arange(length, device=keys.device)[None, :] > positions[:, None]  # [T, N]
+        scores = scores.view(kv_heads, groups, tokens, length).masked_fill_(hidden, float("-inf"))
+    weights = torch.softmax(scores.mul_(attention.scaling), dim=-1).to(query.dtype).view(kv_heads, groups * tokens, length)
+    out = torch.matmul(weights, values.to(query.dtype))  # [Hkv, G*T, D]
     return out.reshape(heads, tokens, head_dim).transpose(0, 1).reshape(tokens, heads * head_dim)
 
 
@@ -354,6 +354,9 @@ def _linear_layer_batch(
     """
     device = x.device
     preconv, output_gate, b, a = L.linear_projections(mixer, x)
+    if _all_decode_steps(layouts, layer_index):
+        core = _linear_decode_steps(mixer, layer_index, preconv, b, a, layouts)
+        return L.linear_mixer_output(mixer, core, output_gate, dtype)
     runs: list[_Run] = []
     walks: list[list[_Op]] = []
     final_tails: list[torch.Tensor] = []
@@ -417,6 +420,47 @@ def _linear_layer_batch(
     for number, layout in enumerate(layouts):
         layout.state.linear[layer_index] = LinearLayerState(states[number], final_tails[number])
     return L.linear_mixer_output(mixer, core, output_gate, dtype)
+
+
+def _all_decode_steps(layouts: list[_Layout], layer_index: int) -> bool:
+    """Whether every item is one recomputed token after a state with this layer's linear state (a decode step):
+    then the layer needs no walk over spans (`_linear_decode_steps`)."""
+    for layout in layouts:
+        if layout.recomputed != 1 or len(layout.spans) != 1 or layout.item.want_checkpoints:
+            return False
+        if layout.spans[0].length != 1 or _previous_linear(layout, layer_index) is None:
+            return False
+    return True
+
+
+def _linear_decode_steps(
+    mixer: torch.nn.Module, layer_index: int, preconv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+    layouts: list[_Layout],
+) -> torch.Tensor:
+    """One Gated DeltaNet decode step of every item at once: item n's token is row n of preconv [n, C], b, a [n, H];
+    its conv window is its conv tail [C, kernel-1] and the token (a weighted sum, no conv call), its recurrent state
+    [H, K, V] steps once (`gated_delta_rule` over the stacked states [n, H, K, V]). Sets each item's new linear
+    state; returns core [H, n, V]. The same values as the walk of `_linear_layer_batch` (float32 round-off)."""
+    from hypic_rag.runtime.mixers.base import Projections
+    from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
+
+    previous = [_previous_linear(layout, layer_index) for layout in layouts]
+    tails = torch.stack([state.conv_tail for state in previous]).float()  # [n, C, kernel-1]
+    states = torch.stack([state.recurrent for state in previous]).float()  # [n, H, K, V]
+    conv = mixer.conv1d
+    weight = conv.weight[:, 0, :]  # [C, kernel]
+    window = torch.cat([tails.to(weight.dtype), preconv[:, :, None].to(weight.dtype)], dim=2)  # [n, C, kernel]
+    convolved = (window * weight).sum(dim=-1)
+    if conv.bias is not None:
+        convolved = convolved + conv.bias
+    convolved = torch.nn.functional.silu(convolved)[:, None]  # [n, 1, C]
+    gated = GatedDeltaNetMixer(mixer)
+    inputs = gated.recurrence_inputs(convolved, Projections(preconv[:, None], (b[:, None], b[:, None], a[:, None])))
+    outputs, finals = gated_delta_rule(*inputs.as_tuple(), states)  # [n, H, 1, V], [n, H, K, V]
+    new_tails = torch.cat([tails, preconv[:, :, None].float()], dim=2)[:, :, 1:] if tails.shape[-1] else tails
+    for number, layout in enumerate(layouts):
+        layout.state.linear[layer_index] = LinearLayerState(finals[number], new_tails[number])
+    return outputs[:, :, 0].transpose(0, 1)
 
 
 def _apply_cached(state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, composition: str) -> torch.Tensor:

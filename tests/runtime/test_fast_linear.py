@@ -80,3 +80,24 @@ def test_use_fast_linears_swaps_plain_linears_only() -> None:
     assert model.state_dict().keys() == state.keys()
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, state[name])
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 8, 64, 65])
+def test_fast_linear_with_its_packed_weight_matches_and_follows_weight_changes(rows: int, monkeypatch) -> None:
+    """2..PACKED_MAX_ROWS rows go through the packed copy of the weight; it is remade when the weight is written in
+    place (load_state_dict) or replaced; HYPIC_RAG_PACKED_LINEARS=0 keeps to the dense weight."""
+    torch.manual_seed(rows)
+    layer = nn.Linear(48, 80)
+    use_fast_linears(layer)
+    x = torch.randn(rows, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        layer.load_state_dict({"weight": torch.randn(80, 48), "bias": torch.randn(80)})
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        layer.weight = nn.Parameter(torch.randn(80, 48))
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        monkeypatch.setenv("HYPIC_RAG_PACKED_LINEARS", "0")
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    packs = "_packed" in layer.__dict__
+    assert packs == (2 <= rows <= fast_linear.PACKED_MAX_ROWS)
