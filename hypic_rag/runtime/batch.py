@@ -407,12 +407,14 @@ def _linear_layer_batch(
                 run = runs[n]
                 core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
                 states[run_of[n]] = finals[index]
+        mapped = [(number, op.entry) for number, op in steps if op.entry is not None]
+        if mapped:
+            began = time.perf_counter()
+            _apply_cached_together(states, mapped, layer_index, layouts)
+            share = (time.perf_counter() - began) / len(mapped)
+            for number, _ in mapped:
+                layouts[number].compose_seconds += share
         for number, op in steps:
-            if op.entry is not None:  # one item's cached map: P S + Z read in place (stacking would copy them)
-                began = time.perf_counter()
-                states[number] = _apply_cached(states[number], op.entry, layer_index,
-                                               layouts[number].item.options.composition)
-                layouts[number].compose_seconds += time.perf_counter() - began
             if op.ends_span and layouts[number].item.want_checkpoints:
                 layouts[number].span_linear[op.span][layer_index] = LinearLayerState(
                     states[number], tails_after[number][op.span]
@@ -461,6 +463,34 @@ def _linear_decode_steps(
     for number, layout in enumerate(layouts):
         layout.state.linear[layer_index] = LinearLayerState(finals[number], new_tails[number])
     return outputs[:, :, 0].transpose(0, 1)
+
+
+def _apply_cached_together(
+    states: list[torch.Tensor], mapped: list[tuple[int, dict[str, torch.Tensor]]], layer_index: int,
+    layouts: list[_Layout],
+) -> None:
+    """Apply each (item number, entry)'s cached map to states[number] [H, K, V] (replaced, never written in place):
+    the `transition` maps with a matrix P [H, K, K] of several items in one batched product P S + Z over their
+    stacked states, the others (`addition`, one item) one at a time (`_apply_cached`). Same values."""
+    together = []
+    for number, entry in mapped:
+        composition = layouts[number].item.options.composition
+        transition = entry.get(tensor_name(layer_index, "transition")) if composition != "addition" else None
+        state = states[number]
+        if transition is not None and transition.dim() == state.dim() == 3 and transition.shape[-1] == state.shape[-2]:
+            together.append((number, transition, entry[tensor_name(layer_index, "suffix_state")]))
+        else:
+            states[number] = _apply_cached(state, entry, layer_index, composition)
+    if len(together) == 1:
+        number, transition, suffix = together[0]
+        states[number] = SegmentState(transition, suffix).apply(states[number])
+    elif together:
+        start = torch.stack([states[number].float() for number, _, _ in together])  # [n, H, K, V]
+        transitions = torch.stack([transition.float() for _, transition, _ in together])  # [n, H, K, K]
+        suffixes = torch.stack([suffix.float() for _, _, suffix in together])  # [n, H, K, V]
+        ended = torch.baddbmm(suffixes.flatten(0, 1), transitions.flatten(0, 1), start.flatten(0, 1)).view_as(start)
+        for index, (number, _, _) in enumerate(together):
+            states[number] = ended[index]
 
 
 def _apply_cached(state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, composition: str) -> torch.Tensor:
