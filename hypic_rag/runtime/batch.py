@@ -26,7 +26,7 @@ from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, tensor_name
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule
+from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.segment_state import SegmentState
 from hypic_rag.runtime.stack import (
     Span,
@@ -392,6 +392,30 @@ def _linear_layer_batch(
             else torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
         )
     core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
+    if PARALLEL_RUNS and any(sum(op.run is not None for op in walk) > 1 for walk in walks):
+        _linear_runs_in_parallel(mixer, preconv, b, a, layer_index, layouts, runs, walks, tails_after, states, core)
+    else:
+        _linear_runs_in_waves(mixer, preconv, b, a, layer_index, layouts, runs, walks, tails_after, states, core)
+    for number, layout in enumerate(layouts):
+        layout.state.linear[layer_index] = LinearLayerState(states[number], final_tails[number])
+    return L.linear_mixer_output(mixer, core, output_gate, dtype)
+
+
+PARALLEL_RUNS = True
+"""Whether a pass where some item has several recomputed runs in a Gated DeltaNet layer (a `hypic` prefill: its
+seams and question) runs them all at once (`_linear_runs_in_parallel`) rather than step by step
+(`_linear_runs_in_waves`, the reference the tests compare it with)."""
+
+
+def _linear_runs_in_waves(
+    mixer: torch.nn.Module, preconv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer_index: int,
+    layouts: list[_Layout], runs: list[_Run], walks: list[list[_Op]], tails_after: list[list[torch.Tensor]],
+    states: list[torch.Tensor], core: torch.Tensor,
+) -> None:
+    """The items' walks advancing together, one step of every item at a time (a wavefront): the runs of a step go
+    through the gated delta rule in one padded call per length class from their stacked states [n, H, K, V] (their
+    conv and inputs too), and the cached maps of a step are applied together. Writes each run's outputs into core
+    [H, R, V] and leaves each item's end state in `states`."""
     for wave in range(max(len(walk) for walk in walks)):
         steps = [(number, walk[wave]) for number, walk in enumerate(walks) if wave < len(walk)]
         run_of = {op.run: number for number, op in steps if op.run is not None}
@@ -414,14 +438,94 @@ def _linear_layer_batch(
             share = (time.perf_counter() - began) / len(mapped)
             for number, _ in mapped:
                 layouts[number].compose_seconds += share
+        _keep_span_states(steps, layer_index, layouts, tails_after, states)
+
+
+def _keep_span_states(
+    steps: list[tuple[int, _Op]], layer_index: int, layouts: list[_Layout], tails_after: list[list[torch.Tensor]],
+    states: list[torch.Tensor],
+) -> None:
+    """The states at span ends, for the items that want checkpoints."""
+    for number, op in steps:
+        if op.ends_span and layouts[number].item.want_checkpoints:
+            layouts[number].span_linear[op.span][layer_index] = LinearLayerState(
+                states[number], tails_after[number][op.span]
+            )
+
+
+def _linear_runs_in_parallel(
+    mixer: torch.nn.Module, preconv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer_index: int,
+    layouts: list[_Layout], runs: list[_Run], walks: list[list[_Op]], tails_after: list[list[torch.Tensor]],
+    states: list[torch.Tensor], core: torch.Tensor,
+) -> None:
+    """Every recomputed run of every item at once, through affine maps: each length class of runs goes through the
+    gated delta rule from the identity start in one padded call (`gated_delta_rule_with_transition`: each run's
+    map S -> P S + Z, its outputs from a zero start and P_t^T q_t); then each item's walk composes its state through
+    the maps of its runs and cached spans in order (the maps of a step of all walks in one batched product), keeping
+    the state each run starts from; last, each run's outputs are its zero-start outputs plus (P_t^T q_t) S_start. The
+    same values as `_linear_runs_in_waves` (float32 round-off), in two calls per layer rather than one per run.
+    Writes core [H, R, V]; leaves each item's end state in `states`."""
+    maps: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(runs)  # type: ignore[list-item]
+    groups = _group_runs(list(range(len(runs))), runs)
+    evaluated: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+    for group in groups:
+        windows = [(runs[n].row, runs[n].count) for n in group]
+        parts = L.batched_delta_rule_inputs(
+            mixer, _gather(preconv, windows), _gather(b, windows), _gather(a, windows),
+            torch.stack([runs[n].context for n in group]), [count for _, count in windows],
+        )
+        zero_outputs, transition_outputs, segment = gated_delta_rule_with_transition(*parts)
+        evaluated.append((group, zero_outputs, transition_outputs))  # [g, H, T, V], [g, H, T, K]
+        for index, n in enumerate(group):
+            maps[n] = (segment.transition[index], segment.state[index])
+    starts: list[torch.Tensor] = [None] * len(runs)  # type: ignore[list-item]
+    for wave in range(max(len(walk) for walk in walks)):
+        steps = [(number, walk[wave]) for number, walk in enumerate(walks) if wave < len(walk)]
+        affine: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        cached: list[int] = []
         for number, op in steps:
-            if op.ends_span and layouts[number].item.want_checkpoints:
-                layouts[number].span_linear[op.span][layer_index] = LinearLayerState(
-                    states[number], tails_after[number][op.span]
-                )
-    for number, layout in enumerate(layouts):
-        layout.state.linear[layer_index] = LinearLayerState(states[number], final_tails[number])
-    return L.linear_mixer_output(mixer, core, output_gate, dtype)
+            if op.run is not None:
+                starts[op.run] = states[number]
+                affine.append((number, *maps[op.run]))
+                continue
+            assert op.entry is not None
+            began = time.perf_counter()
+            composition = layouts[number].item.options.composition
+            transition = op.entry.get(tensor_name(layer_index, "transition")) if composition != "addition" else None
+            if transition is not None and transition.dim() == 3 and transition.shape[-1] == states[number].shape[-2]:
+                affine.append((number, transition, op.entry[tensor_name(layer_index, "suffix_state")]))
+                cached.append(number)
+            else:
+                states[number] = _apply_cached(states[number], op.entry, layer_index, composition)
+            layouts[number].compose_seconds += time.perf_counter() - began
+        began = time.perf_counter()
+        _affine_together(states, affine)
+        if cached:
+            share = (time.perf_counter() - began) * len(cached) / len(affine)
+            for number in cached:
+                layouts[number].compose_seconds += share / len(cached)
+        _keep_span_states(steps, layer_index, layouts, tails_after, states)
+    for group, zero_outputs, transition_outputs in evaluated:
+        start = torch.stack([starts[n] for n in group])  # [g, H, K, V]
+        outputs = torch.matmul(transition_outputs, start).add_(zero_outputs)  # [g, H, T, V]
+        for index, n in enumerate(group):
+            run = runs[n]
+            core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
+
+
+def _affine_together(states: list[torch.Tensor], affine: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+    """states[number] <- P states[number] + Z for each (number, P [H, K, K], Z [H, K, V]), in one batched product
+    when there are several (new tensors, never written in place)."""
+    if len(affine) == 1:
+        number, transition, suffix = affine[0]
+        states[number] = torch.baddbmm(suffix.float(), transition.float(), states[number].float())
+    elif affine:
+        start = torch.stack([states[number].float() for number, _, _ in affine])  # [n, H, K, V]
+        transitions = torch.stack([transition.float() for _, transition, _ in affine])  # [n, H, K, K]
+        suffixes = torch.stack([suffix.float() for _, _, suffix in affine])  # [n, H, K, V]
+        ended = torch.baddbmm(suffixes.flatten(0, 1), transitions.flatten(0, 1), start.flatten(0, 1)).view_as(start)
+        for index, (number, _, _) in enumerate(affine):
+            states[number] = ended[index]
 
 
 def _all_decode_steps(layouts: list[_Layout], layer_index: int) -> bool:

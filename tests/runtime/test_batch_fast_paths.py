@@ -86,3 +86,41 @@ def test_cached_maps_applied_together_equal_one_at_a_time(composition: str) -> N
     for got, want, before in zip(together, expected, states):
         torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-5)
     assert together[1] is states[1]
+
+
+def test_runs_in_parallel_through_affine_maps_equal_the_wavefront(model, monkeypatch) -> None:
+    """Prefills of every mode (hypic: seams and question; prefix: checkpoints; addition) together, with a decode
+    step among them: logits, end states and span checkpoints equal the step-by-step wavefront's."""
+    import random
+
+    from hypic_rag.runtime.modes import MODES
+
+    generator = torch.Generator().manual_seed(3)
+    rng = random.Random(3)
+    ids = lambda count: torch.randint(0, 256, (count,), generator=generator).tolist()  # noqa: E731
+    pool = [ids(rng.randint(3, 30)) for _ in range(6)]
+    requests = [Request(ids(rng.randint(0, 5)), [rng.choice(pool) for _ in range(rng.randint(1, 5))], ids(rng.randint(1, 9)))
+                for _ in range(3)]
+    engine = Engine(model, seam_tokens=4)
+    running = run_batch(model, [BatchItem(plan.spans, plan.initial, plan.options, reserve=2) for plan in
+                                [engine.plan_prefill(requests[0], "hypic")]])[0].state
+    plans = [engine.plan_prefill(request, mode) for request in requests for mode in MODES]
+
+    def items(decoding: SequenceState) -> list[BatchItem]:
+        return [BatchItem([batch.Span([5], decoding.length, 1)], decoding)] + [
+            BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints) for plan in plans]
+
+    assert batch.PARALLEL_RUNS
+    fast = run_batch(model, items(_copy(running)))
+    with monkeypatch.context() as patch:
+        patch.setattr(batch, "PARALLEL_RUNS", False)
+        slow = run_batch(model, items(_copy(running)))
+    for got, want in zip(fast, slow):
+        torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
+        for layer_index, linear in want.state.linear.items():
+            torch.testing.assert_close(got.state.linear[layer_index].recurrent, linear.recurrent, atol=ATOL, rtol=1e-5)
+        assert len(got.checkpoints) == len(want.checkpoints)
+        for got_checkpoint, want_checkpoint in zip(got.checkpoints, want.checkpoints):
+            for layer_index, linear in want_checkpoint.linear.items():
+                torch.testing.assert_close(got_checkpoint.linear[layer_index].recurrent, linear.recurrent,
+                                           atol=ATOL, rtol=1e-5)
