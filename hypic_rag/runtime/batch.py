@@ -182,16 +182,23 @@ def run_batch(model: HybridModel, items: list[BatchItem]) -> list[BatchItemResul
     rotary = _Rotary(model.backbone.rotary_emb, positions, hidden, layouts)
     for layout in layouts:
         _prepare_state(model, layout, hidden)
+    last_rows = torch.tensor([layout.row + layout.recomputed - 1 for layout in layouts], device=device)
+    trim = TRIM_LAST_LAYER and len(flat_ids) > len(layouts)
+    final = len(model.layers) - 1
     for layer_index, layer in enumerate(model.layers):
         x = layer.input_layernorm(hidden)
+        last_only = trim and layer_index == final  # every token's keys / state, only the last tokens' outputs
         if model.layer_types[layer_index] == LINEAR_LAYER:
             mixed = _linear_layer_batch(layer.linear_attn, layer_index, x, layouts, model.dtype)
+            if last_only:
+                mixed = mixed[last_rows]
         else:
-            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, rotary)
+            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, rotary, last_only=last_only)
+        if last_only:
+            hidden = hidden[last_rows]
         hidden = hidden + mixed
         hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
-    last_rows = torch.tensor([layout.row + layout.recomputed - 1 for layout in layouts], device=device)
-    logits = model.logits(hidden[last_rows])  # [items, vocab]
+    logits = model.logits(hidden if trim else hidden[last_rows])  # [items, vocab]
     results = []
     for number, layout in enumerate(layouts):
         layout.state.length = layout.total
@@ -242,16 +249,24 @@ class _Rotary:
             self.cos, self.sin = L.rotary_tables(rotary_embedding, positions, like)
 
 
+TRIM_LAST_LAYER = True
+"""Whether the last layer of a pass with more tokens than items computes its mixer's outputs (attention queries)
+and MLP for each item's last token only (the only rows the logits read); its keys, values and recurrent states
+still take every token. False: every row, as the reference the tests compare it with."""
+
+
 def _attention_layer_batch(
-    attention: torch.nn.Module, layer_index: int, x: torch.Tensor, layouts: list[_Layout], rotary: _Rotary
+    attention: torch.nn.Module, layer_index: int, x: torch.Tensor, layouts: list[_Layout], rotary: _Rotary,
+    last_only: bool = False,
 ) -> torch.Tensor:
     """Projections and rotary over the flat tokens x [R, hidden]; each item's queries attend causally over its own
-    keys and values (fresh ones written into its buffers, cached ones rotated in when its state is new). [R, hidden]."""
+    keys and values (fresh ones written into its buffers, cached ones rotated in when its state is new). [R, hidden];
+    last_only: only each item's last query attends, [items, hidden] (every key and value is still written)."""
     query, key, value, gate = L.attention_inputs(attention, x)  # [Hq, R, D], [Hkv, R, D]
     query = L.apply_rotary(query, rotary.cos, rotary.sin)
     key = L.apply_rotary(key, rotary.cos, rotary.sin)
-    core = query.new_empty(x.shape[0], query.shape[0] * query.shape[2])
-    for layout in layouts:
+    core = query.new_empty(len(layouts) if last_only else x.shape[0], query.shape[0] * query.shape[2])
+    for number, layout in enumerate(layouts):
         keys, values = layout.state.keys[layer_index], layout.state.values[layer_index]
         for span, (offset, count) in zip(layout.spans, layout.offsets):
             row = layout.row + offset
@@ -268,11 +283,16 @@ def _attention_layer_batch(
                 layout.compose_seconds += time.perf_counter() - began
         rows = slice(layout.row, layout.row + layout.recomputed)
         keys, values = keys[:, : layout.total], values[:, : layout.total]
-        if layout.recomputed <= SMALL_QUERY_TOKENS:  # seams + question, a decode token: two small matmuls
+        if last_only:
+            last = layout.row + layout.recomputed - 1
+            core[number] = _grouped_attention(attention, query[:, last : last + 1], keys, values, layout.positions[-1:])[0]
+        elif layout.recomputed <= SMALL_QUERY_TOKENS:  # seams + question, a decode token: two small matmuls
             core[rows] = _grouped_attention(attention, query[:, rows], keys, values, layout.positions)
         else:
             key_index = torch.arange(layout.total, device=x.device)
             core[rows] = L.attention_core(attention, query[:, rows], keys, values, layout.positions, key_index)
+    if last_only and gate.numel():
+        gate = gate[[layout.row + layout.recomputed - 1 for layout in layouts]]
     return L.attention_output(attention, core, gate)
 
 

@@ -124,3 +124,37 @@ def test_runs_in_parallel_through_affine_maps_equal_the_wavefront(model, monkeyp
             for layer_index, linear in want_checkpoint.linear.items():
                 torch.testing.assert_close(got_checkpoint.linear[layer_index].recurrent, linear.recurrent,
                                            atol=ATOL, rtol=1e-5)
+
+
+def test_the_last_layer_for_the_last_tokens_only_equals_every_row(model, monkeypatch) -> None:
+    """Trimming the last layer to each item's last token changes no logits and no state (keys, values, recurrent
+    states of every token are still written), for prefills of every mode with a decode among them."""
+    from hypic_rag.runtime.modes import MODES
+
+    generator = torch.Generator().manual_seed(4)
+    ids = lambda count: torch.randint(0, 256, (count,), generator=generator).tolist()  # noqa: E731
+    requests = [Request(ids(2), [ids(11), ids(6)], ids(n)) for n in (1, 4)]
+    engine = Engine(model, seam_tokens=4)
+    running = run_batch(model, [BatchItem(plan.spans, plan.initial, plan.options, reserve=2) for plan in
+                                [engine.plan_prefill(requests[0], "hypic")]])[0].state
+    plans = [engine.plan_prefill(request, mode) for request in requests for mode in MODES]
+
+    def items(decoding: SequenceState) -> list[BatchItem]:
+        return [BatchItem([batch.Span([7], decoding.length, 1)], decoding)] + [
+            BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints) for plan in plans]
+
+    assert batch.TRIM_LAST_LAYER
+    fast = run_batch(model, items(_copy(running)))
+    with monkeypatch.context() as patch:
+        patch.setattr(batch, "TRIM_LAST_LAYER", False)
+        slow = run_batch(model, items(_copy(running)))
+    for got, want in zip(fast, slow):
+        torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
+        assert got.state.length == want.state.length
+        for layer_index, keys in want.state.keys.items():
+            length = want.state.length
+            torch.testing.assert_close(got.state.keys[layer_index][:, :length], keys[:, :length], atol=ATOL, rtol=0)
+            torch.testing.assert_close(got.state.values[layer_index][:, :length], want.state.values[layer_index][:, :length],
+                                       atol=ATOL, rtol=0)
+        for layer_index, linear in want.state.linear.items():
+            torch.testing.assert_close(got.state.linear[layer_index].recurrent, linear.recurrent, atol=ATOL, rtol=1e-5)
