@@ -421,10 +421,12 @@ def _linear_layer_batch(
     return L.linear_mixer_output(mixer, core, output_gate, dtype)
 
 
-PARALLEL_RUNS = True
+PARALLEL_RUNS = False
 """Whether a pass where some item has several recomputed runs in a Gated DeltaNet layer (a `hypic` prefill: its
-seams and question) runs them all at once (`_linear_runs_in_parallel`) rather than step by step
-(`_linear_runs_in_waves`, the reference the tests compare it with)."""
+seams and question) runs them all at once through their affine maps (`_linear_runs_in_parallel`) rather than step
+by step (`_linear_runs_in_waves`). Off: on 2 CPU cores, 8 RAG k = 8 prefills of the 174M timing model took 4.8 s
+in parallel against 3.1 s step by step (the maps' K extra state columns double the recurrence's work, which
+outweighs the saved calls); both agree to float32 round-off (tests/runtime/test_batch_fast_paths.py)."""
 
 
 def _linear_runs_in_waves(
