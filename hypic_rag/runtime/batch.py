@@ -26,7 +26,7 @@ from hypic_rag.entry import LINEAR_LAYER, SEAM_TOKENS, tensor_name
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule
+from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.segment_state import SegmentState
 from hypic_rag.runtime.stack import (
     Span,
@@ -182,16 +182,23 @@ def run_batch(model: HybridModel, items: list[BatchItem]) -> list[BatchItemResul
     rotary = _Rotary(model.backbone.rotary_emb, positions, hidden, layouts)
     for layout in layouts:
         _prepare_state(model, layout, hidden)
+    last_rows = torch.tensor([layout.row + layout.recomputed - 1 for layout in layouts], device=device)
+    trim = TRIM_LAST_LAYER and len(flat_ids) > len(layouts)
+    final = len(model.layers) - 1
     for layer_index, layer in enumerate(model.layers):
         x = layer.input_layernorm(hidden)
+        last_only = trim and layer_index == final  # every token's keys / state, only the last tokens' outputs
         if model.layer_types[layer_index] == LINEAR_LAYER:
             mixed = _linear_layer_batch(layer.linear_attn, layer_index, x, layouts, model.dtype)
+            if last_only:
+                mixed = mixed[last_rows]
         else:
-            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, rotary)
+            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, rotary, last_only=last_only)
+        if last_only:
+            hidden = hidden[last_rows]
         hidden = hidden + mixed
         hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
-    last_rows = torch.tensor([layout.row + layout.recomputed - 1 for layout in layouts], device=device)
-    logits = model.logits(hidden[last_rows])  # [items, vocab]
+    logits = model.logits(hidden if trim else hidden[last_rows])  # [items, vocab]
     results = []
     for number, layout in enumerate(layouts):
         layout.state.length = layout.total
@@ -242,16 +249,24 @@ class _Rotary:
             self.cos, self.sin = L.rotary_tables(rotary_embedding, positions, like)
 
 
+TRIM_LAST_LAYER = True
+"""Whether the last layer of a pass with more tokens than items computes its mixer's outputs (attention queries)
+and MLP for each item's last token only (the only rows the logits read); its keys, values and recurrent states
+still take every token. False: every row, as the reference the tests compare it with."""
+
+
 def _attention_layer_batch(
-    attention: torch.nn.Module, layer_index: int, x: torch.Tensor, layouts: list[_Layout], rotary: _Rotary
+    attention: torch.nn.Module, layer_index: int, x: torch.Tensor, layouts: list[_Layout], rotary: _Rotary,
+    last_only: bool = False,
 ) -> torch.Tensor:
     """Projections and rotary over the flat tokens x [R, hidden]; each item's queries attend causally over its own
-    keys and values (fresh ones written into its buffers, cached ones rotated in when its state is new). [R, hidden]."""
+    keys and values (fresh ones written into its buffers, cached ones rotated in when its state is new). [R, hidden];
+    last_only: only each item's last query attends, [items, hidden] (every key and value is still written)."""
     query, key, value, gate = L.attention_inputs(attention, x)  # [Hq, R, D], [Hkv, R, D]
     query = L.apply_rotary(query, rotary.cos, rotary.sin)
     key = L.apply_rotary(key, rotary.cos, rotary.sin)
-    core = query.new_empty(x.shape[0], query.shape[0] * query.shape[2])
-    for layout in layouts:
+    core = query.new_empty(len(layouts) if last_only else x.shape[0], query.shape[0] * query.shape[2])
+    for number, layout in enumerate(layouts):
         keys, values = layout.state.keys[layer_index], layout.state.values[layer_index]
         for span, (offset, count) in zip(layout.spans, layout.offsets):
             row = layout.row + offset
@@ -268,11 +283,16 @@ def _attention_layer_batch(
                 layout.compose_seconds += time.perf_counter() - began
         rows = slice(layout.row, layout.row + layout.recomputed)
         keys, values = keys[:, : layout.total], values[:, : layout.total]
-        if layout.recomputed <= SMALL_QUERY_TOKENS:  # seams + question, a decode token: two small matmuls
+        if last_only:
+            last = layout.row + layout.recomputed - 1
+            core[number] = _grouped_attention(attention, query[:, last : last + 1], keys, values, layout.positions[-1:])[0]
+        elif layout.recomputed <= SMALL_QUERY_TOKENS:  # seams + question, a decode token: two small matmuls
             core[rows] = _grouped_attention(attention, query[:, rows], keys, values, layout.positions)
         else:
             key_index = torch.arange(layout.total, device=x.device)
             core[rows] = L.attention_core(attention, query[:, rows], keys, values, layout.positions, key_index)
+    if last_only and gate.numel():
+        gate = gate[[layout.row + layout.recomputed - 1 for layout in layouts]]
     return L.attention_output(attention, core, gate)
 
 
@@ -292,12 +312,12 @@ def _grouped_attention(
     kv_heads, length = keys.shape[0], keys.shape[1]
     groups = heads // kv_heads
     grouped = query.reshape(kv_heads, groups * tokens, head_dim)  # head kv * groups + g, token t -> row g * T + t
-    scores = torch.matmul(keys.to(query.dtype), grouped.transpose(1, 2)).float() * attention.scaling  # [Hkv, N, G*T]
-    if int(positions.min()) < length - 1:  # some query does not see every key
-        hidden = torch.arange(length, device=keys.device)[:, None] > positions[None, :]  # [N, T]
-        scores = scores.masked_fill(hidden.repeat(1, groups)[None], float("-inf"))
-    weights = torch.softmax(scores, dim=1).to(query.dtype)
-    out = torch.matmul(weights.transpose(1, 2), values.to(query.dtype))  # [Hkv, G*T, D]
+    scores = torch.matmul(grouped, keys.to(query.dtype).transpose(1, 2)).float()  # [Hkv, G*T, N]
+    if tokens > 1 or int(positions[0]) < length - 1:  # some query may not see every key
+        hidden = torch.arange(length, device=keys.device)[None, :] > positions[:, None]  # [T, N]
+        scores = scores.view(kv_heads, groups, tokens, length).masked_fill_(hidden, float("-inf"))
+    weights = torch.softmax(scores.mul_(attention.scaling), dim=-1).to(query.dtype).view(kv_heads, groups * tokens, length)
+    out = torch.matmul(weights, values.to(query.dtype))  # [Hkv, G*T, D]
     return out.reshape(heads, tokens, head_dim).transpose(0, 1).reshape(tokens, heads * head_dim)
 
 
@@ -354,6 +374,9 @@ def _linear_layer_batch(
     """
     device = x.device
     preconv, output_gate, b, a = L.linear_projections(mixer, x)
+    if _all_decode_steps(layouts, layer_index):
+        core = _linear_decode_steps(mixer, layer_index, preconv, b, a, layouts)
+        return L.linear_mixer_output(mixer, core, output_gate, dtype)
     runs: list[_Run] = []
     walks: list[list[_Op]] = []
     final_tails: list[torch.Tensor] = []
@@ -389,6 +412,32 @@ def _linear_layer_batch(
             else torch.zeros(mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim, device=device)
         )
     core = torch.empty(mixer.num_v_heads, x.shape[0], mixer.head_v_dim, device=device)
+    if PARALLEL_RUNS and any(sum(op.run is not None for op in walk) > 1 for walk in walks):
+        _linear_runs_in_parallel(mixer, preconv, b, a, layer_index, layouts, runs, walks, tails_after, states, core)
+    else:
+        _linear_runs_in_waves(mixer, preconv, b, a, layer_index, layouts, runs, walks, tails_after, states, core)
+    for number, layout in enumerate(layouts):
+        layout.state.linear[layer_index] = LinearLayerState(states[number], final_tails[number])
+    return L.linear_mixer_output(mixer, core, output_gate, dtype)
+
+
+PARALLEL_RUNS = False
+"""Whether a pass where some item has several recomputed runs in a Gated DeltaNet layer (a `hypic` prefill: its
+seams and question) runs them all at once through their affine maps (`_linear_runs_in_parallel`) rather than step
+by step (`_linear_runs_in_waves`). Off: on 2 CPU cores, 8 RAG k = 8 prefills of the 174M timing model took 4.8 s
+in parallel against 3.1 s step by step (the maps' K extra state columns double the recurrence's work, which
+outweighs the saved calls); both agree to float32 round-off (tests/runtime/test_batch_fast_paths.py)."""
+
+
+def _linear_runs_in_waves(
+    mixer: torch.nn.Module, preconv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer_index: int,
+    layouts: list[_Layout], runs: list[_Run], walks: list[list[_Op]], tails_after: list[list[torch.Tensor]],
+    states: list[torch.Tensor], core: torch.Tensor,
+) -> None:
+    """The items' walks advancing together, one step of every item at a time (a wavefront): the runs of a step go
+    through the gated delta rule in one padded call per length class from their stacked states [n, H, K, V] (their
+    conv and inputs too), and the cached maps of a step are applied together. Writes each run's outputs into core
+    [H, R, V] and leaves each item's end state in `states`."""
     for wave in range(max(len(walk) for walk in walks)):
         steps = [(number, walk[wave]) for number, walk in enumerate(walks) if wave < len(walk)]
         run_of = {op.run: number for number, op in steps if op.run is not None}
@@ -404,19 +453,170 @@ def _linear_layer_batch(
                 run = runs[n]
                 core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
                 states[run_of[n]] = finals[index]
+        mapped = [(number, op.entry) for number, op in steps if op.entry is not None]
+        if mapped:
+            began = time.perf_counter()
+            _apply_cached_together(states, mapped, layer_index, layouts)
+            share = (time.perf_counter() - began) / len(mapped)
+            for number, _ in mapped:
+                layouts[number].compose_seconds += share
+        _keep_span_states(steps, layer_index, layouts, tails_after, states)
+
+
+def _keep_span_states(
+    steps: list[tuple[int, _Op]], layer_index: int, layouts: list[_Layout], tails_after: list[list[torch.Tensor]],
+    states: list[torch.Tensor],
+) -> None:
+    """The states at span ends, for the items that want checkpoints."""
+    for number, op in steps:
+        if op.ends_span and layouts[number].item.want_checkpoints:
+            layouts[number].span_linear[op.span][layer_index] = LinearLayerState(
+                states[number], tails_after[number][op.span]
+            )
+
+
+def _linear_runs_in_parallel(
+    mixer: torch.nn.Module, preconv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer_index: int,
+    layouts: list[_Layout], runs: list[_Run], walks: list[list[_Op]], tails_after: list[list[torch.Tensor]],
+    states: list[torch.Tensor], core: torch.Tensor,
+) -> None:
+    """Every recomputed run of every item at once, through affine maps: each length class of runs goes through the
+    gated delta rule from the identity start in one padded call (`gated_delta_rule_with_transition`: each run's
+    map S -> P S + Z, its outputs from a zero start and P_t^T q_t); then each item's walk composes its state through
+    the maps of its runs and cached spans in order (the maps of a step of all walks in one batched product), keeping
+    the state each run starts from; last, each run's outputs are its zero-start outputs plus (P_t^T q_t) S_start. The
+    same values as `_linear_runs_in_waves` (float32 round-off), in two calls per layer rather than one per run.
+    Writes core [H, R, V]; leaves each item's end state in `states`."""
+    maps: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(runs)  # type: ignore[list-item]
+    groups = _group_runs(list(range(len(runs))), runs)
+    evaluated: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+    for group in groups:
+        windows = [(runs[n].row, runs[n].count) for n in group]
+        parts = L.batched_delta_rule_inputs(
+            mixer, _gather(preconv, windows), _gather(b, windows), _gather(a, windows),
+            torch.stack([runs[n].context for n in group]), [count for _, count in windows],
+        )
+        zero_outputs, transition_outputs, segment = gated_delta_rule_with_transition(*parts)
+        evaluated.append((group, zero_outputs, transition_outputs))  # [g, H, T, V], [g, H, T, K]
+        for index, n in enumerate(group):
+            maps[n] = (segment.transition[index], segment.state[index])
+    starts: list[torch.Tensor] = [None] * len(runs)  # type: ignore[list-item]
+    for wave in range(max(len(walk) for walk in walks)):
+        steps = [(number, walk[wave]) for number, walk in enumerate(walks) if wave < len(walk)]
+        affine: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        cached: list[int] = []
         for number, op in steps:
-            if op.entry is not None:  # one item's cached map: P S + Z read in place (stacking would copy them)
-                began = time.perf_counter()
-                states[number] = _apply_cached(states[number], op.entry, layer_index,
-                                               layouts[number].item.options.composition)
-                layouts[number].compose_seconds += time.perf_counter() - began
-            if op.ends_span and layouts[number].item.want_checkpoints:
-                layouts[number].span_linear[op.span][layer_index] = LinearLayerState(
-                    states[number], tails_after[number][op.span]
-                )
+            if op.run is not None:
+                starts[op.run] = states[number]
+                affine.append((number, *maps[op.run]))
+                continue
+            assert op.entry is not None
+            began = time.perf_counter()
+            composition = layouts[number].item.options.composition
+            transition = op.entry.get(tensor_name(layer_index, "transition")) if composition != "addition" else None
+            if transition is not None and transition.dim() == 3 and transition.shape[-1] == states[number].shape[-2]:
+                affine.append((number, transition, op.entry[tensor_name(layer_index, "suffix_state")]))
+                cached.append(number)
+            else:
+                states[number] = _apply_cached(states[number], op.entry, layer_index, composition)
+            layouts[number].compose_seconds += time.perf_counter() - began
+        began = time.perf_counter()
+        _affine_together(states, affine)
+        if cached:
+            share = (time.perf_counter() - began) * len(cached) / len(affine)
+            for number in cached:
+                layouts[number].compose_seconds += share / len(cached)
+        _keep_span_states(steps, layer_index, layouts, tails_after, states)
+    for group, zero_outputs, transition_outputs in evaluated:
+        start = torch.stack([starts[n] for n in group])  # [g, H, K, V]
+        outputs = torch.matmul(transition_outputs, start).add_(zero_outputs)  # [g, H, T, V]
+        for index, n in enumerate(group):
+            run = runs[n]
+            core[:, run.row : run.row + run.count] = outputs[index, :, : run.count]
+
+
+def _affine_together(states: list[torch.Tensor], affine: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+    """states[number] <- P states[number] + Z for each (number, P [H, K, K], Z [H, K, V]), in one batched product
+    when there are several (new tensors, never written in place)."""
+    if len(affine) == 1:
+        number, transition, suffix = affine[0]
+        states[number] = torch.baddbmm(suffix.float(), transition.float(), states[number].float())
+    elif affine:
+        start = torch.stack([states[number].float() for number, _, _ in affine])  # [n, H, K, V]
+        transitions = torch.stack([transition.float() for _, transition, _ in affine])  # [n, H, K, K]
+        suffixes = torch.stack([suffix.float() for _, _, suffix in affine])  # [n, H, K, V]
+        ended = torch.baddbmm(suffixes.flatten(0, 1), transitions.flatten(0, 1), start.flatten(0, 1)).view_as(start)
+        for index, (number, _, _) in enumerate(affine):
+            states[number] = ended[index]
+
+
+def _all_decode_steps(layouts: list[_Layout], layer_index: int) -> bool:
+    """Whether every item is one recomputed token after a state with this layer's linear state (a decode step):
+    then the layer needs no walk over spans (`_linear_decode_steps`)."""
+    for layout in layouts:
+        if layout.recomputed != 1 or len(layout.spans) != 1 or layout.item.want_checkpoints:
+            return False
+        if layout.spans[0].length != 1 or _previous_linear(layout, layer_index) is None:
+            return False
+    return True
+
+
+def _linear_decode_steps(
+    mixer: torch.nn.Module, layer_index: int, preconv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+    layouts: list[_Layout],
+) -> torch.Tensor:
+    """One Gated DeltaNet decode step of every item at once: item n's token is row n of preconv [n, C], b, a [n, H];
+    its conv window is its conv tail [C, kernel-1] and the token (a weighted sum, no conv call), its recurrent state
+    [H, K, V] steps once (`gated_delta_rule` over the stacked states [n, H, K, V]). Sets each item's new linear
+    state; returns core [H, n, V]. The same values as the walk of `_linear_layer_batch` (float32 round-off)."""
+    from hypic_rag.runtime.mixers.base import Projections
+    from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
+
+    previous = [_previous_linear(layout, layer_index) for layout in layouts]
+    tails = torch.stack([state.conv_tail for state in previous]).float()  # [n, C, kernel-1]
+    states = torch.stack([state.recurrent for state in previous]).float()  # [n, H, K, V]
+    conv = mixer.conv1d
+    weight = conv.weight[:, 0, :]  # [C, kernel]
+    window = torch.cat([tails.to(weight.dtype), preconv[:, :, None].to(weight.dtype)], dim=2)  # [n, C, kernel]
+    convolved = (window * weight).sum(dim=-1)
+    if conv.bias is not None:
+        convolved = convolved + conv.bias
+    convolved = torch.nn.functional.silu(convolved)[:, None]  # [n, 1, C]
+    gated = GatedDeltaNetMixer(mixer)
+    inputs = gated.recurrence_inputs(convolved, Projections(preconv[:, None], (b[:, None], b[:, None], a[:, None])))
+    outputs, finals = gated_delta_rule(*inputs.as_tuple(), states)  # [n, H, 1, V], [n, H, K, V]
+    new_tails = torch.cat([tails, preconv[:, :, None].float()], dim=2)[:, :, 1:] if tails.shape[-1] else tails
     for number, layout in enumerate(layouts):
-        layout.state.linear[layer_index] = LinearLayerState(states[number], final_tails[number])
-    return L.linear_mixer_output(mixer, core, output_gate, dtype)
+        layout.state.linear[layer_index] = LinearLayerState(finals[number], new_tails[number])
+    return outputs[:, :, 0].transpose(0, 1)
+
+
+def _apply_cached_together(
+    states: list[torch.Tensor], mapped: list[tuple[int, dict[str, torch.Tensor]]], layer_index: int,
+    layouts: list[_Layout],
+) -> None:
+    """Apply each (item number, entry)'s cached map to states[number] [H, K, V] (replaced, never written in place):
+    the `transition` maps with a matrix P [H, K, K] of several items in one batched product P S + Z over their
+    stacked states, the others (`addition`, one item) one at a time (`_apply_cached`). Same values."""
+    together = []
+    for number, entry in mapped:
+        composition = layouts[number].item.options.composition
+        transition = entry.get(tensor_name(layer_index, "transition")) if composition != "addition" else None
+        state = states[number]
+        if transition is not None and transition.dim() == state.dim() == 3 and transition.shape[-1] == state.shape[-2]:
+            together.append((number, transition, entry[tensor_name(layer_index, "suffix_state")]))
+        else:
+            states[number] = _apply_cached(state, entry, layer_index, composition)
+    if len(together) == 1:
+        number, transition, suffix = together[0]
+        states[number] = SegmentState(transition, suffix).apply(states[number])
+    elif together:
+        start = torch.stack([states[number].float() for number, _, _ in together])  # [n, H, K, V]
+        transitions = torch.stack([transition.float() for _, transition, _ in together])  # [n, H, K, K]
+        suffixes = torch.stack([suffix.float() for _, _, suffix in together])  # [n, H, K, V]
+        ended = torch.baddbmm(suffixes.flatten(0, 1), transitions.flatten(0, 1), start.flatten(0, 1)).view_as(start)
+        for index, (number, _, _) in enumerate(together):
+            states[number] = ended[index]
 
 
 def _apply_cached(state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, composition: str) -> torch.Tensor:

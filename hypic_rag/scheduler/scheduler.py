@@ -2,7 +2,10 @@
 
 Requests enter a waiting queue (`submit`; `stream` and `generate` wrap it). Each `step`:
 1. drops the sequences whose check raises (deadline, client gone) or that were cancelled; their state is freed;
-2. admits waiting sequences, first come first served, while fewer than `max_running` are admitted; an admitted
+2. admits waiting sequences, first come first served, while fewer than `max_running` are admitted (right after a
+   step that freed slots, or when work arrives at an idle scheduler, it first waits up to `admit_wait_s` for
+   more requests (the freed slots' clients' next ones, the rest of a burst), so that their prefills share one
+   pass); an admitted
    request whose segment entries the cache lacks encodes them first, `encode_tokens` per step, batched across
    requests (`Engine.encode_segments`); entries are kept in the segment source as they are encoded;
 3. runs ONE batched pass (`runtime.batch.run_batch`): one decode token for every running sequence, then the
@@ -95,6 +98,9 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        self._freed_at: float | None = None
+        """When the last step that freed slots (finished sequences) ended, or idle `_loop` got work; None once
+        admission has used it."""
         self.batched = batch_supported(engine.model)
         """Whether steps run as one batched pass (else item by item: `batch.run_each`)."""
 
@@ -196,10 +202,13 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._condition:
+                idle = not self.has_work
                 while not self._stopping and not self.has_work:
                     self._condition.wait()
                 if self._stopping:
                     return
+            if idle:  # a burst starts: its first requests are gathered as after freed slots
+                self._freed_at = time.perf_counter()
             try:
                 self.step()
             except Exception:  # a bug: the step's sequences were failed with it; keep serving the others
@@ -222,6 +231,7 @@ class Scheduler:
     def _step(self) -> StepReport | None:
         began = time.perf_counter()
         self._drop_stopped()
+        self._await_arrivals()
         self._admit()
         encoded = self._encode_cold_segments()
         items, owners = self._compose_batch()
@@ -240,6 +250,8 @@ class Scheduler:
             for sequence, result in zip(owners, results):
                 self._advance(sequence, result)
         self.steps += 1
+        if any(sequence.done for sequence in owners):
+            self._freed_at = time.perf_counter()
         report = StepReport(
             sequences=len(items), tokens=tokens, prefills=prefills, decodes=len(items) - prefills,
             encoded_tokens=encoded, running=len(self._active), waiting=len(self._waiting),
@@ -266,6 +278,25 @@ class Scheduler:
                 sequence.check()
             except Exception as error:  # whatever the check raises ends the sequence with it
                 self._fail(sequence, error)
+
+    def _await_arrivals(self) -> None:
+        """Right after a step that freed slots (or the first arrival at an idle scheduler's thread), wait (up to
+        `admit_wait_s` from then) while fewer sequences wait
+        than there are free slots, so that the requests its finished sequences' clients send next are admitted
+        together (their prefills in one pass). Only a batching scheduler's own thread (`start`) waits: one slot
+        fills at once, and an owner that drives `step` itself (the service's worker) submits between its steps, in
+        the same thread, so it gathers arrivals its own way."""
+        freed_at, self._freed_at = self._freed_at, None
+        wait = self.config.admit_wait_s
+        if freed_at is None or wait <= 0 or self.config.max_running == 1 or threading.current_thread() is not self._thread:
+            return
+        deadline = freed_at + wait
+        with self._condition:
+            while not self._stopping and len(self._waiting) < self.config.max_running - len(self._active):
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    return
+                self._condition.wait(remaining)
 
     def _admit(self) -> None:
         """FCFS from the waiting queue while fewer than `max_running` sequences are admitted."""

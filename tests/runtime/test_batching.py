@@ -253,6 +253,46 @@ def test_concurrent_streams_from_threads_batch_and_equal_alone(qwen35) -> None:
     assert max(report.sequences for report in reports) == len(requests)
 
 
+@pytest.mark.parametrize("admit_wait_s", [0.0, 2.0])
+def test_after_a_step_that_frees_slots_the_scheduler_waits_for_the_clients_next_requests(qwen35, admit_wait_s) -> None:
+    """Closed loop: 4 clients each send 3 requests, one after the other, client n 10 (n + 1) ms after its previous
+    answer. With
+    `admit_wait_s` the next requests are admitted together (every prefill step holds all 4); without, the first
+    one resent starts alone. The answers stay exact either way."""
+    clients, rounds = 4, 3
+    requests = random_requests(11, clients * rounds)
+    params = SamplingParams(max_new_tokens=4, logit_bias={token: -100.0 for token in qwen35.eos_token_ids})
+    alone = [Engine(qwen35, seam_tokens=4).generate(request, "hypic", params) for request in requests]
+    reports = []
+    scheduler = Scheduler(Engine(qwen35, seam_tokens=4), SchedulerConfig(max_running=clients, admit_wait_s=admit_wait_s),
+                          on_step=reports.append)
+    outcomes: dict[int, object] = {}
+
+    def client(number: int) -> None:
+        for turn in range(rounds):
+            if turn:
+                threading.Event().wait(0.01 * (number + 1))  # the client reads its answer before it asks again
+            outcomes[number * rounds + turn] = scheduler.generate(requests[number * rounds + turn], "hypic", params)
+
+    with scheduler.lock:  # the first round is submitted before the first step
+        scheduler.start()
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+        for thread in threads:
+            thread.start()
+        while scheduler.waiting < clients:
+            threading.Event().wait(0.01)
+    for thread in threads:
+        thread.join(60)
+    scheduler.stop()
+    for number, generation in enumerate(alone):
+        assert outcomes[number].token_ids == generation.token_ids
+    prefill_steps = [report.prefills for report in reports if report.prefills]
+    if admit_wait_s:
+        assert prefill_steps == [clients] * rounds
+    else:
+        assert len(prefill_steps) > rounds
+
+
 def test_the_waiting_queue_is_bounded_and_a_stream_closed_early_frees_its_sequence(qwen35) -> None:
     scheduler = Scheduler(Engine(qwen35, seam_tokens=4), SchedulerConfig(max_running=1, step_tokens=64, max_waiting=2))
     request = random_requests(5, 1)[0]
@@ -276,7 +316,8 @@ def test_the_waiting_queue_is_bounded_and_a_stream_closed_early_frees_its_sequen
 
 
 @pytest.mark.parametrize("options", [dict(max_running=0), dict(step_tokens=0), dict(max_waiting=-1),
-                                     dict(encode_tokens=0), dict(max_running=8, step_tokens=4), dict(max_running=1.5)])
+                                     dict(encode_tokens=0), dict(max_running=8, step_tokens=4), dict(max_running=1.5),
+                                     dict(admit_wait_s=-0.1), dict(admit_wait_s=True)])
 def test_scheduler_config_is_checked(options: dict) -> None:
     with pytest.raises(ValueError):
         SchedulerConfig(**options)

@@ -1,0 +1,122 @@
+"""Linear layers through oneDNN on CPU: `onednn_linear`, `FastLinear`, `use_fast_linears`.
+
+On CPU, `torch.nn.functional.linear` in float32 goes to the BLAS library's sgemm, which is slow for a few rows: a
+batched decode step (one row per running sequence) multiplies [8, 768] by [768, 3104] about 4x slower than 8
+one-row products would take, and the LM head [8, 768] x [768, 32000] 4-5x slower than oneDNN's inner product on
+the same weight (measured on 2 cores: 34 ms against 8-12 ms). oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`,
+what inductor calls) reads the same dense weight, so the fast path costs no memory; its results agree with
+`F.linear`, and a row's result alone with the same row among others, to float32 round-off (it may choose another
+kernel for one row than for eight; tests/runtime/test_fast_linear.py).
+
+`use_fast_linears(module)` makes every plain `nn.Linear` below `module` a `FastLinear` (same parameters, same
+state dict), whose forward takes the oneDNN path for CPU float32 inputs without autograd and `F.linear` otherwise
+(GPU, other dtypes, gradients, or a torch without oneDNN). For a few rows at a time (2..`PACKED_MAX_ROWS`: a
+batched decode step) it multiplies by a copy of the weight in oneDNN's blocked layout, made on first use and
+remade when the weight changes: the 8-row products of a 174M-parameter model's decode step then take about as long
+as the 1-row ones (the weights' memory traffic), against twice as long from the dense weight. The copies cost the
+model's linear weights' memory once more; HYPIC_RAG_PACKED_LINEARS=0 turns them off (dense oneDNN only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def _onednn_available() -> bool:
+    try:
+        return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):  # an op namespace a build lacks
+        return False
+
+
+ONEDNN = _onednn_available()
+"""Whether this torch has oneDNN's linear (every x86 / ARM CPU build does; the fast path falls back without it)."""
+
+
+def onednn_eligible(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether `onednn_linear` takes the oneDNN path for these tensors: CPU float32, no gradient wanted, rows."""
+    if not ONEDNN or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return False
+    if weight.device.type != "cpu" or weight.dim() != 2 or x.dim() < 2 or x.numel() == 0 or weight.is_meta:
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return False
+    return True
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`: x [..., in], weight [out, in], bias [out] -> [..., out]; through oneDNN when
+    `onednn_eligible` (float32 round-off apart, the same values), else `F.linear` itself."""
+    if not onednn_eligible(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+PACKED_MAX_ROWS = 64
+"""Up to this many rows, `FastLinear` uses its packed weight (beyond, the dense one is as fast)."""
+
+
+def packed_enabled() -> bool:
+    """Whether `FastLinear` keeps packed weight copies (HYPIC_RAG_PACKED_LINEARS, default on)."""
+    return os.environ.get("HYPIC_RAG_PACKED_LINEARS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] (CPU float32) in oneDNN's blocked layout, for `packed_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] times a `pack_weight` weight, plus bias: [..., out] (x CPU float32, as `onednn_eligible`)."""
+    return torch.ops.mkldnn._linear_pointwise(x if x.is_contiguous() else x.contiguous(), packed, bias, "none", [], "")
+
+
+class FastLinear(nn.Linear):
+    """An `nn.Linear` whose forward is `onednn_linear`, through a packed weight copy for 2..`PACKED_MAX_ROWS` rows
+    (made by `use_fast_linears`, never constructed directly)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
+        weight, bias = self.weight, self.bias
+        if not onednn_eligible(input, weight, bias):
+            return F.linear(input, weight, bias)
+        rows = input.numel() // input.shape[-1]
+        if 2 <= rows <= PACKED_MAX_ROWS and packed_enabled():
+            return packed_linear(input, self._packed_weight(), bias)
+        return onednn_linear(input, weight, bias)
+
+    def _packed_weight(self) -> torch.Tensor:
+        """The packed copy of the weight, remade when the weight was replaced or written in place."""
+        weight = self.weight
+        key = (weight.data_ptr(), weight._version)
+        cached = self.__dict__.get("_packed")
+        if cached is None or cached[0]() is not weight or cached[1] != key:
+            cached = (weakref.ref(weight), key, pack_weight(weight))
+            self.__dict__["_packed"] = cached
+        return cached[2]
+
+
+def use_fast_linears(module: nn.Module) -> int:
+    """Turn every plain `nn.Linear` below `module` into a `FastLinear` in place (subclasses of `nn.Linear`, which
+    may compute something else, are left alone). Returns how many changed; idempotent; a no-op without oneDNN."""
+    if not ONEDNN:
+        return 0
+    changed = 0
+    for child in module.modules():
+        if type(child) is nn.Linear:
+            child.__class__ = FastLinear
+            changed += 1
+    return changed

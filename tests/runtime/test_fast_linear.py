@@ -1,0 +1,103 @@
+"""The oneDNN linear (`runtime/fast_linear.py`) agrees with `F.linear` to float32 round-off, its rows do not depend
+on the rows beside them beyond round-off, it falls back where it must (gradients, other dtypes), and `use_fast_linears` swaps plain
+`nn.Linear` modules only, keeping parameters and the state dict."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hypic_rag.runtime import fast_linear
+from hypic_rag.runtime.fast_linear import FastLinear, onednn_eligible, onednn_linear, use_fast_linears
+
+needs_onednn = pytest.mark.skipif(not fast_linear.ONEDNN, reason="this torch has no oneDNN linear")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 8, 70])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_f_linear(rows: int, bias: bool) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 40, generator=generator)
+    offset = torch.randn(96, generator=generator) if bias else None
+    x = torch.randn(rows, 40, generator=generator)
+    assert onednn_eligible(x, weight, offset)
+    torch.testing.assert_close(onednn_linear(x, weight, offset), F.linear(x, weight, offset), atol=1e-5, rtol=1e-5)
+    batched = torch.randn(2, rows, 40, generator=generator)  # leading batch dims
+    torch.testing.assert_close(onednn_linear(batched, weight, offset), F.linear(batched, weight, offset),
+                               atol=1e-5, rtol=1e-5)
+    strided = torch.randn(40, rows, generator=generator).t()  # a non-contiguous input
+    torch.testing.assert_close(onednn_linear(strided, weight, offset), F.linear(strided, weight, offset),
+                               atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_a_row_alone_and_among_others_agrees() -> None:
+    """A row's result alone and among others agrees to float32 round-off (oneDNN may pick another kernel for one
+    row than for eight, so not bit for bit)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 128, generator=generator)
+    x = torch.randn(8, 128, generator=generator)
+    together = onednn_linear(x, weight)
+    for row in range(8):
+        torch.testing.assert_close(onednn_linear(x[row : row + 1], weight)[0], together[row], atol=1e-5, rtol=1e-5)
+
+
+def test_falls_back_where_it_must() -> None:
+    weight = torch.randn(6, 4, requires_grad=True)
+    x = torch.randn(3, 4)
+    assert not onednn_eligible(x, weight)  # autograd wants the gradient of the weight
+    out = onednn_linear(x, weight)
+    out.sum().backward()
+    assert weight.grad is not None
+    with torch.no_grad():
+        assert onednn_eligible(x, weight) == fast_linear.ONEDNN
+    assert not onednn_eligible(x.double(), weight.detach().double())
+    assert not onednn_eligible(torch.randn(0, 4), weight.detach())
+    empty = onednn_linear(torch.randn(0, 4), weight.detach())
+    assert empty.shape == (0, 6)
+
+
+class _Scaled(nn.Linear):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        return 2 * super().forward(input)
+
+
+@needs_onednn
+def test_use_fast_linears_swaps_plain_linears_only() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), _Scaled(16, 16), nn.Linear(16, 4, bias=False))
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        before = model(x)
+        state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        assert use_fast_linears(model) == 2
+        assert use_fast_linears(model) == 0  # idempotent
+        assert type(model[0]) is FastLinear and type(model[2]) is _Scaled and type(model[3]) is FastLinear
+        torch.testing.assert_close(model(x), before, atol=1e-5, rtol=1e-5)
+    assert model.state_dict().keys() == state.keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state[name])
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 8, 64, 65])
+def test_fast_linear_with_its_packed_weight_matches_and_follows_weight_changes(rows: int, monkeypatch) -> None:
+    """2..PACKED_MAX_ROWS rows go through the packed copy of the weight; it is remade when the weight is written in
+    place (load_state_dict) or replaced; HYPIC_RAG_PACKED_LINEARS=0 keeps to the dense weight."""
+    torch.manual_seed(rows)
+    layer = nn.Linear(48, 80)
+    use_fast_linears(layer)
+    x = torch.randn(rows, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        layer.load_state_dict({"weight": torch.randn(80, 48), "bias": torch.randn(80)})
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        layer.weight = nn.Parameter(torch.randn(80, 48))
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        monkeypatch.setenv("HYPIC_RAG_PACKED_LINEARS", "0")
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    packs = "_packed" in layer.__dict__
+    assert packs == (2 <= rows <= fast_linear.PACKED_MAX_ROWS)
