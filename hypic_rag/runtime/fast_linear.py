@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 import weakref
 
 import torch
@@ -120,3 +122,17 @@ def use_fast_linears(module: nn.Module) -> int:
             child.__class__ = FastLinear
             changed += 1
     return changed
+
+
+@contextmanager
+def stock_linears(module: nn.Module) -> Iterator[None]:
+    """Every `FastLinear` below `module` back to a plain `nn.Linear` inside the block, restored after it: what the
+    benchmarks' transformers row runs, so that "transformers' own forward" is the stock one, not ours."""
+    swapped = [child for child in module.modules() if type(child) is FastLinear]
+    for child in swapped:
+        child.__class__ = nn.Linear
+    try:
+        yield
+    finally:
+        for child in swapped:
+            child.__class__ = FastLinear

@@ -101,3 +101,22 @@ def test_fast_linear_with_its_packed_weight_matches_and_follows_weight_changes(r
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
     packs = "_packed" in layer.__dict__
     assert packs == (2 <= rows <= fast_linear.PACKED_MAX_ROWS)
+
+
+@needs_onednn
+def test_stock_linears_gives_the_benchmarks_transformers_row_plain_linears_and_restores_ours() -> None:
+    from hypic_rag.runtime.fast_linear import stock_linears
+    from hypic_rag.runtime.model import wrap_model
+    from hypic_rag.testing import build_tiny_model
+
+    model = wrap_model(build_tiny_model("qwen3_5", seed=3))
+    ours = sum(type(child) is FastLinear for child in model.hf_model.modules())
+    assert ours > 0
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        fast = model.hf_model(ids).logits
+        with stock_linears(model.hf_model):
+            assert not any(type(child) is FastLinear for child in model.hf_model.modules())
+            stock = model.hf_model(ids).logits
+    assert sum(type(child) is FastLinear for child in model.hf_model.modules()) == ours
+    torch.testing.assert_close(fast, stock, atol=1e-5, rtol=1e-5)
