@@ -607,16 +607,7 @@ def _apply_cached_together(
             together.append((number, transition, entry[tensor_name(layer_index, "suffix_state")]))
         else:
             states[number] = _apply_cached(state, entry, layer_index, composition)
-    if len(together) == 1:
-        number, transition, suffix = together[0]
-        states[number] = SegmentState(transition, suffix).apply(states[number])
-    elif together:
-        start = torch.stack([states[number].float() for number, _, _ in together])  # [n, H, K, V]
-        transitions = torch.stack([transition.float() for _, transition, _ in together])  # [n, H, K, K]
-        suffixes = torch.stack([suffix.float() for _, _, suffix in together])  # [n, H, K, V]
-        ended = torch.baddbmm(suffixes.flatten(0, 1), transitions.flatten(0, 1), start.flatten(0, 1)).view_as(start)
-        for index, (number, _, _) in enumerate(together):
-            states[number] = ended[index]
+    _affine_together(states, together)
 
 
 def _apply_cached(state: torch.Tensor, entry: dict[str, torch.Tensor], layer_index: int, composition: str) -> torch.Tensor:

@@ -32,6 +32,23 @@ def _copy(state: SequenceState) -> SequenceState:
     return copy
 
 
+
+def _decode_among_prefills(model, requests: list[Request], token: int):
+    """(a running sequence after requests[0]'s hypic prefill, items(state) -> one decode step of `token` from that
+    state followed by the prefill of every request in every mode): the mixed batch the fast-path tests compare."""
+    from hypic_rag.runtime.modes import MODES
+
+    engine = Engine(model, seam_tokens=4)
+    running = run_batch(model, [BatchItem(plan.spans, plan.initial, plan.options, reserve=2) for plan in
+                                [engine.plan_prefill(requests[0], "hypic")]])[0].state
+    plans = [engine.plan_prefill(request, mode) for request in requests for mode in MODES]
+
+    def items(decoding: SequenceState) -> list[BatchItem]:
+        return [BatchItem([batch.Span([token], decoding.length, 1)], decoding)] + [
+            BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints) for plan in plans]
+
+    return running, items
+
 def test_decode_steps_of_all_sequences_at_once_equal_the_walk(model, monkeypatch) -> None:
     generator = torch.Generator().manual_seed(0)
     ids = lambda count: torch.randint(0, 256, (count,), generator=generator).tolist()  # noqa: E731
@@ -93,7 +110,6 @@ def test_runs_in_parallel_through_affine_maps_equal_the_wavefront(model, monkeyp
     step among them: logits, end states and span checkpoints equal the step-by-step wavefront's."""
     import random
 
-    from hypic_rag.runtime.modes import MODES
 
     generator = torch.Generator().manual_seed(3)
     rng = random.Random(3)
@@ -101,14 +117,7 @@ def test_runs_in_parallel_through_affine_maps_equal_the_wavefront(model, monkeyp
     pool = [ids(rng.randint(3, 30)) for _ in range(6)]
     requests = [Request(ids(rng.randint(0, 5)), [rng.choice(pool) for _ in range(rng.randint(1, 5))], ids(rng.randint(1, 9)))
                 for _ in range(3)]
-    engine = Engine(model, seam_tokens=4)
-    running = run_batch(model, [BatchItem(plan.spans, plan.initial, plan.options, reserve=2) for plan in
-                                [engine.plan_prefill(requests[0], "hypic")]])[0].state
-    plans = [engine.plan_prefill(request, mode) for request in requests for mode in MODES]
-
-    def items(decoding: SequenceState) -> list[BatchItem]:
-        return [BatchItem([batch.Span([5], decoding.length, 1)], decoding)] + [
-            BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints) for plan in plans]
+    running, items = _decode_among_prefills(model, requests, token=5)
 
     with monkeypatch.context() as patch:
         patch.setattr(batch, "PARALLEL_RUNS", True)
@@ -130,19 +139,11 @@ def test_runs_in_parallel_through_affine_maps_equal_the_wavefront(model, monkeyp
 def test_the_last_layer_for_the_last_tokens_only_equals_every_row(model, monkeypatch) -> None:
     """Trimming the last layer to each item's last token changes no logits and no state (keys, values, recurrent
     states of every token are still written), for prefills of every mode with a decode among them."""
-    from hypic_rag.runtime.modes import MODES
 
     generator = torch.Generator().manual_seed(4)
     ids = lambda count: torch.randint(0, 256, (count,), generator=generator).tolist()  # noqa: E731
     requests = [Request(ids(2), [ids(11), ids(6)], ids(n)) for n in (1, 4)]
-    engine = Engine(model, seam_tokens=4)
-    running = run_batch(model, [BatchItem(plan.spans, plan.initial, plan.options, reserve=2) for plan in
-                                [engine.plan_prefill(requests[0], "hypic")]])[0].state
-    plans = [engine.plan_prefill(request, mode) for request in requests for mode in MODES]
-
-    def items(decoding: SequenceState) -> list[BatchItem]:
-        return [BatchItem([batch.Span([7], decoding.length, 1)], decoding)] + [
-            BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints) for plan in plans]
+    running, items = _decode_among_prefills(model, requests, token=7)
 
     assert batch.TRIM_LAST_LAYER
     fast = run_batch(model, items(_copy(running)))
