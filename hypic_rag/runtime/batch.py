@@ -38,6 +38,7 @@ from hypic_rag.runtime.stack import (
     run_stack,
 )
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
+from hypic_rag.runtime.threads import serial_section
 
 
 @dataclass(slots=True)
@@ -185,20 +186,21 @@ def run_batch(model: HybridModel, items: list[BatchItem]) -> list[BatchItemResul
     last_rows = torch.tensor([layout.row + layout.recomputed - 1 for layout in layouts], device=device)
     trim = TRIM_LAST_LAYER and len(flat_ids) > len(layouts)
     final = len(model.layers) - 1
-    for layer_index, layer in enumerate(model.layers):
-        x = layer.input_layernorm(hidden)
-        last_only = trim and layer_index == final  # every token's keys / state, only the last tokens' outputs
-        if model.layer_types[layer_index] == LINEAR_LAYER:
-            mixed = _linear_layer_batch(layer.linear_attn, layer_index, x, layouts, model.dtype)
+    with serial_section(len(flat_ids), device):  # few rows (decode steps): small ops on one thread
+        for layer_index, layer in enumerate(model.layers):
+            x = layer.input_layernorm(hidden)
+            last_only = trim and layer_index == final  # every token's keys / state, only the last tokens' outputs
+            if model.layer_types[layer_index] == LINEAR_LAYER:
+                mixed = _linear_layer_batch(layer.linear_attn, layer_index, x, layouts, model.dtype)
+                if last_only:
+                    mixed = mixed[last_rows]
+            else:
+                mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, rotary, last_only=last_only)
             if last_only:
-                mixed = mixed[last_rows]
-        else:
-            mixed = _attention_layer_batch(layer.self_attn, layer_index, x, layouts, rotary, last_only=last_only)
-        if last_only:
-            hidden = hidden[last_rows]
-        hidden = hidden + mixed
-        hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
-    logits = model.logits(hidden if trim else hidden[last_rows])  # [items, vocab]
+                hidden = hidden[last_rows]
+            hidden = hidden + mixed
+            hidden = hidden + L.mlp_forward(layer, layer.post_attention_layernorm(hidden))
+        logits = model.logits(hidden if trim else hidden[last_rows])  # [items, vocab]
     results = []
     for number, layout in enumerate(layouts):
         layout.state.length = layout.total

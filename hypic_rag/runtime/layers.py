@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.kernels import triton_enabled
+from hypic_rag.runtime.threads import wide
 
 if TYPE_CHECKING:
     from hypic_rag.runtime.mixers.base import AttentionMixer
@@ -85,10 +86,11 @@ def attention_core(
     plain_causal = query.shape[1] == keys.shape[1] and bool(torch.equal(query_index, key_index))
     sees_everything = bool(key_index.max() <= query_index.min())  # e.g. a decode step
     mask = None if plain_causal or sees_everything else key_index[None, :] <= query_index[:, None]
-    out = F.scaled_dot_product_attention(
-        query[None], keys[None].to(query.dtype), values[None].to(query.dtype), attn_mask=mask,
-        is_causal=plain_causal, scale=attention.scaling, enable_gqa=groups > 1,
-    )[0]  # [Hq, Tq, D]
+    with wide():  # every thread for the attention itself inside a serial section (`runtime/threads.py`)
+        out = F.scaled_dot_product_attention(
+            query[None], keys[None].to(query.dtype), values[None].to(query.dtype), attn_mask=mask,
+            is_causal=plain_causal, scale=attention.scaling, enable_gqa=groups > 1,
+        )[0]  # [Hq, Tq, D]
     return out.transpose(0, 1).reshape(query.shape[1], -1)
 
 
@@ -96,10 +98,11 @@ def causal_attention(attention: AttentionMixer, query: torch.Tensor, keys: torch
     """Plain causal attention of sequences that each start at position 0: query [n, Hq, T, D] (rotated), keys /
     values [n, Hkv, T, D]. Returns [n, T, Hq*D] in the query dtype."""
     groups = query.shape[1] // keys.shape[1]
-    out = F.scaled_dot_product_attention(
-        query, keys.to(query.dtype), values.to(query.dtype), is_causal=True, scale=attention.scaling,
-        enable_gqa=groups > 1,
-    )  # [n, Hq, T, D]
+    with wide():
+        out = F.scaled_dot_product_attention(
+            query, keys.to(query.dtype), values.to(query.dtype), is_causal=True, scale=attention.scaling,
+            enable_gqa=groups > 1,
+        )  # [n, Hq, T, D]
     return out.transpose(1, 2).reshape(query.shape[0], query.shape[2], -1)
 
 

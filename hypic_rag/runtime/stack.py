@@ -34,6 +34,7 @@ from hypic_rag.runtime.mixers.base import (
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.segment_state import apply_in_order
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
+from hypic_rag.runtime.threads import serial_section
 
 
 @dataclass(slots=True)
@@ -156,6 +157,7 @@ class _Plan:
     options: StackOptions
     want_checkpoints: bool
     dtype: torch.dtype
+    token_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
     tables: dict[int, object] = field(default_factory=dict)
 
     @property
@@ -195,8 +197,8 @@ def run_stack(
         recomputed_positions.extend(range(span.start, span.start + span.recompute))
     if not recomputed_ids:
         raise ValueError("nothing to recompute: the last span (the question) must have recomputed tokens")
-    ids = torch.tensor(recomputed_ids, dtype=torch.long, device=device)
     plan = _Plan(
+        token_ids=torch.tensor(recomputed_ids, dtype=torch.long, device=device),
         spans=spans,
         offsets=offsets,
         query_index=torch.tensor(recomputed_positions, dtype=torch.long, device=device),
@@ -207,6 +209,15 @@ def run_stack(
         dtype=model.dtype,
     )
 
+    with serial_section(len(recomputed_ids), device):  # few rows: small ops on one thread (`runtime/threads.py`)
+        return _run_layers(model, plan, initial, want_all_logits)
+
+
+def _run_layers(model: HybridModel, plan: _Plan, initial: DecodeState | None, want_all_logits: bool) -> StackResult:
+    """`run_stack`'s pass through every layer and the logits, for a built plan."""
+    spans, start, total_length = plan.spans, plan.start, plan.total_length
+    want_checkpoints = plan.want_checkpoints
+    ids = plan.token_ids
     hidden = model.embed(ids)  # [R, hidden]
     context = BlockContext(embeddings=hidden)
     new_state = DecodeState(length=total_length)
@@ -248,7 +259,7 @@ def run_stack(
     return StackResult(
         logits=logits,
         state=new_state,
-        recomputed_tokens=len(recomputed_ids),
+        recomputed_tokens=int(ids.shape[0]),
         all_logits=all_logits,
         checkpoints=checkpoints,
         compose_seconds=compose_seconds,

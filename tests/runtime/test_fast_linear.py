@@ -83,7 +83,7 @@ def test_use_fast_linears_swaps_plain_linears_only() -> None:
 
 
 @needs_onednn
-@pytest.mark.parametrize("rows", [1, 2, 8, 64, 65])
+@pytest.mark.parametrize("rows", [1, 2, 8, 64, 128, 129])
 def test_fast_linear_with_its_packed_weight_matches_and_follows_weight_changes(rows: int, monkeypatch) -> None:
     """2..PACKED_MAX_ROWS rows go through the packed copy of the weight; it is remade when the weight is written in
     place (load_state_dict) or replaced; HYPIC_RAG_PACKED_LINEARS=0 keeps to the dense weight."""

@@ -1,0 +1,76 @@
+"""Intra-op threads for passes over few rows on CPU: small operations on one thread, large products on all of them.
+
+A hypic prefill recomputes a few dozen rows (seam windows and the question) and runs thousands of small torch
+operations on them (norms, gates, the conv, the scan's batched products, the state compositions). Each of those
+opens an OpenMP parallel region; under `OMP_WAIT_POLICY=PASSIVE` (what the CLI sets, and what a shared machine needs)
+the pool's threads sleep between regions, so every small operation pays for waking them. Measured on 2 cores with a
+[88, 768] RMS norm: ~300 us on two threads, ~70 us on one. The few large operations of such a pass (the linear
+layers, attention over every cached key) still want every thread.
+
+`serial_section(rows)` runs a pass over at most `SERIAL_MAX_ROWS` rows with ONE intra-op thread, and `wide()` gives
+one large operation back the full count inside it (the oneDNN linears and attention call it). Outside a section
+`wide()` does nothing, so the functions that call it behave as before everywhere else (GPU, long prefills, encoding).
+The thread count is per OS thread in OpenMP, so the state here is thread-local: a server's worker thread and a
+caller's thread do not see each other's sections. HYPIC_RAG_SERIAL_SMALL_OPS=0 turns sections off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+SERIAL_MAX_ROWS = 256
+"""Passes over at most this many token rows run their small operations on one thread (`serial_section`). Above it,
+elementwise work per operation is large enough for a second thread to pay for waking it (a full prefill of 2,000
+tokens keeps every thread throughout)."""
+
+_local = threading.local()
+
+
+def serial_enabled() -> bool:
+    """Whether `serial_section` may narrow the thread count (HYPIC_RAG_SERIAL_SMALL_OPS, default on)."""
+    return os.environ.get("HYPIC_RAG_SERIAL_SMALL_OPS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def wide_threads() -> int | None:
+    """The full intra-op thread count while this thread is inside a `serial_section`, else None."""
+    return getattr(_local, "wide", None)
+
+
+@contextmanager
+def serial_section(rows: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """One intra-op thread for the block when it works on at most `SERIAL_MAX_ROWS` rows on CPU (and more than one
+    thread is configured); the previous count is restored afterwards, also on error. Nested sections and every
+    other case are no-ops."""
+    threads = torch.get_num_threads()
+    if (
+        torch.device(device).type != "cpu" or rows > SERIAL_MAX_ROWS or threads <= 1 or wide_threads() is not None
+        or not serial_enabled()
+    ):
+        yield
+        return
+    _local.wide = threads
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        _local.wide = None
+
+
+@contextmanager
+def wide() -> Iterator[None]:
+    """Every configured thread for one large operation inside a `serial_section`; a no-op outside one."""
+    threads = wide_threads()
+    if threads is None:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
