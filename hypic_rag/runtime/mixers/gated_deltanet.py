@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_rag.runtime.layers import causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_packed
@@ -85,10 +86,8 @@ class GatedDeltaNetMixer(RecurrentMixer):
         return Projections(preconv, (z, module.in_proj_b(x), module.in_proj_a(x)))
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        weight = self.module.conv1d.weight  # [C, 1, kernel]
-        conv_input = torch.cat([context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
-        convolved = F.conv1d(conv_input, weight, self.module.conv1d.bias, groups=conv_input.shape[1])
-        return F.silu(convolved).transpose(1, 2)
+        conv = self.module.conv1d  # weight [C, 1, kernel]
+        return F.silu(causal_depthwise_conv(preconv, context, conv.weight, conv.bias))
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None

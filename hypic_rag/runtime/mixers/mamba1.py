@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_rag.runtime.layers import causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import (
     Projections,
     RecurrenceInputs,
@@ -78,10 +79,8 @@ class Mamba1Mixer(RecurrentMixer):
         return Projections(conv_input, (gate,))
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        weight = self.module.conv1d.weight  # [D, 1, kernel]
-        conv_input = torch.cat([context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
-        convolved = F.conv1d(conv_input, weight, self.module.conv1d.bias, groups=conv_input.shape[1])
-        return self.module.act(convolved).transpose(1, 2)
+        conv = self.module.conv1d  # weight [C, 1, kernel]
+        return self.module.act(causal_depthwise_conv(preconv, context, conv.weight, conv.bias))
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from hypic_rag.runtime.layers import causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun
 
 
@@ -53,9 +53,8 @@ class ShortConvMixer(RecurrentMixer):
         return Projections(b * value, (c,))
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        weight = self.module.conv.weight  # [C, 1, kernel]
-        conv_input = torch.cat([context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
-        return F.conv1d(conv_input, weight, self.module.conv.bias, groups=conv_input.shape[1]).transpose(1, 2)
+        conv = self.module.conv  # weight [C, 1, kernel]
+        return causal_depthwise_conv(preconv, context, conv.weight, conv.bias)
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
+from hypic_rag.runtime.layers import causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.ssd import ssd, ssd_with_transition
 from hypic_rag.runtime.ops.time_step import softplus_time_step
@@ -77,10 +77,8 @@ class Mamba2Mixer(RecurrentMixer):
         return Projections(conv_input, (gate, raw_time_step))
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        weight = self.module.conv1d.weight  # [C, 1, kernel]
-        conv_input = torch.cat([context.to(weight.dtype), preconv.transpose(1, 2).to(weight.dtype)], dim=2)
-        convolved = F.conv1d(conv_input, weight, self.module.conv1d.bias, groups=conv_input.shape[1])
-        return self.activation(convolved).transpose(1, 2)
+        conv = self.module.conv1d  # weight [C, 1, kernel]
+        return self.activation(causal_depthwise_conv(preconv, context, conv.weight, conv.bias))
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None
