@@ -33,9 +33,20 @@ MixFunction = Callable[[Mixer, torch.Tensor], torch.Tensor]
 
 @dataclass(slots=True)
 class BlockContext:
-    """What a block may read besides its input: embeddings [..., T, hidden] of the tokens in flight."""
+    """What a block may read besides its input: embeddings [..., T, hidden] of the tokens in flight.
+
+    output_rows: when set, only these token rows of the block's output are wanted (the last layer of a pass that
+    needs the last token's logits alone): a block may then run its MLP on those rows only and return
+    [..., len(rows), hidden]. The mixers still see every row (their state and keys need them). A block that ignores
+    it returns every row, which is also right (the caller selects the rows)."""
 
     embeddings: torch.Tensor
+    output_rows: slice | None = None
+
+
+def _keep_rows(hidden: torch.Tensor, context: BlockContext) -> torch.Tensor:
+    """hidden [..., T, hidden] narrowed to `context.output_rows` (a view) when set."""
+    return hidden if context.output_rows is None else hidden[..., context.output_rows, :]
 
 
 class Block(ABC):
@@ -99,6 +110,7 @@ class ResidualBlock(Block):
     def forward(self, hidden: torch.Tensor, mix: MixFunction, context: BlockContext) -> torch.Tensor:
         if self.mixer is not None:
             hidden = hidden + _scaled(mix(self.mixer, self.input_norm(hidden)), self.residual_multiplier)
+        hidden = _keep_rows(hidden, context)
         if self.mlp is not None:
             hidden = hidden + _scaled(call_mlp(self.mlp, self.mlp_norm(hidden)), self.residual_multiplier)
         return hidden
@@ -134,7 +146,7 @@ class ParallelBlock(Block):
         for branch in self.branches:
             out = _scaled(mix(branch.mixer, _scaled(x, branch.input_multiplier)), branch.output_multiplier)
             mixed = out if mixed is None else mixed + out
-        hidden = hidden + mixed
+        hidden = _keep_rows(hidden + mixed, context)
         if self.mlp is not None:
             hidden = hidden + call_mlp(self.mlp, self.mlp_norm(hidden))
         return hidden

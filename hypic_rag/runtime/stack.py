@@ -224,7 +224,10 @@ def _run_layers(model: HybridModel, plan: _Plan, initial: DecodeState | None, wa
     span_linear_states: list[dict[int, LinearLayerState]] = [dict() for _ in spans]
     compose_seconds = 0.0
 
+    last_block = len(model.blocks) - 1
     for layer_index, block in enumerate(model.blocks):
+        if layer_index == last_block and not want_all_logits:
+            context.output_rows = slice(-1, None)  # the last block's MLP for the last token only
 
         def mix(mixer: Mixer, x: torch.Tensor, layer_index: int = layer_index) -> torch.Tensor:
             nonlocal compose_seconds
