@@ -21,6 +21,8 @@ from typing import Literal
 
 import torch
 
+from hypic_rag.runtime.threads import wide_for
+
 TransitionKind = Literal["matrix", "vector", "scalar"]
 TRANSITION_KINDS: tuple[str, ...] = ("matrix", "vector", "scalar")
 
@@ -119,10 +121,12 @@ def apply_in_order(
         # the hot path of composition: S <- Z + P S as one fused batched product per span (no SegmentState checks)
         shape = state.shape
         flat = state.reshape(-1, *shape[-2:])
-        for transition, suffix_state in zip(transitions, states):
-            flat = torch.baddbmm(
-                suffix_state.float().reshape(flat.shape), transition.float().reshape(-1, *transition.shape[-2:]), flat
-            )
+        with wide_for(flat.shape[0] * shape[-2] * shape[-2] * shape[-1]):  # large states: every thread
+            for transition, suffix_state in zip(transitions, states):
+                flat = torch.baddbmm(
+                    suffix_state.float().reshape(flat.shape), transition.float().reshape(-1, *transition.shape[-2:]),
+                    flat,
+                )
         return flat.reshape(shape)
     for number, suffix_state in enumerate(states):
         if transitions is None:

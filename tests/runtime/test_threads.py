@@ -106,3 +106,29 @@ def test_prefill_and_generation_equal_with_and_without_sections(two_threads, mon
     assert results["0"]["tokens"] == results["1"]["tokens"]
     for mode in ("full", "hypic", "transition_rope"):
         torch.testing.assert_close(results["1"][mode], results["0"][mode], atol=1e-5, rtol=1e-5)
+
+
+def test_wide_for_widens_large_products_only(two_threads) -> None:
+    with threads.serial_section(8):
+        with threads.wide_for(threads.WIDE_MIN_MULTIPLY_ADDS - 1):
+            assert torch.get_num_threads() == 1
+        with threads.wide_for(threads.WIDE_MIN_MULTIPLY_ADDS):
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+    with threads.wide_for(threads.WIDE_MIN_MULTIPLY_ADDS):  # outside a section: nothing changes
+        assert torch.get_num_threads() == 2
+
+
+def test_composition_of_large_states_in_a_section_matches(two_threads) -> None:
+    """`apply_in_order` widens for 128 x 128 states (above the threshold): same result as outside a section."""
+    from hypic_rag.runtime.segment_state import apply_in_order
+
+    generator = torch.Generator().manual_seed(1)
+    start = torch.randn(16, 128, 128, generator=generator)
+    transitions = [torch.randn(16, 128, 128, generator=generator) * 0.05 for _ in range(3)]
+    states = [torch.randn(16, 128, 128, generator=generator) for _ in range(3)]
+    outside = apply_in_order(start, transitions, states, "matrix")
+    with threads.serial_section(8):
+        inside = apply_in_order(start, transitions, states, "matrix")
+        assert torch.get_num_threads() == 1
+    torch.testing.assert_close(inside, outside, atol=1e-5, rtol=1e-5)
