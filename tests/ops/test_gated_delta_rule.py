@@ -151,3 +151,28 @@ def test_packed_runs_scan_matches_the_naive_recurrence_with_maps_between_runs(le
         torch.testing.assert_close(outputs[:, :, first : first + count], expected, atol=1e-5, rtol=1e-5)
         state, first = final[0], first + count
     torch.testing.assert_close(end, state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block", [1, 3, 16])
+def test_scan_with_blocked_outputs_matches_the_chunk_by_chunk_step(block: int) -> None:
+    """`ChunkTerms.scan` (outputs batched `block` chunks at a time after the state loop) equals `step` chunk by
+    chunk, also with a map applied to the state before some chunks (the packed scan's cached spans)."""
+    from hypic_rag.runtime.ops.gated_delta_rule.chunk import chunk_terms
+
+    query, key, value, log_decay, beta, _ = random_inputs(2, 3, 37, 5, 4, seed=block)
+    generator = torch.Generator().manual_seed(block)
+    terms = chunk_terms(query, key, value, log_decay, beta, 8)  # 5 chunks, the last padded
+    start = torch.randn(6, 5, 4, generator=generator)
+    maps = {1: (torch.randn(6, 5, 5, generator=generator) * 0.3, torch.randn(6, 5, 4, generator=generator)),
+            4: (torch.randn(6, 5, 5, generator=generator) * 0.3, torch.randn(6, 5, 4, generator=generator))}
+
+    def before_chunk(index: int, state: torch.Tensor) -> torch.Tensor:
+        return state if index not in maps else torch.baddbmm(maps[index][1], maps[index][0], state)
+
+    state, expected = start, []
+    for index in range(terms.chunks):
+        output, state = terms.step(index, before_chunk(index, state))
+        expected.append(output)
+    outputs, final = terms.scan(start, before_chunk, block=block)
+    torch.testing.assert_close(outputs, torch.stack(expected), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final, state, atol=1e-5, rtol=1e-5)

@@ -68,6 +68,10 @@ def unit_lower_inverse(strictly_lower: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
+SCAN_OUTPUT_BLOCK = 16
+"""`ChunkTerms.scan` computes the outputs of this many chunks at a time (it keeps their start states until then)."""
+
+
 @dataclass(slots=True)
 class ChunkTerms:
     """The state-independent terms of every chunk, chunk-major with batch and heads flattened (G = B * H) so a scan
@@ -90,10 +94,47 @@ class ChunkTerms:
         return int(self.chunk_decay.shape[0])
 
     def step(self, index: int, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunk `index` from state [G, K, V]: (outputs [G, C, V], the state after the chunk)."""
+        """Chunk `index` from state [G, K, V]: (outputs [G, C, V], the state after the chunk). The one-chunk
+        reference of `scan`."""
         updates = torch.baddbmm(self.corrected_values[index], self.state_read_weights[index], state, alpha=-1.0)
         output = torch.baddbmm(self.intra_attention[index] @ updates, self.query_decayed[index], state)
         return output, torch.baddbmm(state * self.chunk_decay[index], self.key_to_end_transposed[index], updates)
+
+    def scan(
+        self, state: torch.Tensor, before_chunk: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+        block: int = SCAN_OUTPUT_BLOCK,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every chunk in order from state [G, K, V]: (outputs [N, G, C, V], the final state [G, K, V]).
+
+        before_chunk(n, state) gives the state chunk n starts from (None: where chunk n - 1 left it). The loop runs
+        only what the next state needs (U = T b V - W S, S' = d S + K~^T U: two products and a scale per chunk);
+        the outputs O = intra U + Q~ S, which nothing downstream in the loop reads, follow for `block` chunks at
+        a time in two batched products from the kept start states and updates (memory: `block` states)."""
+        chunks, groups, chunk, value_dim = self.corrected_values.shape
+        corrected_values = self.corrected_values.unbind(0)
+        state_read_weights = self.state_read_weights.unbind(0)
+        key_to_end_transposed = self.key_to_end_transposed.unbind(0)
+        chunk_decay = self.chunk_decay.unbind(0)
+        outputs = self.corrected_values.new_empty(chunks, groups, chunk, value_dim)
+        starts: list[torch.Tensor] = []
+        updates: list[torch.Tensor] = []
+        first = 0
+        for index in range(chunks):
+            if before_chunk is not None:
+                state = before_chunk(index, state)
+            update = torch.baddbmm(corrected_values[index], state_read_weights[index], state, alpha=-1.0)
+            starts.append(state)
+            updates.append(update)
+            state = torch.baddbmm(state * chunk_decay[index], key_to_end_transposed[index], update)
+            if len(starts) == block or index == chunks - 1:
+                last = index + 1
+                block_outputs = outputs[first:last].view(-1, chunk, value_dim)
+                torch.bmm(self.intra_attention[first:last].reshape(-1, chunk, chunk),
+                          torch.stack(updates).view(-1, chunk, value_dim), out=block_outputs)
+                block_outputs.baddbmm_(self.query_decayed[first:last].reshape(-1, chunk, state.shape[-2]),
+                                       torch.stack(starts).view(-1, *state.shape[-2:]))
+                starts, updates, first = [], [], last
+        return outputs, state
 
 
 def chunk_terms(
@@ -170,11 +211,8 @@ def chunk_gated_delta_rule(
     chunk = min(chunk_size, length)
     terms = chunk_terms(query, key, value, log_decay, beta, chunk)
     state = state.reshape(batch * heads, key_dim, value_dim)
-    outputs = []
-    for index in range(terms.chunks):
-        output, state = terms.step(index, state)
-        outputs.append(output)
-    output = torch.cat(outputs, dim=1).reshape(batch, heads, -1, value_dim)[:, :, :length]
+    outputs, state = terms.scan(state)  # [N, G, C, V]
+    output = outputs.permute(1, 0, 2, 3).reshape(batch, heads, -1, value_dim)[:, :, :length]
     return output, state.reshape(batch, heads, key_dim, value_dim)
 
 
@@ -249,18 +287,20 @@ def chunk_gated_delta_rule_packed(
         padded = [torch.nn.functional.pad(x, (0, 0, 0, 1)).index_select(2, index) for x in (query, key, value)]
         padded += [torch.nn.functional.pad(x, (0, 1)).index_select(2, index) for x in (log_decay, beta)]
         real_rows = torch.tensor([row for row, at in enumerate(source) if at < length], dtype=torch.long, device=device)
-    outputs = []
+    run_of_first_chunk: dict[int, int] = {}  # chunk index -> the run it starts
     number = 0
+    for run, chunks in enumerate(run_chunks):
+        run_of_first_chunk[number] = run
+        number += chunks
+
+    def before_chunk(index: int, state: torch.Tensor) -> torch.Tensor:
+        run = run_of_first_chunk.get(index)
+        return state if run is None or before_run is None else before_run(run, state).float()
+
     with small_ops_threads(padded[2]):
         terms = chunk_terms(*padded, chunk)
-        for run, chunks in enumerate(run_chunks):
-            if before_run is not None:
-                state = before_run(run, state).float()
-            for _ in range(chunks):
-                output, state = terms.step(number, state)
-                outputs.append(output)
-                number += 1
-    output = torch.cat(outputs, dim=1)[None]  # [1, H, padded T, V]
+        outputs, state = terms.scan(state, before_chunk)  # [N, H, C, V]
+    output = outputs.permute(1, 0, 2, 3).reshape(1, heads, -1, value_dim)  # [1, H, padded T, V]
     if real_rows is not None:
         output = output.index_select(2, real_rows)
     return output, state
