@@ -113,21 +113,23 @@ def apply_in_order(
 ) -> torch.Tensor:
     """S <- P_k . (... (P_1 . S + Z_1) ...) + Z_k over spans in order (float32); `transitions=None` is the
     `addition` baseline (P = identity: S + Z_1 + ... + Z_k)."""
-    state = start.float()
+    state = start if start.dtype == torch.float32 else start.float()
     if (
         transitions is not None and kind == "matrix" and state.dim() >= 2
         and all(t.shape == state.shape[:-1] + state.shape[-2:-1] and z.shape == state.shape for t, z in zip(transitions, states))
     ):
         # the hot path of composition: S <- Z + P S as one fused batched product per span (no SegmentState checks)
         shape = state.shape
-        flat = state.reshape(-1, *shape[-2:])
+        flat = state if state.dim() == 3 else state.reshape(-1, *shape[-2:])
         with wide_for(flat.shape[0] * shape[-2] * shape[-2] * shape[-1]):  # large states: every thread
             for transition, suffix_state in zip(transitions, states):
-                flat = torch.baddbmm(
-                    suffix_state.float().reshape(flat.shape), transition.float().reshape(-1, *transition.shape[-2:]),
-                    flat,
-                )
-        return flat.reshape(shape)
+                # entries hold float32 [H, K, K] / [H, K, V] already: no conversion or reshape to dispatch then
+                if transition.dtype != torch.float32 or transition.dim() != 3:
+                    transition = transition.float().reshape(-1, *transition.shape[-2:])
+                if suffix_state.dtype != torch.float32 or suffix_state.dim() != 3:
+                    suffix_state = suffix_state.float().reshape(flat.shape)
+                flat = torch.baddbmm(suffix_state, transition, flat)
+        return flat if state.dim() == 3 else flat.reshape(shape)
     for number, suffix_state in enumerate(states):
         if transitions is None:
             state = state + suffix_state.float()

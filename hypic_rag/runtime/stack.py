@@ -159,6 +159,7 @@ class _Plan:
     dtype: torch.dtype
     token_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
     tables: dict[int, object] = field(default_factory=dict)
+    packed_rows: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
 
     @property
     def total_length(self) -> int:
@@ -334,13 +335,16 @@ def _recurrent_mixer(
     run_numbers: list[int] = []
     contexts: list[torch.Tensor] = []
     tails_after: list[torch.Tensor] = []
+    width = tail.shape[-1]
     for span_number, (span, (offset, count)) in enumerate(zip(spans, offsets)):
+        cached_after = span.length - count if span.entry is not None else 0  # the cached remainder's length
         if count:
             run_numbers.append(span_number)
             contexts.append(tail)
-            tail = L.advance_conv_tail(tail, projections.preconv[offset : offset + count])
-        if span.entry is not None and count < span.length:
-            tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], span.length - count)
+            if cached_after < width or width == 0:  # else the cached remainder's own tail replaces it whole
+                tail = L.advance_conv_tail(tail, projections.preconv[offset : offset + count])
+        if cached_after:
+            tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], cached_after)
         tails_after.append(tail)
 
     windows = [offsets[n] for n in run_numbers]
@@ -412,22 +416,39 @@ def _recurrent_mixer(
     return mixed, LinearLayerState(recurrent, tail), per_span, compose_seconds
 
 
-def _pack_conv_inputs(preconv: torch.Tensor, windows: list[tuple[int, int]], contexts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The conv inputs of runs packed end to end: run r's rows (offset, count) of preconv [R, C], each run after the
-    first preceded by its own left context contexts[r] [C, w] as w extra rows, so ONE causal conv over the packed
-    rows gives every run's outputs with its own context. Returns (packed [P, C], the packed rows of the R tokens)."""
-    pieces: list[torch.Tensor] = []
-    keep: list[int] = []
+def _packed_rows(windows: list[tuple[int, int]], width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Where the runs' rows go when packed end to end with each run after the first preceded by its `width` context
+    rows: (the packed rows of the R tokens [R], the packed rows of the contexts [(n - 1) * width] or None)."""
+    token_rows: list[int] = []
+    context_rows: list[int] = []
     row = 0
-    for number, ((offset, count), context) in enumerate(zip(windows, contexts)):
-        if number and context.shape[-1]:
-            pieces.append(context.transpose(0, 1).to(preconv.dtype))
-            row += context.shape[-1]
-        pieces.append(preconv[offset : offset + count])
-        keep.extend(range(row, row + count))
+    for number, (_, count) in enumerate(windows):
+        if number and width:
+            context_rows.extend(range(row, row + width))
+            row += width
+        token_rows.extend(range(row, row + count))
         row += count
-    packed = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    return packed, torch.tensor(keep, dtype=torch.long, device=preconv.device)
+    as_tensor = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
+    return as_tensor(token_rows), (as_tensor(context_rows) if context_rows else None)
+
+
+def _pack_conv_inputs(
+    preconv: torch.Tensor, windows: list[tuple[int, int]], contexts: list[torch.Tensor],
+    rows: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv inputs of runs packed end to end: run r's rows (offset, count) of preconv [R, C] (the runs in order,
+    contiguous: rows 0..R-1), each run after the first preceded by its own left context contexts[r] [C, w] as w
+    extra rows, so ONE causal conv over the packed rows gives every run's outputs with its own context. `rows`:
+    `_packed_rows` of these windows (the same in every layer of a pass; computed when None).
+    Returns (packed [P, C], the packed rows of the R tokens [R])."""
+    width = contexts[0].shape[-1]
+    token_rows, context_rows = rows if rows is not None else _packed_rows(windows, width, preconv.device)
+    if context_rows is None:
+        return preconv, token_rows
+    packed = preconv.new_empty(token_rows.shape[0] + context_rows.shape[0], preconv.shape[-1])
+    packed.index_copy_(0, token_rows, preconv)
+    packed.index_copy_(0, context_rows, torch.stack(contexts[1:]).transpose(1, 2).reshape(-1, preconv.shape[-1]).to(preconv.dtype))
+    return packed, token_rows
 
 
 def _scan_runs(
@@ -464,7 +485,11 @@ def _scan_runs(
         return state
 
     # the recomputed tokens are the runs in order: offsets are contiguous, so the projections need no gathering
-    packed, keep = _pack_conv_inputs(projections.preconv, windows, contexts)
+    width = contexts[0].shape[-1]
+    rows = plan.packed_rows.get(width)
+    if rows is None:
+        rows = plan.packed_rows[width] = _packed_rows(windows, width, projections.preconv.device)
+    packed, keep = _pack_conv_inputs(projections.preconv, windows, contexts, rows)
     convolved = mixer.convolve(packed[None], contexts[0][None])
     if packed.shape[0] != keep.shape[0]:
         convolved = convolved[:, keep]
