@@ -115,7 +115,7 @@ class ChunkTerms:
         state_read_weights = self.state_read_weights.unbind(0)
         key_to_end_transposed = self.key_to_end_transposed.unbind(0)
         chunk_decay = self.chunk_decay.unbind(0)
-        outputs = self.corrected_values.new_empty(chunks, groups, chunk, value_dim)
+        blocks: list[torch.Tensor] = []  # out of place throughout: training runs this under autograd
         starts: list[torch.Tensor] = []
         updates: list[torch.Tensor] = []
         first = 0
@@ -128,13 +128,15 @@ class ChunkTerms:
             state = torch.baddbmm(state * chunk_decay[index], key_to_end_transposed[index], update)
             if len(starts) == block or index == chunks - 1:
                 last = index + 1
-                block_outputs = outputs[first:last].view(-1, chunk, value_dim)
-                torch.bmm(self.intra_attention[first:last].reshape(-1, chunk, chunk),
-                          torch.stack(updates).view(-1, chunk, value_dim), out=block_outputs)
-                block_outputs.baddbmm_(self.query_decayed[first:last].reshape(-1, chunk, state.shape[-2]),
-                                       torch.stack(starts).view(-1, *state.shape[-2:]))
+                intra = torch.bmm(self.intra_attention[first:last].reshape(-1, chunk, chunk),
+                                  torch.stack(updates).reshape(-1, chunk, value_dim))
+                block_outputs = torch.baddbmm(
+                    intra, self.query_decayed[first:last].reshape(-1, chunk, state.shape[-2]),
+                    torch.stack(starts).reshape(-1, *state.shape[-2:]),
+                )
+                blocks.append(block_outputs.view(last - first, groups, chunk, value_dim))
                 starts, updates, first = [], [], last
-        return outputs, state
+        return (blocks[0] if len(blocks) == 1 else torch.cat(blocks)), state
 
 
 def chunk_terms(
