@@ -9,7 +9,7 @@ triangular, A_ij = b_i exp(gamma_i - gamma_j) k_i.k_j. Writing T = (I + A)^-1:
 Everything but the last three lines is computed for all chunks at once (`chunk_terms`); the chunks are then
 scanned in order. Padding tokens (g = 0, b = 0) leave the state untouched, so any length works.
 
-`chunk_gated_delta_rule_runs` scans several runs (a request's seam windows and question) in order from one start
+`chunk_gated_delta_rule_packed` scans several runs (a request's seam windows and question) in order from one start
 state, applying a caller's map between runs (the cached spans between them: S <- P S + Z): one batched
 precompute for all runs and one scan, without the identity-start widening of `transition.py`.
 """
