@@ -132,3 +132,26 @@ def test_composition_of_large_states_in_a_section_matches(two_threads) -> None:
         inside = apply_in_order(start, transitions, states, "matrix")
         assert torch.get_num_threads() == 1
     torch.testing.assert_close(inside, outside, atol=1e-5, rtol=1e-5)
+
+
+def test_linears_widen_by_size_inside_a_section(two_threads, monkeypatch) -> None:
+    """A large weight (or product) runs on every thread, a tiny layer's stays on one (waking a thread costs it more
+    than it saves); both give the results they give outside a section."""
+    from hypic_rag.runtime.fast_linear import WIDE_MIN_WEIGHT, FastLinear
+
+    seen: list[int] = []
+    product = FastLinear._product
+    monkeypatch.setattr(FastLinear, "_product", lambda self, x: (seen.append(torch.get_num_threads()), product(self, x))[1])
+    torch.manual_seed(0)
+    small, large = nn.Linear(32, 48), nn.Linear(1024, WIDE_MIN_WEIGHT // 1024)
+    use_fast_linears(small)
+    use_fast_linears(large)
+    x_small, x_large = torch.randn(4, 32), torch.randn(2, 1024)
+    with torch.no_grad():
+        expected = small(x_small), large(x_large)
+        seen.clear()
+        with threads.serial_section(4):
+            got = small(x_small), large(x_large)
+    assert seen == [1, 2]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
