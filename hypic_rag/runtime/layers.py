@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.kernels import triton_enabled
-from hypic_rag.runtime.threads import wide
+from hypic_rag.runtime.threads import wide_for
 
 if TYPE_CHECKING:
     from hypic_rag.runtime.mixers.base import AttentionMixer
@@ -107,7 +107,8 @@ def attention_core(
     plain_causal = query.shape[1] == keys.shape[1] and bool(torch.equal(query_index, key_index))
     sees_everything = bool(key_index.max() <= query_index.min())  # e.g. a decode step
     mask = None if plain_causal or sees_everything else key_index[None, :] <= query_index[:, None]
-    with wide():  # every thread for the attention itself inside a serial section (`runtime/threads.py`)
+    # every thread for the attention itself inside a serial section when it is large (`runtime/threads.py`)
+    with wide_for(query.shape[0] * query.shape[1] * keys.shape[1] * query.shape[2] * 2):
         out = F.scaled_dot_product_attention(
             query[None], keys[None].to(query.dtype), values[None].to(query.dtype), attn_mask=mask,
             is_causal=plain_causal, scale=attention.scaling, enable_gqa=groups > 1,
@@ -119,7 +120,7 @@ def causal_attention(attention: AttentionMixer, query: torch.Tensor, keys: torch
     """Plain causal attention of sequences that each start at position 0: query [n, Hq, T, D] (rotated), keys /
     values [n, Hkv, T, D]. Returns [n, T, Hq*D] in the query dtype."""
     groups = query.shape[1] // keys.shape[1]
-    with wide():
+    with wide_for(query.shape[0] * query.shape[1] * query.shape[2] * keys.shape[2] * query.shape[3]):  # causal: ~half
         out = F.scaled_dot_product_attention(
             query, keys.to(query.dtype), values.to(query.dtype), is_causal=True, scale=attention.scaling,
             enable_gqa=groups > 1,

@@ -433,16 +433,14 @@ def _packed_rows(windows: list[tuple[int, int]], width: int, device: torch.devic
 
 
 def _pack_conv_inputs(
-    preconv: torch.Tensor, windows: list[tuple[int, int]], contexts: list[torch.Tensor],
-    rows: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    preconv: torch.Tensor, contexts: list[torch.Tensor], rows: tuple[torch.Tensor, torch.Tensor | None]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The conv inputs of runs packed end to end: run r's rows (offset, count) of preconv [R, C] (the runs in order,
     contiguous: rows 0..R-1), each run after the first preceded by its own left context contexts[r] [C, w] as w
     extra rows, so ONE causal conv over the packed rows gives every run's outputs with its own context. `rows`:
-    `_packed_rows` of these windows (the same in every layer of a pass; computed when None).
+    `_packed_rows` of the runs (the same in every layer of a pass, so the caller keeps them).
     Returns (packed [P, C], the packed rows of the R tokens [R])."""
-    width = contexts[0].shape[-1]
-    token_rows, context_rows = rows if rows is not None else _packed_rows(windows, width, preconv.device)
+    token_rows, context_rows = rows
     if context_rows is None:
         return preconv, token_rows
     packed = preconv.new_empty(token_rows.shape[0] + context_rows.shape[0], preconv.shape[-1])
@@ -489,7 +487,7 @@ def _scan_runs(
     rows = plan.packed_rows.get(width)
     if rows is None:
         rows = plan.packed_rows[width] = _packed_rows(windows, width, projections.preconv.device)
-    packed, keep = _pack_conv_inputs(projections.preconv, windows, contexts, rows)
+    packed, keep = _pack_conv_inputs(projections.preconv, contexts, rows)
     convolved = mixer.convolve(packed[None], contexts[0][None])
     if packed.shape[0] != keep.shape[0]:
         convolved = convolved[:, keep]

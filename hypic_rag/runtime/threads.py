@@ -7,9 +7,11 @@ the pool's threads sleep between regions, so every small operation pays for waki
 [88, 768] RMS norm: ~300 us on two threads, ~70 us on one. The few large operations of such a pass (the linear
 layers, attention over every cached key) still want every thread.
 
-`serial_section(rows)` runs a pass over at most `SERIAL_MAX_ROWS` rows with ONE intra-op thread, and `wide()` gives
-one large operation back the full count inside it (the oneDNN linears and attention call it). Outside a section
-`wide()` does nothing, so the functions that call it behave as before everywhere else (GPU, long prefills, encoding).
+`serial_section(size)` runs a pass over at most `SERIAL_MAX_ROWS` rows (or other small work, with the caller's own
+limit: the packed delta-rule scan) with ONE intra-op thread, and `wide()` / `wide_for(multiply_adds)` give one large
+operation back the full count inside it: attention and the products of large states through `wide_for`, the oneDNN
+linears by their weight size (`fast_linear`). Outside a section they do nothing, so the functions that call them
+behave as before everywhere else (GPU, long prefills, encoding).
 The thread count is per OS thread in OpenMP, so the state here is thread-local: a server's worker thread and a
 caller's thread do not see each other's sections. HYPIC_RAG_SERIAL_SMALL_OPS=0 turns sections off.
 """
@@ -42,13 +44,14 @@ def wide_threads() -> int | None:
 
 
 @contextmanager
-def serial_section(rows: int, device: torch.device | str = "cpu") -> Iterator[None]:
-    """One intra-op thread for the block when it works on at most `SERIAL_MAX_ROWS` rows on CPU (and more than one
-    thread is configured); the previous count is restored afterwards, also on error. Nested sections and every
-    other case are no-ops."""
+def serial_section(size: int, device: torch.device | str = "cpu", limit: int = SERIAL_MAX_ROWS) -> Iterator[None]:
+    """One intra-op thread for the block when its work is small: `size` <= `limit` (by default the pass's token rows
+    against `SERIAL_MAX_ROWS`; a caller may count something else, e.g. a scan's elements, with its own limit), on CPU,
+    with more than one thread configured. The previous count is restored afterwards, also on error. Nested sections
+    and every other case are no-ops."""
     threads = torch.get_num_threads()
     if (
-        torch.device(device).type != "cpu" or rows > SERIAL_MAX_ROWS or threads <= 1 or wide_threads() is not None
+        torch.device(device).type != "cpu" or size > limit or threads <= 1 or wide_threads() is not None
         or not serial_enabled()
     ):
         yield

@@ -155,3 +155,11 @@ def test_linears_widen_by_size_inside_a_section(two_threads, monkeypatch) -> Non
     assert seen == [1, 2]
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_a_caller_may_count_its_own_size_against_its_own_limit(two_threads) -> None:
+    """The packed scan counts elements against `SMALL_OPS_MAX_ELEMENTS`: at or under the limit it narrows."""
+    with threads.serial_section(5, limit=5):
+        assert torch.get_num_threads() == 1
+    with threads.serial_section(6, limit=5):
+        assert torch.get_num_threads() == 2

@@ -16,11 +16,12 @@ precompute for all runs and one scan, without the identity-start widening of `tr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from hypic_rag.runtime.threads import serial_section
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -219,24 +220,9 @@ def chunk_gated_delta_rule(
 
 
 SMALL_OPS_MAX_ELEMENTS = 1 << 20
-"""A packed scan whose values hold at most this many elements runs its many small products on one CPU thread."""
-
-
-@contextmanager
-def small_ops_threads(state: torch.Tensor) -> Iterator[None]:
-    """One intra-op thread on CPU while a scan runs products too small to split (tensors of at most
-    `SMALL_OPS_MAX_ELEMENTS`): waking a second OpenMP thread for each of a few-microsecond product costs more
-    than it saves (measured on 2 cores: a scan step of 16 heads x 8 tokens x 64 x 64 took 147 us on two threads
-    and 81 us on one). Restores the thread count afterwards; a no-op on GPUs and for large states."""
-    threads = torch.get_num_threads()
-    if state.is_cuda or threads == 1 or state.numel() > SMALL_OPS_MAX_ELEMENTS:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+"""A packed scan whose values hold at most this many elements runs as a serial section (`runtime/threads.py`): its
+many few-microsecond products on one CPU thread (measured on 2 cores: a scan step of 16 heads x 8 tokens x 64 x 64
+took 147 us on two threads and 81 us on one), large compositions still widened by `wide_for`."""
 
 
 BetweenRuns = Callable[[int, torch.Tensor], torch.Tensor]
@@ -299,7 +285,7 @@ def chunk_gated_delta_rule_packed(
         run = run_of_first_chunk.get(index)
         return state if run is None or before_run is None else before_run(run, state).float()
 
-    with small_ops_threads(padded[2]):
+    with serial_section(padded[2].numel(), device, limit=SMALL_OPS_MAX_ELEMENTS):
         terms = chunk_terms(*padded, chunk)
         outputs, state = terms.scan(state, before_chunk)  # [N, H, C, V]
     output = outputs.permute(1, 0, 2, 3).reshape(1, heads, -1, value_dim)  # [1, H, padded T, V]
