@@ -4,10 +4,12 @@
   (one request or many), optionally storing every intermediate state (the seam start-state scan).
 - `rope.py`: cached pre-RoPE keys rotated at their true positions straight into the attention K buffer.
 - `gated_delta_rule.py`: flash-linear-attention's chunked, fused-recurrent and varlen gated delta rule.
-Each Triton kernel has a torch reference beside it; the CPU tests run the kernels under `TRITON_INTERPRET=1`.
+Each kernel's torch reference and the one dispatch that calls it live in `hypic_rag.runtime.ops/<op>/` (`naive.py`,
+`dispatch.py`): nothing outside `hypic_rag.runtime.ops` imports this package (a structure test holds that). The CPU
+tests run the Triton kernels under `TRITON_INTERPRET=1`.
 
-Importing this package never imports triton, fla or a GPU library. `triton_enabled(tensor)` is the one switch the
-runtime asks, read at every call from `HYPIC_RAG_KERNELS`:
+Importing this package never imports triton, fla or a GPU library. `triton_enabled(tensor)` is the switch
+`hypic_rag.runtime.ops.backends` asks, read at every call from `HYPIC_RAG_KERNELS`:
 - "auto" (default): the Triton kernels for CUDA tensors when triton imports; the torch path otherwise.
 - "torch": never (the torch path everywhere; also keeps fla out).
 - "triton": always, whatever the device (CPU tensors then need `TRITON_INTERPRET=1`, set before the first kernel

@@ -11,7 +11,8 @@ a few 1e-7 of float32 (plain float32 FMA dots spilled registers at K = 128 when 
 - `store_steps=True` also returns the state after every map: the seam start-state scan (the state each recomputed
   seam starts from is the state after the maps before it).
 - `transitions=None` is the `addition` baseline (P = I: S <- S + Z_1 + ... + Z_k).
-`compose_reference` is the torch reference (same contract) that the tests hold the kernel to.
+The float32 reference the tests hold the kernel to is `hypic_rag.runtime.ops.compose.naive_compose`; the
+runtime reaches this module only through `hypic_rag.runtime.ops.compose` (its dispatch).
 
 Under `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests: float32 / float16; the interpreter mishandles
 bfloat16). The interpreter cannot take a loop bound from a runtime value, so the bound is a constexpr: the longest
@@ -27,41 +28,6 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
-
-
-def compose_reference(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    counts: Sequence[int] | None = None,
-    *,
-    store_steps: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Torch reference of `compose_affine_batched` (and, with `counts=None`, of `compose_affine`).
-
-    start [N, H, K, V] (or [H, K, V] when counts is None; None: zeros); transitions [M, H, K, K] or None (identity);
-    states [M, H, K, V]; counts: maps per request, summing to M. Float32 throughout.
-    """
-    single = counts is None
-    counts = [states.shape[0]] if single else list(counts)
-    shape = states.shape[1:]
-    if start is None:
-        start = states.new_zeros((len(counts), *shape), dtype=torch.float32)
-    elif single:
-        start = start[None]
-    ends, steps, first = [], [], 0
-    for request, count in enumerate(counts):
-        state = start[request].float()
-        for index in range(first, first + count):
-            advanced = state if transitions is None else transitions[index].float() @ state
-            state = advanced + states[index].float()
-            steps.append(state)
-        ends.append(state)
-        first += count
-    end = torch.stack(ends)[0] if single else torch.stack(ends)
-    if not store_steps:
-        return end
-    return end, (torch.stack(steps) if steps else states.new_zeros(states.shape, dtype=torch.float32))
 
 
 @triton.jit

@@ -2,13 +2,14 @@
 
 A cached chunk's keys were stored before RoPE (docs/design.md); at assembly they are rotated for the positions the
 chunk really occupies. `rope_into` reads the keys in their storage dtype, rotates the first R dims in float32 with
-the half-split convention of `hypic_rag.runtime.layers.apply_rotary` (x * cos + rotate_half(x) * sin, where
+the half-split convention of `hypic_rag.runtime.ops.rope.apply_rotary` (x * cos + rotate_half(x) * sin, where
 rotate_half(x) = [-x[R/2:], x[:R/2]]), copies the other D - R dims through (partial rotary), and stores the result
 in the buffer's dtype at its token offset: no rotated copy, no concatenation, no dtype-cast pass.
 
 The cos / sin tables [P, R] are whatever the model's own rotary module computed for positions 0..P-1
 (`layers.rotary_tables`), so multimodal RoPE sections (Qwen3.5's interleaved M-RoPE) and scaled RoPE variants are
-covered without the kernel knowing about them. `rope_reference` is the torch reference.
+covered without the kernel knowing about them. The float32 reference is
+`hypic_rag.runtime.ops.rope.naive_rope_into`; the runtime reaches this module only through `hypic_rag.runtime.ops.rope`.
 """
 
 from __future__ import annotations
@@ -29,22 +30,6 @@ def _check(out: torch.Tensor, out_start: int, keys: torch.Tensor, cos: torch.Ten
         raise ValueError(f"cos {tuple(cos.shape)} / sin {tuple(sin.shape)} must be [positions, even R <= {dim}]")
     if not 0 <= position_start <= cos.shape[0] - length:
         raise ValueError(f"positions {position_start}..{position_start + length - 1} outside the {cos.shape[0]}-row tables")
-
-
-def rope_reference(
-    out: torch.Tensor, out_start: int, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_start: int
-) -> torch.Tensor:
-    """Torch reference of `rope_into` (float32 arithmetic, stored in the buffer's dtype)."""
-    _check(out, out_start, keys, cos, sin, position_start)
-    length, rotary = keys.shape[1], cos.shape[-1]
-    half = rotary // 2
-    x = keys.float()
-    c = cos[position_start : position_start + length].float()
-    s = sin[position_start : position_start + length].float()
-    first, second = x[..., :half], x[..., half:rotary]
-    rotated = torch.cat([first * c[:, :half] - second * s[:, :half], second * c[:, half:] + first * s[:, half:]], dim=-1)
-    out[:, out_start : out_start + length] = torch.cat([rotated, x[..., rotary:]], dim=-1).to(out.dtype)
-    return out
 
 
 @triton.jit

@@ -181,10 +181,12 @@ def _bench_request(hf_model, model, request, earlier, *, seam_tokens: int, repea
 
 def bench_kernels(model, *, maps: int, chunk_tokens: int, repeats: int) -> dict[str, Any]:
     """Microseconds per call: composing `maps` cached (P, Z) of one linear layer, and re-positioning one chunk's
-    keys into a K buffer, Triton against torch (only where the Triton path is enabled)."""
-    from hypic_rag.kernels import triton_enabled
+    keys into a K buffer, through the runtime's own dispatch (`ops.compose`, `ops.rope`) with each backend: torch,
+    and Triton where the switch enables it."""
     from hypic_rag.runtime import layers as L
-    from hypic_rag.runtime.segment_state import SegmentState
+    from hypic_rag.runtime.ops import backends
+    from hypic_rag.runtime.ops.compose import compose_in_order
+    from hypic_rag.runtime.ops.rope import rotate_into
 
     device = model.device
     config = model.config
@@ -194,11 +196,8 @@ def bench_kernels(model, *, maps: int, chunk_tokens: int, repeats: int) -> dict[
     states = torch.randn(maps, heads, key_dim, value_dim, device=device, generator=generator)
     start = torch.randn(heads, key_dim, value_dim, device=device, generator=generator)
 
-    def torch_compose() -> torch.Tensor:
-        state = start
-        for index in range(maps):
-            state = SegmentState(transitions[index], states[index]).apply(state)
-        return state
+    def compose(backend: str) -> torch.Tensor:
+        return compose_in_order(start, transitions, states, "matrix", backend=backend)
 
     kv_heads, head_dim = config.num_key_value_heads, config.head_dim
     keys = torch.randn(kv_heads, chunk_tokens, head_dim, device=device, dtype=model.dtype, generator=generator)
@@ -207,25 +206,18 @@ def bench_kernels(model, *, maps: int, chunk_tokens: int, repeats: int) -> dict[
     cos, sin = L.rotary_tables(model.backbone.rotary_emb, positions, keys)
     at = 7 * chunk_tokens
 
-    def torch_rope() -> None:
-        buffer[:, at : at + chunk_tokens] = L.apply_rotary(keys, cos[at : at + chunk_tokens], sin[at : at + chunk_tokens])
+    def rope(backend: str) -> None:
+        rotate_into(buffer, at, keys, cos, sin, at, backend=backend)
 
     result: dict[str, Any] = {
         "maps": maps, "heads": heads, "key_dim": key_dim, "value_dim": value_dim, "chunk_tokens": chunk_tokens,
-        "compose_torch_us": 1e6 * statistics.median(timed(torch_compose, device, repeats)),
-        "rope_torch_us": 1e6 * statistics.median(timed(torch_rope, device, repeats)),
+        "compose_torch_us": 1e6 * statistics.median(timed(lambda: compose("torch"), device, repeats)),
+        "rope_torch_us": 1e6 * statistics.median(timed(lambda: rope("torch"), device, repeats)),
     }
-    if triton_enabled(start):
-        from hypic_rag.kernels.compose import compose_affine
-        from hypic_rag.kernels.rope import rope_into
-
-        result["compose_triton_us"] = 1e6 * statistics.median(
-            timed(lambda: compose_affine(start, transitions, states), device, repeats)
-        )
-        result["compose_max_error"] = float((compose_affine(start, transitions, states) - torch_compose()).abs().max())
-        result["rope_triton_us"] = 1e6 * statistics.median(
-            timed(lambda: rope_into(buffer, at, keys, cos, sin, at), device, repeats)
-        )
+    if backends.use_triton(start):
+        result["compose_triton_us"] = 1e6 * statistics.median(timed(lambda: compose("triton"), device, repeats))
+        result["compose_max_error"] = float((compose("triton") - compose("torch")).abs().max())
+        result["rope_triton_us"] = 1e6 * statistics.median(timed(lambda: rope("triton"), device, repeats))
     return result
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypic_rag.kernels import triton_enabled
+from hypic_rag.runtime.ops.rope import apply_rotary, rotate_into  # noqa: F401 (re-exported: L.apply_rotary, L.rotate_into)
 from hypic_rag.runtime.threads import wide_for
 
 if TYPE_CHECKING:
@@ -61,31 +61,6 @@ def rotary_tables(rotary_embedding: nn.Module, positions: torch.Tensor, like: to
         position_ids = position_ids[None].expand(3, -1, -1)
     cos, sin = rotary_embedding(like, position_ids)
     return cos[0], sin[0]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first R dims of x [H, T, D] (half-split convention); the rest pass through (partial rotary)."""
-    rotary_dim = cos.shape[-1]
-    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
-    half = rotary_dim // 2
-    turned = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)
-    out = rotated * cos.to(x.dtype) + turned * sin.to(x.dtype)
-    return torch.cat([out, passed], dim=-1)
-
-
-def rotate_into(
-    buffer: torch.Tensor, at: int, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: int
-) -> None:
-    """buffer[:, at : at + L] = pre-RoPE keys [H, L, D] rotated at positions position .. position + L - 1 (cos, sin
-    [P, R] by position): the Triton kernel on CUDA (`hypic_rag.kernels.rope`), `apply_rotary` elsewhere."""
-    length = keys.shape[1]
-    if triton_enabled(buffer):
-        from hypic_rag.kernels.rope import rope_into
-
-        rope_into(buffer, at, keys.to(buffer.device), cos, sin, position)
-        return
-    keys = keys.to(device=buffer.device, dtype=buffer.dtype)
-    buffer[:, at : at + length] = apply_rotary(keys, cos[position : position + length], sin[position : position + length])
 
 
 def attention_core(

@@ -20,7 +20,6 @@ from typing import Literal
 import torch
 
 from hypic_rag.entry import SEAM_TOKENS, Entry, tensor_name
-from hypic_rag.kernels import triton_enabled
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.blocks import BlockContext
 from hypic_rag.runtime.mixers.base import (
@@ -32,7 +31,7 @@ from hypic_rag.runtime.mixers.base import (
     TransitionRun,
 )
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.segment_state import apply_in_order
+from hypic_rag.runtime.ops.compose import compose_in_order
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 from hypic_rag.runtime.threads import serial_section
 
@@ -91,19 +90,14 @@ def _apply_cached_linear(
     state: torch.Tensor, cached: list[tuple[Entry, int]], layer_index: int, composition: str, kind: str
 ) -> torch.Tensor:
     """Advance the recurrent state [*state_shape] over consecutive spans' cached remainders, in order; `cached`
-    holds each span's (entry, recomputed tokens). Matrix transitions on CUDA (`hypic_rag.kernels.triton_enabled`)
-    go through one Triton launch for all of them, reading P/Z in their storage dtype and accumulating in float32;
-    everything else folds in torch (`segment_state.apply_in_order`)."""
+    holds each span's (entry, recomputed tokens). `ops.compose` picks the kernel: on CUDA one Triton launch for
+    all of them (P/Z read in their storage dtype, float32 accumulation), else the torch fold."""
     for entry, recompute in cached:
         if int(entry[SEAM_TOKENS]) != recompute:
             raise ValueError(f"entry was encoded with seam {int(entry[SEAM_TOKENS])}, span recomputes {recompute}")
     states = [entry[tensor_name(layer_index, "suffix_state")] for entry, _ in cached]
     transitions = None if composition == "addition" else [entry[tensor_name(layer_index, "transition")] for entry, _ in cached]
-    if kind == "matrix" and state.dim() == 3 and triton_enabled(state):
-        from hypic_rag.kernels.compose import compose_affine
-
-        return compose_affine(state, None if transitions is None else torch.stack(transitions), torch.stack(states))
-    return apply_in_order(state, transitions, states, kind)
+    return compose_in_order(state, transitions, states, kind)
 
 
 def _apply_pending(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_rag.kernels.compose import compose_affine, compose_affine_batched, compose_reference
+from hypic_rag.kernels.compose import compose_affine, compose_affine_batched
+from hypic_rag.runtime.ops.compose import naive_compose
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule_with_transition, naive_recurrent_gated_delta_rule
 
 from kernel_support import DEVICE, STORAGE_DTYPES
@@ -38,7 +39,7 @@ def test_compose_matches_reference(dtype: torch.dtype, chunks: int) -> None:
     start = torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(5))
     transitions, states = transitions.to(DEVICE, dtype), states.to(DEVICE, dtype)  # stored lower, read as stored
     out = compose_affine(start.to(DEVICE), transitions, states)
-    expected = compose_reference(start, transitions.cpu(), states.cpu())
+    expected = naive_compose(start, transitions.cpu(), states.cpu())
     assert out.dtype == torch.float32 and out.shape == (2, 16, 16)
     assert relative_error(out, expected) <= TOLERANCE
 
@@ -62,7 +63,7 @@ def test_compose_batched_with_steps_masks_odd_shapes(key_dim: int, value_dim: in
     out, steps = compose_affine_batched(
         start.to(DEVICE), transitions.to(DEVICE), states.to(DEVICE), counts, store_steps=True
     )
-    expected, expected_steps = compose_reference(start, transitions, states, counts, store_steps=True)
+    expected, expected_steps = naive_compose(start, transitions, states, counts, store_steps=True)
     assert relative_error(out, expected) <= TOLERANCE
     assert relative_error(steps, expected_steps) <= TOLERANCE
     torch.testing.assert_close(out[1].cpu(), start[1])  # no maps: the start state itself
@@ -73,9 +74,9 @@ def test_compose_strided_start_zero_start_and_addition() -> None:
     wide = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(8))
     strided = wide[..., ::2]  # a non-contiguous start state
     out = compose_affine(strided.to(DEVICE), transitions.to(DEVICE), states.to(DEVICE))
-    assert relative_error(out, compose_reference(strided, transitions, states)) <= TOLERANCE
+    assert relative_error(out, naive_compose(strided, transitions, states)) <= TOLERANCE
     out = compose_affine(None, transitions.to(DEVICE), states.to(DEVICE))
-    assert relative_error(out, compose_reference(None, transitions, states)) <= TOLERANCE
+    assert relative_error(out, naive_compose(None, transitions, states)) <= TOLERANCE
     out = compose_affine(strided.to(DEVICE), None, states.to(DEVICE))  # `addition`: S + Z_1 + ... + Z_k
     assert relative_error(out, strided + states.sum(0)) <= TOLERANCE
 

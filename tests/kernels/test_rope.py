@@ -1,4 +1,4 @@
-"""The RoPE-into-buffer kernel (`hypic_rag.kernels.rope`) against `layers.apply_rotary` with the tables of tiny
+"""The RoPE-into-buffer kernel (`hypic_rag.kernels.rope`) against `ops.rope.apply_rotary` with the tables of tiny
 qwen3_5 models' own rotary modules (partial rotary; interleaved M-RoPE sections) and against its torch reference."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_rag.kernels.rope import rope_into, rope_reference
+from hypic_rag.kernels.rope import rope_into
+from hypic_rag.runtime.ops.rope import naive_rope_into
 from hypic_rag.runtime import layers as L
 from hypic_rag.testing import build_tiny_model
 from kernel_support import DEVICE, STORAGE_DTYPES
@@ -61,7 +62,7 @@ def test_rope_into_reads_storage_dtype_and_writes_buffer_dtype(rotary, dtype: to
     keys = torch.randn(3, 20, head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
     for buffer_dtype in (torch.float32, dtype):
         out = rope_into(torch.zeros(3, 30, head_dim, dtype=buffer_dtype, device=DEVICE), 5, keys.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), 9)
-        expected = rope_reference(torch.zeros(3, 30, head_dim, dtype=buffer_dtype), 5, keys, cos, sin, 9)
+        expected = naive_rope_into(torch.zeros(3, 30, head_dim, dtype=buffer_dtype), 5, keys, cos, sin, 9)
         assert out.dtype == buffer_dtype
         difference = (out.float().cpu() - expected.float()).abs()
         if buffer_dtype == torch.float32:

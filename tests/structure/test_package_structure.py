@@ -201,3 +201,37 @@ def test_the_llama_index_integration_is_a_package_of_one_class_kind_per_module()
     exported = next(ast.literal_eval(node.value) for node in init.body if isinstance(node, ast.Assign)
                     and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
     assert public <= set(exported)
+
+
+def kernel_importers(sources: list[tuple[str, Path]]) -> dict[str, list[str]]:
+    """module -> the `hypic_rag.kernels` modules it imports, for every module outside `hypic_rag.runtime.ops` and
+    the kernels package itself."""
+    found = {}
+    for module, path in sources:
+        if module.startswith(("hypic_rag.runtime.ops.", "hypic_rag.kernels")) or module == "hypic_rag.runtime.ops":
+            continue
+        imported = sorted(name for name in imported_modules(module, path)
+                          if name == "hypic_rag.kernels" or name.startswith("hypic_rag.kernels."))
+        if imported:
+            found[module] = imported
+    return found
+
+
+def test_only_the_ops_import_the_kernels() -> None:
+    """The GPU kernels are reached through one dispatch per op in `hypic_rag/runtime/ops/` (stack, layers, mixers
+    and the GPU benchmark included), never imported directly."""
+    sources = list(modules())
+    names = {module for module, _ in sources}
+    assert {"hypic_rag.bench.gpu", "hypic_rag.runtime.stack", "hypic_rag.runtime.layers"} <= names
+    assert {"hypic_rag.runtime.ops.compose.dispatch", "hypic_rag.runtime.ops.rope.dispatch"} <= names
+    assert kernel_importers(sources) == {}
+
+
+def test_the_kernel_import_check_finds_an_importer(tmp_path: Path) -> None:
+    """The check above can fail: a module outside the ops importing the kernels (even inside a function) is named."""
+    outside = tmp_path / "outside.py"
+    outside.write_text("def f():\n    from hypic_rag.kernels.compose import compose_affine\n")
+    inside = tmp_path / "inside.py"
+    inside.write_text("from hypic_rag.kernels import triton_enabled\n")
+    found = kernel_importers([("hypic_rag.bench.outside", outside), ("hypic_rag.runtime.ops.rope.inside", inside)])
+    assert found == {"hypic_rag.bench.outside": ["hypic_rag.kernels.compose", "hypic_rag.kernels.compose.compose_affine"]}

@@ -19,7 +19,7 @@ from hypic_rag.runtime.mixers.base import AttentionMixer, AttentionProjections, 
 
 class RotaryPositions(Positioner):
     """RoPE through the model's rotary embedding module: tables (cos, sin) [P, R], R <= head dim (partial
-    rotary rotates the first R dims). `place` uses the Triton kernel on CUDA (`hypic_rag.kernels.rope`)."""
+    rotary rotates the first R dims). `place` goes through `ops.rope` (the Triton kernel on CUDA)."""
 
     moves_keys = True
 
