@@ -15,9 +15,8 @@ The float32 reference the tests hold the kernel to is `hypic_rag.runtime.ops.com
 runtime reaches this module only through `hypic_rag.runtime.ops.compose` (its dispatch).
 
 Under `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests: float32 / float16; the interpreter mishandles
-bfloat16). The interpreter cannot take a loop bound from a runtime value, so the bound is a constexpr: the longest
-request's count rounded up to a power of two (a handful of compiled variants on a GPU); each program skips the
-steps past its own request's count. Block sizes are chosen from the shapes rather than autotuned: one compile per
+bfloat16). The interpreter cannot take a loop bound from a runtime value, so the bound is a constexpr (`runs.py`); each
+program skips the steps past its own request's count. Block sizes are chosen from the shapes rather than autotuned: one compile per
 shape keeps the first request (and the GPU check) fast, and the interpreter has no autotuner.
 """
 
@@ -28,6 +27,8 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
+
+from hypic_rag.kernels.runs import request_runs, strides
 
 
 @triton.jit
@@ -118,10 +119,6 @@ def _compose_kernel(
     tl.store(out + rows[:, None] * stride_out_k + cols[None, :] * stride_out_v, state, mask=slab_ok)
 
 
-def _strides(tensor: torch.Tensor | None, rank: int) -> tuple[int, ...]:
-    return tuple(tensor.stride()) if tensor is not None else (0,) * rank
-
-
 def compose_affine_batched(
     start: torch.Tensor | None,
     transitions: torch.Tensor | None,
@@ -138,13 +135,11 @@ def compose_affine_batched(
     Returns end states [N, H, K, V] float32, and with `store_steps` also the state after every map [M, H, K, V]
     float32 (row i: the state of its request right after map i).
     """
-    counts = [int(c) for c in counts]
     maps, heads, key_dim, value_dim = states.shape
-    if any(c < 0 for c in counts) or sum(counts) != maps:
-        raise ValueError(f"counts {counts} must be non-negative and sum to the {maps} maps")
+    runs = request_runs(counts, maps, states.device)
     if transitions is not None and tuple(transitions.shape) != (maps, heads, key_dim, key_dim):
         raise ValueError(f"transitions {tuple(transitions.shape)} do not match states {tuple(states.shape)}")
-    requests = len(counts)
+    requests = len(runs.counts)
     if start is not None and tuple(start.shape) != (requests, heads, key_dim, value_dim):
         raise ValueError(f"start {tuple(start.shape)} does not match {requests} requests of {tuple(states.shape[1:])}")
     device = states.device
@@ -152,9 +147,6 @@ def compose_affine_batched(
     steps = torch.empty(maps, heads, key_dim, value_dim, dtype=torch.float32, device=device) if store_steps else None
     if requests == 0:
         return (out, steps) if store_steps else out
-    firsts = [sum(counts[:n]) for n in range(requests)]
-    first = torch.tensor(firsts, dtype=torch.int64, device=device)
-    count = torch.tensor(counts, dtype=torch.int64, device=device)
     block_k = max(16, triton.next_power_of_2(key_dim))
     block_v = 16 if value_dim <= 16 else 32
     grid = (requests, heads, triton.cdiv(value_dim, block_v))
@@ -164,16 +156,16 @@ def compose_affine_batched(
         states,
         out,
         steps if steps is not None else out,
-        first,
-        count,
+        runs.first,
+        runs.count,
         key_dim,
         value_dim,
-        *_strides(start, 4),
-        *_strides(transitions, 4),
+        *strides(start, 4),
+        *strides(transitions, 4),
         *states.stride(),
         *out.stride(),
-        *_strides(steps, 4),
-        MAX_COUNT=triton.next_power_of_2(max(max(counts), 1)),
+        *strides(steps, 4),
+        MAX_COUNT=runs.max_count,
         BLOCK_K=block_k,
         BLOCK_V=block_v,
         HAS_TRANSITION=transitions is not None,

@@ -8,9 +8,8 @@ is all that differs between the mixer families (docs/runtime.md, "Mixers"):
   a per-key-channel gate, or Z's own shape for Mamba1's elementwise decay): apply = P * S + Z;
 - "scalar": one decay per head, P [..., 1, 1] (SSD / Mamba2, lightning attention): apply = P * S + Z.
 Span X then span Y compose as P_XY = P_Y . P_X, Z_XY = P_Y . Z_X + Z_Y (associative), "." being the kind's
-product. Everything is float32 while composing. On CUDA the runtime composes matrix maps with the Triton kernel
-(`hypic_rag.kernels.compose`); the elementwise kinds use these torch ops everywhere (they are a few
-multiply-adds per state element, so a fused kernel has not been needed yet).
+product. Everything is float32 while composing. These torch ops are the CPU path and the reference; on CUDA the
+runtime composes a run of maps of any kind in one Triton launch (`runtime/ops/compose`, its dispatch).
 """
 
 from __future__ import annotations

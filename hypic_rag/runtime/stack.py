@@ -32,6 +32,7 @@ from hypic_rag.runtime.mixers.base import (
 )
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.ops.compose import compose_in_order
+from hypic_rag.runtime.ops.conv_tail import advance_tail_cached
 from hypic_rag.runtime.state import AttentionLayerState, DecodeState, LinearLayerState
 from hypic_rag.runtime.threads import serial_section
 
@@ -110,6 +111,9 @@ def _apply_pending(
     return state, time.perf_counter() - began
 
 
+_advance_tail_cached = advance_tail_cached
+"""The conv tail after a cached remainder (`ops.conv_tail`; the batched pass imports it by this name)."""
+
 _rotate_into = L.rotate_into
 """Cached pre-RoPE keys rotated into the K buffer (`layers.rotate_into`; the batched pass imports it by this name)."""
 
@@ -125,16 +129,6 @@ def _merge_recomputed_spans(spans: list[Span]) -> list[Span]:
         else:
             merged.append(span)
     return merged
-
-
-def _advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_length: int) -> torch.Tensor:
-    """Conv tail after a cached suffix of `suffix_length` tokens whose own last inputs are `cached_tail`."""
-    width = tail.shape[-1]
-    if width == 0 or suffix_length == 0:
-        return tail
-    if suffix_length >= width:
-        return cached_tail.float().clone()
-    return torch.cat([tail, cached_tail.float()[:, -suffix_length:]], dim=1)[:, -width:].contiguous()
 
 
 @dataclass(slots=True)
@@ -338,7 +332,7 @@ def _recurrent_mixer(
             if cached_after < width or width == 0:  # else the cached remainder's own tail replaces it whole
                 tail = L.advance_conv_tail(tail, projections.preconv[offset : offset + count])
         if cached_after:
-            tail = _advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], cached_after)
+            tail = advance_tail_cached(tail, span.entry[tensor_name(layer_index, "conv_tail")], cached_after)
         tails_after.append(tail)
 
     windows = [offsets[n] for n in run_numbers]

@@ -87,3 +87,20 @@ def test_backend_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert backends.resolve("torch", cpu) == "torch"  # an explicit backend wins over the switch
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
         backends.resolve("cuda", cpu)
+
+
+def test_conv_tail_stitch_torch_equals_naive() -> None:
+    from hypic_rag.runtime.ops.conv_tail import advance_tail_cached, naive_stitch_conv_tails, stitch_conv_tails
+
+    generator = torch.Generator().manual_seed(7)
+    counts, channels, width = [3, 0, 4], 5, 3
+    tails = torch.randn(sum(counts), channels, width, generator=generator)
+    lengths = [0, 1, 5, 2, 3, 1, 0]
+    start = torch.randn(len(counts), channels, width, generator=generator)
+    expected, expected_steps = naive_stitch_conv_tails(start, tails, lengths, counts, store_steps=True)
+    out, steps = stitch_conv_tails(start, tails, lengths, counts, store_steps=True, backend="torch")
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    torch.testing.assert_close(steps, expected_steps, atol=0, rtol=0)
+    # one step by hand: a span of 1 token shifts the tail left by one and appends its input
+    step = advance_tail_cached(start[0], tails[1], 1)
+    torch.testing.assert_close(step, torch.cat([start[0][:, 1:], tails[1][:, -1:]], dim=1))

@@ -1,7 +1,9 @@
 """The one place that picks how cached affine maps are composed (`backends.py` says which kernels may run).
 
-- "triton": matrix transitions of [H, K, V] states through one launch of `hypic_rag.kernels.compose` for all the
-  maps of a request (or of many requests), reading P / Z in their storage dtype and accumulating in float32;
+- "triton": one launch for all the maps of a request (or of many requests), reading P / Z in their storage dtype
+  and accumulating in float32: `hypic_rag.kernels.compose` for matrix P on [H, K, V] states (the delta rules),
+  `hypic_rag.kernels.compose_elementwise` for scalar-per-head P (SSD, lightning) and elementwise P (Mamba1's
+  [D, N], per-channel gates) on [H, K, V] or [D, N] states;
 - "torch": the fold of `segment_state.apply_in_order` (one batched product per map for matrix P; elementwise
   products otherwise); `naive.py` is the reference both are tested against.
 """
@@ -23,12 +25,36 @@ def _stacked(tensors: Sequence[torch.Tensor] | torch.Tensor | None) -> torch.Ten
     return torch.stack(list(tensors))
 
 
+def _has_kernel(state: torch.Tensor, kind: str) -> bool:
+    """Whether a Triton kernel composes maps of `kind` on one request's `state`."""
+    if kind == "matrix":
+        return state.dim() == 3
+    return kind in ("scalar", "vector") and state.dim() in (2, 3)
+
+
 def select_backend(state: torch.Tensor, kind: str, backend: str | None = None) -> str:
     """"triton" or "torch" for composing maps of `kind` onto one request's `state` [*state_shape]."""
     chosen = backends.resolve(backend, state)
-    if chosen == "triton" and not (kind == "matrix" and state.dim() == 3):
+    if chosen == "triton" and not _has_kernel(state, kind):
         return "torch"  # no kernel for this kind / layout: the torch fold
     return chosen
+
+
+def _triton_batched(
+    start: torch.Tensor | None,
+    transitions: torch.Tensor | None,
+    states: torch.Tensor,
+    counts: Sequence[int],
+    kind: str,
+    store_steps: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if kind == "matrix":
+        from hypic_rag.kernels.compose import compose_affine_batched
+
+        return compose_affine_batched(start, transitions, states, counts, store_steps=store_steps)
+    from hypic_rag.kernels.compose_elementwise import compose_elementwise_batched
+
+    return compose_elementwise_batched(start, transitions, states, counts, store_steps=store_steps)
 
 
 def compose_in_order(
@@ -45,9 +71,8 @@ def compose_in_order(
     `addition` baseline, P = identity); states: k maps [*state_shape]. Returns the end state, float32.
     `backend` ("triton" / "torch") overrides the switch (benchmarks compare the two through here)."""
     if select_backend(start, kind, backend) == "triton":
-        from hypic_rag.kernels.compose import compose_affine
-
-        return compose_affine(start, _stacked(transitions), _stacked(states))
+        stacked = _stacked(states)
+        return _triton_batched(start[None], _stacked(transitions), stacked, [stacked.shape[0]], kind, False)[0]
     listed = list(states) if not isinstance(states, torch.Tensor) else list(states.unbind(0))
     if transitions is not None and isinstance(transitions, torch.Tensor):
         transitions = list(transitions.unbind(0))
@@ -69,9 +94,7 @@ def compose_batched(
     `store_steps` also the state after every map (the seam start-state scan). Float32 results."""
     probe = states if states.shape[0] or start is None else start
     if probe.shape[0] and select_backend(probe[0], kind, backend) == "triton":
-        from hypic_rag.kernels.compose import compose_affine_batched
-
-        return compose_affine_batched(start, transitions, states, counts, store_steps=store_steps)
+        return _triton_batched(start, transitions, states, counts, kind, store_steps)
     if store_steps:
         return naive_compose(start, transitions, states, counts, kind=kind, store_steps=True)
     counts = [int(count) for count in counts]
