@@ -1,9 +1,12 @@
 """GPU kernels, installed as `hypic_rag.kernels` (the `gpu` extra brings flash-linear-attention and triton).
 
-- `compose.py`: S <- P_k(...(P_1 S + Z_1)...) + Z_k for the cached chunks of one linear layer in one Triton launch
-  (one request or many), optionally storing every intermediate state (the seam start-state scan).
+- `compose.py`: S <- P_k(...(P_1 S + Z_1)...) + Z_k for matrix P (delta rules) in one Triton launch (one request or
+  many), optionally storing every intermediate state (the seam start-state scan); `compose_elementwise.py`: the
+  same for scalar-per-head P (SSD, lightning) and elementwise P (Mamba1); `runs.py`: their per-request runs.
+- `conv_tail.py`: conv tails carried across spans, many requests in one launch.
 - `rope.py`: cached pre-RoPE keys rotated at their true positions straight into the attention K buffer.
-- `gated_delta_rule.py`: flash-linear-attention's chunked, fused-recurrent and varlen gated delta rule.
+- `gated_delta_rule.py`, `kda.py`, `simple_gla.py`: flash-linear-attention's chunked, fused-recurrent and varlen
+  kernels behind the runtime's contract (`fla_support.py`: what they share).
 Each kernel's torch reference and the one dispatch that calls it live in `hypic_rag.runtime.ops/<op>/` (`naive.py`,
 `dispatch.py`): nothing outside `hypic_rag.runtime.ops` imports this package (a structure test holds that). The CPU
 tests run the Triton kernels under `TRITON_INTERPRET=1`.
@@ -14,6 +17,8 @@ Importing this package never imports triton, fla or a GPU library. `triton_enabl
 - "torch": never (the torch path everywhere; also keeps fla out).
 - "triton": always, whatever the device (CPU tensors then need `TRITON_INTERPRET=1`, set before the first kernel
   module is imported: how the CPU tests drive the runtime through the kernels).
+`HYPIC_RAG_FLA_AUTOTUNE_CONFIGS=N` (the GPU check) imports triton here to cap every autotuner at N configurations
+(`autotune.py`).
 """
 
 from __future__ import annotations
@@ -66,3 +71,14 @@ def triton_enabled(tensor: Any) -> bool:
     if mode == "triton":
         return True
     return bool(getattr(tensor, "is_cuda", False)) and triton_importable()
+
+
+def _limit_autotuning_from_environment() -> None:
+    value = os.environ.get("HYPIC_RAG_FLA_AUTOTUNE_CONFIGS", "").strip()
+    if value and triton_importable():
+        from hypic_rag.kernels.autotune import limit_autotuning
+
+        limit_autotuning(int(value))
+
+
+_limit_autotuning_from_environment()

@@ -6,12 +6,17 @@ per-token scalar decays):
 MiniMax uses a constant g = -slope_h per head (pass log_decay shaped [H, 1]). Layout follows fla: state S per head is
 [K, V]; inputs are head-major [B, H, T, D]. `naive.py` is the token-by-token float32 reference, `chunk.py` the
 chunked (block) form, `recurrent.py` the step path for decode, `transition.py` the span's scalar transition
-(`ScalarDecaySpan`), `dispatch.py` picks the backend, `slopes.py`
+(`ScalarDecaySpan`), `dispatch.py` picks the backend (fla's
+simple-GLA kernels on CUDA) and runs packed sequences, `slopes.py`
 MiniMax's per-head decays.
 """
 
 from hypic_rag.runtime.ops.lightning.chunk import chunk_lightning
-from hypic_rag.runtime.ops.lightning.dispatch import lightning_attention
+from hypic_rag.runtime.ops.lightning.dispatch import (
+    lightning_attention,
+    lightning_attention_varlen,
+    select_lightning_backend,
+)
 from hypic_rag.runtime.ops.lightning.naive import naive_recurrent_lightning
 from hypic_rag.runtime.ops.lightning.recurrent import fused_recurrent_lightning
 from hypic_rag.runtime.ops.lightning.slopes import minimax_log_decay
@@ -25,7 +30,9 @@ __all__ = [
     "chunk_lightning",
     "fused_recurrent_lightning",
     "lightning_attention",
+    "lightning_attention_varlen",
     "lightning_with_transition",
     "minimax_log_decay",
     "naive_recurrent_lightning",
+    "select_lightning_backend",
 ]

@@ -17,7 +17,7 @@ import torch
 
 from hypic_rag.runtime.ops.selective_scan.recurrent import recurrent_selective_scan
 from hypic_rag.runtime.ops.selective_scan.scan import DEFAULT_BLOCK_SIZE, blocked_selective_scan
-from hypic_rag.runtime.ops.ssd.dispatch import check_cu_seqlens
+from hypic_rag.runtime.ops.varlen import check_cu_seqlens
 
 RECURRENT_MAX_TOKENS = 4
 """At or below this many tokens the step-by-step recurrence is used on every device."""

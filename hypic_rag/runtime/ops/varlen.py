@@ -1,0 +1,53 @@
+"""Sequences packed along time (`cu_seqlens`), each from its own start state: the checks and the per-sequence loop
+that the head-major ops (gated delta rule, KDA, SSD, lightning) run where no varlen kernel does (CPU, or fla off)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def check_cu_seqlens(cu_seqlens: Sequence[int] | torch.Tensor, total: int, batch: int) -> list[int]:
+    """The sequence bounds as ints: 0 .. total, non-decreasing, for a batch of one packed row."""
+    bounds = [int(v) for v in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    if batch != 1 or not bounds or bounds[0] != 0 or bounds[-1] != total:
+        raise ValueError(f"cu_seqlens {bounds} must run from 0 to the {total} packed tokens of a batch of one")
+    if any(later < earlier for earlier, later in itertools.pairwise(bounds)):
+        raise ValueError(f"cu_seqlens {bounds} must be non-decreasing")
+    return bounds
+
+
+def check_start_states(initial_state: torch.Tensor | None, bounds: list[int]) -> None:
+    if initial_state is not None and initial_state.shape[0] != len(bounds) - 1:
+        raise ValueError(f"{initial_state.shape[0]} start states for {len(bounds) - 1} sequences")
+
+
+def all_nonempty(bounds: list[int]) -> bool:
+    """Every sequence has a token (what fla's varlen kernels take)."""
+    return all(end > begin for begin, end in itertools.pairwise(bounds))
+
+
+def each_sequence(
+    run: Callable[[int, int, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
+    bounds: list[int],
+    initial_state: torch.Tensor | None,
+    output: torch.Tensor,
+    state_shape: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run sequence n (time steps bounds[n] .. bounds[n+1] - 1) through `run(begin, end, start [1, *state] or None)`
+    -> (outputs [1, H, end - begin, ...], final [1, *state]), writing the outputs into `output` [1, H, T, ...] (time
+    on dim 2). An empty sequence keeps its start state (zeros without one). Returns (output, finals [S, *state])."""
+    finals = []
+    for number, (begin, end) in enumerate(itertools.pairwise(bounds)):
+        start = None if initial_state is None else initial_state[number : number + 1]
+        if end == begin:
+            finals.append(torch.zeros(1, *state_shape, dtype=torch.float32, device=output.device)
+                          if start is None else start.float().clone())
+            continue
+        output[:, :, begin:end], final = run(begin, end, start)
+        finals.append(final)
+    if not finals:
+        return output, torch.zeros(0, *state_shape, dtype=torch.float32, device=output.device)
+    return output, torch.cat(finals)
