@@ -1,25 +1,28 @@
-"""The GPU benchmark: time to first token on a random model with Qwen3.5-2B-like shapes in bf16.
+"""The GPU benchmark: one random ~2B model per mixer kind (`gpu_models.GPU_MODELS`) in bf16, each measured for
+- time to first token of transformers' own forward and of the runtime's `full`, `transition_rope` and `hypic`
+  (seam 8) at k = 16 x 512 and 8 x 256 chunk tokens (plus a 64-token prefix and a 32-token question), the entries
+  warm: held in host memory as the engine keeps them (copied per request) and resident on the GPU
+  (`... (resident)`, as the HYPIC paper keeps its cache);
+- encoding throughput (16 chunks of 512 tokens into entries, against transformers' forward over the same batch);
+- batched throughput at 8 clients: the `Scheduler` serving a closed loop of 8 clients (RAG k = 8 x 256, warm,
+  `hypic`, 32-token answers), batched against one request at a time (`bench.batching.engine_throughput`);
+- the kernels one call each: composing 16 cached maps of the model's transition kind, carrying conv tails over 16
+  spans of 8 sequences, and re-positioning a chunk's keys (Triton against torch, through the runtime's dispatches).
+Each TTFT is the median of `repeats` runs after an untimed warm-up (which encodes the entries and compiles the
+kernels; a transformers warm-up slower than 3 s counts as a run). The whole run keeps to `--budget-seconds`: a
+measurement is skipped once the budget is spent (and says so), a family that fails records its error and the next
+one runs, and the JSON / markdown are rewritten after every measurement, so a run cut short keeps its numbers.
 
-For k = 8 and 16 chunks of 512 tokens (plus a 64-token prefix and a 32-token question), on one request:
-- `transformers`: the model's own forward over the whole prompt (`use_cache=True`, logits of the last token only);
-- `full`, `prefix`, `transition_rope`, `hypic`: the runtime's modes through `Engine.prefill`, the segment entries
-  already encoded (a warm cache) and held in host memory as the engine keeps them today (copied to the GPU per
-  request), and again with the entries resident on the GPU (`... (resident)`: the HYPIC paper keeps its cache in
-  GPU memory);
-- `prefix` reuses what an earlier request with the same prefix and first chunk (then another chunk, then these in
-  another order) left behind: the usual RAG case, where the same chunks come back in a different order.
-Each row is the median of `repeats` timed runs after one untimed warm-up (compiles Triton / fla kernels). Two kernel
-micro-benchmarks follow: composing 16 cached (P, Z) of one layer (Triton vs the torch loop) and re-positioning a
-chunk's keys (Triton into the buffer vs apply_rotary + copy).
+    PYTHONPATH=. python3 -m hypic_rag.bench.gpu --output DIR     # DIR/gpu_bench.json and DIR/gpu_bench.md
 
-    PYTHONPATH=. python3 -m hypic_rag.bench.gpu --output DIR     # writes DIR/gpu_bench.json and DIR/gpu_bench.md
-
-`--shape tiny --device cpu` runs the same code in seconds on CPU (what the test suite does).
+`--size tiny --device cpu --dtype float32` runs the same code in seconds on CPU with the test suite's tiny models
+(tests/bench/test_gpu_bench.py does, so the GPU run does not break where nobody can fix it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -27,42 +30,40 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hypic_rag.bench.gpu_models import GPU_MODELS, MIXER_KINDS, build_gpu_model
+
 logger = logging.getLogger(__name__)
 
-SHAPES: dict[str, dict[str, Any]] = {
-    # Qwen3.5-2B-like (our reading of the family's small dense layout; random weights): 24 layers, 18 Gated DeltaNet
-    # (16 key / 16 value heads x 128) + 6 gated attention (8 query / 2 KV heads x 256, partial rotary 1/4 with
-    # interleaved M-RoPE sections), hidden 2048, MLP 6144, vocab 248320 with tied embeddings: 1.88B parameters.
-    "2b": {
-        "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
-        "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128, "intermediate_size": 6144, "max_position_embeddings": 32768, "tie_word_embeddings": True,
-        "rope_parameters": {
-            "rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25,
-            "mrope_interleaved": True, "mrope_section": [11, 11, 10],
-        },
-    },
-    # the test suite's tiny shape (CPU smoke runs)
-    "tiny": {"vocab_size": 256},
-}
+SLOW_WARMUP_SECONDS = 3.0
+"""A transformers warm-up slower than this is a run of its own (its compile time is noise next to it)."""
 
-def build_model(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """A random qwen3_5 causal LM of `shape`, built directly on `device` in `dtype` (no float32 copy on the host)."""
-    from transformers import AutoModelForCausalLM
+TARGETS = {"hypic_vs_transformers": {"gated_deltanet": 20.0, "other": 10.0}, "hypic_over_transition_rope": 1.3,
+           "batched_over_one": 5.0}
+"""Issue 33's targets at the largest prompt: hypic TTFT that many times lower than transformers' forward, at most
+1.3x transition_rope's, and 8 batched clients' tokens/s that many times one at a time's."""
 
-    from hypic_rag.testing import tiny_config
 
-    config = tiny_config("qwen3_5", initializer_range=0.02, **SHAPES[shape])
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
+class Budget:
+    """Wall-clock budget of the whole run: what is left, and whether a measurement may start."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def allows(self, what: str) -> bool:
+        if self.left() > 0:
+            return True
+        logger.warning("time budget spent: %s skipped", what)
+        return False
 
 
 def _synchronize(device: torch.device) -> None:
@@ -86,139 +87,219 @@ def timed(run: Callable[[], Any], device: torch.device, repeats: int, setup: Cal
     return seconds
 
 
-def _engine_class():
+def measure_ttft(run: Callable[[], float], repeats: int, cap_seconds: float, *, slow_warmup_counts: bool) -> dict[str, Any]:
+    """Median of up to `repeats` calls of `run` (each returns its own seconds, synchronised) after a warm-up call;
+    no new call starts past `cap_seconds` (one always runs)."""
+    warmup = run()
+    seconds = [warmup] if slow_warmup_counts and warmup > SLOW_WARMUP_SECONDS else []
+    began = time.perf_counter()
+    while len(seconds) < repeats and (not seconds or time.perf_counter() - began < cap_seconds):
+        seconds.append(run())
+    return {"seconds": statistics.median(seconds), "runs": len(seconds), "warmup_seconds": warmup}
+
+
+def _resident_source(device: torch.device):
+    """A segment source that keeps its entries on `device` (the cache in GPU memory)."""
+    from hypic_rag.runtime.segment_source import MemorySegmentSource
+
+    class ResidentSegmentSource(MemorySegmentSource):
+        def get_or_encode_segments(self, segments, seam_tokens, encode_many):
+            def resident(missing):
+                return [{name: tensor.to(device) for name, tensor in entry.items()} for entry in encode_many(missing)]
+
+            return super().get_or_encode_segments(segments, seam_tokens, resident)
+
+    return ResidentSegmentSource(64 << 30)
+
+
+STAT_NAMES = ("recomputed_tokens", "cached_tokens", "cache_bytes_loaded")
+ENGINE_MODES = ("full", "transition_rope", "hypic", "transition_rope (resident)", "hypic (resident)")
+
+
+def bench_ttft(model, request, *, seam_tokens: int, repeats: int, budget: Budget, cap_seconds: float,
+               on_measurement: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """One prompt's TTFT under transformers' forward and each engine mode (see the module docstring); the row so
+    far goes to `on_measurement` after every mode."""
+    from hypic_rag.bench.measure import timed_prefill, timed_transformers_forward
     from hypic_rag.runtime.engine import Engine
 
-    class ResidentEngine(Engine):
-        """Keeps its in-memory segment entries on the model's device (a cache in GPU memory)."""
+    row: dict[str, Any] = {"prompt_tokens": request.prompt_tokens, "ttft_seconds": {}, "runs": {}, "stats": {},
+                           "skipped": []}
+    engines = {
+        "": Engine(model, seam_tokens=seam_tokens, memory_cache_bytes=64 << 30),
+        " (resident)": Engine(model, seam_tokens=seam_tokens, segment_source=_resident_source(model.device)),
+    }
+    for label in ("transformers", *ENGINE_MODES):
+        if not budget.allows(f"{label} at {request.prompt_tokens} tokens"):
+            row["skipped"].append(label)
+            continue
+        cap = max(1.0, min(cap_seconds, budget.left()))
+        if label == "transformers":
+            measured = measure_ttft(lambda: timed_transformers_forward(model, request)[0], repeats, cap,
+                                    slow_warmup_counts=True)
+        else:
+            mode, _, resident = label.partition(" ")
+            engine = engines[" " + resident if resident else ""]
+            stats: dict[str, Any] = {}
 
-        def encode_segments(self, segments, seam_tokens=None, *, check=None):
-            device = self.model.device
-            return [
-                {name: tensor.to(device) for name, tensor in entry.items()}
-                for entry in super().encode_segments(segments, seam_tokens, check=check)
-            ]
+            def prefill(engine=engine, mode=mode, stats=stats) -> float:
+                seconds, _, result_stats = timed_prefill(engine, request, mode, seam_tokens)
+                stats.update(result_stats.as_dict())
+                return seconds
 
-    return Engine, ResidentEngine
-
-
-STAT_NAMES = ("recomputed_tokens", "cached_tokens", "prefix_reused_tokens", "cache_bytes_loaded")
-
-
-def bench_ttft(hf_model, model, *, ks: list[int], chunk_tokens: int, prefix_tokens: int, question_tokens: int,
-               seam_tokens: int, repeats: int, seed: int = 0,
-               on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """TTFT rows (seconds, medians) per k: transformers' forward and each mode, host-held and resident entries;
-    `on_row` gets the rows so far after each k (partial results survive a time limit)."""
-    from hypic_rag.runtime.request import Request
-
-    vocab = hf_model.config.vocab_size
-    generator = torch.Generator().manual_seed(seed)
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=generator).tolist()
-
-    rows = []
-    for k in ks:
-        chunks = [ids(chunk_tokens) for _ in range(k)]
-        prefix, question = ids(prefix_tokens), ids(question_tokens)
-        request = Request(prefix, chunks, question)
-        # an earlier request that retrieved the same first chunk, then another one and the rest in another order
-        earlier = Request(prefix, [chunks[0], ids(chunk_tokens), *reversed(chunks[1:])], ids(question_tokens))
-        row = _bench_request(hf_model, model, request, earlier, seam_tokens=seam_tokens, repeats=repeats)
-        rows.append({"k": k, **row})
-        logger.info("k=%d: %s", k, {mode: round(value, 4) for mode, value in row["ttft_seconds"].items()})
-        if on_row is not None:
-            on_row(rows)
-    return rows
-
-
-def _bench_request(hf_model, model, request, earlier, *, seam_tokens: int, repeats: int) -> dict[str, Any]:
-    """One request's TTFT under transformers' forward and each mode (see the module docstring)."""
-    Engine, ResidentEngine = _engine_class()
-    device = model.device
-    prompt = torch.tensor([request.all_ids()], device=device)
-    row: dict[str, Any] = {"prompt_tokens": request.prompt_tokens, "ttft_seconds": {}, "stats": {}}
-
-    @torch.no_grad()
-    def transformers_forward() -> None:
-        int(hf_model(prompt, use_cache=True, logits_to_keep=1).logits[0, -1].argmax())
-
-    row["ttft_seconds"]["transformers"] = statistics.median(timed(transformers_forward, device, repeats))
-
-    def record(label: str, engine: Callable[[], Any], setup: Callable[[], Any] | None = None) -> None:
-        mode, stats = label.split(" ")[0], {}
-
-        def prefill() -> None:
-            result = engine().prefill(request, mode)
-            int(result.logits.argmax())
-            stats.update(result.stats.as_dict())
-
-        row["ttft_seconds"][label] = statistics.median(timed(prefill, device, repeats, setup))
-        row["stats"][label] = {name: stats[name] for name in STAT_NAMES}
-
-    plain = Engine(model, seam_tokens=seam_tokens)
-    record("full", lambda: plain)
-    # prefix: a fresh engine per run that has seen only the earlier request (a timed run must not find the
-    # checkpoints its previous run left)
-    prefix_engine: list[Any] = []
-
-    def fresh_prefix_engine() -> None:
-        prefix_engine[:] = [Engine(model, seam_tokens=seam_tokens, prefix_cache_bytes=64 << 30)]
-        prefix_engine[0].prefill(earlier, "prefix")
-
-    record("prefix", lambda: prefix_engine[0], fresh_prefix_engine)
-    prefix_engine.clear()
-    for suffix, engine_class in (("", Engine), (" (resident)", ResidentEngine)):
-        warm = engine_class(model, seam_tokens=seam_tokens, memory_cache_bytes=64 << 30)
-        for mode in ("transition_rope", "hypic"):
-            record(mode + suffix, lambda warm=warm: warm)  # the untimed warm-up run encodes the entries
-        del warm
-    baseline = row["ttft_seconds"]["transformers"]
-    row["speedup_vs_transformers"] = {label: baseline / value for label, value in row["ttft_seconds"].items()}
+            measured = measure_ttft(prefill, repeats, cap, slow_warmup_counts=False)  # the warm-up encodes
+            row["stats"][label] = {name: stats.get(name) for name in STAT_NAMES}
+        row["ttft_seconds"][label] = measured["seconds"]
+        row["runs"][label] = measured["runs"]
+        on_measurement(row)
+    baseline = row["ttft_seconds"].get("transformers")
+    row["speedup_vs_transformers"] = {
+        label: baseline / value for label, value in row["ttft_seconds"].items() if baseline is not None
+    }
+    for engine in engines.values():
+        engine.segment_source.close()
     return row
 
 
 def bench_kernels(model, *, maps: int, chunk_tokens: int, repeats: int) -> dict[str, Any]:
-    """Microseconds per call: composing `maps` cached (P, Z) of one linear layer, and re-positioning one chunk's
-    keys into a K buffer, through the runtime's own dispatch (`ops.compose`, `ops.rope`) with each backend: torch,
-    and Triton where the switch enables it."""
-    from hypic_rag.runtime import layers as L
+    """Microseconds per call through the runtime's own dispatches with each backend (torch, and Triton where the
+    switch enables it): composing `maps` cached maps of the model's transition kind onto one state, carrying the
+    conv tails of 8 sequences over 16 spans each, and re-positioning one chunk's keys into a K buffer."""
+    from hypic_rag.runtime.mixers.attention import RotaryPositions
     from hypic_rag.runtime.ops import backends
     from hypic_rag.runtime.ops.compose import compose_in_order
+    from hypic_rag.runtime.ops.conv_tail import stitch_conv_tails
     from hypic_rag.runtime.ops.rope import rotate_into
 
     device = model.device
-    config = model.config
-    heads, key_dim, value_dim = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
     generator = torch.Generator(device=device).manual_seed(0)
-    transitions = torch.randn(maps, heads, key_dim, key_dim, device=device, generator=generator) * 0.5 * key_dim**-0.5
-    states = torch.randn(maps, heads, key_dim, value_dim, device=device, generator=generator)
-    start = torch.randn(heads, key_dim, value_dim, device=device, generator=generator)
+    triton = backends.use_triton(torch.zeros(1, device=device))
+    result: dict[str, Any] = {}
 
-    def compose(backend: str) -> torch.Tensor:
-        return compose_in_order(start, transitions, states, "matrix", backend=backend)
+    def both(name: str, call: Callable[[str], Any]) -> None:
+        result[f"{name}_torch_us"] = 1e6 * statistics.median(timed(lambda: call("torch"), device, repeats))
+        if triton:
+            result[f"{name}_triton_us"] = 1e6 * statistics.median(timed(lambda: call("triton"), device, repeats))
+            torch_out, triton_out = call("torch"), call("triton")
+            if isinstance(torch_out, torch.Tensor):
+                result[f"{name}_max_error"] = float((torch_out.float() - triton_out.float()).abs().max())
 
-    kv_heads, head_dim = config.num_key_value_heads, config.head_dim
-    keys = torch.randn(kv_heads, chunk_tokens, head_dim, device=device, dtype=model.dtype, generator=generator)
-    buffer = torch.empty(kv_heads, 16 * chunk_tokens, head_dim, device=device, dtype=model.dtype)
-    positions = torch.arange(16 * chunk_tokens, device=device)
-    cos, sin = L.rotary_tables(model.backbone.rotary_emb, positions, keys)
-    at = 7 * chunk_tokens
-
-    def rope(backend: str) -> None:
-        rotate_into(buffer, at, keys, cos, sin, at, backend=backend)
-
-    result: dict[str, Any] = {
-        "maps": maps, "heads": heads, "key_dim": key_dim, "value_dim": value_dim, "chunk_tokens": chunk_tokens,
-        "compose_torch_us": 1e6 * statistics.median(timed(lambda: compose("torch"), device, repeats)),
-        "rope_torch_us": 1e6 * statistics.median(timed(lambda: rope("torch"), device, repeats)),
-    }
-    if backends.use_triton(start):
-        result["compose_triton_us"] = 1e6 * statistics.median(timed(lambda: compose("triton"), device, repeats))
-        result["compose_max_error"] = float((compose("triton") - compose("torch")).abs().max())
-        result["rope_triton_us"] = 1e6 * statistics.median(timed(lambda: rope("triton"), device, repeats))
+    recurrent = next((block.recurrent for block in model.blocks if block.recurrent is not None), None)
+    if recurrent is not None and recurrent.transition_kind is not None:
+        kind, state_shape = recurrent.transition_kind, recurrent.state_shape
+        transitions = torch.rand(maps, *recurrent.transition_shape, device=device, generator=generator)
+        transitions = transitions * (0.5 / state_shape[-2] if kind == "matrix" else 0.95)
+        states = torch.randn(maps, *state_shape, device=device, generator=generator)
+        start = torch.randn(*state_shape, device=device, generator=generator)
+        result["compose"] = {"kind": kind, "maps": maps, "state_shape": list(state_shape)}
+        both("compose", lambda backend: compose_in_order(start, transitions, states, kind, backend=backend))
+    if recurrent is not None and recurrent.conv_width > 0:
+        sequences, spans = 8, 16
+        tails = torch.randn(sequences * spans, recurrent.conv_channels, recurrent.conv_width, device=device,
+                            generator=generator)
+        lengths = torch.randint(1, 600, (sequences * spans,), device=device, generator=generator)
+        result["conv_tail"] = {"sequences": sequences, "spans": spans, "channels": recurrent.conv_channels}
+        both("conv_tail", lambda backend: stitch_conv_tails(None, tails, lengths, [spans] * sequences, backend=backend))
+    attention = next((block.attention for block in model.blocks if block.attention is not None), None)
+    if attention is not None and isinstance(attention.positions, RotaryPositions):
+        hidden = torch.randn(chunk_tokens, model.config.hidden_size, device=device, dtype=model.dtype, generator=generator)
+        keys = attention.project(hidden).key  # [Hkv, T, D]
+        buffer = torch.empty(keys.shape[0], 16 * chunk_tokens, keys.shape[-1], device=device, dtype=model.dtype)
+        cos, sin = attention.positions.tables(torch.arange(16 * chunk_tokens, device=device), keys)
+        at = 7 * chunk_tokens
+        result["rope"] = {"keys": list(keys.shape)}
+        both("rope", lambda backend: rotate_into(buffer, at, keys, cos, sin, at, backend=backend))
     return result
+
+
+def bench_family(kind: str, args: argparse.Namespace, budget: Budget,
+                 save: Callable[[], None], family: dict[str, Any]) -> None:
+    """Every measurement of one mixer kind into `family` (saved after each); errors are recorded, not raised."""
+    from hypic_rag.bench import workloads as W
+    from hypic_rag.bench.batching import ThroughputConfig, engine_throughput
+    from hypic_rag.bench.measure import encoding_throughput
+    from hypic_rag.runtime.model import resolve_dtype, wrap_model
+    from hypic_rag.runtime.request import Request
+
+    device = torch.device(args.device)
+    began = time.perf_counter()
+    spec = GPU_MODELS[kind]
+    hf_model = build_gpu_model(kind, args.size, device, resolve_dtype(args.dtype), seed=args.seed)
+    model = wrap_model(hf_model)
+    family["model"] = {
+        "model_type": spec["model_type"], "shape_of": spec["shape_of"] if args.size != "tiny" else "the tiny test config",
+        "parameters": sum(p.numel() for p in hf_model.parameters()), "layers": len(model.layer_types),
+        "layer_types": {kind_name: model.layer_types.count(kind_name) for kind_name in sorted(set(model.layer_types))},
+        "build_seconds": time.perf_counter() - began,
+    }
+    save()
+    tokens = W.TokenSource(hf_model.config.vocab_size, args.seed)
+    family["ttft"] = []
+    for k, chunk_tokens in args.prompts:
+        if not budget.allows(f"{kind} k={k} x {chunk_tokens}"):
+            break
+        request = Request(tokens.ids(args.prefix_tokens), [tokens.ids(chunk_tokens) for _ in range(k)],
+                          tokens.ids(args.question_tokens))
+        row = {"k": k, "chunk_tokens": chunk_tokens}
+        family["ttft"].append(row)
+        measured = bench_ttft(model, request, seam_tokens=args.seam_tokens, repeats=args.repeats, budget=budget,
+                              cap_seconds=args.measurement_seconds, on_measurement=lambda done: (row.update(done), save()))
+        row.update(measured)
+        save()
+    if budget.allows(f"{kind} encoding"):
+        segments = [tokens.ids(args.encode_chunk_tokens) for _ in range(args.encode_chunks)]
+        family["encoding"] = encoding_throughput(model, segments, args.seam_tokens)
+        save()
+    if budget.allows(f"{kind} batched throughput"):
+        workload = W.rag_qa(tokens, top_k=args.throughput_k, pool_size=2 * args.throughput_k,
+                            chunk_tokens=args.throughput_chunk_tokens, requests=args.throughput_requests, warmup=0)
+        config = ThroughputConfig(clients=(args.clients,), max_requests=args.throughput_requests,
+                                  max_seconds=max(1.0, min(args.measurement_seconds, budget.left() / 2)),
+                                  new_tokens=args.new_tokens, repeats=1)
+        cells = engine_throughput(model, workload.requests, config, seam_tokens=args.seam_tokens)
+        batched, one = cells["batched"][0], cells["one_at_a_time"][0]
+        rates = {name: cell["requests_per_second"] * cell["mean_completion_tokens"] for name, cell in
+                 (("batched", batched), ("one_at_a_time", one))}
+        family["throughput"] = {
+            "clients": args.clients, "new_tokens": args.new_tokens, "mode": config.mode,
+            "batched": batched, "one_at_a_time": one,
+            "batched_tokens_per_second": rates["batched"],
+            "one_at_a_time_tokens_per_second": rates["one_at_a_time"],
+            "batched_over_one": rates["batched"] / rates["one_at_a_time"] if rates["one_at_a_time"] else float("nan"),
+        }
+        save()
+    if budget.allows(f"{kind} kernels"):
+        family["kernels"] = bench_kernels(model, maps=16, chunk_tokens=max(args.prompts)[1], repeats=10)
+        save()
+    del model, hf_model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Issue 33's targets per family at its largest prompt: value and whether it is met (None: not measured)."""
+    out: dict[str, Any] = {}
+    for kind, family in result["families"].items():
+        rows = [row for row in family.get("ttft", []) if "hypic" in row.get("ttft_seconds", {})]
+        largest = max(rows, key=lambda row: row["k"] * row["chunk_tokens"], default=None)
+        wanted = TARGETS["hypic_vs_transformers"]["gated_deltanet" if kind == "gated_deltanet" else "other"]
+        entry: dict[str, Any] = {"hypic_vs_transformers_wanted": wanted}
+        if largest is not None:
+            times = largest["ttft_seconds"]
+            entry["prompt"] = f"{largest['k']} x {largest['chunk_tokens']}"
+            if "transformers" in times:
+                entry["hypic_vs_transformers"] = times["transformers"] / times["hypic"]
+                entry["hypic_vs_transformers_met"] = entry["hypic_vs_transformers"] >= wanted
+            if "transition_rope" in times:
+                entry["hypic_over_transition_rope"] = times["hypic"] / times["transition_rope"]
+                entry["hypic_over_transition_rope_met"] = entry["hypic_over_transition_rope"] <= TARGETS["hypic_over_transition_rope"]
+        if "throughput" in family:
+            ratio = family["throughput"]["batched_over_one"]
+            entry["batched_over_one"] = ratio
+            entry["batched_over_one_met"] = ratio >= TARGETS["batched_over_one"]
+        out[kind] = entry
+    return out
 
 
 def machine() -> str:
@@ -234,127 +315,190 @@ def machine() -> str:
 
 
 def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """The whole benchmark; `save` gets the result so far after each k and at the end."""
-    from hypic_rag.runtime.model import resolve_dtype, wrap_model
+    """The whole benchmark; `save` gets the result so far after every measurement."""
+    from hypic_rag.runtime.ops import backends
 
     began = time.time()
-    device = torch.device(args.device)
-    dtype = resolve_dtype(args.dtype)
-    hf_model = build_model(args.shape, device, dtype, seed=args.seed)
-    model = wrap_model(hf_model)
-    parameters = sum(p.numel() for p in hf_model.parameters())
+    budget = Budget(args.budget_seconds)
     result: dict[str, Any] = {
         "benchmark": "hypic-rag gpu",
         "command": " ".join(["python3 -m hypic_rag.bench.gpu", *sys.argv[1:]]),
         "machine": machine(),
-        "model": {
-            "shape": args.shape, "parameters": parameters, "dtype": args.dtype, "device": str(device),
-            "layers": hf_model.config.num_hidden_layers,
-            "linear_layers": model.layer_types.count("linear_attention"),
-            "attention_layers": model.layer_types.count("full_attention"),
-        },
         "settings": {
-            "ks": args.ks, "chunk_tokens": args.chunk_tokens, "prefix_tokens": args.prefix_tokens,
+            "kinds": args.kinds, "size": args.size, "device": args.device, "dtype": args.dtype,
+            "prompts": [f"{k} x {tokens}" for k, tokens in args.prompts], "prefix_tokens": args.prefix_tokens,
             "question_tokens": args.question_tokens, "seam_tokens": args.seam_tokens, "repeats": args.repeats,
+            "budget_seconds": args.budget_seconds, "clients": args.clients, "new_tokens": args.new_tokens,
             "HYPIC_RAG_KERNELS": os.environ.get("HYPIC_RAG_KERNELS", "auto"),
+            "HYPIC_RAG_FLA_AUTOTUNE_CONFIGS": os.environ.get("HYPIC_RAG_FLA_AUTOTUNE_CONFIGS", "all (fla's own)"),
         },
-        "ttft": [],
+        "cuda_kernels": backends.CUDA_KERNELS,
+        "families": {},
     }
 
-    def progress(rows: list[dict[str, Any]]) -> None:
-        result["ttft"] = rows
+    def progress() -> None:
+        result["targets"] = targets(result)
         result["seconds"] = time.time() - began
         if save is not None:
             save(result)
 
-    bench_ttft(
-        hf_model, model, ks=args.ks, chunk_tokens=args.chunk_tokens, prefix_tokens=args.prefix_tokens,
-        question_tokens=args.question_tokens, seam_tokens=args.seam_tokens, repeats=args.repeats, seed=args.seed,
-        on_row=progress,
-    )
-    result["kernels"] = bench_kernels(model, maps=max(args.ks), chunk_tokens=args.chunk_tokens, repeats=max(args.repeats, 10))
-    largest = max(result["ttft"], key=lambda row: row["k"])
-    result["target"] = {
-        "k": largest["k"],
-        "hypic_speedup_vs_transformers": largest["speedup_vs_transformers"]["hypic"],
-        "hypic_resident_speedup_vs_transformers": largest["speedup_vs_transformers"]["hypic (resident)"],
-        "wanted": 20.0,
-    }
-    result["seconds"] = time.time() - began
-    if save is not None:
-        save(result)
+    for kind in args.kinds:
+        family: dict[str, Any] = {}
+        result["families"][kind] = family
+        if not budget.allows(f"the {kind} model"):
+            family["skipped"] = "time budget spent before it started"
+            continue
+        try:
+            bench_family(kind, args, budget, progress, family)
+        except Exception as error:  # one family's failure must not cost the others their numbers
+            logger.exception("%s failed", kind)
+            family["error"] = f"{type(error).__name__}: {error}"
+            family["traceback"] = traceback.format_exc()[-4000:]
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        progress()
+    result["complete"] = True
+    progress()
     return result
 
 
+def _cell(value: float | None, scale: float = 1e3, digits: int = 1) -> str:
+    return "-" if value is None else f"{scale * value:.{digits}f}"
+
+
 def markdown(result: dict[str, Any]) -> str:
-    model, settings = result["model"], result["settings"]
+    settings = result["settings"]
     lines = [
         "# hypic-rag GPU benchmark", "",
         f"Machine: {result['machine']}", "",
         (
-            f"Model: random qwen3_5 '{model['shape']}', {model['parameters'] / 1e9:.2f}B parameters, {model['layers']} "
-            f"layers ({model['linear_layers']} Gated DeltaNet, {model['attention_layers']} attention), {model['dtype']} "
-            f"on {model['device']}. Prompt: {settings['prefix_tokens']}-token prefix, k chunks of "
-            f"{settings['chunk_tokens']} tokens, {settings['question_tokens']}-token question; seam "
-            f"{settings['seam_tokens']}; median of {settings['repeats']} runs."
+            f"Models: one random model per mixer kind, size '{settings['size']}', {settings['dtype']} on "
+            f"{settings['device']}. Prompts: {settings['prefix_tokens']}-token prefix, k chunks x tokens "
+            f"({', '.join(settings['prompts'])}), {settings['question_tokens']}-token question; seam "
+            f"{settings['seam_tokens']}; TTFT medians of up to {settings['repeats']} runs after a warm-up; fla "
+            f"autotuning: {settings['HYPIC_RAG_FLA_AUTOTUNE_CONFIGS']} configurations per kernel."
         ),
         "",
     ]
-    rows = sorted(result["ttft"], key=lambda row: row["k"])
-    modes = list(rows[0]["ttft_seconds"]) if rows else []
-    lines.append("| mode | " + " | ".join(f"k={row['k']} TTFT (ms) | x vs transformers" for row in rows) + " |")
-    lines.append("| --- |" + " --- | --- |" * len(rows))
-    for mode in modes:
-        cells = []
-        for row in rows:
-            cells.append(f"{1e3 * row['ttft_seconds'][mode]:.1f} | {row['speedup_vs_transformers'][mode]:.1f}")
-        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
-    if "target" not in result:  # a partial result (the run stopped before the end)
-        lines += ["", f"Partial: {len(rows)} of {len(result['settings']['ks'])} prompt sizes done after {result.get('seconds', 0):.0f} s."]
-        return "\n".join(lines) + "\n"
-    target = result["target"]
-    lines += [
-        "",
-        (
-            f"Target: hypic at least {target['wanted']:.0f}x faster than transformers' forward at "
-            f"k={target['k']}: {target['hypic_speedup_vs_transformers']:.1f}x with host-held entries, "
-            f"{target['hypic_resident_speedup_vs_transformers']:.1f}x with entries resident on the GPU."
-        ),
-        "", "Kernels (one call, microseconds):", "",
-    ]
-    kernels = result["kernels"]
-    lines.append(f"- compose {kernels['maps']} maps of [{kernels['heads']}, {kernels['key_dim']}, {kernels['value_dim']}]: "
-                 f"Triton {kernels.get('compose_triton_us', float('nan')):.1f}, torch loop {kernels['compose_torch_us']:.1f}"
-                 + (f" (max difference {kernels['compose_max_error']:.1e})" if "compose_max_error" in kernels else ""))
-    lines.append(f"- RoPE of {kernels['chunk_tokens']} cached keys into the K buffer: Triton "
-                 f"{kernels.get('rope_triton_us', float('nan')):.1f}, apply_rotary + copy {kernels['rope_torch_us']:.1f}")
-    lines += ["", f"Reproduce: `{result['command']}` ({result['seconds']:.0f} s)."]
-    return "\n".join(lines) + "\n"
+    for kind, family in result["families"].items():
+        model = family.get("model", {})
+        lines += [f"## {kind}", ""]
+        if model:
+            lines += [f"{model['model_type']} ({model['shape_of']}): {model['parameters'] / 1e6:,.0f}M parameters, "
+                      f"{model['layers']} layers {model['layer_types']}.", ""]
+        for note in ("skipped", "error"):
+            if note in family:
+                lines += [f"**{note}**: {family[note]}", ""]
+        rows = family.get("ttft", [])
+        if rows:
+            labels = ["transformers", *ENGINE_MODES]
+            lines.append("| mode | " + " | ".join(f"{row['k']} x {row['chunk_tokens']} TTFT (ms) | x transformers"
+                                                  for row in rows) + " |")
+            lines.append("| --- |" + " --- | --- |" * len(rows))
+            for label in labels:
+                cells = []
+                for row in rows:
+                    seconds = row.get("ttft_seconds", {}).get(label)
+                    speedup = row.get("speedup_vs_transformers", {}).get(label)
+                    cells.append(f"{_cell(seconds)} | {_cell(speedup, 1.0)}")
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append("")
+        if "encoding" in family:
+            encoding = family["encoding"]
+            lines += [f"Encoding: {encoding['encode_tokens_per_second']:.0f} tokens/s into entries "
+                      f"({encoding['chunks']} chunks); transformers' forward over the same batch "
+                      f"{encoding['transformers_forward_tokens_per_second']:.0f} tokens/s.", ""]
+        if "throughput" in family:
+            throughput = family["throughput"]
+            lines += [f"Throughput at {throughput['clients']} clients ({throughput['mode']}, {throughput['new_tokens']}-token "
+                      f"answers): batched {throughput['batched_tokens_per_second']:.1f} tokens/s, one at a time "
+                      f"{throughput['one_at_a_time_tokens_per_second']:.1f} tokens/s: "
+                      f"{throughput['batched_over_one']:.2f}x.", ""]
+        if "kernels" in family:
+            kernels = family["kernels"]
+            parts = []
+            for name in ("compose", "conv_tail", "rope"):
+                if f"{name}_torch_us" in kernels:
+                    triton_us = kernels.get(f"{name}_triton_us")
+                    parts.append(f"{name}: torch {kernels[f'{name}_torch_us']:.1f} us, Triton "
+                                 + ("not enabled here" if triton_us is None else f"{triton_us:.1f} us"))
+            lines += ["Kernels (one call): " + "; ".join(parts) + ".", ""]
+    if result.get("targets"):
+        lines += ["## Targets (largest prompt)", "", "| kind | hypic x transformers (wanted) | hypic / transition_rope "
+                  "(<= 1.3) | batched / one (>= 5) |", "| --- | --- | --- | --- |"]
+        for kind, entry in result["targets"].items():
+            def show(name: str, wanted: str = "") -> str:
+                if name not in entry:
+                    return "-"
+                met = entry.get(f"{name}_met")
+                return f"{entry[name]:.2f}{wanted} {'met' if met else 'NOT met'}"
+
+            wanted = f" ({entry['hypic_vs_transformers_wanted']:.0f})"
+            lines.append(f"| {kind} | {show('hypic_vs_transformers', wanted)} | "
+                         f"{show('hypic_over_transition_rope')} | {show('batched_over_one')} |")
+        lines.append("")
+    if not result.get("complete"):
+        lines += [f"Partial: the run stopped after {result.get('seconds', 0):.0f} s.", ""]
+    else:
+        lines += [f"Reproduce: `{result['command']}` ({result['seconds']:.0f} s).", ""]
+    return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _prompt(text: str) -> tuple[int, int]:
+    try:
+        k, tokens = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a prompt is KxTOKENS (e.g. 16x512), got {text!r}") from None
+    if k < 1 or tokens < 1:
+        raise argparse.ArgumentTypeError(f"a prompt needs k >= 1 chunks of >= 1 tokens, got {text!r}")
+    return k, tokens
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m hypic_rag.bench.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="directory for gpu_bench.json and gpu_bench.md")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="2b")
+    parser.add_argument("--kinds", nargs="+", choices=MIXER_KINDS, default=list(MIXER_KINDS), help="mixer kinds, in order")
+    parser.add_argument("--size", choices=("2b", "tiny"), default="2b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--ks", type=int, nargs="+", default=[16, 8], help="chunks per prompt, in the order measured")
-    parser.add_argument("--chunk-tokens", type=int, default=512)
+    parser.add_argument("--prompts", type=_prompt, nargs="+", default=[(16, 512), (8, 256)],
+                        help="KxTOKENS chunk layouts, in the order measured")
     parser.add_argument("--prefix-tokens", type=int, default=64)
     parser.add_argument("--question-tokens", type=int, default=32)
     parser.add_argument("--seam-tokens", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--measurement-seconds", type=float, default=15.0, help="no new run of one measurement after this")
+    parser.add_argument("--encode-chunks", type=int, default=16)
+    parser.add_argument("--encode-chunk-tokens", type=int, default=512)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--throughput-k", type=int, default=8)
+    parser.add_argument("--throughput-chunk-tokens", type=int, default=256)
+    parser.add_argument("--throughput-requests", type=int, default=16)
+    parser.add_argument("--budget-seconds", type=float, default=330.0, help="the whole run's wall-clock budget")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    for name in ("repeats", "encode_chunks", "encode_chunk_tokens", "clients", "new_tokens", "throughput_k",
+                 "throughput_chunk_tokens", "throughput_requests", "prefix_tokens", "question_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.output.mkdir(parents=True, exist_ok=True)
 
     def save(result: dict[str, Any]) -> None:
-        (args.output / "gpu_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.output / "gpu_bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         (args.output / "gpu_bench.md").write_text(markdown(result))
 
-    print(markdown(run(args, save)))
-    return 0
+    result = run(args, save)
+    print(markdown(result))
+    failed = [kind for kind, family in result["families"].items() if "error" in family]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
