@@ -64,3 +64,32 @@ def check_varlen(query: torch.Tensor, cu_seqlens: torch.Tensor | None, initial_s
         raise ValueError(f"cu_seqlens needs the sequences packed in a batch of one, got batch {query.shape[0]}")
     if initial_state is not None and initial_state.shape[0] != cu_seqlens.numel() - 1:
         raise ValueError(f"{initial_state.shape[0]} start states for {cu_seqlens.numel() - 1} sequences")
+
+
+def run_fla(
+    function,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    beta: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call fla's `function` (a chunked or fused-recurrent op) with the runtime's head-major tensors: q, k, v, the
+    log decay g and (for the delta rules) beta made time-major, `scale=1.0` (the runtime scales the query itself),
+    float32 start states, the final states asked for. Returns output [B, H, T, V] and final states, float32."""
+    check_varlen(query, cu_seqlens, initial_state)
+    extra = {} if beta is None else {"beta": time_major(beta)}
+    output, final_state = function(
+        q=time_major(query),
+        k=time_major(key),
+        v=time_major(value),
+        g=time_major(log_decay).float(),
+        scale=1.0,
+        initial_state=start_state(initial_state),
+        output_final_state=True,
+        cu_seqlens=cu_seqlens,
+        **extra,
+    )
+    return head_major_float(output), final_state.float()

@@ -15,23 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_rag.kernels.fla_support import check_varlen, head_major_float, start_state, time_major
-
-
-def _call(function, query, key, value, log_decay, beta, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
-    check_varlen(query, cu_seqlens, initial_state)
-    output, final_state = function(
-        q=time_major(query),
-        k=time_major(key),
-        v=time_major(value),
-        g=time_major(log_decay).float(),
-        beta=time_major(beta),
-        scale=1.0,  # the runtime scales the query itself
-        initial_state=start_state(initial_state),
-        output_final_state=True,
-        cu_seqlens=cu_seqlens,
-    )
-    return head_major_float(output), final_state.float()
+from hypic_rag.kernels.fla_support import run_fla
 
 
 def fla_chunk_gated_delta_rule(
@@ -48,7 +32,7 @@ def fla_chunk_gated_delta_rule(
     Returns output [B, H, T, V] and final states [N, H, K, V], float32."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    return _call(chunk_gated_delta_rule, query, key, value, log_decay, beta, initial_state, cu_seqlens)
+    return run_fla(chunk_gated_delta_rule, query, key, value, log_decay, initial_state, cu_seqlens, beta)
 
 
 def fla_fused_recurrent_gated_delta_rule(
@@ -64,4 +48,4 @@ def fla_fused_recurrent_gated_delta_rule(
     registers). Same contract as `fla_chunk_gated_delta_rule`."""
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
-    return _call(fused_recurrent_gated_delta_rule, query, key, value, log_decay, beta, initial_state, cu_seqlens)
+    return run_fla(fused_recurrent_gated_delta_rule, query, key, value, log_decay, initial_state, cu_seqlens, beta)

@@ -13,23 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_rag.kernels.fla_support import check_varlen, head_major_float, start_state, time_major
-
-
-def _call(function, query, key, value, log_decay, beta, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
-    check_varlen(query, cu_seqlens, initial_state)
-    output, final_state = function(
-        q=time_major(query),
-        k=time_major(key),
-        v=time_major(value),
-        g=time_major(log_decay).float(),
-        beta=time_major(beta),
-        scale=1.0,  # the runtime scales the query itself
-        initial_state=start_state(initial_state),
-        output_final_state=True,
-        cu_seqlens=cu_seqlens,
-    )
-    return head_major_float(output), final_state.float()
+from hypic_rag.kernels.fla_support import run_fla
 
 
 def fla_chunk_kda(
@@ -46,7 +30,7 @@ def fla_chunk_kda(
     Returns output [B, H, T, V] and final states [N, H, K, V], float32."""
     from fla.ops.kda import chunk_kda
 
-    return _call(chunk_kda, query, key, value, log_decay, beta, initial_state, cu_seqlens)
+    return run_fla(chunk_kda, query, key, value, log_decay, initial_state, cu_seqlens, beta)
 
 
 def fla_fused_recurrent_kda(
@@ -61,4 +45,4 @@ def fla_fused_recurrent_kda(
     """fla's token-by-token KDA (decode). Same contract as `fla_chunk_kda`."""
     from fla.ops.kda import fused_recurrent_kda
 
-    return _call(fused_recurrent_kda, query, key, value, log_decay, beta, initial_state, cu_seqlens)
+    return run_fla(fused_recurrent_kda, query, key, value, log_decay, initial_state, cu_seqlens, beta)

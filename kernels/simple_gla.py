@@ -13,22 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_rag.kernels.fla_support import check_varlen, head_major_float, start_state, time_major
-
-
-def _call(function, query, key, value, log_decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
-    check_varlen(query, cu_seqlens, initial_state)
-    output, final_state = function(
-        q=time_major(query),
-        k=time_major(key),
-        v=time_major(value),
-        g=time_major(log_decay).float(),
-        scale=1.0,
-        initial_state=start_state(initial_state),
-        output_final_state=True,
-        cu_seqlens=cu_seqlens,
-    )
-    return head_major_float(output), final_state.float()
+from hypic_rag.kernels.fla_support import run_fla
 
 
 def fla_chunk_simple_gla(
@@ -44,7 +29,7 @@ def fla_chunk_simple_gla(
     float32."""
     from fla.ops.simple_gla import chunk_simple_gla
 
-    return _call(chunk_simple_gla, query, key, value, log_decay, initial_state, cu_seqlens)
+    return run_fla(chunk_simple_gla, query, key, value, log_decay, initial_state, cu_seqlens)
 
 
 def fla_fused_recurrent_simple_gla(
@@ -58,4 +43,4 @@ def fla_fused_recurrent_simple_gla(
     """fla's token-by-token simple GLA (decode). Same contract as `fla_chunk_simple_gla`."""
     from fla.ops.simple_gla import fused_recurrent_simple_gla
 
-    return _call(fused_recurrent_simple_gla, query, key, value, log_decay, initial_state, cu_seqlens)
+    return run_fla(fused_recurrent_simple_gla, query, key, value, log_decay, initial_state, cu_seqlens)

@@ -46,7 +46,7 @@ SLOW_WARMUP_SECONDS = 3.0
 
 TARGETS = {"hypic_vs_transformers": {"gated_deltanet": 20.0, "other": 10.0}, "hypic_over_transition_rope": 1.3,
            "batched_over_one": 5.0}
-"""Issue 33's targets at the largest prompt: hypic TTFT that many times lower than transformers' forward, at most
+"""The GPU path's targets at the largest prompt: hypic TTFT that many times lower than transformers' forward, at most
 1.3x transition_rope's, and 8 batched clients' tokens/s that many times one at a time's."""
 
 
@@ -278,7 +278,7 @@ def bench_family(kind: str, args: argparse.Namespace, budget: Budget,
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:
-    """Issue 33's targets per family at its largest prompt: value and whether it is met (None: not measured)."""
+    """The targets per family at its largest prompt: value and whether it is met (None: not measured)."""
     out: dict[str, Any] = {}
     for kind, family in result["families"].items():
         rows = [row for row in family.get("ttft", []) if "hypic" in row.get("ttft_seconds", {})]

@@ -24,9 +24,26 @@ def check_start_states(initial_state: torch.Tensor | None, bounds: list[int]) ->
         raise ValueError(f"{initial_state.shape[0]} start states for {len(bounds) - 1} sequences")
 
 
-def all_nonempty(bounds: list[int]) -> bool:
-    """Every sequence has a token (what fla's varlen kernels take)."""
-    return all(end > begin for begin, end in itertools.pairwise(bounds))
+def packed_bounds(cu_seqlens: Sequence[int] | torch.Tensor, packed: torch.Tensor,
+                  initial_state: torch.Tensor | None) -> list[int]:
+    """The checked bounds of sequences packed along dim 2 of `packed` [1, H, T, ...], one start state each."""
+    bounds = check_cu_seqlens(cu_seqlens, packed.shape[2], packed.shape[0])
+    check_start_states(initial_state, bounds)
+    return bounds
+
+
+def fla_backend(select: Callable[[torch.Tensor, int], str], packed: torch.Tensor, bounds: list[int]) -> str | None:
+    """"fla" / "fla_recurrent" when the op's `select(packed, longest sequence)` picks fla for these sequences and
+    every sequence has a token (what fla's varlen kernels take); None: the per-sequence loop."""
+    if packed.shape[2] == 0 or any(end <= begin for begin, end in itertools.pairwise(bounds)):
+        return None
+    backend = select(packed, max(end - begin for begin, end in itertools.pairwise(bounds)))
+    return backend if backend in ("fla", "fla_recurrent") else None
+
+
+def offsets(bounds: list[int], device: torch.device) -> torch.Tensor:
+    """`cu_seqlens` as fla takes it: int64 on the tensors' device."""
+    return torch.tensor(bounds, dtype=torch.long, device=device)
 
 
 def each_sequence(

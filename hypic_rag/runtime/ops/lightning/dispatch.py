@@ -13,7 +13,7 @@ import torch
 from hypic_rag.runtime.ops import backends
 from hypic_rag.runtime.ops.lightning.chunk import DEFAULT_CHUNK_SIZE, chunk_lightning
 from hypic_rag.runtime.ops.lightning.recurrent import fused_recurrent_lightning
-from hypic_rag.runtime.ops.varlen import all_nonempty, check_cu_seqlens, check_start_states, each_sequence
+from hypic_rag.runtime.ops.varlen import each_sequence, fla_backend, offsets, packed_bounds
 
 RECURRENT_MAX_TOKENS = 4
 """At or below this many tokens the step-by-step recurrence beats the chunked form (no padding to a chunk)."""
@@ -66,15 +66,12 @@ def lightning_attention_varlen(
     """N sequences packed along time: query, key [1, H, T, K], value [1, H, T, V], log_decay broadcastable to
     [1, H, T], sequence n at T-indices cu_seqlens[n] .. cu_seqlens[n+1] - 1; initial_state [N, H, K, V] or None.
     Returns output [1, H, T, V] and final states [N, H, K, V], float32."""
-    bounds = check_cu_seqlens(cu_seqlens, query.shape[2], query.shape[0])
-    check_start_states(initial_state, bounds)
+    bounds = packed_bounds(cu_seqlens, query, initial_state)
     heads, key_dim, value_dim = key.shape[1], key.shape[-1], value.shape[-1]
     decay = log_decay.to(device=value.device, dtype=torch.float32).expand(*query.shape[:3])
-    if query.shape[2] > 0 and all_nonempty(bounds):
-        backend = select_lightning_backend(query, max(end - begin for begin, end in zip(bounds, bounds[1:])))
-        if backend in ("fla", "fla_recurrent"):
-            offsets = torch.tensor(bounds, dtype=torch.long, device=query.device)
-            return _through_fla(backend, query, key, value, decay, initial_state, offsets)
+    backend = fla_backend(select_lightning_backend, query, bounds)
+    if backend is not None:
+        return _through_fla(backend, query, key, value, decay, initial_state, offsets(bounds, query.device))
     output = torch.zeros(1, heads, query.shape[2], value_dim, dtype=torch.float32, device=value.device)
 
     def run_one(begin: int, end: int, start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

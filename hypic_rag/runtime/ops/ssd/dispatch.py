@@ -18,7 +18,7 @@ from hypic_rag.runtime.ops import backends
 from hypic_rag.runtime.ops.ssd.chunk import DEFAULT_CHUNK_SIZE, chunk_ssd
 from hypic_rag.runtime.ops.ssd.recurrent import recurrent_ssd
 from hypic_rag.runtime.ops.ssd.simple_gla import ssd_through_simple_gla
-from hypic_rag.runtime.ops.varlen import all_nonempty, check_cu_seqlens, check_start_states, each_sequence
+from hypic_rag.runtime.ops.varlen import each_sequence, fla_backend, offsets, packed_bounds
 
 RECURRENT_MAX_TOKENS = 4
 """At or below this many tokens the step-by-step recurrence beats the chunked form (no padding to a chunk)."""
@@ -67,15 +67,12 @@ def ssd_varlen(
     cu_seqlens[n] .. cu_seqlens[n+1] - 1 (cu_seqlens [S + 1], 0 .. T, non-decreasing); initial_state [S, H, N, P]
     or None (zeros). Returns output [1, H, T, P] and final states [S, H, N, P], float32.
     """
-    batch, heads, total, head_dim = x.shape
-    bounds = check_cu_seqlens(cu_seqlens, total, batch)
-    check_start_states(initial_state, bounds)
-    if total > 0 and all_nonempty(bounds):
-        backend = select_backend(x, max(end - begin for begin, end in zip(bounds, bounds[1:])))
-        if backend in ("fla", "fla_recurrent"):
-            offsets = torch.tensor(bounds, dtype=torch.long, device=x.device)
-            return ssd_through_simple_gla(x, dt, a, b, c, d, initial_state, recurrent=backend == "fla_recurrent",
-                                          cu_seqlens=offsets)
+    _, heads, total, head_dim = x.shape
+    bounds = packed_bounds(cu_seqlens, x, initial_state)
+    backend = fla_backend(select_backend, x, bounds)
+    if backend is not None:
+        return ssd_through_simple_gla(x, dt, a, b, c, d, initial_state, recurrent=backend == "fla_recurrent",
+                                      cu_seqlens=offsets(bounds, x.device))
     output = torch.zeros(1, heads, total, head_dim, dtype=torch.float32, device=x.device)
 
     def run_one(begin: int, end: int, start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
