@@ -124,7 +124,7 @@ def bench_ttft(model, request, *, seam_tokens: int, repeats: int, budget: Budget
     from hypic_rag.runtime.engine import Engine
 
     row: dict[str, Any] = {"prompt_tokens": request.prompt_tokens, "ttft_seconds": {}, "runs": {}, "stats": {},
-                           "skipped": []}
+                           "skipped": [], "errors": {}}
     engines = {
         "": Engine(model, seam_tokens=seam_tokens, memory_cache_bytes=64 << 30),
         " (resident)": Engine(model, seam_tokens=seam_tokens, segment_source=_resident_source(model.device)),
@@ -134,23 +134,28 @@ def bench_ttft(model, request, *, seam_tokens: int, repeats: int, budget: Budget
             row["skipped"].append(label)
             continue
         cap = max(1.0, min(cap_seconds, budget.left()))
-        if label == "transformers":
-            measured = measure_ttft(lambda: timed_transformers_forward(model, request)[0], repeats, cap,
-                                    slow_warmup_counts=True)
+        stats: dict[str, Any] = {}
+        try:
+            if label == "transformers":
+                measured = measure_ttft(lambda: timed_transformers_forward(model, request)[0], repeats, cap,
+                                        slow_warmup_counts=True)
+            else:
+                mode, _, resident = label.partition(" ")
+                engine = engines[" " + resident if resident else ""]
+
+                def prefill(engine=engine, mode=mode, stats=stats) -> float:
+                    seconds, _, result_stats = timed_prefill(engine, request, mode, seam_tokens)
+                    stats.update(result_stats.as_dict())
+                    return seconds
+
+                measured = measure_ttft(prefill, repeats, cap, slow_warmup_counts=False)  # the warm-up encodes
+                row["stats"][label] = {name: stats.get(name) for name in STAT_NAMES}
+        except Exception as error:  # the other modes still get measured
+            logger.exception("%s at %d tokens failed", label, request.prompt_tokens)
+            row["errors"][label] = f"{type(error).__name__}: {error}"
         else:
-            mode, _, resident = label.partition(" ")
-            engine = engines[" " + resident if resident else ""]
-            stats: dict[str, Any] = {}
-
-            def prefill(engine=engine, mode=mode, stats=stats) -> float:
-                seconds, _, result_stats = timed_prefill(engine, request, mode, seam_tokens)
-                stats.update(result_stats.as_dict())
-                return seconds
-
-            measured = measure_ttft(prefill, repeats, cap, slow_warmup_counts=False)  # the warm-up encodes
-            row["stats"][label] = {name: stats.get(name) for name in STAT_NAMES}
-        row["ttft_seconds"][label] = measured["seconds"]
-        row["runs"][label] = measured["runs"]
+            row["ttft_seconds"][label] = measured["seconds"]
+            row["runs"][label] = measured["runs"]
         on_measurement(row)
     baseline = row["ttft_seconds"].get("transformers")
     row["speedup_vs_transformers"] = {
@@ -246,11 +251,12 @@ def bench_family(kind: str, args: argparse.Namespace, budget: Budget,
                               cap_seconds=args.measurement_seconds, on_measurement=lambda done: (row.update(done), save()))
         row.update(measured)
         save()
-    if budget.allows(f"{kind} encoding"):
+
+    def encoding() -> None:
         segments = [tokens.ids(args.encode_chunk_tokens) for _ in range(args.encode_chunks)]
         family["encoding"] = encoding_throughput(model, segments, args.seam_tokens)
-        save()
-    if budget.allows(f"{kind} batched throughput"):
+
+    def throughput() -> None:
         workload = W.rag_qa(tokens, top_k=args.throughput_k, pool_size=2 * args.throughput_k,
                             chunk_tokens=args.throughput_chunk_tokens, requests=args.throughput_requests, warmup=0)
         config = ThroughputConfig(clients=(args.clients,), max_requests=args.throughput_requests,
@@ -267,9 +273,18 @@ def bench_family(kind: str, args: argparse.Namespace, budget: Budget,
             "one_at_a_time_tokens_per_second": rates["one_at_a_time"],
             "batched_over_one": rates["batched"] / rates["one_at_a_time"] if rates["one_at_a_time"] else float("nan"),
         }
-        save()
-    if budget.allows(f"{kind} kernels"):
+
+    def kernels() -> None:
         family["kernels"] = bench_kernels(model, maps=16, chunk_tokens=max(args.prompts)[1], repeats=10)
+
+    for name, section in (("encoding", encoding), ("throughput", throughput), ("kernels", kernels)):
+        if not budget.allows(f"{kind} {name}"):
+            continue
+        try:
+            section()
+        except Exception as error:  # the next section (and family) still run
+            logger.exception("%s %s failed", kind, name)
+            family.setdefault("errors", {})[name] = f"{type(error).__name__}: {error}"
         save()
     del model, hf_model
     gc.collect()
@@ -390,6 +405,11 @@ def markdown(result: dict[str, Any]) -> str:
         for note in ("skipped", "error"):
             if note in family:
                 lines += [f"**{note}**: {family[note]}", ""]
+        for name, error in family.get("errors", {}).items():
+            lines += [f"**error** ({name}): {error}", ""]
+        for row in family.get("ttft", []):
+            for label, error in row.get("errors", {}).items():
+                lines += [f"**error** ({label} at {row['k']} x {row['chunk_tokens']}): {error}", ""]
         rows = family.get("ttft", [])
         if rows:
             labels = ["transformers", *ENGINE_MODES]
@@ -497,8 +517,19 @@ def main(argv: list[str] | None = None) -> int:
 
     result = run(args, save)
     print(markdown(result))
-    failed = [kind for kind, family in result["families"].items() if "error" in family]
-    return 1 if failed else 0
+    return 1 if failures(result) else 0
+
+
+def failures(result: dict[str, Any]) -> list[str]:
+    """What failed: "kind" (the whole family), "kind: section" and "kind: mode at N tokens"."""
+    found = []
+    for kind, family in result["families"].items():
+        if "error" in family:
+            found.append(kind)
+        found += [f"{kind}: {name}" for name in family.get("errors", {})]
+        for row in family.get("ttft", []):
+            found += [f"{kind}: {label} at {row['prompt_tokens']} tokens" for label in row.get("errors", {})]
+    return found
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_rag.bench import gpu
+from hypic_rag.bench import gpu, measure
 from hypic_rag.bench.gpu_models import MIXER_KINDS, count_parameters, gpu_model_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +38,8 @@ def test_every_family_runs_every_measurement(tmp_path: Path) -> None:
     assert gpu.main(["--output", str(tmp_path), *DRY_RUN]) == 0
     result = json.loads((tmp_path / "gpu_bench.json").read_text())
     assert result["complete"] and list(result["families"]) == list(MIXER_KINDS)
+    assert gpu.failures(result) == []
     for kind, family in result["families"].items():
-        assert "error" not in family, (kind, family.get("traceback"))
         assert [(row["k"], row["chunk_tokens"]) for row in family["ttft"]] == [(3, 12), (2, 10)]
         for row in family["ttft"]:
             assert set(row["ttft_seconds"]) == {"transformers", *gpu.ENGINE_MODES}
@@ -71,12 +71,19 @@ def test_a_spent_budget_and_a_failing_family_leave_the_others_their_numbers(
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return real(kind, *args, **kwargs)
 
+    def broken_forward(model, request):
+        raise ValueError("transformers' forward failed")
+
     monkeypatch.setattr(gpu, "build_gpu_model", broken_kda)
+    monkeypatch.setattr(measure, "timed_transformers_forward", broken_forward)
     assert gpu.main(["--output", str(tmp_path), *DRY_RUN, "--kinds", "kda", "short_conv"]) == 1  # the run says so
     result = json.loads((tmp_path / "gpu_bench.json").read_text())
     assert result["families"]["kda"]["error"].startswith("RuntimeError: CUDA error")
-    assert len(result["families"]["short_conv"]["ttft"]) == 2
-    assert "**error**: RuntimeError" in (tmp_path / "gpu_bench.md").read_text()
+    rows = result["families"]["short_conv"]["ttft"]
+    assert len(rows) == 2 and all(set(row["ttft_seconds"]) == set(gpu.ENGINE_MODES) for row in rows)  # the rest ran
+    assert gpu.failures(result) == ["kda", "short_conv: transformers at 43 tokens", "short_conv: transformers at 27 tokens"]
+    report = (tmp_path / "gpu_bench.md").read_text()
+    assert "**error**: RuntimeError" in report and "**error** (transformers at 3 x 12): ValueError" in report
     partial = {name: value for name, value in result.items() if name != "complete"}
     assert "Partial: the run stopped" in gpu.markdown(partial)  # what a run cut by its time limit leaves
 
