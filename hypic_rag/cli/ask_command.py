@@ -26,7 +26,7 @@ from hypic_rag.cli.common import (
     number_in,
     remote_cache_config,
 )
-from hypic_rag.limits import HOP_SLOTS, MAX_NEW_TOKENS, TOP_K
+from hypic_rag.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, TOP_K, question_problem
 from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:
@@ -120,20 +120,29 @@ def answer_json(question: str, answer: Answer) -> dict[str, Any]:
 
 
 def read_question(given: str) -> str:
-    """The question: `given`, or standard input's text when `given` is "-"; a CliError when it is empty."""
+    """The question: `given`, or standard input's text when `given` is "-" (read up to one character past the
+    limit, whatever standard input holds); a CliError when it is empty, longer than `MAX_QUESTION_CHARS` or not
+    valid Unicode (argv bytes that are not UTF-8 arrive as lone surrogates), checked before any model loads."""
     if given != STDIN_QUESTION:
-        if not given.strip():
-            raise CliError("the question is empty", EXIT_BAD_INPUT)
+        problem = question_problem(given)
+        if problem is not None:
+            raise CliError(f"the question {problem}", EXIT_BAD_INPUT)
         return given
     if sys.stdin is None:
         raise CliError('"-" reads the question from standard input, but there is none', EXIT_BAD_INPUT)
     try:
-        question = sys.stdin.read()
+        question = sys.stdin.read(MAX_QUESTION_CHARS + 1)
     except UnicodeDecodeError:
         raise CliError("standard input is not UTF-8 text", EXIT_BAD_INPUT) from None
+    if len(question) > MAX_QUESTION_CHARS:
+        raise CliError(f"the question on standard input has more than {MAX_QUESTION_CHARS} characters; at most "
+                       f"{MAX_QUESTION_CHARS} are accepted", EXIT_BAD_INPUT)
     if not question.strip():
         raise CliError('standard input is empty: "-" reads the question from it (echo "question" | hypic-rag ask '
                        "--index DIR -)", EXIT_BAD_INPUT)
+    problem = question_problem(question)
+    if problem is not None:
+        raise CliError(f"the question on standard input {problem}", EXIT_BAD_INPUT)
     return question.strip()
 
 

@@ -79,7 +79,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if not (index_dir / MANIFEST_FILE).is_file():
         raise CliError(f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
                        EXIT_BAD_INPUT)
-    questions = read_questions(args.questions) if args.questions else None
+    questions = read_questions(args.questions, limit=args.requests) if args.questions else None
     if not args.dry_run:
         try:
             check_not_locked(index_dir.resolve())

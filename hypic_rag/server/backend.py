@@ -164,7 +164,8 @@ class ServiceBackend:
             session.close()
             raise
         try:
-            pipeline = RagPipeline(index, session, hop_slots=config.hop_slots)
+            pipeline = RagPipeline(index, session, hop_slots=config.hop_slots,
+                                   max_question_chars=config.max_question_chars)
         except BaseException:
             session.close()
             index.close()
