@@ -123,6 +123,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.server.config import ServerConfig
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
+    _check_scale_out_options(args)
     index_dir = Path(args.index).expanduser()
     if not (index_dir / MANIFEST_FILE).is_file():
         raise CliError(
@@ -198,6 +199,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if not started:
         raise CliError("the server failed to start (reason logged above)", EXIT_FAILURE)
     return EXIT_OK
+
+
+def _check_scale_out_options(args: argparse.Namespace) -> None:
+    """Options that would do nothing are refused (exit 2), not ignored: --ray names the cluster of --replicas N
+    (N > 1) and --encode-actors K, and means nothing without one of them."""
+    if args.ray is not None and args.replicas < 2 and not args.encode_actors:
+        raise CliError("--ray names the Ray cluster for --replicas N (N > 1) or --encode-actors K, and this server "
+                       "would use neither; add one of them, or drop --ray", EXIT_BAD_INPUT)
 
 
 def _cache_dir(args: argparse.Namespace) -> Path | None:
