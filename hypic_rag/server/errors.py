@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypic_rag.errors import HypicError
 from hypic_rag.limits import NumberRange
+from hypic_rag.server.request_log import current_request_id, log_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -86,11 +87,13 @@ def error_body(message: str, kind: str, status: int, param: str | None = None, *
 
 
 def internal_error_body(error: BaseException) -> dict[str, Any]:
-    """The body of a 500: the exception's type only (the traceback goes to the log)."""
-    return error_body(f"internal error: {type(error).__name__}", "internal_error", 500)
+    """The body of a 500: the exception's type and the request id (the traceback goes to the log, under that id)."""
+    return error_body(f"internal error: {type(error).__name__} (request {current_request_id()})", "internal_error", 500)
 
 
 def error_response(error: ServiceError) -> JSONResponse:
+    """The JSON response of a refusal, logged as one line."""
+    log_refusal(error.status, error.message)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
@@ -186,6 +189,7 @@ def validation_response(error: RequestValidationError, status: int = 422, body_m
     message = "; ".join(f"{item['field']}: {item['message']}" for item in fields) or "invalid request"
     param = fields[0]["field"] if fields else None
     kind = "invalid_request_error" if status == 400 else "validation_error"
+    log_refusal(status, message)
     return JSONResponse(error_body(message, kind, status, param, fields=fields), status_code=status)
 
 
@@ -208,8 +212,10 @@ def install_error_handlers(app: FastAPI) -> None:
         if error.status_code == 400 and isinstance(error.__cause__, ValueError):
             # FastAPI could not read the body as JSON: not UTF-8 (UnicodeDecodeError), a number of thousands of digits
             reason = " ".join(str(error.__cause__).split())[:200]
-            return JSONResponse(error_body(f"body: not readable as UTF-8 JSON ({reason})", "invalid_request_error",
-                                           400, "body"), status_code=400)
+            message = f"body: not readable as UTF-8 JSON ({reason})"
+            log_refusal(400, message)
+            return JSONResponse(error_body(message, "invalid_request_error", 400, "body"), status_code=400)
+        log_refusal(error.status_code, str(error.detail))
         return JSONResponse(
             error_body(str(error.detail), kind, error.status_code),
             status_code=error.status_code,

@@ -5,12 +5,17 @@
 - types are strict: `"match_segments": "no"` is a 400 naming the field (it was taken as true), as is `"3"` for an
   integer, on every route;
 - a recompute policy spec out of range in `/v1/ask` is a 400 naming `recompute_policy` and the range (a 20-digit
-  seam was a 500 `internal_error`).
+  seam was a 500 `internal_error`);
+- the server's log holds one line per refusal and one record (with its traceback) per unexpected error, each
+  naming the request's id (the probes above left three tracebacks in it).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import socket
+import time
 import types
 import typing
 from collections.abc import Iterator
@@ -35,12 +40,26 @@ BODIES: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
 }
 
 
+UNHANDLED = "/v1/test-only/unhandled"
+
+
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Iterator[httpx.Client]:
+def server(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Iterator[ServerThread]:
     index = copy_tiny_index(tmp_path_factory.mktemp("server_input_checks") / "index")
-    with ServerThread(ServerConfig(index_dir=index, device="cpu", max_new_tokens=64)) as running:
-        with httpx.Client(base_url=running.url, timeout=120) as http:
-            yield http
+    running = ServerThread(ServerConfig(index_dir=index, device="cpu", max_new_tokens=64))
+
+    async def unhandled() -> None:  # a bug no handler knows: what does the log keep of it?
+        raise RuntimeError("unexpected")
+
+    running.app.add_api_route(UNHANDLED, unhandled, methods=["POST"])
+    with running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        yield http
 
 
 def is_number(annotation: Any) -> bool:
@@ -138,3 +157,72 @@ def test_an_out_of_range_policy_spec_is_400_naming_the_field(client: httpx.Clien
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "recompute_policy" and message in error["message"] and len(error["message"]) < 400
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture()
+def server_log() -> Iterator[list[logging.LogRecord]]:
+    """Every record the service (hypic_rag) and uvicorn log at INFO and above while the test runs."""
+    handler = Records()
+    loggers = [logging.getLogger("hypic_rag"), logging.getLogger("uvicorn")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        yield handler.records
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
+def test_the_log_holds_one_line_per_refusal_and_one_record_per_bug(
+    server: ServerThread, client: httpx.Client, server_log: list[logging.LogRecord]
+) -> None:
+    ask = BODIES["/v1/ask"][1]
+    probes = {
+        "policy": ("/v1/ask", {**ask, "recompute_policy": "seam@9999999999999999999"}, 400),
+        "type": ("/v1/ask", {**ask, "top_k": "many"}, 400),
+        "range": ("/v1/ask", {**ask, "seed": -1}, 422),
+        "long": ("/v1/ask", {**ask, "question": "x" * 5_000}, 413),
+        "mode": ("/v1/ask", {**ask, "mode": "bogus", "stream": True}, 400),
+        "boolean": ("/v1/completions", {**BODIES["/v1/completions"][1], "match_segments": "string"}, 400),
+        "utf8": ("/v1/ask", b'{"question": "\xff"}', 400),
+        "route": ("/v1/nothing-here", {}, 404),
+    }
+    for name, (path, body, status) in probes.items():
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = client.post(path, content=content, headers={"content-type": "application/json",
+                                                                "x-request-id": f"probe-{name}"})
+        assert response.status_code == status, (name, response.text)
+        assert response.headers["x-request-id"] == f"probe-{name}"
+    missing = client.delete("/v1/documents/no-such-document", headers={"x-request-id": "probe-delete"})
+    assert missing.status_code == 404
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:  # not HTTP at all
+        raw.sendall(b"\x16\x03\x01 garbage that is no request\r\n\r\n")
+        raw.recv(4096)
+    bug = client.post(UNHANDLED, headers={"x-request-id": "probe-bug"})
+    assert bug.status_code == 500 and "(request probe-bug)" in bug.json()["error"]["message"]
+    fresh = client.post("/v1/ask", json={**ask, "top_k": 0})
+    assert len(fresh.headers["x-request-id"]) == 16  # one was made up for a request without its own
+    time.sleep(0.5)  # uvicorn logs the garbage connection on its own schedule
+
+    for name in [*probes, "delete"]:
+        about = [record for record in server_log if f"request probe-{name}:" in record.getMessage()]
+        assert len(about) == 1, (name, [record.getMessage() for record in about])
+        assert about[0].exc_info is None and "\n" not in about[0].getMessage(), name
+        assert about[0].levelno == logging.INFO, name
+    with_traceback = [record for record in server_log if record.exc_info]
+    assert len(with_traceback) == 1, [record.getMessage() for record in with_traceback]
+    assert "request probe-bug:" in with_traceback[0].getMessage() and with_traceback[0].levelno == logging.ERROR
+    garbage = [record for record in server_log if "Invalid HTTP request" in record.getMessage()]
+    assert len(garbage) == 1 and garbage[0].exc_info is None
