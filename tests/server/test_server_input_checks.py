@@ -6,6 +6,8 @@
   integer, on every route;
 - a recompute policy spec out of range in `/v1/ask` is a 400 naming `recompute_policy` and the range (a 20-digit
   seam was a 500 `internal_error`);
+- binary data sent to `/v1/documents` as text is a 400 naming the field and the limit (300 KB of it became 2,195
+  chunks over 159 s and 2.7 GiB);
 - the server's log holds one line per refusal and one record (with its traceback) per unexpected error, each
   naming the request's id (the probes above left three tracebacks in it).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 import types
@@ -157,6 +160,19 @@ def test_an_out_of_range_policy_spec_is_400_naming_the_field(client: httpx.Clien
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "recompute_policy" and message in error["message"] and len(error["message"]) < 400
+
+
+@pytest.mark.parametrize("errors", ["latin-1", "replace", "ignore"])
+def test_binary_data_sent_as_document_text_is_refused(client: httpx.Client, errors: str) -> None:
+    garbage = os.urandom(300_000)
+    text = garbage.decode("latin-1") if errors == "latin-1" else garbage.decode("utf-8", errors=errors)
+    documents = [{"id": "fine", "text": "A real document about the harbour."}, {"id": "garbage", "text": text}]
+    response = post(client, "/v1/documents", {"documents": documents})
+    assert response.status_code == 400, response.text[:500]
+    error = response.json()["error"]
+    assert error["param"] == "documents[1].text" and "binary data, not text" in error["message"]
+    assert "text has at most 1%" in error["message"]
+    assert client.get("/healthz").json()["pending_jobs"] == 0  # no job was started for any of them
 
 
 class Records(logging.Handler):
