@@ -82,6 +82,15 @@ class RecomputePlan:
         """Indices of the chunks recomputed whole."""
         return [number for number, seam in enumerate(self.chunk_seams) if seam is WHOLE]
 
+    def normalised(self, chunk_lengths: Sequence[int]) -> RecomputePlan:
+        """This plan with a seam at least as long as its chunk written as `WHOLE`: the same tokens recomputed, and
+        no entry of that seam read (or encoded and stored) for nothing. What is cached depends on the plan, not on
+        how a policy spelled it: `seam@100000` stores no entry at all."""
+        if len(chunk_lengths) != len(self.chunk_seams):
+            raise ValueError(f"{len(chunk_lengths)} chunk lengths for a plan of {len(self.chunk_seams)} chunks")
+        return RecomputePlan(tuple(WHOLE if seam is not WHOLE and seam >= length > 0 else seam
+                                   for seam, length in zip(self.chunk_seams, chunk_lengths)))
+
 
 @dataclass(frozen=True, slots=True)
 class RecomputePolicy:

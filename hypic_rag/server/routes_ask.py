@@ -88,7 +88,8 @@ async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
     config = service.config
     question = checked_question(body.question, config)
     mode = checked_mode(body.mode)
-    policy = checked_recompute_policy(body.recompute_policy)
+    backend = service.backend
+    policy = checked_recompute_policy(body.recompute_policy, backend.entry_seams, backend.counts.longest_chunk)
     checked_at_most("top_k", body.top_k, config.max_top_k)
     checked_at_most("max_new_tokens", body.max_new_tokens, config.max_new_tokens)
     sampling = {"max_new_tokens": body.max_new_tokens, "temperature": body.temperature, "top_p": body.top_p,
