@@ -121,6 +121,10 @@ def run_precompute(args: argparse.Namespace) -> int:
         raise CliError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
     if args.ray_actors is not None and args.ray is None:
         raise CliError("--ray-actors needs --ray")
+    if args.workers > 1 or args.ray is not None:  # the processes this run starts end with it, however it ends
+        from hypic_rag.reaper import reap_on_exit
+
+        reap_on_exit()
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
     remote = remote_cache_config(args)
     scale_out = None

@@ -124,6 +124,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
     _check_scale_out_options(args)
+    if args.replicas > 1 or args.encode_actors:  # Ray's processes end with this one, however it ends
+        from hypic_rag.reaper import reap_on_exit
+
+        reap_on_exit()
     index_dir = Path(args.index).expanduser()
     if not (index_dir / MANIFEST_FILE).is_file():
         raise CliError(
