@@ -82,10 +82,11 @@ MAX_CONTROL_FRACTION = 0.01
 class ParseLimits:
     """What parsing one file may cost; a file over a limit is `UnreadableFile` naming it (the loader skips it).
 
-    max_inflated_bytes: what a file's compressed parts may inflate to, together (a DOCX's zip members, a PDF's
-    Flate streams), and the most bytes an HTML file may have. max_ratio: how many times its compressed size a DOCX
-    part of over `RATIO_FLOOR_BYTES` may inflate (XML compresses 5-20x; a bomb, thousands of times).
-    max_seconds: how long parsing one file may take.
+    max_inflated_bytes: what the parts a parser reads may inflate to, together (a DOCX's XML parts, a PDF's Flate
+    streams but its images), and the most bytes an HTML file may have; a DOCX's parts of every kind (pictures
+    included) may take `ALL_PARTS_FACTOR` times as much. max_ratio: how many times its compressed size a DOCX part
+    of over `RATIO_FLOOR_BYTES` may inflate (XML compresses 5-20x; a bomb, thousands of times). max_seconds: how
+    long parsing one file may take.
     """
 
     max_inflated_bytes: int = 64 << 20
@@ -100,6 +101,8 @@ class ParseLimits:
 PARSE_LIMITS = ParseLimits()
 RATIO_FLOOR_BYTES = 1 << 20
 """DOCX parts up to this size are never refused for their compression ratio (a small part may compress well)."""
+ALL_PARTS_FACTOR = 8
+"""A DOCX's parts of every kind may inflate to this many times `max_inflated_bytes` (pictures are read whole)."""
 
 
 class _Deadline:
@@ -233,13 +236,14 @@ def parse_pdf(raw: bytes, limits: ParseLimits = PARSE_LIMITS) -> ParsedText:
 
 
 _PDF_STREAM = re.compile(rb"stream\r?\n")
+_PDF_IMAGE = re.compile(rb"/Subtype\s*/Image\b")
 INFLATE_STEP_BYTES = 1 << 20
 
 
 def _check_pdf_streams(raw: bytes, limits: ParseLimits, deadline: _Deadline) -> None:
-    """`UnreadableFile` when the file's zlib (Flate) streams inflate to more than `limits.max_inflated_bytes`
-    together; each is inflated a step at a time and thrown away, so measuring costs no memory. Streams that are not
-    zlib (images, fonts in other filters) count their raw size."""
+    """`UnreadableFile` when the file's zlib (Flate) streams but its images (which text extraction never decodes)
+    inflate to more than `limits.max_inflated_bytes` together; each is inflated a step at a time and thrown away,
+    so measuring costs no memory. Streams that are not zlib do not inflate here and count nothing."""
     total = 0
     position = 0
     while True:
@@ -249,10 +253,13 @@ def _check_pdf_streams(raw: bytes, limits: ParseLimits, deadline: _Deadline) -> 
         start = found.end()
         end = raw.find(b"endstream", start)
         end = len(raw) if end < 0 else end
+        position = end + 9
+        header = raw[max(0, found.start() - 4096) : found.start()]
+        if _PDF_IMAGE.search(header[header.rfind(b" obj") + 1 :]):
+            continue
         total += _inflated_size(raw[start:end], limits.max_inflated_bytes - total + 1, deadline)
         if total > limits.max_inflated_bytes:
             raise _too_large("its streams inflate to", limits)
-        position = end + 9
 
 
 def _inflated_size(data: bytes, budget: int, deadline: _Deadline) -> int:
@@ -264,7 +271,7 @@ def _inflated_size(data: bytes, budget: int, deadline: _Deadline) -> int:
             deadline.check()
             size += len(inflater.decompress(inflater.unconsumed_tail, INFLATE_STEP_BYTES))
     except zlib.error:
-        return len(data)
+        return 0
     return size
 
 
@@ -434,18 +441,24 @@ def _docx_blocks(document: Any, deadline: _Deadline) -> Iterator[tuple[int | Non
 
 
 def _check_zip_inflation(raw: bytes, limits: ParseLimits) -> None:
-    """`UnreadableFile` when a zip's members declare more than `limits.max_inflated_bytes` together, or a large
-    one inflates more than `limits.max_ratio` times its compressed size. The declared sizes bind: zipfile never
-    returns more than a member declares (a lying member fails its CRC check)."""
+    """`UnreadableFile` when a zip's XML members declare more than `limits.max_inflated_bytes` together (all its
+    members more than `ALL_PARTS_FACTOR` times that), or a large one inflates more than `limits.max_ratio` times
+    its compressed size. The declared sizes bind: zipfile never returns more than a member declares (a lying
+    member fails its CRC check)."""
     try:
         members = zipfile.ZipFile(io.BytesIO(raw)).infolist()
     except (zipfile.BadZipFile, ValueError, OSError):
         return  # python-docx reports a damaged file with its own reason
-    total = 0
+    markup = everything = 0
     for member in members:
-        total += member.file_size
-        if total > limits.max_inflated_bytes:
-            raise _too_large("its parts inflate to", limits)
+        everything += member.file_size
+        if member.filename.endswith((".xml", ".rels")):
+            markup += member.file_size
+        if markup > limits.max_inflated_bytes:
+            raise _too_large("its XML parts inflate to", limits)
+        if everything > ALL_PARTS_FACTOR * limits.max_inflated_bytes:
+            raise UnreadableFile(f"its parts inflate to more than {ALL_PARTS_FACTOR * limits.max_inflated_bytes} "
+                                 "bytes, the limit per file (a decompression bomb?)")
         ratio = member.file_size / max(member.compress_size, 1)
         if member.file_size > RATIO_FLOOR_BYTES and ratio > limits.max_ratio:
             raise UnreadableFile(f"its part {member.filename} inflates {ratio:.0f} times ({member.compress_size} "

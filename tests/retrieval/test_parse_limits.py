@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import tracemalloc
 import zipfile
 import zlib
@@ -77,9 +78,16 @@ def test_a_docx_bomb_is_refused_from_its_zip_directory(inflated: int) -> None:
     assert peak < 2 * MIB  # nothing was inflated
 
 
-def test_a_docx_of_more_parts_than_the_limit_allows_is_refused() -> None:
+def test_a_docx_of_more_xml_than_the_limit_allows_is_refused_but_pictures_count_apart() -> None:
     reason, _ = refused(parse_docx, docx_bomb(5 * MIB), ParseLimits(max_inflated_bytes=2 * MIB, max_ratio=1e9))
-    assert f"its parts inflate to more than {2 * MIB} bytes, the limit per file" in reason
+    assert f"its XML parts inflate to more than {2 * MIB} bytes, the limit per file" in reason
+    with_picture = io.BytesIO(docx_bomb(0))
+    with zipfile.ZipFile(with_picture, "a", zipfile.ZIP_STORED) as archive:
+        archive.writestr("word/media/picture.bin", os.urandom(10 * MIB))  # 10 MB that do not compress
+    limits = ParseLimits(max_inflated_bytes=2 * MIB)  # 0.8 MB of XML (python-docx's template) and the picture
+    assert "The only sentence" in parse_docx(with_picture.getvalue(), limits).text
+    reason, _ = refused(parse_docx, with_picture.getvalue(), ParseLimits(max_inflated_bytes=MIB))
+    assert f"its parts inflate to more than {8 * MIB} bytes" in reason  # 8 times the limit, pictures included
 
 
 def test_parsing_that_takes_longer_than_the_limit_stops_there() -> None:
@@ -97,6 +105,13 @@ def test_a_pdf_stream_bomb_is_refused_before_pypdf_inflates_it() -> None:
     reason, peak = refused(parse_pdf, pdf_with_stream(b" " * (80 * MIB)))
     assert f"its streams inflate to more than {64 * MIB} bytes, the limit per file" in reason
     assert peak < 8 * MIB  # measured a step at a time, never held
+    image = zlib.compress(b"\0" * (80 * MIB))  # an image's stream: text extraction never decodes it
+    picture = (b"5 0 obj << /Type /XObject /Subtype /Image /Width 8192 /Height 10240 /BitsPerComponent 8 "
+               b"/ColorSpace /DeviceGray /Filter /FlateDecode >> stream\n" + image + b"\nendstream endobj\n")
+    with_picture = pdf_with_stream(b"BT /F1 12 Tf 72 720 Td (A page with a picture.) Tj ET\n")
+    with_picture = with_picture.replace(b"trailer", picture + b"trailer")
+    reason, _ = refused(parse_pdf, with_picture)  # pypdf refuses this hand-made file, but not for its size
+    assert "limit" not in reason, reason
     text = b"BT /F1 12 Tf 72 720 Td (A page within the limits.) Tj ET\n"
     reason, _ = refused(parse_pdf, pdf_with_stream(text * 1000), ParseLimits(max_inflated_bytes=10_000))
     assert "more than 10000 bytes" in reason
