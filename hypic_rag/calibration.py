@@ -11,6 +11,7 @@ policy's next-token distribution with `full`'s on the same request, whatever the
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.retrieval.multi_hop import sentences_of
 from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, Calibration, calibrate
 from hypic_rag.runtime.recompute_policy import RecomputePolicy
@@ -33,30 +35,61 @@ class CalibrationError(HypicError, ValueError):
     exit_code = EXIT_BAD_INPUT
 
 
-def read_questions(path: str | Path) -> list[str]:
-    """Questions of a file: one per line, or JSON lines with a "question" field (blank lines skipped)."""
+MAX_LINE_BYTES = 8 * MAX_QUESTION_CHARS
+"""The longest line of a questions file: a question of `MAX_QUESTION_CHARS` characters, JSON-escaped, fits."""
+
+
+def read_questions(path: str | Path, limit: int | None = None) -> list[str]:
+    """Questions of a file: one per line, or JSON lines with a "question" field (blank lines skipped); the first
+    `limit` when given (the rest of the file is not read).
+
+    Every line is checked before any question is used, as `ask` checks its question: at most `MAX_LINE_BYTES`
+    bytes (read no further: a line of gigabytes costs nothing), UTF-8, a question of at most `MAX_QUESTION_CHARS`
+    characters without a lone surrogate (JSON's `"\\ud800"`); a `CalibrationError` naming the file, the line and
+    the limit otherwise."""
     path = Path(path).expanduser()
+    questions: list[str] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise CalibrationError(f"cannot read questions from {str(path)!r}: {error}") from None
-    questions = []
-    for number, line in enumerate(lines, start=1):
-        line = line.strip()
-        if not line:
-            continue
-        if line.startswith("{"):
-            try:
-                value = json.loads(line).get("question")
-            except (ValueError, AttributeError):
-                value = None
-            if not isinstance(value, str) or not value.strip():
-                raise CalibrationError(f"{path}:{number}: a JSON line needs a non-empty \"question\" string")
-            line = value.strip()
-        questions.append(line)
+        with path.open("rb") as handle:
+            for number in itertools.count(1):
+                if limit is not None and len(questions) >= limit:
+                    break
+                raw = handle.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    break
+                question = _question_of_line(raw, f"{path}:{number}")
+                if question is not None:
+                    questions.append(question)
+    except OSError as error:
+        raise CalibrationError(f"cannot read questions from {str(path)!r}: {error.strerror or error}") from None
     if not questions:
         raise CalibrationError(f"{str(path)!r} holds no questions")
     return questions
+
+
+def _question_of_line(raw: bytes, where: str) -> str | None:
+    """The question of one line of a questions file (None for a blank line); `CalibrationError` naming `where`."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise CalibrationError(f"{where}: the line is longer than {MAX_LINE_BYTES} bytes (a question has at most "
+                               f"{MAX_QUESTION_CHARS} characters)")
+    try:
+        line = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as error:
+        raise CalibrationError(f"{where}: not UTF-8 text (byte {error.start})") from None
+    if not line:
+        return None
+    if line.startswith("{"):
+        try:
+            value = json.loads(line).get("question")
+        except (ValueError, AttributeError):
+            value = None
+        if not isinstance(value, str) or not value.strip():
+            raise CalibrationError(f"{where}: a JSON line needs a non-empty \"question\" string")
+        line = value.strip()
+    problem = question_problem(line)
+    if problem is not None:
+        raise CalibrationError(f"{where}: the question {problem}")
+    return line
 
 
 def probe_questions(index: Any, count: int) -> list[str]:

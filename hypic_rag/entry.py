@@ -103,12 +103,18 @@ def entry_tensor_bytes(entry: Mapping[str, Any]) -> int:
     return entry_bytes(entry).tensor_bytes
 
 
+MAX_SEAM_TOKENS = 65_536
+"""The widest seam window accepted anywhere (a seam at least as long as a segment recomputes it whole, so a wider one
+adds nothing; `hypic_rag.limits.SEAM_TOKENS` is this range)."""
+
+
 def check_seam_tokens(value: object, name: str = "seam_tokens") -> int:
-    """`value` if it is a valid seam window w (an int >= 0), else ValueError naming `name`.
+    """`value` if it is a valid seam window w (an int in 0..MAX_SEAM_TOKENS), else ValueError naming `name`.
 
     The one check of a seam width, wherever one is configured (engine, encoder, cache namespace, index settings,
-    manifest, precompute); a seam wider than a segment simply recomputes the whole segment.
+    manifest, precompute, a recompute policy); a seam wider than a segment simply recomputes the whole segment.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEAM_TOKENS:
+        shown = value if not isinstance(value, int) or len(str(value)) <= 24 else f"{str(value)[:12]}..."
+        raise ValueError(f"{name} must be an integer in 0..{MAX_SEAM_TOKENS}, got {shown!r}")
     return value

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.prompt import PromptFormat
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream
@@ -24,7 +25,6 @@ from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.streaming import ResultStream, StrippedDeltas
-from hypic_rag.text import unencodable_message
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -87,14 +87,6 @@ class Answer:
         }
 
 
-def check_encodable(text: str, what: str) -> str:
-    """`text` unchanged; `PipelineError` naming `what` when it holds a lone surrogate (no tokenizer takes one)."""
-    message = unencodable_message(text, what)
-    if message is not None:
-        raise PipelineError(message)
-    return text
-
-
 @dataclass(slots=True)
 class PreparedQuestion:
     """A question retrieved for and laid out (`RagPipeline.prepare`): its sources (best first), its request, the
@@ -113,11 +105,15 @@ class RagPipeline:
     """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
     model is the one the index was built for (its tokenizer made the chunks' token ids), normally with the
     index's prompt format (`ModelSession.for_index`); hop_slots: how many of the top_k places go to one retrieval
-    hop from the best hit (`CorpusIndex.search`; 0 turns the hop off)."""
+    hop from the best hit (`CorpusIndex.search`; 0 turns the hop off); max_question_chars: the longest question
+    answered (`hypic_rag.limits.MAX_QUESTION_CHARS`, as on every surface; a server passes its own)."""
 
-    def __init__(self, index: Any, session: ModelSession, *, hop_slots: int = 2) -> None:
+    def __init__(self, index: Any, session: ModelSession, *, hop_slots: int = 2,
+                 max_question_chars: int = MAX_QUESTION_CHARS) -> None:
         if hop_slots < 0:
             raise PipelineError("hop_slots must be >= 0")
+        if max_question_chars < 1:
+            raise PipelineError("max_question_chars must be >= 1")
         from hypic_rag.retrieval.errors import IndexMismatchError
 
         try:
@@ -127,6 +123,7 @@ class RagPipeline:
         self.index = index
         self.session = session
         self.hop_slots = hop_slots
+        self.max_question_chars = max_question_chars
 
     @property
     def engine(self) -> Engine:
@@ -258,9 +255,10 @@ class RagPipeline:
         check_mode(mode)
         policy = as_policy(policy) or self.session.recompute_policy
         began = time.perf_counter()
-        question = check_encodable(question, "the question").strip()
-        if not question:
-            raise PipelineError("the question is empty")
+        problem = question_problem(question, self.max_question_chars)
+        if problem is not None:
+            raise PipelineError(f"the question {problem}")
+        question = question.strip()
         if top_k < 1:
             raise PipelineError("top_k must be >= 1")
         hits = self.index.search(question, top_k, hop_slots=self.hop_slots)

@@ -23,10 +23,10 @@ from hypic_rag.cli.common import (
     add_remote_cache_arguments,
     add_recompute_policy_argument,
     device_name,
-    non_negative_int,
-    positive_int,
+    number_in,
     remote_cache_config,
 )
+from hypic_rag.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, TOP_K, question_problem
 from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:
@@ -40,13 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ask", help="answer a question over a precomputed index", description=__doc__)
     parser.add_argument("question", metavar="QUESTION", help='the question; "-" reads it from standard input')
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
-    parser.add_argument("--top-k", type=positive_int, default=4, metavar="K",
-                        help="chunks retrieved (4; at most the chunks the index holds)")
-    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+    parser.add_argument("--top-k", type=number_in(TOP_K), default=4, metavar="K",
+                        help="chunks retrieved (4; 1..256, at most the chunks the index holds)")
+    parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--mode", choices=MODES, default="hypic", help="composition mode (hypic)")
     add_recompute_policy_argument(parser)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N", help="answer length cap (32)")
+    parser.add_argument("--max-new-tokens", type=number_in(MAX_NEW_TOKENS), default=32, metavar="N",
+                        help="answer length cap (32; 1..65536)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
@@ -119,20 +120,29 @@ def answer_json(question: str, answer: Answer) -> dict[str, Any]:
 
 
 def read_question(given: str) -> str:
-    """The question: `given`, or standard input's text when `given` is "-"; a CliError when it is empty."""
+    """The question: `given`, or standard input's text when `given` is "-" (read up to one character past the
+    limit, whatever standard input holds); a CliError when it is empty, longer than `MAX_QUESTION_CHARS` or not
+    valid Unicode (argv bytes that are not UTF-8 arrive as lone surrogates), checked before any model loads."""
     if given != STDIN_QUESTION:
-        if not given.strip():
-            raise CliError("the question is empty", EXIT_BAD_INPUT)
+        problem = question_problem(given)
+        if problem is not None:
+            raise CliError(f"the question {problem}", EXIT_BAD_INPUT)
         return given
     if sys.stdin is None:
         raise CliError('"-" reads the question from standard input, but there is none', EXIT_BAD_INPUT)
     try:
-        question = sys.stdin.read()
+        question = sys.stdin.read(MAX_QUESTION_CHARS + 1)
     except UnicodeDecodeError:
         raise CliError("standard input is not UTF-8 text", EXIT_BAD_INPUT) from None
+    if len(question) > MAX_QUESTION_CHARS:
+        raise CliError(f"the question on standard input has more than {MAX_QUESTION_CHARS} characters; at most "
+                       f"{MAX_QUESTION_CHARS} are accepted", EXIT_BAD_INPUT)
     if not question.strip():
         raise CliError('standard input is empty: "-" reads the question from it (echo "question" | hypic-rag ask '
                        "--index DIR -)", EXIT_BAD_INPUT)
+    problem = question_problem(question)
+    if problem is not None:
+        raise CliError(f"the question on standard input {problem}", EXIT_BAD_INPUT)
     return question.strip()
 
 

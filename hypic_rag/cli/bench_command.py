@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     reason = unusable_directory_reason(output)  # before the benchmark runs, not after
     if reason is not None:
         raise CliError(f"--output unusable: {reason}")
-    if args.ray_scaling:
+    if args.ray_scaling:  # a private Ray instance: it ends with this command, however it ends
+        from hypic_rag.reaper import reap_on_exit
+
+        reap_on_exit()
         return run_ray_scaling(args, output)
     if args.families or args.family:
         return run_families_bench(args, output)

@@ -37,8 +37,8 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 def parse_size(text: str) -> int:
     """'1048576', '512M', '64GiB', '1.5g' -> bytes (binary units), 1 B up to 2**63 - 1."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match else 0
+    match = re.fullmatch(r"\s*(\d{1,20}(?:\.\d{1,20})?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match else 0  # <= 1e20 * 2**40: finite
     if not 1 <= size < 1 << 63:
         raise argparse.ArgumentTypeError(f"not a positive size below 8 EiB: {text!r} (e.g. 512M, 64G, 1048576)")
     return size

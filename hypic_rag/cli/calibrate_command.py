@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -24,21 +23,15 @@ from hypic_rag.cli.common import (
     CliError,
     add_dtype_argument,
     device_name,
-    non_negative_int,
-    positive_int,
+    int_in,
+    number_in,
     recompute_policy_spec,
 )
+from hypic_rag.limits import HOP_SLOTS, TOP_K, NumberRange
 from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET
 
-
-def _kl_target(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
+KL_TARGET = NumberRange(0, 1_000, integer=False)
+"""--kl-target: a mean KL divergence in nats (0.1 by default; a target above a few nats accepts any policy)."""
 
 
 def _candidates(text: str) -> list[str]:
@@ -54,15 +47,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
-    parser.add_argument("--kl-target", type=_kl_target, default=DEFAULT_KL_TARGET, metavar="X",
+    parser.add_argument("--kl-target", type=number_in(KL_TARGET), default=DEFAULT_KL_TARGET, metavar="X",
                         help="largest mean KL(full || policy) of the next-token distribution accepted (0.1)")
     parser.add_argument("--questions", metavar="FILE",
                         help="questions, one per line or JSON lines with \"question\" (default: probes from the index)")
-    parser.add_argument("--requests", type=positive_int, default=32, metavar="N",
+    parser.add_argument("--requests", type=int_in(1, 10_000), default=32, metavar="N",
                         help="calibration requests (32; the first N questions of --questions)")
-    parser.add_argument("--top-k", type=positive_int, default=4, metavar="K",
+    parser.add_argument("--top-k", type=number_in(TOP_K), default=4, metavar="K",
                         help="chunks retrieved per request, as ask will retrieve them (4)")
-    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+    parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop (2, as ask)")
     parser.add_argument("--candidates", type=_candidates, metavar="SPECS",
                         help="comma-separated policies to compare (default: seam, budget:1.5, whole:1, budget:2, "
@@ -86,7 +79,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if not (index_dir / MANIFEST_FILE).is_file():
         raise CliError(f"no index at {str(index_dir)!r}; build one with `hypic-rag precompute CORPUS --index {args.index}`",
                        EXIT_BAD_INPUT)
-    questions = read_questions(args.questions) if args.questions else None
+    questions = read_questions(args.questions, limit=args.requests) if args.questions else None
     if not args.dry_run:
         try:
             check_not_locked(index_dir.resolve())

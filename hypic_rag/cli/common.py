@@ -1,5 +1,8 @@
 """What the commands share: exit codes, `CliError`, argument types and the options several commands take.
 
+Every numeric option has a stated range (`int_in`, `number_in`, `seconds_in`; the shared ones in
+`hypic_rag.limits`) and is refused outside it, as a usage error naming the option and the range (exit 2).
+
 Imports nothing heavy (torch only inside `device_name`, when `--device` is given), so `hypic-rag --help` stays fast.
 """
 
@@ -7,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, HypicError, MissingPathError
+from hypic_rag.limits import NumberRange
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -27,11 +32,12 @@ __all__ = [
     "add_dtype_argument",
     "add_remote_cache_arguments",
     "device_name",
-    "non_negative_int",
-    "positive_int",
+    "int_in",
+    "number_in",
     "recompute_policy_spec",
     "remote_cache_config",
     "resolve_model_path",
+    "seconds_in",
     "worker_count",
 ]
 
@@ -56,23 +62,34 @@ class CliError(HypicError):
         self.exit_code = exit_code
 
 
-def integer_at_least(text: str, minimum: int, *, what: str = "an integer") -> int:
-    """`text` as an integer >= `minimum`, or an argparse error naming what is wrong."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-    return value
+NumberType = Callable[[str], "int | float"]
+"""An argparse `type` for a number: parses the text and checks it against its range (`.allowed`)."""
 
 
-def positive_int(text: str) -> int:
-    return integer_at_least(text, 1)
+def number_in(allowed: NumberRange) -> NumberType:
+    """The argparse `type` of a number in `allowed`: "argument --top-k: must be an integer in 1..256, got 0" for a
+    value out of range, negative, huge, non-numeric, non-finite or not UTF-8 (every one a usage error, exit 2). The
+    range is kept as `.allowed` (tests walk every numeric option with it)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            return allowed.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.allowed = allowed  # type: ignore[attr-defined]
+    parse.__name__ = "integer" if allowed.integer else "number"  # argparse names the type in some messages
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    return integer_at_least(text, 0)
+def int_in(minimum: int, maximum: int) -> NumberType:
+    """The argparse `type` of an integer in `minimum`..`maximum` (`number_in`)."""
+    return number_in(NumberRange(minimum, maximum))
+
+
+def seconds_in(maximum: float) -> NumberType:
+    """The argparse `type` of a positive, finite number of seconds up to `maximum` (`number_in`)."""
+    return number_in(NumberRange(0, maximum, integer=False, minimum_exclusive=True))
 
 
 def recompute_policy_spec(text: str) -> str:
@@ -118,13 +135,10 @@ def device_name(text: str) -> str:
     return text
 
 
-def worker_count(text: str) -> int:
-    """1 up to the CPU cores of this machine (each worker is a process holding its own copy of the model)."""
-    value = positive_int(text)
-    cores = os.cpu_count() or 1
-    if value > cores:
-        raise argparse.ArgumentTypeError(f"at most {cores} (the CPU cores here), got {value}")
-    return value
+def worker_count() -> NumberType:
+    """The argparse `type` of a worker count: 1 up to the CPU cores of this machine (each worker is a process
+    holding its own copy of the model)."""
+    return int_in(1, os.cpu_count() or 1)
 
 
 def resolve_model_path(given: str | None) -> Path:

@@ -18,10 +18,11 @@ from hypic_rag.cli.common import (
     EXIT_MISMATCH,
     EXIT_OK,
     CliError,
-    non_negative_int,
-    positive_int,
+    int_in,
+    number_in,
     resolve_model_path,
 )
+from hypic_rag.limits import HOP_SLOTS, TOP_K
 
 
 def user_cache_dir() -> Path:
@@ -32,9 +33,10 @@ def user_cache_dir() -> Path:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="build the example index and answer questions (full vs hypic)", description=__doc__)
     parser.add_argument("--index", metavar="DIR", help="index directory (default: <user cache>/demo-index)")
-    parser.add_argument("--questions", type=positive_int, default=6, metavar="N", help="questions answered (6)")
-    parser.add_argument("--top-k", type=positive_int, default=8, metavar="K", help="chunks retrieved per question (8)")
-    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+    parser.add_argument("--questions", type=int_in(1, 1_000), default=6, metavar="N",
+                        help="questions answered (6; 1..1000)")
+    parser.add_argument("--top-k", type=number_in(TOP_K), default=8, metavar="K", help="chunks retrieved per question (8)")
+    parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the bundled model)")
     parser.set_defaults(func=run_demo)

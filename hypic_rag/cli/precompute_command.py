@@ -23,12 +23,13 @@ from hypic_rag.cli.common import (
     add_dtype_argument,
     add_remote_cache_arguments,
     device_name,
-    non_negative_int,
-    positive_int,
+    int_in,
+    number_in,
     remote_cache_config,
     resolve_model_path,
     worker_count,
 )
+from hypic_rag.limits import CHUNK_TOKENS, SEAM_TOKENS
 
 if TYPE_CHECKING:
     from hypic_rag.retrieval.precompute import PrecomputeSummary
@@ -43,15 +44,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("corpus", metavar="CORPUS", help="directory (searched recursively) or file: .txt, .md, .jsonl")
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory (created if absent)")
     parser.add_argument("--model", metavar="PATH", help="local model checkpoint (default: the bundled default model)")
-    parser.add_argument("--chunk-tokens", type=positive_int, default=256, metavar="N", help="tokens per chunk (256)")
-    parser.add_argument("--workers", type=worker_count, default=1, metavar="N", help="encoding processes (1)")
+    parser.add_argument("--chunk-tokens", type=number_in(CHUNK_TOKENS), default=256, metavar="N",
+                        help="tokens per chunk (256; 1..65536)")
+    parser.add_argument("--workers", type=worker_count(), default=1, metavar="N", help="encoding processes (1)")
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help="run on a Ray cluster: load, chunk and embed as tasks, encode on actors; ADDRESS is "
                              "'auto' (the cluster on this machine), host:port or ray://host:port; without one a "
                              "private Ray instance is started here (needs the ray extra)")
-    parser.add_argument("--ray-actors", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--ray-actors", type=int_in(1, 4_096), default=None, metavar="N",
                         help="encoding actors with --ray (default: one per GPU of the cluster, or per CPU slot)")
-    parser.add_argument("--seam-tokens", type=non_negative_int, default=8, metavar="W", help="seam window (8)")
+    parser.add_argument("--seam-tokens", type=number_in(SEAM_TOKENS), default=8, metavar="W",
+                        help="seam window (8; 0..65536)")
     parser.add_argument("--vector-index", choices=VECTOR_INDEX_KINDS, help="FAISS index kind for a new index (flat)")
     parser.add_argument("--cache", metavar="DIR", help="segment cache directory (default: DIR/segment_cache)")
     parser.add_argument("--embedder", metavar="PATH", help="local sentence-transformers directory (default: bundled)")
@@ -118,6 +121,10 @@ def run_precompute(args: argparse.Namespace) -> int:
         raise CliError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
     if args.ray_actors is not None and args.ray is None:
         raise CliError("--ray-actors needs --ray")
+    if args.workers > 1 or args.ray is not None:  # the processes this run starts end with it, however it ends
+        from hypic_rag.reaper import reap_on_exit
+
+        reap_on_exit()
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created
     remote = remote_cache_config(args)
     scale_out = None

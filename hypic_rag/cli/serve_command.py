@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import math
 from pathlib import Path
 
 from hypic_rag.cli.common import (
@@ -31,31 +30,18 @@ from hypic_rag.cli.common import (
     add_remote_cache_arguments,
     add_recompute_policy_argument,
     device_name,
-    integer_at_least,
-    non_negative_int,
-    positive_int,
+    int_in,
+    number_in,
     remote_cache_config,
+    seconds_in,
 )
 from hypic_rag.errors import HypicError
+from hypic_rag.limits import HOP_SLOTS, NumberRange
 
 logger = logging.getLogger(__name__)
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = integer_at_least(text, 0, what="a port number")
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
-    return value
+DAY_S = 86_400.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8000, help="port to bind (8000; 0 picks a free one)")
+    parser.add_argument("--port", type=int_in(0, 65_535), default=8000, help="port to bind (8000; 0 picks a free one)")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
@@ -73,48 +59,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cache", metavar="DIR",
                         help="segment cache directory (default: the index's), e.g. a local disk when the index lies "
                              "on a shared file system; with --replicas, {replica} in DIR becomes each replica's name")
-    parser.add_argument("--hop-slots", type=non_negative_int, default=2, metavar="N",
+    parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     add_recompute_policy_argument(parser)
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
-    parser.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
+    parser.add_argument("--queue-size", type=int_in(1, 1_000_000), default=64, metavar="N",
                         help="requests that may wait (not yet generating) before new ones get 429 (64)")
-    parser.add_argument("--max-running", type=positive_int, default=16, metavar="N",
+    parser.add_argument("--max-running", type=int_in(1, 4_096), default=16, metavar="N",
                         help="sequences generating together in one batch (16; 1: one request at a time)")
-    parser.add_argument("--step-tokens", type=positive_int, default=2048, metavar="N",
+    parser.add_argument("--step-tokens", type=int_in(1, 1 << 20), default=2048, metavar="N",
                         help="tokens per batched step: one per running sequence plus new prompts' recomputed "
                              "tokens (2048; at least --max-running)")
-    parser.add_argument("--request-timeout", type=_positive_float, default=120.0, metavar="S",
+    parser.add_argument("--request-timeout", type=seconds_in(DAY_S), default=120.0, metavar="S",
                         help="per-request deadline in seconds, queue wait included (120)")
     parser.add_argument("--separator", default="<<PIC_SEP>>", metavar="STR",
                         help="segment separator of /v1/completions prompts (<<PIC_SEP>>)")
     parser.add_argument("--no-segment-matching", dest="match_segments", action="store_false",
                         help="cut completion and chat prompts only at separators: do not look for indexed chunks "
                         "and seen segments in them (matching is on by default)")
-    parser.add_argument("--max-segments", type=positive_int, default=256, metavar="N",
+    parser.add_argument("--max-segments", type=int_in(1, 65_536), default=256, metavar="N",
                         help="separated segments of one completion prompt, the query included; more get 413 (256)")
-    parser.add_argument("--max-document-tokens", type=positive_int, default=500_000, metavar="N",
+    parser.add_argument("--max-document-tokens", type=int_in(1, 1 << 30), default=500_000, metavar="N",
                         help="tokens of one document added through POST /v1/documents; more get 413 (500000)")
-    parser.add_argument("--max-body-bytes", type=positive_int, default=8 << 20, metavar="N",
+    parser.add_argument("--max-body-bytes", type=int_in(1, 1 << 32), default=8 << 20, metavar="N",
                         help="largest request body accepted; larger ones get 413 (8 MiB)")
-    parser.add_argument("--shutdown-grace", type=_positive_float, default=30.0, metavar="S",
+    parser.add_argument("--shutdown-grace", type=seconds_in(DAY_S), default=30.0, metavar="S",
                         help="seconds in-flight requests get to finish on shutdown (30)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log level (info)")
     scale = parser.add_argument_group("scale-out (Ray; needs the ray extra)")
-    scale.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+    scale.add_argument("--replicas", type=int_in(1, 1_024), default=1, metavar="N",
                        help="model replicas behind this endpoint, as Ray Serve deployments; each request goes to the "
                             "replica holding its retrieved chunks hot (1: this process serves alone). Replicas open "
                             "the index read-only")
     scale.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="the Ray cluster for --replicas and --encode-actors: 'auto', host:port or ray://host:port "
                             "(default, and without ADDRESS: a private Ray instance on this machine)")
-    scale.add_argument("--encode-actors", type=non_negative_int, default=0, metavar="K",
+    scale.add_argument("--encode-actors", type=int_in(0, 1_024), default=0, metavar="K",
                        help="Ray actors per replica that encode a request's cache misses in parallel, longest first "
                             "(0: encoded by the replica itself)")
-    scale.add_argument("--replica-cpus", type=_positive_float, default=1.0, metavar="C",
+    scale.add_argument("--replica-cpus", type=number_in(NumberRange(0, 1_024, integer=False, minimum_exclusive=True)), default=1.0, metavar="C",
                        help="CPU slots each replica reserves on the cluster (1; one GPU each when --device is cuda)")
-    scale.add_argument("--max-in-flight", type=positive_int, default=4, metavar="N",
+    scale.add_argument("--max-in-flight", type=int_in(1, 4_096), default=4, metavar="N",
                        help="requests a replica serves before its affine requests overflow to the next-ranked (4)")
     parser.set_defaults(func=run_serve)
 
@@ -137,6 +123,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.server.config import ServerConfig
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
+    _check_scale_out_options(args)
+    if args.replicas > 1 or args.encode_actors:  # Ray's processes end with this one, however it ends
+        from hypic_rag.reaper import reap_on_exit
+
+        reap_on_exit()
     index_dir = Path(args.index).expanduser()
     if not (index_dir / MANIFEST_FILE).is_file():
         raise CliError(
@@ -212,6 +203,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if not started:
         raise CliError("the server failed to start (reason logged above)", EXIT_FAILURE)
     return EXIT_OK
+
+
+def _check_scale_out_options(args: argparse.Namespace) -> None:
+    """Options that would do nothing are refused (exit 2), not ignored: --ray names the cluster of --replicas N
+    (N > 1) and --encode-actors K, and means nothing without one of them."""
+    if args.ray is not None and args.replicas < 2 and not args.encode_actors:
+        raise CliError("--ray names the Ray cluster for --replicas N (N > 1) or --encode-actors K, and this server "
+                       "would use neither; add one of them, or drop --ray", EXIT_BAD_INPUT)
 
 
 def _cache_dir(args: argparse.Namespace) -> Path | None:

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hypic_rag import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, RendezvousRouter, RouteDecision
+from hypic_rag.limits import question_problem
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.middleware import BodySizeLimit
 
@@ -143,8 +144,10 @@ class Front:
         if path == "/v1/chat/completions":
             return chat_keys(parsed, self.config.separator)
         question, top_k = parsed.get("question"), parsed.get("top_k", DEFAULT_TOP_K)
-        if not isinstance(question, str) or not question.strip() or not isinstance(top_k, int) or top_k < 1:
+        if not isinstance(question, str) or not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             return []
+        if question_problem(question, self.config.max_question_chars) is not None:
+            return []  # the replica refuses it (too long, a lone surrogate, empty): never embedded here
         try:
             return await self.retrieve(question, min(top_k, self.config.max_top_k))
         except Exception as error:  # noqa: BLE001 - routing only: the replica answers (or refuses) the request

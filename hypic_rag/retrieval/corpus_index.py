@@ -10,7 +10,10 @@ Layout of an index directory:
 `ingest` brings the index in line with a loaded corpus without a rebuild: unchanged documents (same content
 digest) are skipped, changed ones are re-chunked and only their new chunks embedded, documents gone from the same
 corpus root are deleted (documents are keyed by id, so a moved corpus is recognised and its root updated). Every document is committed in its own transaction; the FAISS index is then synced to
-the docstore, so an interrupted ingest resumes where it stopped and no chunk is ever indexed twice.
+the docstore, so an interrupted ingest resumes where it stopped and no chunk is ever indexed twice. A change (an
+ingest, a delete) commits the docstore, then writes `vectors.faiss`, then the manifest; a process killed between
+two of these leaves them disagreeing, and the next writer to open the index writes the repair back at once
+(`_write_back_repairs`); a reader repairs its own copy in memory.
 """
 
 from __future__ import annotations
@@ -245,6 +248,11 @@ class CorpusIndex:
         except BaseException:
             lock.close()
             raise
+        try:
+            index._write_back_repairs()
+        except BaseException:
+            index.close()
+            raise
         index.embed_batch_chunks = settings.embed_batch_chunks
         return index
 
@@ -276,7 +284,8 @@ class CorpusIndex:
             raise IndexCorruptError(f"cannot read {directory / VECTORS_FILE}: {error}") from error
         index = cls(directory, manifest, docstore, vectors, embedder, lock)
         repaired = index.sync_vectors()
-        if repaired.added or repaired.removed:
+        # an HNSW file keeps removed vectors (tombstones are rebuilt on open, not stored): those are no repair
+        if repaired.added or (repaired.removed and vectors.config.kind != "hnsw"):
             index._unsaved_changes = True
             logger.warning(
                 "FAISS index was behind the docstore (interrupted run?): added %d, removed %d vectors",
@@ -284,6 +293,22 @@ class CorpusIndex:
                 repaired.removed,
             )
         return index
+
+    def _write_back_repairs(self) -> None:
+        """Write what opening repaired back to disk (the writer's job: a reader repairs in memory only).
+
+        A change commits to the docstore first, then writes the FAISS file, then the manifest's counts; a kill
+        between two of these leaves the files disagreeing (a deleted document's vectors still in `vectors.faiss`,
+        stale counts). Opening syncs the vectors to the docstore in memory (`_assemble`); here a writer saves them
+        and the counts at once, so the files agree again even if nothing else is ever written."""
+        counts = self.docstore.counts()
+        fresh = {"documents": counts.documents, "chunks": counts.chunks, "tokens": counts.tokens}
+        if not self._unsaved_changes and self.manifest.counts == fresh:
+            return
+        repaired_vectors = self._unsaved_changes
+        self.save()
+        logger.warning("index %s was left half-saved (interrupted run?): %s written back", self.directory,
+                       "its FAISS file and counts" if repaired_vectors else "its counts")
 
     # -------------------------------------------------------------------------- updates
     def _check_chunker(self, chunker: Chunker) -> None:

@@ -82,9 +82,12 @@ class StoredChunk:
 
 @dataclass(frozen=True, slots=True)
 class DocStoreCounts:
+    """Documents, chunks and chunk tokens held; longest_chunk: the token count of the longest chunk."""
+
     documents: int
     chunks: int
     tokens: int
+    longest_chunk: int = 0
 
 
 def _token_blob(token_ids: Sequence[int]) -> bytes:
@@ -224,8 +227,9 @@ class DocStore:
     @_sqlite_errors
     def counts(self) -> DocStoreCounts:
         documents = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
-        chunks, tokens = self._db.execute("SELECT COUNT(*), COALESCE(SUM(n_tokens), 0) FROM chunks").fetchone()
-        return DocStoreCounts(documents=documents, chunks=chunks, tokens=tokens)
+        chunks, tokens, longest = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(n_tokens), 0), COALESCE(MAX(n_tokens), 0) FROM chunks").fetchone()
+        return DocStoreCounts(documents=documents, chunks=chunks, tokens=tokens, longest_chunk=longest)
 
     def _fetch_by_ids(self, query: str, ids: list[int], whole_row: bool = False) -> dict[int, Any]:
         found: dict[int, Any] = {}

@@ -13,6 +13,12 @@ Parsers (why these: docs/retrieval.md, "Document formats"):
 - DOCX: python-docx (MIT), paragraphs and tables in document order; `Title` / `Heading N` styles open sections.
 - Markdown: the text is kept as written; markdown-it-py (MIT, CommonMark) finds its headings (ATX and setext,
   never a `#` inside a code block).
+
+What one file may cost is bounded (`ParseLimits`): what its compressed parts may inflate to (a DOCX's zip members,
+a PDF's Flate streams, measured before the parser sees them) and an HTML file's size; how many times a large DOCX
+part may inflate its compressed size (zip bombs); how long parsing may take (checked between pages, blocks and
+elements). A file over a limit raises `UnreadableFile` naming the limit, so the loader skips it with a warning and
+goes on with the next file (a 30 KB DOCX inflating to 5 MB of empty paragraphs took minutes).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import contextlib
 import io
 import logging
 import re
+import time
+import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,9 +72,55 @@ class ParsedText:
 
 
 SECTION_SEPARATOR = " > "
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufffd]")
+"""C0 and C1 control characters (tab and newlines excepted) and U+FFFD, what bytes that are not text decode to."""
 MAX_CONTROL_FRACTION = 0.01
 """Text with more than this fraction of control characters is binary data, not a document."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParseLimits:
+    """What parsing one file may cost; a file over a limit is `UnreadableFile` naming it (the loader skips it).
+
+    max_inflated_bytes: what the parts a parser reads may inflate to, together (a DOCX's XML parts, a PDF's Flate
+    streams but its images), and the most bytes an HTML file may have; a DOCX's parts of every kind (pictures
+    included) may take `ALL_PARTS_FACTOR` times as much. max_ratio: how many times its compressed size a DOCX part
+    of over `RATIO_FLOOR_BYTES` may inflate (XML compresses 5-20x; a bomb, thousands of times). max_seconds: how
+    long parsing one file may take.
+    """
+
+    max_inflated_bytes: int = 64 << 20
+    max_ratio: float = 200.0
+    max_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_inflated_bytes < 1 or not self.max_ratio > 1 or not self.max_seconds > 0:
+            raise ValueError(f"parse limits must be positive (ratio > 1), got {self}")
+
+
+PARSE_LIMITS = ParseLimits()
+RATIO_FLOOR_BYTES = 1 << 20
+"""DOCX parts up to this size are never refused for their compression ratio (a small part may compress well)."""
+ALL_PARTS_FACTOR = 8
+"""A DOCX's parts of every kind may inflate to this many times `max_inflated_bytes` (pictures are read whole)."""
+
+
+class _Deadline:
+    """`check()` raises `UnreadableFile` naming the limit once parsing has taken longer than `limits.max_seconds`."""
+
+    def __init__(self, limits: ParseLimits) -> None:
+        self.limits = limits
+        self.ends = time.monotonic() + limits.max_seconds
+
+    def check(self) -> None:
+        if time.monotonic() > self.ends:
+            raise UnreadableFile(f"parsing took longer than {self.limits.max_seconds:g} s, the limit per file "
+                                 "(a decompression bomb, or a pathological file?)")
+
+
+def _too_large(what: str, limits: ParseLimits) -> UnreadableFile:
+    return UnreadableFile(f"{what} more than {limits.max_inflated_bytes} bytes, the limit per file "
+                          "(a decompression bomb?)")
 
 
 def location_metadata(locations: Sequence[Location], start: int, end: int) -> dict[str, Any]:
@@ -94,7 +149,18 @@ def location_metadata(locations: Sequence[Location], start: int, end: int) -> di
 
 def looks_binary(text: str) -> bool:
     """Whether decoded text is mostly not text (more than 1% control characters other than tab and newlines)."""
-    return bool(text) and len(CONTROL_CHARACTERS.findall(text)) > MAX_CONTROL_FRACTION * len(text)
+    return binary_fraction(text) > MAX_CONTROL_FRACTION
+
+
+def binary_reason(text: str) -> str:
+    """Why `text` is refused as binary data, naming the limit."""
+    return (f"binary data, not text ({100 * binary_fraction(text):.0f}% control characters; text has at most "
+            f"{100 * MAX_CONTROL_FRACTION:g}%)")
+
+
+def binary_fraction(text: str) -> float:
+    """The fraction of `text` that are control characters (tab and newlines excepted) or U+FFFD."""
+    return CONTROL_CHARACTERS.subn("", text)[1] / len(text) if text else 0.0
 
 
 class _Builder:
@@ -145,7 +211,7 @@ class _Builder:
         if not text.strip():
             raise UnreadableFile("no text")
         if looks_binary(text):
-            raise UnreadableFile("binary data, not text")
+            raise UnreadableFile(binary_reason(text))
         return ParsedText(text, self.locations, metadata)
 
 
@@ -155,14 +221,58 @@ def _failure(error: Exception) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------- PDF
-def parse_pdf(raw: bytes) -> ParsedText:
+def parse_pdf(raw: bytes, limits: ParseLimits = PARSE_LIMITS) -> ParsedText:
     """Text of every page (pypdf's layout-free extraction), each page a location. Raises UnreadableFile for a
-    damaged file, an encrypted one that needs a password, or one without extractable text (scanned images)."""
+    damaged file, an encrypted one that needs a password, one without extractable text (scanned images), or one
+    over `limits` (its Flate streams inflating beyond `max_inflated_bytes`, measured before pypdf reads it; its
+    pages taking longer than `max_seconds`)."""
+    deadline = _Deadline(limits)
+    _check_pdf_streams(raw, limits, deadline)
     from pypdf import PdfReader
     from pypdf.errors import DependencyError, PyPdfError
 
     with _quiet_pypdf():
-        return _parse_pdf(raw, PdfReader, DependencyError, PyPdfError)
+        return _parse_pdf(raw, PdfReader, DependencyError, PyPdfError, limits, deadline)
+
+
+_PDF_STREAM = re.compile(rb"stream\r?\n")
+_PDF_IMAGE = re.compile(rb"/Subtype\s*/Image\b")
+INFLATE_STEP_BYTES = 1 << 20
+
+
+def _check_pdf_streams(raw: bytes, limits: ParseLimits, deadline: _Deadline) -> None:
+    """`UnreadableFile` when the file's zlib (Flate) streams but its images (which text extraction never decodes)
+    inflate to more than `limits.max_inflated_bytes` together; each is inflated a step at a time and thrown away,
+    so measuring costs no memory. Streams that are not zlib do not inflate here and count nothing."""
+    total = 0
+    position = 0
+    while True:
+        found = _PDF_STREAM.search(raw, position)
+        if found is None:
+            return
+        start = found.end()
+        end = raw.find(b"endstream", start)
+        end = len(raw) if end < 0 else end
+        position = end + 9
+        header = raw[max(0, found.start() - 4096) : found.start()]
+        if _PDF_IMAGE.search(header[header.rfind(b" obj") + 1 :]):
+            continue
+        total += _inflated_size(raw[start:end], limits.max_inflated_bytes - total + 1, deadline)
+        if total > limits.max_inflated_bytes:
+            raise _too_large("its streams inflate to", limits)
+
+
+def _inflated_size(data: bytes, budget: int, deadline: _Deadline) -> int:
+    """Bytes `data` inflates to as a zlib stream (its own size when it is not one), counted up to `budget`."""
+    inflater = zlib.decompressobj()
+    try:
+        size = len(inflater.decompress(data, INFLATE_STEP_BYTES))
+        while inflater.unconsumed_tail and size < budget:
+            deadline.check()
+            size += len(inflater.decompress(inflater.unconsumed_tail, INFLATE_STEP_BYTES))
+    except zlib.error:
+        return 0
+    return size
 
 
 @contextlib.contextmanager
@@ -181,7 +291,8 @@ def _quiet_pypdf() -> Iterator[None]:
         pypdf_logger.setLevel(logging.NOTSET)
 
 
-def _parse_pdf(raw: bytes, PdfReader: Any, DependencyError: type, PyPdfError: type) -> ParsedText:
+def _parse_pdf(raw: bytes, PdfReader: Any, DependencyError: type, PyPdfError: type, limits: ParseLimits,
+               deadline: _Deadline) -> ParsedText:
     try:
         reader = PdfReader(io.BytesIO(raw))
         if reader.is_encrypted:
@@ -193,7 +304,10 @@ def _parse_pdf(raw: bytes, PdfReader: Any, DependencyError: type, PyPdfError: ty
                 raise UnreadableFile("encrypted PDF (needs a password); save an unencrypted copy to index it")
         builder = _Builder()
         for number, page in enumerate(reader.pages, start=1):
+            deadline.check()
             builder.page(number, page.extract_text() or "")
+            if builder.length > limits.max_inflated_bytes:
+                raise _too_large("its text holds", limits)
         metadata: dict[str, Any] = {}
         title = reader.metadata.title if reader.metadata is not None else None
         if isinstance(title, str) and title.strip():
@@ -234,8 +348,9 @@ def _decode_html(raw: bytes) -> str:
     raise UnreadableFile("not UTF-8 text and no valid charset declared")
 
 
-def parse_html(raw: bytes) -> ParsedText:
-    """Visible text of an HTML page: blocks as paragraphs, headings as sections, `<title>` as metadata."""
+def parse_html(raw: bytes, limits: ParseLimits = PARSE_LIMITS) -> ParsedText:
+    """Visible text of an HTML page: blocks as paragraphs, headings as sections, `<title>` as metadata; a file of
+    more than `limits.max_inflated_bytes` bytes, or that takes longer than `limits.max_seconds`, is refused."""
     from bs4 import BeautifulSoup
     from bs4.element import (
         Comment,
@@ -245,7 +360,11 @@ def parse_html(raw: bytes) -> ParsedText:
         Tag,
     )
 
+    if len(raw) > limits.max_inflated_bytes:
+        raise _too_large("the page has", limits)
+    deadline = _Deadline(limits)
     soup = BeautifulSoup(_decode_html(raw), "html.parser")
+    deadline.check()
     metadata: dict[str, Any] = {}
     if soup.title is not None and soup.title.get_text(strip=True):
         metadata["title"] = " ".join(soup.title.get_text().split())
@@ -259,6 +378,7 @@ def parse_html(raw: bytes) -> ParsedText:
         inline.clear()
 
     def walk(node: Tag) -> None:
+        deadline.check()
         for child in node.children:
             if isinstance(child, (Comment, Doctype, ProcessingInstruction)):
                 continue
@@ -300,32 +420,67 @@ def parse_html(raw: bytes) -> ParsedText:
 _DOCX_HEADING = re.compile(r"^heading\s*([1-9])$", re.IGNORECASE)
 
 
-def _docx_blocks(document: Any) -> Iterator[tuple[int | None, str]]:
-    """(heading level or None, text) of the body's paragraphs and tables, in document order."""
+def _docx_blocks(document: Any, deadline: _Deadline) -> Iterator[tuple[int | None, str]]:
+    """(heading level or None, text) of the body's paragraphs and tables, in document order; the deadline is
+    checked before each one."""
     from docx.table import Table
 
+    levels: dict[object, int | None] = {}  # style id -> heading level (python-docx looks a style up in O(styles))
     for item in document.iter_inner_content():
+        deadline.check()
         if isinstance(item, Table):
             rows = [" | ".join(cell.text.strip() for cell in row.cells) for row in item.rows]
             yield None, "\n".join(row for row in rows if row.strip(" |"))
             continue
-        style = (item.style.name if item.style is not None else "") or ""
-        match = _DOCX_HEADING.match(style.strip())
-        level = 0 if style.strip().lower() == "title" else int(match.group(1)) if match else None
-        yield level, item.text
+        style_id = getattr(getattr(item, "_p", None), "style", item)  # the item itself: no cache without the id
+        if style_id not in levels:
+            style = (item.style.name if item.style is not None else "") or ""
+            match = _DOCX_HEADING.match(style.strip())
+            levels[style_id] = 0 if style.strip().lower() == "title" else int(match.group(1)) if match else None
+        yield levels[style_id], item.text
 
 
-def parse_docx(raw: bytes) -> ParsedText:
-    """Paragraphs and tables of a Word document; `Title` and `Heading N` paragraphs open sections."""
-    import zipfile
+def _check_zip_inflation(raw: bytes, limits: ParseLimits) -> None:
+    """`UnreadableFile` when a zip's XML members declare more than `limits.max_inflated_bytes` together (all its
+    members more than `ALL_PARTS_FACTOR` times that), or a large one inflates more than `limits.max_ratio` times
+    its compressed size. The declared sizes bind: zipfile never returns more than a member declares (a lying
+    member fails its CRC check)."""
+    try:
+        members = zipfile.ZipFile(io.BytesIO(raw)).infolist()
+    except (zipfile.BadZipFile, ValueError, OSError):
+        return  # python-docx reports a damaged file with its own reason
+    markup = everything = 0
+    for member in members:
+        everything += member.file_size
+        if member.filename.endswith((".xml", ".rels")):
+            markup += member.file_size
+        if markup > limits.max_inflated_bytes:
+            raise _too_large("its XML parts inflate to", limits)
+        if everything > ALL_PARTS_FACTOR * limits.max_inflated_bytes:
+            raise UnreadableFile(f"its parts inflate to more than {ALL_PARTS_FACTOR * limits.max_inflated_bytes} "
+                                 "bytes, the limit per file (a decompression bomb?)")
+        ratio = member.file_size / max(member.compress_size, 1)
+        if member.file_size > RATIO_FLOOR_BYTES and ratio > limits.max_ratio:
+            raise UnreadableFile(f"its part {member.filename} inflates {ratio:.0f} times ({member.compress_size} "
+                                 f"to {member.file_size} bytes), more than {limits.max_ratio:g} times, the limit per "
+                                 "part (a decompression bomb?)")
 
+
+def parse_docx(raw: bytes, limits: ParseLimits = PARSE_LIMITS) -> ParsedText:
+    """Paragraphs and tables of a Word document; `Title` and `Heading N` paragraphs open sections. A file whose
+    parts inflate beyond `limits` (measured from the zip's directory before any part is read) or that takes
+    longer than `limits.max_seconds` is refused."""
     import docx
     from docx.opc.exceptions import PackageNotFoundError
 
+    _check_zip_inflation(raw, limits)
+    deadline = _Deadline(limits)
     try:
         document = docx.Document(io.BytesIO(raw))
-        blocks = list(_docx_blocks(document))
+        blocks = list(_docx_blocks(document, deadline))
         title = document.core_properties.title
+    except UnreadableFile:
+        raise
     except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError, AttributeError, TypeError) as error:
         raise UnreadableFile(f"not a readable DOCX file ({_failure(error)})") from None
     except Exception as error:  # lxml's XMLSyntaxError and friends on a damaged part

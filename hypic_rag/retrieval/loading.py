@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,12 +96,14 @@ class SkippedInput:
 
 @dataclass(slots=True)
 class LoadedCorpus:
-    """What `load_corpus` found. root: the resolved corpus path (directory or single file)."""
+    """What `load_corpus` found. root: the resolved corpus path (directory or single file). load_seconds: how long
+    loading took (parsing included; precompute's elapsed time counts it)."""
 
     root: Path
     documents: list[Document]
     skipped: list[SkippedInput]
     ignored_files: int = 0
+    load_seconds: float = 0.0
 
 
 def _read_text_file(path: Path, location: str, skipped: list[SkippedInput]) -> str | None:
@@ -256,6 +259,7 @@ def load_corpus(path: str | Path, *, load_files: FileLoader = load_files_here) -
     A document id seen twice keeps its first occurrence; the later one is skipped with a warning.
     `load_files` reads the files (in order; whoever reads them, the result is the same).
     """
+    began = time.perf_counter()
     root = Path(path).expanduser()
     if not root.exists():
         raise CorpusNotFoundError(f"corpus path {str(path)!r} does not exist")
@@ -284,4 +288,5 @@ def load_corpus(path: str | Path, *, load_files: FileLoader = load_files_here) -
     for entry in skipped:
         logger.warning("skipped %s", entry)
     logger.info("loaded %d documents from %s (%d skipped, %d ignored)", len(documents), root, len(skipped), ignored)
-    return LoadedCorpus(root=root, documents=documents, skipped=skipped, ignored_files=ignored)
+    return LoadedCorpus(root=root, documents=documents, skipped=skipped, ignored_files=ignored,
+                        load_seconds=time.perf_counter() - began)

@@ -273,7 +273,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
     created, so a bad index or cache path leaves nothing behind."""
     from hypic_rag.runtime.model import load_model
 
-    began = time.perf_counter()
+    began = time.perf_counter() - (corpus.load_seconds if corpus is not None else 0.0)  # elapsed counts loading
     cache_dir = check_locations(options.index_dir, options.cache_dir)
     scale_out = options.scale_out
     if corpus is None:

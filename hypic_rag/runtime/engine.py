@@ -236,10 +236,12 @@ class Engine:
         self, request: Request, seam_tokens: int | None = None, policy: RecomputePolicy | str | None = None
     ) -> RecomputePlan:
         """What `hypic` recomputes of `request`'s chunks under `policy` (the engine's when None), chunks not
-        recomputed whole at the policy's seam (`seam_tokens`, else the engine's, unless the policy names one)."""
+        recomputed whole at the policy's seam (`seam_tokens`, else the engine's, unless the policy names one); a
+        seam at least as long as its chunk is planned as `WHOLE` (`RecomputePlan.normalised`)."""
         chosen = as_policy(policy) or self.recompute_policy
         seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
-        return chosen.plan([len(chunk) for chunk in request.chunk_ids], seam, request.chunk_ranks)
+        lengths = [len(chunk) for chunk in request.chunk_ids]
+        return chosen.plan(lengths, seam, request.chunk_ranks).normalised(lengths)
 
     def prefill(
         self,

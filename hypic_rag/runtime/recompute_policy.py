@@ -22,13 +22,14 @@ the retrieval hop's hits alternately, see `pipeline.retrieval_ranks`), or prompt
 
 Specs (CLI `--recompute-policy`, the service's config, the index manifest): `seam`, `seam@16`, `whole:1`,
 `whole:2@8`, `budget:2`, `budget:1.5@8`, `tokens:96@0`; `@w` sets the seam of the chunks that are not recomputed
-whole.
+whole. Every number of a spec is checked against its range (`hypic_rag.limits`) when the spec is parsed, whatever
+its kind: W in 0..65536, whole:N in 1..4096, budget:X in 1..10000, tokens:N in 1..16777216; the error names the
+number and the range.
 `docs/recompute_policies.md` has the measurements that chose among them.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+from hypic_rag.limits import POLICY_BUDGET, POLICY_CHUNKS, POLICY_TOKENS, SEAM_TOKENS, NumberRange
 
 WHOLE = None
 """A chunk recomputed whole: no entry, every token through the model in context."""
@@ -80,6 +82,15 @@ class RecomputePlan:
         """Indices of the chunks recomputed whole."""
         return [number for number, seam in enumerate(self.chunk_seams) if seam is WHOLE]
 
+    def normalised(self, chunk_lengths: Sequence[int]) -> RecomputePlan:
+        """This plan with a seam at least as long as its chunk written as `WHOLE`: the same tokens recomputed, and
+        no entry of that seam read (or encoded and stored) for nothing. What is cached depends on the plan, not on
+        how a policy spelled it: `seam@100000` stores no entry at all."""
+        if len(chunk_lengths) != len(self.chunk_seams):
+            raise ValueError(f"{len(chunk_lengths)} chunk lengths for a plan of {len(self.chunk_seams)} chunks")
+        return RecomputePlan(tuple(WHOLE if seam is not WHOLE and seam >= length > 0 else seam
+                                   for seam, length in zip(self.chunk_seams, chunk_lengths)))
+
 
 @dataclass(frozen=True, slots=True)
 class RecomputePolicy:
@@ -101,15 +112,12 @@ class RecomputePolicy:
         if self.kind not in POLICY_KINDS:
             raise RecomputePolicyError(f"unknown recompute policy {self.kind!r}; choose one of: {SPEC_HELP}")
         if self.seam_tokens is not None:
-            check_seam_tokens(self.seam_tokens, "a recompute policy's seam")
-        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 0:
-            raise RecomputePolicyError(f"a recompute policy's chunk count must be an integer >= 0, got {self.chunks!r}")
-        if not isinstance(self.budget, (int, float)) or not math.isfinite(self.budget) or self.budget < 1:
-            raise RecomputePolicyError(f"a recompute policy's budget must be a number >= 1, got {self.budget!r}")
+            _check_number(SEAM_TOKENS, self.seam_tokens, "a recompute policy's seam (@W)")
+        _check_number(NumberRange(0, POLICY_CHUNKS.maximum), self.chunks, "a recompute policy's chunk count")
+        _check_number(POLICY_BUDGET, self.budget, "a recompute policy's budget")
+        _check_number(NumberRange(0, POLICY_TOKENS.maximum), self.tokens, "a recompute policy's token budget")
         if self.kind == "whole" and self.chunks < 1:
             raise RecomputePolicyError("policy whole needs a chunk count >= 1 (whole:N)")
-        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0:
-            raise RecomputePolicyError(f"a recompute policy's token budget must be an integer >= 0, got {self.tokens!r}")
         if self.kind == "tokens" and self.tokens < 1:
             raise RecomputePolicyError("policy tokens needs a token count >= 1 (tokens:N)")
         if self.kind != "tokens" and self.tokens:
@@ -127,11 +135,12 @@ class RecomputePolicy:
         `RecomputePolicyError` naming the forms for anything else."""
         match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
         if match is None:
-            raise RecomputePolicyError(f"not a recompute policy: {spec!r}; expected one of: {SPEC_HELP}")
+            raise RecomputePolicyError(f"not a recompute policy: {_shown_spec(spec)}; expected one of: {SPEC_HELP}")
         kind, amount, seam = match.group("kind"), match.group("amount"), match.group("seam")
         if kind not in POLICY_KINDS:
             raise RecomputePolicyError(f"unknown recompute policy {kind!r}; expected one of: {SPEC_HELP}")
-        seam_tokens = int(seam) if seam is not None else None
+        # every number of a spec is checked against its range here, before any is used (whatever the kind)
+        seam_tokens = None if seam is None else _parse_number(SEAM_TOKENS, seam, "the seam (@W)", spec)
         if kind == "seam":
             if amount is not None:
                 raise RecomputePolicyError(f"policy seam takes no amount (seam or seam@W), got {spec!r}")
@@ -142,9 +151,11 @@ class RecomputePolicy:
             if "." in amount:
                 raise RecomputePolicyError(f"policy {kind} takes a whole number, got {spec!r}")
             if kind == "tokens":
-                return cls("tokens", tokens=int(amount), seam_tokens=seam_tokens)
-            return cls("whole", chunks=int(amount), seam_tokens=seam_tokens)
-        return cls("budget", budget=float(amount), seam_tokens=seam_tokens)
+                return cls("tokens", tokens=_parse_number(POLICY_TOKENS, amount, "N of tokens:N", spec),
+                           seam_tokens=seam_tokens)
+            return cls("whole", chunks=_parse_number(POLICY_CHUNKS, amount, "N of whole:N", spec),
+                       seam_tokens=seam_tokens)
+        return cls("budget", budget=_parse_number(POLICY_BUDGET, amount, "X of budget:X", spec), seam_tokens=seam_tokens)
 
     @property
     def spec(self) -> str:
@@ -207,6 +218,27 @@ class RecomputePolicy:
         if not isinstance(data, dict) or not isinstance(data.get("spec"), str):
             raise RecomputePolicyError(f"a recorded recompute policy must be an object with a spec, got {data!r}")
         return cls.parse(data["spec"])
+
+
+def _shown_spec(spec: object) -> str:
+    """A spec as an error message quotes it (a long one cut)."""
+    text = repr(spec)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _check_number(allowed: NumberRange, value: object, name: str) -> None:
+    """RecomputePolicyError naming `name` and the range when `value` lies outside `allowed`."""
+    problem = allowed.problem(value)
+    if problem is not None:
+        raise RecomputePolicyError(f"{name} {problem}")
+
+
+def _parse_number(allowed: NumberRange, text: str, name: str, spec: str) -> Any:
+    """The number `text` of a spec, checked against `allowed`; RecomputePolicyError naming it and the range."""
+    try:
+        return allowed.parse(text)
+    except ValueError as error:
+        raise RecomputePolicyError(f"in recompute policy {_shown_spec(spec)}: {name} {error}") from None
 
 
 SEAM_POLICY = RecomputePolicy()

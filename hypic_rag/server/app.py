@@ -26,6 +26,7 @@ from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import install_error_handlers
 from hypic_rag.server.middleware import BodySizeLimit, RequestMetrics, UnexpectedErrors
+from hypic_rag.server.request_log import RequestIds
 from hypic_rag.server.service import Service
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,8 @@ def create_app(config: ServerConfig, *, service: Service | None = None) -> FastA
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
-    app.add_middleware(UnexpectedErrors)  # outermost of ours: RequestMetrics counts its 500s
+    app.add_middleware(UnexpectedErrors)  # RequestMetrics counts its 500s
+    app.add_middleware(RequestIds)  # outermost: every log record of a request, its 500 included, names its id
     return app
 
 

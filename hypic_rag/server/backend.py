@@ -105,6 +105,10 @@ class ServiceBackend:
         self.chunker = chunker
         self.model_name = config.model_name or Path(str(pipeline.index.manifest.model.path)).name or "hypic-rag"
         self.counts = pipeline.index.counts()
+        session = pipeline.session
+        # the seams whose entries this index holds (its own, its default policy's): what a request's recompute
+        # policy may read (`validation.checked_recompute_policy`)
+        self.entry_seams = frozenset({session.seam_tokens, session.recompute_policy.chunk_seam(session.seam_tokens)})
         pipeline.session.set_matching(
             MatchSettings(enabled=config.match_segments, max_segments=config.max_segments)
         )
@@ -164,7 +168,8 @@ class ServiceBackend:
             session.close()
             raise
         try:
-            pipeline = RagPipeline(index, session, hop_slots=config.hop_slots)
+            pipeline = RagPipeline(index, session, hop_slots=config.hop_slots,
+                                   max_question_chars=config.max_question_chars)
         except BaseException:
             session.close()
             index.close()

@@ -9,23 +9,30 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from hypic_rag.server.openai_schemas import MAX_LOGPROBS, CompletionUsage, HypicDetails, SamplingFields
+from hypic_rag.limits import MAX_NEW_TOKENS
+from hypic_rag.server.openai_schemas import (
+    MAX_LOGPROBS,
+    STRICT_IGNORING_EXTRA,
+    CompletionUsage,
+    HypicDetails,
+    SamplingFields,
+)
 from hypic_rag.server.schemas import valid_unicode
 
 
 class TextPart(BaseModel):
     """One content part; only text parts are taken."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT_IGNORING_EXTRA
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT_IGNORING_EXTRA
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -40,8 +47,9 @@ class ChatMessageIn(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI for max_completion_tokens.")
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=MAX_NEW_TOKENS.minimum, le=MAX_NEW_TOKENS.maximum,
+                                   description="Deprecated by OpenAI for max_completion_tokens.")
+    max_completion_tokens: int | None = Field(None, ge=MAX_NEW_TOKENS.minimum, le=MAX_NEW_TOKENS.maximum)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

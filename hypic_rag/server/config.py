@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hypic_rag.cache.remote_config import RemoteTierConfig
+from hypic_rag.limits import MAX_QUESTION_CHARS
 from hypic_rag.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
 
 
@@ -65,7 +66,7 @@ class ServerConfig:
     separator: str = DEFAULT_SEPARATOR
     match_segments: bool = True
     max_body_bytes: int = 8 << 20
-    max_question_chars: int = 4_000
+    max_question_chars: int = MAX_QUESTION_CHARS
     max_prompt_chars: int = 200_000
     max_prompt_tokens: int = 16_384
     max_segments: int = 256

@@ -1,7 +1,9 @@
 """Errors the service answers with, and the handlers that turn every failure into one JSON shape.
 
 Every error body is OpenAI-style: ``{"error": {"message": ..., "type": ..., "param": ..., "code": <status>}}``;
-validation errors also list each bad field under ``error.fields``.
+validation errors also list each bad field under ``error.fields``. A field of the wrong type is a 400 on every
+route (as OpenAI's and vLLM's servers answer); any other invalid field is a 422 on hypic-rag's own routes and a 400
+on OpenAI's. A number out of its range is answered with the range: "top_k: must be an integer in 1..256, got 0".
 """
 
 from __future__ import annotations
@@ -9,12 +11,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import annotated_types
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypic_rag.errors import HypicError
+from hypic_rag.limits import NumberRange
+from hypic_rag.server.request_log import current_request_id, log_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -81,11 +87,13 @@ def error_body(message: str, kind: str, status: int, param: str | None = None, *
 
 
 def internal_error_body(error: BaseException) -> dict[str, Any]:
-    """The body of a 500: the exception's type only (the traceback goes to the log)."""
-    return error_body(f"internal error: {type(error).__name__}", "internal_error", 500)
+    """The body of a 500: the exception's type and the request id (the traceback goes to the log, under that id)."""
+    return error_body(f"internal error: {type(error).__name__} (request {current_request_id()})", "internal_error", 500)
 
 
 def error_response(error: ServiceError) -> JSONResponse:
+    """The JSON response of a refusal, logged as one line."""
+    log_refusal(error.status, error.message)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
@@ -100,13 +108,70 @@ def _field_name(location: tuple[Any, ...] | list[Any]) -> str:
     return name or "body"
 
 
-def _field_error(item: dict[str, Any]) -> dict[str, str]:
+RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"})
+"""pydantic's error types of a number outside its range."""
+
+
+def is_type_error(item: dict[str, Any]) -> bool:
+    """Whether a pydantic error says the value has the wrong JSON type (a string for a boolean, `true` or `1.5` for
+    an integer, an object for a string), not a wrong value of the right type."""
+    kind = str(item.get("type", ""))
+    return kind.endswith(("_type", "_parsing")) or kind in ("int_from_float", "is_instance_of")
+
+
+def _field_at(model: Any, location: tuple[Any, ...] | list[Any]) -> Any:
+    """The pydantic `FieldInfo` at `location` (("body", "top_k"), ("body", "stream_options", "include_usage")) of
+    the body `model`, or None (inside a list, a union, a dict)."""
+    parts = [part for part in location if part not in ("body",)]
+    field = None
+    for part in parts:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        field = model.model_fields[part]
+        model = field.annotation
+    return field
+
+
+def stated_range(field: Any) -> NumberRange | None:
+    """The range a numeric field's constraints state (ge / gt / le / lt), when it has both ends."""
+    if field is None:
+        return None
+    bounds: dict[str, Any] = {}
+    for constraint in field.metadata:
+        for name in ("ge", "gt", "le", "lt"):
+            if isinstance(constraint, getattr(annotated_types, name.capitalize())):
+                bounds[name] = getattr(constraint, name)
+    low, high = bounds.get("ge", bounds.get("gt")), bounds.get("le", bounds.get("lt"))
+    if low is None or high is None:
+        return None
+    integer = "int" in str(field.annotation) and "float" not in str(field.annotation)
+    return NumberRange(low, high, integer=integer, minimum_exclusive="gt" in bounds)
+
+
+def _field_error(item: dict[str, Any], body_model: Any = None) -> dict[str, str]:
     if item.get("type") == "json_invalid":  # located at a character offset of the body, not at a field
         location = item.get("loc", ())
         offset = location[-1] if location and isinstance(location[-1], int) else "?"
         reason = (item.get("ctx") or {}).get("error", "malformed")
         return {"field": "body", "message": f"invalid JSON at character {offset} ({reason})"}
-    return {"field": _field_name(item.get("loc", ())), "message": str(item.get("msg", "invalid"))}
+    field_name = _field_name(item.get("loc", ()))
+    message = str(item.get("msg", "invalid"))
+    if item.get("type") in RANGE_ERRORS or is_type_error(item):
+        allowed = stated_range(_field_at(body_model, item.get("loc", ())))
+        if allowed is not None:
+            problem = allowed.problem(item.get("input"))
+            message = problem if problem is not None else message
+    return {"field": field_name, "message": message}
+
+
+def _body_model(request: Request) -> Any:
+    """The pydantic model of the route's JSON body, if it has one."""
+    route = request.scope.get("route")
+    for parameter in getattr(getattr(route, "dependant", None), "body_params", ()):
+        annotation = getattr(getattr(parameter, "field_info", None), "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return annotation
+    return None
 
 
 OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -114,12 +179,17 @@ OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 official client raises `BadRequestError`; elsewhere it is a 422."""
 
 
-def validation_response(error: RequestValidationError, status: int = 422) -> JSONResponse:
-    """`status` (422) naming every bad field: `message` reads "top_k: Input should be greater than or equal to 1"."""
-    fields = [_field_error(item) for item in error.errors()]
+def validation_response(error: RequestValidationError, status: int = 422, body_model: Any = None) -> JSONResponse:
+    """`status` (422; 400 when a field has the wrong type) naming every bad field: `message` reads "top_k: must be
+    an integer in 1..256, got 0" (the range of `body_model`'s field, when it states one)."""
+    items = error.errors()
+    if any(is_type_error(item) for item in items):
+        status = 400
+    fields = [_field_error(item, body_model) for item in items]
     message = "; ".join(f"{item['field']}: {item['message']}" for item in fields) or "invalid request"
     param = fields[0]["field"] if fields else None
     kind = "invalid_request_error" if status == 400 else "validation_error"
+    log_refusal(status, message)
     return JSONResponse(error_body(message, kind, status, param, fields=fields), status_code=status)
 
 
@@ -135,10 +205,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(error)
 
     async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return validation_response(error, 400 if request.url.path in OPENAI_PATHS else 422)
+        return validation_response(error, 400 if request.url.path in OPENAI_PATHS else 422, _body_model(request))
 
     async def on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        if error.status_code == 400 and isinstance(error.__cause__, ValueError):
+            # FastAPI could not read the body as JSON: not UTF-8 (UnicodeDecodeError), a number of thousands of digits
+            reason = " ".join(str(error.__cause__).split())[:200]
+            message = f"body: not readable as UTF-8 JSON ({reason})"
+            log_refusal(400, message)
+            return JSONResponse(error_body(message, "invalid_request_error", 400, "body"), status_code=400)
+        log_refusal(error.status_code, str(error.detail))
         return JSONResponse(
             error_body(str(error.detail), kind, error.status_code),
             status_code=error.status_code,

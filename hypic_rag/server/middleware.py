@@ -4,14 +4,13 @@ exceptions no handler took that leaves the kept-alive connection usable."""
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import Any
 
 from hypic_rag.server.errors import error_body, internal_error_body
 from hypic_rag.server.metrics import ServiceMetrics
+from hypic_rag.server.request_log import log_refusal, log_unexpected
 
-logger = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -38,7 +37,9 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def _refuse(self, send: Any) -> None:
-        body = error_body(f"request body exceeds {self.max_bytes} bytes", "payload_too_large", 413, "body")
+        message = f"request body exceeds {self.max_bytes} bytes"
+        log_refusal(413, message)
+        body = error_body(message, "payload_too_large", 413, "body")
         await _send_json(send, 413, body)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -117,8 +118,8 @@ class RequestMetrics:
 
 
 class UnexpectedErrors:
-    """Answer an exception that reached no handler with the JSON 500 of `internal_error_body`, logged with its
-    traceback, and return normally so that uvicorn keeps the connection open for the client's next request.
+    """Answer an exception that reached no handler with the JSON 500 of `internal_error_body`, logged once with its
+    traceback and request id (`request_log.log_unexpected`), and return normally so that uvicorn keeps the connection open for the client's next request.
 
     (Starlette's own last resort sends its 500 and then re-raises; uvicorn then closes the kept-alive connection
     without `Connection: close`, and a client that reuses it gets a reset.) An exception after the response
@@ -143,7 +144,7 @@ class UnexpectedErrors:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as error:
-            logger.exception("unhandled error on %s %s", scope.get("method", ""), scope.get("path", ""))
+            log_unexpected(error)
             if started:
                 raise
             await _send_json(send, 500, internal_error_body(error))

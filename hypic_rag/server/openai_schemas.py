@@ -12,10 +12,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hypic_rag.limits import MAX_NEW_TOKENS
 from hypic_rag.server.schemas import SEED_DESCRIPTION, SEED_MAX, valid_unicode
+
+STRICT_IGNORING_EXTRA = ConfigDict(extra="ignore", strict=True)
+"""OpenAI's bodies: unknown fields ignored (clients send many), known ones never coerced from another JSON type
+(`"match_segments": "no"` is a 400 naming the field, as OpenAI and vLLM answer, not false)."""
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT_IGNORING_EXTRA
+
     include_usage: bool = False
 
 
@@ -23,17 +30,22 @@ MAX_CHOICES = 16
 """The most choices (`n`) one request may ask for."""
 MAX_LOGPROBS = 20
 """The most alternatives per token `logprobs` / `top_logprobs` may ask for (vLLM's default `max_logprobs`)."""
+MAX_SAMPLING_TOP_K = 1 << 20
+"""vLLM's `top_k`: more than any vocabulary holds keeps every token."""
+TOKEN_ID_DIGITS = 12
+"""The longest token id a `logit_bias` key may spell (the model's vocabulary is checked later)."""
 
 
 class SamplingFields(BaseModel):
     """Sampling fields shared by completions and chat (OpenAI's, and vLLM's `top_k`)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT_IGNORING_EXTRA
 
     model: str | None = Field(None, description="The served model's id (`GET /v1/models`); another id is a 404.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=-1, description="vLLM extension: keep the k most likely tokens (-1, 0: all).")
+    top_k: int | None = Field(None, ge=-1, le=MAX_SAMPLING_TOP_K,
+                              description="vLLM extension: keep the k most likely tokens (-1, 0: all).")
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices per prompt.")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -62,8 +74,8 @@ class SamplingFields(BaseModel):
     @classmethod
     def _valid_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for token, bias in (value or {}).items():
-            if not token.strip().isdigit():
-                raise ValueError(f"keys are token ids, got {token!r}")
+            if not token.strip().isdigit() or len(token.strip()) > TOKEN_ID_DIGITS:
+                raise ValueError(f"keys are token ids (at most {TOKEN_ID_DIGITS} digits), got {token[:40]!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"biases lie in -100..100, got {bias!r} for token {token}")
         return value
@@ -74,10 +86,10 @@ class CompletionRequest(SamplingFields):
         description="A string whose segments are separated by the separator (default <<PIC_SEP>>; the last "
         "segment is the query), token ids (one recomputed query), or a list of either (several prompts)."
     )
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=MAX_NEW_TOKENS.minimum, le=MAX_NEW_TOKENS.maximum)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
     suffix: str | None = None
 
     _valid_unicode = field_validator("prompt", "stop", "mode", "separator")(valid_unicode)

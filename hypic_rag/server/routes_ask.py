@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,11 +14,11 @@ from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.errors import ServiceError, internal_error_body
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
 from hypic_rag.server.service import EventStream, Service, ServiceDep
+from hypic_rag.server.request_log import log_refusal, log_unexpected
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question, checked_recompute_policy
 from hypic_rag.server.worker import TaskContext
 
-logger = logging.getLogger(__name__)
 
 ROUTE = "/v1/ask"
 router = APIRouter(tags=["answering"])
@@ -89,7 +88,8 @@ async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
     config = service.config
     question = checked_question(body.question, config)
     mode = checked_mode(body.mode)
-    policy = checked_recompute_policy(body.recompute_policy)
+    backend = service.backend
+    policy = checked_recompute_policy(body.recompute_policy, backend.entry_seams, backend.counts.longest_chunk)
     checked_at_most("top_k", body.top_k, config.max_top_k)
     checked_at_most("max_new_tokens", body.max_new_tokens, config.max_new_tokens)
     sampling = {"max_new_tokens": body.max_new_tokens, "temperature": body.temperature, "top_p": body.top_p,
@@ -130,9 +130,10 @@ async def _relay(stream: EventStream, service: Service, received: float) -> Asyn
         payload = response.model_dump(exclude={"sources"})
         yield sse_event({"type": "done", **payload})
     except ServiceError as error:
+        log_refusal(error.status, error.message)
         yield sse_event({"type": "error", **error.body()})
     except Exception as error:
-        logger.exception("streamed ask failed")
+        log_unexpected(error, "failed in its stream")
         yield sse_event({"type": "error", **internal_error_body(error)})
     yield DONE
 

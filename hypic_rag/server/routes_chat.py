@@ -10,7 +10,6 @@ documents pasted into a message without separators are reused too.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,11 +40,11 @@ from hypic_rag.server.openai_common import (
 from hypic_rag.server.openai_schemas import stop_strings
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
 from hypic_rag.server.service import EventStream, Service, ServiceDep
+from hypic_rag.server.request_log import log_refusal, log_unexpected
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_mode
 from hypic_rag.server.worker import TaskContext
 
-logger = logging.getLogger(__name__)
 
 ROUTE = "/v1/chat/completions"
 router = APIRouter(tags=["openai"])
@@ -159,8 +158,9 @@ async def _relay(
                 usage, results[0], mode, stream.task.context.queue_seconds)))
             yield sse_event(final)
     except ServiceError as error:
+        log_refusal(error.status, error.message)
         yield sse_event(error.body())
     except Exception as error:
-        logger.exception("streamed chat completion failed")
+        log_unexpected(error, "failed in its stream")
         yield sse_event(internal_error_body(error))
     yield DONE

@@ -9,7 +9,6 @@ so text pasted without separators reuses its cached entries too; what no match c
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -45,11 +44,11 @@ from hypic_rag.server.openai_schemas import (
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
 from hypic_rag.server.service import EventStream, Service, ServiceDep
+from hypic_rag.server.request_log import log_refusal, log_unexpected
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_mode
 from hypic_rag.server.worker import TaskContext
 
-logger = logging.getLogger(__name__)
 
 ROUTE = "/v1/completions"
 router = APIRouter(tags=["openai"])
@@ -196,9 +195,10 @@ async def _relay(
                 usage, results[0], mode, stream.task.context.queue_seconds)))
             yield sse_event(final)
     except ServiceError as error:
+        log_refusal(error.status, error.message)
         yield sse_event(error.body())
     except Exception as error:
-        logger.exception("streamed completion failed")
+        log_unexpected(error, "failed in its stream")
         yield sse_event(internal_error_body(error))
     yield DONE
 

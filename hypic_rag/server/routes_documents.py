@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from hypic_rag.retrieval.formats import binary_reason, looks_binary
 from hypic_rag.server.backend import NewDocument
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.schemas import AddDocumentsRequest, DeletedDocument, JobAccepted, JobOut
@@ -18,7 +19,7 @@ router = APIRouter(tags=["documents"])
 
 
 def checked_documents(body: AddDocumentsRequest, service: Service) -> list[NewDocument]:
-    """413 for too many or too long documents, 400 for empty texts or repeated ids."""
+    """413 for too many or too long documents, 400 for empty texts, binary data sent as text, or repeated ids."""
     config = service.config
     if len(body.documents) > config.max_documents:
         raise PayloadTooLargeError(
@@ -37,6 +38,8 @@ def checked_documents(body: AddDocumentsRequest, service: Service) -> list[NewDo
             )
         if not item.text.strip():
             raise BadRequestError(f"{field}.text is empty", param=f"{field}.text")
+        if looks_binary(item.text):  # as the loader skips a binary file: it would be thousands of junk chunks
+            raise BadRequestError(f"{field}.text is {binary_reason(item.text)}", param=f"{field}.text")
         if not item.id.strip():
             raise BadRequestError(f"{field}.id is blank", param=f"{field}.id")
         if item.id in seen:

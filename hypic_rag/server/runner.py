@@ -63,7 +63,9 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """One process, one event loop, the app's lifespan on; open connections get the shutdown grace period."""
     from hypic_rag.server.app import create_app  # torch and the model code: not needed to bind a port
+    from hypic_rag.server.request_log import install_protocol_error_filter
 
+    install_protocol_error_filter()
     return uvicorn.Config(
         create_app(config, service=service),
         host=host,

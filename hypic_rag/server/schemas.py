@@ -1,8 +1,10 @@
 """Request and response bodies of the hypic-rag endpoints (`/v1/ask`, documents, jobs, cache, health).
 
-Validation here gives 422 naming the field (text holding a lone surrogate such as `"\\ud800"` included: no
-tokenizer takes it); checks that need the server's settings (sizes: 413; mode and empty question: 400) are made
-by the handlers.
+Validation here names the field: a field of the wrong type is a 400 (types are strict: `"no"` is not a boolean,
+`"3"` not an integer, as OpenAI's and vLLM's servers answer), a value out of its stated range a 422 (text holding a
+lone surrogate such as `"\\ud800"` included: no tokenizer takes it); every number has a range (`hypic_rag.limits`).
+Checks that need the server's settings (sizes: 413; mode, recompute policy and empty question: 400) are made by the
+handlers.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hypic_rag.limits import MAX_NEW_TOKENS, TOP_K
 from hypic_rag.runtime.sampling import SEED_MAX
 from hypic_rag.text import unencodable_message
 
@@ -37,16 +40,23 @@ def valid_unicode(value: Any) -> Any:
     return value
 
 
-class _Strict(BaseModel):
-    """Unknown fields are refused (422), so a misspelt option never silently falls back to its default."""
+TIMEOUT_MAX_S = 86_400.0
+"""The longest deadline a request may name (a day; the server's own deadline caps it further)."""
 
-    model_config = ConfigDict(extra="forbid")
+
+class _Strict(BaseModel):
+    """Unknown fields are refused (422), so a misspelt option never silently falls back to its default; values are
+    never coerced from another JSON type (a wrong type is a 400 naming the field)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class AskRequest(_Strict):
     question: str = Field(description="The question; answered from the top_k retrieved chunks.")
-    top_k: int = Field(4, ge=1, le=256, description="Chunks retrieved (each one a cached segment).")
-    max_new_tokens: int = Field(48, ge=1, description="Most tokens generated.")
+    top_k: int = Field(4, ge=TOP_K.minimum, le=TOP_K.maximum,
+                       description="Chunks retrieved (each one a cached segment); the server may allow fewer.")
+    max_new_tokens: int = Field(48, ge=MAX_NEW_TOKENS.minimum, le=MAX_NEW_TOKENS.maximum,
+                                description="Most tokens generated; the server may allow fewer.")
     temperature: float = Field(
         0.0, ge=0.0, le=5.0, allow_inf_nan=False,
         description="0 is greedy (so is a temperature too small for any but the top token to keep probability).",
@@ -66,7 +76,7 @@ class AskRequest(_Strict):
     )
     stream: bool = Field(False, description="Answer as server-sent events (text/event-stream).")
     timeout_s: float | None = Field(
-        None, gt=0.0, allow_inf_nan=False,
+        None, gt=0.0, le=TIMEOUT_MAX_S, allow_inf_nan=False,
         description="Deadline in seconds, queue wait included (at most the server's own).",
     )
 

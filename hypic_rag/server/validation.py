@@ -1,7 +1,9 @@
-"""Checks that depend on the server's settings: empty input (400), unknown mode (400), sizes (413), bounds (422)."""
+"""Checks that depend on the server's settings: empty input (400), unknown mode or recompute policy (400), sizes
+(413), bounds (422)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from hypic_rag.runtime.modes import MODES
@@ -16,14 +18,30 @@ def checked_mode(mode: str) -> str:
     return mode
 
 
-def checked_recompute_policy(spec: str | None) -> Any:
-    """The request's recompute policy (None: the server's); 400 naming the forms for a bad spec."""
+def checked_recompute_policy(spec: str | None, entry_seams: Collection[int] | None = None,
+                             longest_chunk: int = 0) -> Any:
+    """The request's recompute policy (None: the server's); 400 naming the forms (and a number's range) for a bad
+    spec, and for a seam whose entries the index does not hold (`entry_seams`) unless it is at least
+    `longest_chunk` long (then every chunk is recomputed whole and no entry is read).
+
+    What a client may make the server store is so bounded: entries of the seams the index was built for, at most
+    one per retrieved chunk (`top_k`) or prompt segment (`max_segments`); a client varying `seam@W` used to add a
+    new entry per chunk and width (30 asks: 480 entries, 154 MiB)."""
     if spec is None:
         return None
     try:
-        return RecomputePolicy.parse(spec)
+        policy = RecomputePolicy.parse(spec)
     except RecomputePolicyError as error:
         raise BadRequestError(str(error), param="recompute_policy") from None
+    seam = policy.seam_tokens
+    if entry_seams is not None and seam is not None and seam not in entry_seams and seam < longest_chunk:
+        held = ", ".join(str(width) for width in sorted(entry_seams))
+        raise BadRequestError(
+            f"recompute_policy {spec[:40]!r}: this index holds entries for seam {held} only; name that seam, or one of "
+            f"at least {longest_chunk} (its longest chunk: every chunk recomputed whole), or none (the server's)",
+            param="recompute_policy",
+        )
+    return policy
 
 
 def checked_question(question: str, config: ServerConfig) -> str:

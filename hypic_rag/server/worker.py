@@ -365,8 +365,8 @@ class ModelWorker:
         """Complete `task` with its result or error (in the worker thread)."""
         self._in_flight.pop(task, None)
         if error is not None:
-            if not isinstance(error, ServiceError):
-                logger.error("task failed", exc_info=error)
+            if not isinstance(error, ServiceError):  # its request's handler logs it once, with the request id
+                logger.debug("task failed", exc_info=error)
             task.fail(error)
         else:
             try:
@@ -389,7 +389,10 @@ class ModelWorker:
         except StopIteration as done:
             self.jobs.finish(job, SUCCEEDED, result=done.value if isinstance(done.value, dict) else None)
         except Exception as error:
-            logger.exception("job %s failed", job.job_id)
+            if isinstance(error, ServiceError):  # refused on purpose: one line
+                logger.warning("job %s failed: %s", job.job_id, " ".join(str(error).split()))
+            else:
+                logger.error("job %s failed: %s", job.job_id, type(error).__name__, exc_info=error)
             message = str(error) if isinstance(error, ServiceError) else f"{type(error).__name__}: {error}"
             self.jobs.finish(job, FAILED, error=message)
         with self._condition:

@@ -133,6 +133,22 @@ def _listening_addresses(root: int, marker: str | None = None) -> dict[str, list
 
 
 @pytest.fixture(scope="session")
+def process_family() -> Any:
+    """A function: root pid -> {pid: command line} of `root`'s descendants (read from /proc; the root excluded)."""
+
+    def family(root: int) -> dict[int, str]:
+        found = {}
+        for pid in _family(root) - {root}:
+            try:
+                found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+        return found
+
+    return family
+
+
+@pytest.fixture(scope="session")
 def beyond_loopback() -> Any:
     """A function (root pid, marker=None) -> (every "address:port" listened on by `root`, its descendants and the
     processes whose command line holds `marker`; those of them not on 127.0.0.1, with their processes)."""

@@ -235,7 +235,7 @@ def test_bad_input_gives_one_clear_error(built: dict[str, Path], tmp_path: Path,
     assert code == 3 and "index was built for model" in err
     code, _, err = run_cli(capsys, "ask", "--index", index, "--model", str(other_model), "Where is the ferry?")
     assert code == 3 and "index was built for model" in err
-    for flag, value, why in (("--hop-slots", "-1", "must be at least 0"), ("--top-k", "0", "must be at least 1")):
+    for flag, value, why in (("--hop-slots", "-1", "must be an integer in 0..256"), ("--top-k", "0", "must be an integer in 1..256")):
         with pytest.raises(SystemExit) as exited:  # argparse: usage line, then the error, exit 2
             run_cli(capsys, "ask", "--index", index, flag, value, "Where is the ferry?")
         err = capsys.readouterr().err

@@ -219,7 +219,7 @@ def test_the_mode_table_is_what_engine_bench_and_precompute_use(tiny) -> None:
             assert {(plan.seam_tokens, tuple(ids)) for plan in plans for ids in plan.segments} == source.asked
 
 
-@pytest.mark.parametrize("seam", [-1, True, 2.0, "8"])
+@pytest.mark.parametrize("seam", [-1, True, 2.0, "8", 65_537, 2**70])
 def test_every_seam_width_is_checked_by_the_one_validator(tiny, seam) -> None:
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.retrieval.corpus_index import IndexSettings
@@ -230,7 +230,7 @@ def test_every_seam_width_is_checked_by_the_one_validator(tiny, seam) -> None:
 
     _, engine = tiny
     request = random_request(torch.Generator().manual_seed(11), [6])
-    message = "seam_tokens must be an integer >= 0"
+    message = "seam_tokens must be an integer in 0..65536"
     attempts = {
         "engine": lambda: Engine(engine.model, seam_tokens=seam),
         "prefill": lambda: engine.prefill(request, "hypic", seam_tokens=seam),

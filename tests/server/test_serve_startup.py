@@ -56,6 +56,18 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *fragme
         assert fragment in output, output
 
 
+@pytest.mark.parametrize("ray", ["auto", "127.0.0.1:1"])
+def test_ray_without_replicas_or_encode_actors_is_refused(index: Path, ray: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`serve --ray ADDRESS` alone started and served, ignoring --ray without a word; now refused before anything
+    is opened (the address is not even tried)."""
+    from hypic_rag.cli.main import main
+
+    assert main(["serve", "--index", str(index), "--ray", ray, "--port", str(free_port())]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "--ray names the Ray cluster for --replicas N" in captured.err
+
+
 def test_an_index_built_for_another_model_exits_3(tmp_path: Path, index: Path) -> None:
     other = save_tiny_checkpoint(tmp_path / "other_model", list(SMALL_CORPUS.values()) * 4, seed=1)
     result = serve("--index", str(index), "--model", str(other), "--port", str(free_port()))

@@ -204,9 +204,13 @@ def test_completion_without_separator_is_one_recomputed_query(client: httpx.Clie
 
 
 def test_completion_separator_is_configurable_per_request(client: httpx.Client) -> None:
-    result = completion(client, "Segment one.|||Segment two.|||Query?", separator="|||")
+    result = completion(client, "Segment one is about the harbour of Kestrel Bay.|||Segment two is about its old "
+                                "lighthouse and who keeps it.|||Query?", separator="|||")
     assert result["hypic"]["segments"] == 3
     assert result["hypic"]["cache_hits"] + result["hypic"]["cache_misses"] == 2
+    short = completion(client, "One.|||Two.|||Query?", separator="|||")  # segments shorter than the seam (8)
+    assert short["hypic"]["segments"] == 3
+    assert short["hypic"]["cache_hits"] + short["hypic"]["cache_misses"] == 0  # recomputed whole: no entry
 
 
 def test_completion_stream_is_openai_framed(client: httpx.Client) -> None:

@@ -55,21 +55,23 @@ def assert_error(response: httpx.Response, status: int, param: str | None, *frag
 
 # ------------------------------------------------------------------------------------------------ 422
 @pytest.mark.parametrize(
-    ("body", "field", "fragment"),
+    ("body", "status", "field", "fragment"),
     [
-        ({"top_k": 2}, "question", "Field required"),
-        ({"question": "Who?", "top_k": 0}, "top_k", "greater than or equal to 1"),
-        ({"question": "Who?", "top_k": "many"}, "top_k", "valid integer"),
-        ({"question": "Who?", "temperature": -0.5}, "temperature", "greater than or equal to 0"),
-        ({"question": "Who?", "max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
-        ({"question": "Who?", "topk": 3}, "topk", "Extra inputs are not permitted"),
-        ({"question": ["Who?"]}, "question", "valid string"),
-        ({"question": "Who?", "stream": "sometimes"}, "stream", "valid boolean"),
+        ({"top_k": 2}, 422, "question", "Field required"),
+        ({"question": "Who?", "top_k": 0}, 422, "top_k", "must be an integer in 1..256, got 0"),
+        ({"question": "Who?", "top_k": "many"}, 400, "top_k", "must be an integer in 1..256, got 'many'"),
+        ({"question": "Who?", "temperature": -0.5}, 422, "temperature", "must be a number in 0..5, got -0.5"),
+        ({"question": "Who?", "max_new_tokens": 0}, 422, "max_new_tokens", "must be an integer in 1..65536"),
+        ({"question": "Who?", "topk": 3}, 422, "topk", "Extra inputs are not permitted"),
+        ({"question": ["Who?"]}, 400, "question", "valid string"),
+        ({"question": "Who?", "stream": "sometimes"}, 400, "stream", "valid boolean"),
     ],
 )
-def test_ask_validation_errors_name_the_field(client: httpx.Client, body: dict, field: str, fragment: str) -> None:
-    error = assert_error(client.post("/v1/ask", json=body), 422, field, f"{field}: ", fragment)
-    assert error["type"] == "validation_error"
+def test_ask_validation_errors_name_the_field(client: httpx.Client, body: dict, status: int, field: str,
+                                              fragment: str) -> None:
+    """A value of the wrong JSON type is a 400 (types are strict), a value out of its range a 422 stating it."""
+    error = assert_error(client.post("/v1/ask", json=body), status, field, f"{field}: ", fragment)
+    assert error["type"] == ("validation_error" if status == 422 else "invalid_request_error")
     assert error["fields"][0]["field"] == field
 
 

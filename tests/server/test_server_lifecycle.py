@@ -40,7 +40,7 @@ def test_serve_with_a_bad_port_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--index", str(tmp_path), "--port", "70000"])
     assert exit_info.value.code == 2
-    assert "port must be in 0..65535" in capsys.readouterr().err
+    assert "argument --port: must be an integer in 0..65535, got 70000" in capsys.readouterr().err
 
 
 def wait_until_ready(url: str, timeout_s: float = STARTUP_TIMEOUT_S) -> None:

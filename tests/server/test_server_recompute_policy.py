@@ -53,5 +53,5 @@ def test_a_bad_policy_in_a_request_is_400_naming_the_field(client: httpx.Client,
     assert "recompute policy" in response.text or "recompute_policy" in response.text
 
 
-def test_a_policy_of_the_wrong_type_is_422(client: httpx.Client) -> None:
-    assert ask(client, recompute_policy=3).status_code == 422
+def test_a_policy_of_the_wrong_type_is_400(client: httpx.Client) -> None:
+    assert ask(client, recompute_policy=3).status_code == 400

@@ -108,7 +108,8 @@ def test_a_document_sent_as_a_part_is_found_later_without_separators(client) -> 
     client.chat.completions.create(messages=[{"role": "user", "content": parts}], model=model_of(client), max_tokens=2)
     later = complete(client, f"Notes: {NEW_DOCUMENT}\nWhere does she fire them?")
     assert hypic(later)["matched_segments"] == 1 and hypic(later)["matched_cached_tokens"] > 0
-    assert hypic(later)["cache_misses"] == 1  # only "Notes: ", new text between the matches
+    # the only new text, "Notes: ", is shorter than the seam: recomputed whole, no entry read or stored for it
+    assert hypic(later)["cache_misses"] == 0
 
 
 def test_a_prompt_without_known_text_is_answered_as_without_matching(client, chunks) -> None:

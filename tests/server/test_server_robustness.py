@@ -87,12 +87,12 @@ def completion_stream(client: httpx.Client, body: dict) -> tuple[list[str], dict
 
 # ----------------------------------------------------------------------------------------------------------------- 422s
 BAD_INPUTS = [
-    ("/v1/ask", {**ASK, "seed": 2**64}, "seed", "less than or equal to 18446744073709551615"),
-    ("/v1/ask", {**ASK, "seed": -(2**70)}, "seed", "greater than or equal to 0"),
+    ("/v1/ask", {**ASK, "seed": 2**64}, "seed", "must be an integer in 0..18446744073709551615, got 18446744073709551616"),
+    ("/v1/ask", {**ASK, "seed": -(2**70)}, "seed", "must be an integer in 0..18446744073709551615, got -1180591620717411303424"),
     ("/v1/ask", {**ASK, "question": "Who \ud800 founded the studio?"}, "question", "lone surrogate"),
-    ("/v1/ask", {**ASK, "temperature": 1e400}, "temperature", "finite"),
-    ("/v1/completions", {**COMPLETION, "seed": 2**64}, "seed", "less than or equal to 18446744073709551615"),
-    ("/v1/completions", {**COMPLETION, "seed": -(2**70)}, "seed", "greater than or equal to 0"),
+    ("/v1/ask", {**ASK, "temperature": 1e400}, "temperature", "must be a number in 0..5, got inf"),
+    ("/v1/completions", {**COMPLETION, "seed": 2**64}, "seed", "must be an integer in 0..18446744073709551615, got 18446744073709551616"),
+    ("/v1/completions", {**COMPLETION, "seed": -(2**70)}, "seed", "must be an integer in 0..18446744073709551615, got -1180591620717411303424"),
     ("/v1/completions", {**COMPLETION, "prompt": "Who \ud800?"}, "prompt", "lone surrogate"),
     ("/v1/completions", {**COMPLETION, "prompt": f"A doc \udfff.{DEFAULT_SEPARATOR}Who?"}, "prompt", "lone surrogate"),
     ("/v1/completions", {**COMPLETION, "prompt": ["Who \ud800?"]}, "prompt", "lone surrogate"),
