@@ -88,16 +88,23 @@ def timed(run: Callable[[], Any], device: torch.device, repeats: int, setup: Cal
 
 def _engine_class():
     from hypic_rag.runtime.engine import Engine
+    from hypic_rag.runtime.get_or_encode import SegmentEntries, on_device
+
+    class ResidentEntries(SegmentEntries):
+        """Entries encoded on the model's device stay there (a cache in GPU memory)."""
+
+        def encode(self, segments, seam_tokens, *, check=None):
+            device = self.model.device
+            return [on_device(entry, device) for entry in super().encode(segments, seam_tokens, check=check)]
 
     class ResidentEngine(Engine):
-        """Keeps its in-memory segment entries on the model's device (a cache in GPU memory)."""
+        """Keeps its in-memory segment entries on the model's device (`ResidentEntries`)."""
 
-        def encode_segments(self, segments, seam_tokens=None, *, check=None):
-            device = self.model.device
-            return [
-                {name: tensor.to(device) for name, tensor in entry.items()}
-                for entry in super().encode_segments(segments, seam_tokens, check=check)
-            ]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            entries = self.entries
+            self.entries = ResidentEntries(self.model, entries.source, batch_tokens=entries.batch_tokens,
+                                           miss_encoder=entries.miss_encoder)
 
     return Engine, ResidentEngine
 

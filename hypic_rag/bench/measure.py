@@ -52,7 +52,7 @@ def warm_entries(engine: Engine, requests: Sequence[Request], seams: set[int], s
 def timed_prefill(engine: Engine, request: Request, mode: str, seam_tokens: int) -> tuple[float, torch.Tensor, Any]:
     """Time to first token: the prefill (entry fetch, compose, recompute) plus choosing the token."""
     began = time.perf_counter()
-    result = engine.prefill(request, mode, seam_tokens)
+    result = engine.prefill(request, mode, seam_tokens=seam_tokens)
     int(torch.argmax(result.logits))
     return time.perf_counter() - began, result.logits, result.stats
 
@@ -143,7 +143,7 @@ def closed_loop_throughput(
                 next_index[0] += 1
             sent = time.perf_counter()
             with lock:  # the single model worker
-                engine.generate(request, mode, params, seam_tokens)
+                engine.generate(request, mode, params, seam_tokens=seam_tokens)
             latencies.append(time.perf_counter() - sent)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
