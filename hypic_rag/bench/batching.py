@@ -215,7 +215,7 @@ def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dic
 
     from hypic_rag.default_model import default_model_path, example_corpus_path
     from hypic_rag.example_corpus import read_questions
-    from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+    from hypic_rag.precompute import PrecomputeOptions, precompute
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
 
