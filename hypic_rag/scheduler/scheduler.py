@@ -7,16 +7,18 @@ Requests enter a waiting queue (`submit`; `stream` and `generate` wrap it). Each
    more requests (the freed slots' clients' next ones, the rest of a burst), so that their prefills share one
    pass); an admitted
    request whose segment entries the cache lacks encodes them first, `encode_tokens` per step, batched across
-   requests (`Engine.encode_segments`); entries are kept in the segment source as they are encoded;
+   requests, and keeps them in the segment source as they are encoded (`Engine.entries`, the get-or-encode home);
 3. runs ONE batched pass, the engine's step function (`Engine.step`: `runtime.stack.run_batch`, for every
    family): one decode token for every running sequence, then the recomputed tokens of admitted prefills
    (`Engine.plan_prefill`, any mode, under the request's assembly) while they fit in `step_tokens`;
 4. each sequence takes its logits (`Engine.take`: its own sampler, stop tokens and strings) and hands its token
    to the sequence's sink; finished sequences leave at once.
-Every sequence gets exactly the tokens it would get alone (`tests/runtime/test_batching.py`).
+Every sequence gets exactly the tokens it would get alone (`tests/runtime/test_batching.py`, every family:
+`tests/runtime/test_batching_families.py`).
 
-`step` is called by one thread at a time: the scheduler's own (`start`) or an owner that drives it (the service's
-model worker). `lock` is held during a step; hold it to use the engine from another thread between steps.
+`step` is called by one thread at a time: the scheduler's own (`start`), an owner that drives it (the service's
+model worker), or, when neither, the consumer of a `stream` (the pipeline's answers: one sequence per step). `lock`
+is held during a step; hold it to use the engine from another thread between steps.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import torch
 
 import hypic_rag.kernels.compose as compose_module
 import hypic_rag.kernels.rope as rope_module
-from hypic_rag.runtime import stack
+from hypic_rag.runtime import recurrent_pass
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
@@ -37,8 +37,8 @@ def random_request(seed: int) -> Request:
 def test_kernel_path_equals_torch_path(engine: Engine, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     request = random_request(0)
     monkeypatch.setenv("HYPIC_RAG_KERNELS", "triton")  # on CPU through the interpreter; fla (GPU) in both runs
-    with monkeypatch.context() as torch_path:  # the stack's own kernels off: its torch code
-        torch_path.setattr(stack, "triton_enabled", lambda tensor: False)
+    with monkeypatch.context() as torch_path:  # the stack's own kernels off (composition's switch): its torch code
+        torch_path.setattr(recurrent_pass, "triton_enabled", lambda tensor: False)
         expected = engine.prefill(request, mode)
 
     launches: dict[str, list[int]] = {"compose": [], "rope": []}

@@ -82,11 +82,11 @@ def test_hypic_with_seam_covering_every_chunk_equals_full(models) -> None:
 def test_triton_kernels_equal_the_torch_path(models, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, engine = models
     request = random_request(3, [30, 18, 25, 12])
-    from hypic_rag.runtime import stack
+    from hypic_rag.runtime import recurrent_pass
 
     monkeypatch.setenv("HYPIC_RAG_KERNELS", "auto")
     with monkeypatch.context() as off:  # the stack's own kernels off, fla still on: only composition and RoPE differ
-        off.setattr(stack, "triton_enabled", lambda tensor: False)
+        off.setattr(recurrent_pass, "triton_enabled", lambda tensor: False)
         expected = engine.prefill(request, mode)
     result = engine.prefill(request, mode)  # CUDA + triton: the kernels
     scale = float(expected.logits.abs().max())
