@@ -3,6 +3,8 @@
 One `RagPipeline` serves the CLI's `ask` and `demo` and the REST service: an opened index and the
 `session.ModelSession` it was built for (model, engine, segment cache, the index's whole prompt format). Retrieved
 chunks are passed to the runtime as separate segments (their stored token ids), never as one concatenated string.
+Answers are generated through the scheduler, as every way in generates (`hypic_rag.scheduler`): `stream` steps the
+pipeline's own scheduler in the caller's thread; the service hands its prepared questions to its own.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.prompt import PromptFormat
+from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.streaming import ResultStream, StrippedDeltas
 
@@ -100,6 +104,11 @@ class PreparedQuestion:
     began: float
     policy: RecomputePolicy | None = None
 
+    @property
+    def assembly(self) -> Assembly:
+        """How its request is assembled: its mode and recompute policy (the seam window: the session's)."""
+        return Assembly(self.mode, policy=self.policy)
+
 
 class RagPipeline:
     """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
@@ -124,6 +133,8 @@ class RagPipeline:
         self.session = session
         self.hop_slots = hop_slots
         self.max_question_chars = max_question_chars
+        self.scheduler = Scheduler(session.engine, SchedulerConfig(max_waiting=None), name="hypic-pipeline-scheduler")
+        """Generates the answers of `stream` (not started: stepped by the stream's consumer)."""
 
     @property
     def engine(self) -> Engine:
@@ -238,7 +249,7 @@ class RagPipeline:
         prepared = self.prepare(question, top_k=top_k, mode=mode, policy=policy)
         yield "sources", prepared.sources
         generation: Generation = yield from _relay(
-            self.engine.stream(prepared.request, mode, params, check=check, policy=prepared.policy)
+            self.scheduler.stream(prepared.request, prepared.assembly, params, check=check)
         )
         return self.answer_of(prepared, generation)
 

@@ -19,10 +19,9 @@ all built on a session and never build a model, an engine, a cache or a prompt l
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
 prompts, `segmented_prompt` for prompts cut around the known chunks its `matcher` finds, `hypic_rag.reuse`;
-`know_chunks` tells the matcher an index's chunks), and filling the cache (`fill_steps` / `fill_cache`: look up
-which planned entries the segment source lacks, encode only those, in batches through `Engine.encode_segments` or
-with an external encoder such as the process pool of `retrieval.encoding_pool`, and keep them through the source's
-own get-or-encode path).
+`know_chunks` tells the matcher an index's chunks), and what to fill the cache with (`plan`: the entries a mode
+composes over chunk segments, the prompt prefix's included); the fill itself (`fill_steps` / `fill_cache`) is the
+engine's get-or-encode home's (`runtime.get_or_encode.SegmentEntries`).
 The prompt format of an index is the whole `PromptFormat` its manifest records, so the prefix whose entry
 precompute encoded is the prefix `ask` and `serve` compose.
 """
@@ -30,19 +29,24 @@ precompute encoded is the prefix `ask` and `serve` compose.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry import check_seam_tokens
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
 from hypic_rag.reuse import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
-from hypic_rag.runtime.encode import plan_encode_batches
 from hypic_rag.runtime.engine import Engine
+from hypic_rag.runtime.get_or_encode import (
+    COMMIT_BYTES,
+    COMMIT_ENTRIES,
+    FillReport,
+    SegmentPlan,
+    TaskEncoder,
+    plan_segments,
+)
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_source import SegmentSource
@@ -56,10 +60,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEAM_TOKENS = 8
-COMMIT_ENTRIES = 8
-"""Entries kept per write when filling the cache (and segments per in-process `Engine.encode_segments` call)."""
-COMMIT_BYTES = 256 << 20
-"""Tensor bytes after which a fill writes what it holds, whatever the entry count."""
 
 
 # ==================================================================================================== building
@@ -110,122 +110,6 @@ class IndexRecord(Protocol):
     def cache_path(self, index_dir: Path) -> Path: ...
 
     def check_loaded_model(self, path: str | Path, model: Any) -> None: ...
-
-
-# ==================================================================================================== planning
-@dataclass(frozen=True, slots=True)
-class SegmentPlan:
-    """Segments (token id lists) whose entries must be held for one seam width."""
-
-    seam_tokens: int
-    segments: list[list[int]]
-
-    def __post_init__(self) -> None:
-        check_seam_tokens(self.seam_tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentTask:
-    """One segment to encode and the seam width its entry is for; `batch`: the encoding batch it belongs to, when
-    the batches were planned over more segments than these (`ModelSession.fill_steps`), else None."""
-
-    token_ids: tuple[int, ...]
-    seam_tokens: int
-    batch: int | None = None
-
-
-def lpt_order(tasks: Sequence[SegmentTask]) -> list[int]:
-    """Positions of `tasks`, longest segment first (ties in their given order)."""
-    return sorted(range(len(tasks)), key=lambda position: -len(tasks[position].token_ids))
-
-
-def encoding_batches(tasks: Sequence[SegmentTask], batch_tokens: int) -> list[list[int]]:
-    """Positions of `tasks` grouped into the batches every encoder runs (`Engine.encode_segments`): per seam width,
-    longest first, at most `batch_tokens` padded tokens each. A pure function of the tasks, so the same segments
-    form the same batches in this process and in any number of workers, and give the same bytes. Tasks that all
-    carry a `batch` number keep those batches (planned over a larger set: see `ModelSession.fill_steps`)."""
-    if tasks and all(task.batch is not None for task in tasks):
-        planned: dict[int, list[int]] = {}
-        for position in lpt_order(tasks):
-            planned.setdefault(tasks[position].batch, []).append(position)  # type: ignore[arg-type]
-        return sorted(planned.values(), key=lambda batch: -len(tasks[batch[0]].token_ids))
-    by_seam: dict[int, list[int]] = {}
-    for position in lpt_order(tasks):
-        by_seam.setdefault(tasks[position].seam_tokens, []).append(position)
-    batches: list[list[int]] = []
-    for positions in by_seam.values():
-        lengths = [len(tasks[position].token_ids) for position in positions]
-        batches.extend([positions[index] for index in group] for group in plan_encode_batches(lengths, batch_tokens))
-    return sorted(batches, key=lambda batch: -len(tasks[batch[0]].token_ids))  # longest work first (LPT)
-
-
-class SegmentEncoder(Protocol):
-    """Encodes tasks' entries, yielding (position in `tasks`, entry) in any order (e.g. a process pool,
-    `hypic_rag.retrieval.encoding_pool.SegmentEncoder`), or `StoredRemotely` for an entry it stored in the shared
-    remote tier itself."""
-
-    def encode(self, tasks: Sequence[SegmentTask]) -> Iterator[tuple[int, Entry | StoredRemotely]]: ...
-
-
-def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Each distinct token sequence once, in first-seen order."""
-    seen: dict[tuple[int, ...], None] = {}
-    for ids in segment_lists:
-        seen.setdefault(tuple(ids), None)
-    return [list(ids) for ids in seen]
-
-
-def plan_segments(
-    prefix_ids: Sequence[int],
-    chunk_segments: Sequence[Sequence[int]],
-    seam_tokens: int,
-    mode: str = "hypic",
-    *,
-    distinct: bool = True,
-) -> list[SegmentPlan]:
-    """The entries a `mode` request composes (`runtime.modes.MODE_TABLE`): the prefix's, for `PREFIX_ENTRY_SEAM`,
-    and each chunk's (each distinct one once unless `distinct` is False), for the mode's chunk entry seam."""
-    chunk_seam = mode_spec(mode).entry_seam(seam_tokens)
-    if chunk_seam is None:
-        raise ValueError(f"mode {mode!r} composes no segment entries; nothing to precompute for it")
-    chunks = distinct_segments(chunk_segments) if distinct else [list(ids) for ids in chunk_segments]
-    plans = [SegmentPlan(PREFIX_ENTRY_SEAM, [list(prefix_ids)])] if prefix_ids else []
-    return plans + [SegmentPlan(chunk_seam, chunks)]
-
-
-@dataclass(slots=True)
-class FillReport:
-    """How a fill went (updated as it runs).
-
-    segments: planned segments (a repeated one counts each time); cache_hits / cache_misses: of those, held
-    before the fill / not held. to_encode, tokens_to_encode: the distinct missing ones and their tokens;
-    encoded, tokens_encoded: those encoded and handed to the segment source so far; seconds: since the start.
-    stored_remotely: of the encoded, those the encoder stored in the shared remote tier itself (`StoredRemotely`);
-    uploaded_remotely / uploaded_remotely_bytes: how many of them it sent, and their bytes (the others were there
-    already).
-    """
-
-    segments: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    to_encode: int = 0
-    tokens_to_encode: int = 0
-    encoded: int = 0
-    tokens_encoded: int = 0
-    seconds: float = 0.0
-    stored_remotely: int = 0
-    uploaded_remotely: int = 0
-    uploaded_remotely_bytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRemotely:
-    """What an encoder yields instead of an entry it has stored in the shared remote tier itself (Ray actors of
-    `precompute --ray --remote-cache`): the entry's encoded bytes, and whether it uploaded them (False: the same
-    value was there). `ModelSession.fill_steps` counts it as encoded and keeps nothing locally."""
-
-    value_bytes: int
-    sent: bool = True
 
 
 # ==================================================================================================== session
@@ -456,102 +340,26 @@ class ModelSession:
         self,
         plans: Sequence[SegmentPlan],
         *,
-        encoder: SegmentEncoder | None = None,
+        encoder: TaskEncoder | None = None,
         commit_entries: int = COMMIT_ENTRIES,
         commit_bytes: int = COMMIT_BYTES,
     ) -> Generator[FillReport, None, FillReport]:
-        """Make the segment source hold every planned entry, in steps; the generator's return value is the report.
-
-        The first step looks up which planned segments the source lacks (nothing is loaded or counted); each
-        later one encodes one segment's entry (each distinct one once) and yields the report so far. Entries are
-        encoded by `encoder` when given (any order; one it stored in the shared remote tier itself comes back as
-        `StoredRemotely` and is only counted), else here, longest first, `commit_entries` at a time through
-        `Engine.encode_segments`. They are handed to the source through its own get-or-encode path
-        (`SegmentSource.get_or_encode_segments`) every `commit_entries` entries or `commit_bytes` tensor bytes,
-        and at the end: one write each, so a fill stopped between writes keeps what it wrote.
-        """
-        if commit_entries < 1:
-            raise ValueError(f"commit_entries must be positive, got {commit_entries}")
-        began = time.perf_counter()
-        report = FillReport()
-        planned: list[SegmentTask] = []
-        lacked: list[bool] = []
-        for plan in plans:
-            segments = [tuple(int(token) for token in ids) for ids in plan.segments if len(ids)]
-            lacking = self.segment_source.missing_segments([list(ids) for ids in segments], plan.seam_tokens)
-            missing = {tuple(ids) for ids in lacking}
-            report.segments += len(segments)
-            report.cache_misses += sum(ids in missing for ids in segments)
-            for ids in dict.fromkeys(segments):
-                planned.append(SegmentTask(ids, plan.seam_tokens))
-                lacked.append(ids in missing)
-        # The batches are planned over every planned segment, held or not, and each batch holding a missing one
-        # runs whole: an entry's bytes depend on its batch's padded shape, so a resumed fill (some entries stored
-        # by an interrupted one) stores the bytes an uninterrupted fill would. Held members are recomputed, dropped.
-        batches = encoding_batches(planned, self.engine.encode_batch_tokens)
-        batch_of = {position: number for number, batch in enumerate(batches) if any(lacked[p] for p in batch)
-                    for position in batch}
-        kept = [position for position in range(len(planned)) if position in batch_of]
-        tasks = [SegmentTask(planned[p].token_ids, planned[p].seam_tokens, batch_of[p]) for p in kept]
-        wanted = [lacked[p] for p in kept]
-        report.cache_hits = report.segments - report.cache_misses
-        report.to_encode = sum(wanted)
-        report.tokens_to_encode = sum(len(task.token_ids) for task, want in zip(tasks, wanted) if want)
-        report.seconds = time.perf_counter() - began
-        yield report
-        pending: dict[int, list[tuple[tuple[int, ...], Entry]]] = {}
-        pending_entries = pending_bytes = 0
-        encoded = encoder.encode(tasks) if encoder is not None else self._encode_here(tasks, commit_entries)
-        for position, entry in encoded:
-            if not wanted[position]:  # held already: recomputed only to keep its batch whole
-                continue
-            task = tasks[position]
-            if isinstance(entry, StoredRemotely):  # the encoder put it in the remote tier: nothing to keep here
-                report.stored_remotely += 1
-                report.uploaded_remotely += entry.sent
-                report.uploaded_remotely_bytes += entry.value_bytes if entry.sent else 0
-            else:
-                pending.setdefault(task.seam_tokens, []).append((task.token_ids, entry))
-                pending_entries += 1
-                pending_bytes += entry_tensor_bytes(entry)
-                if pending_entries >= commit_entries or pending_bytes >= commit_bytes:
-                    self._keep(pending)
-                    pending_entries = pending_bytes = 0
-            report.encoded += 1
-            report.tokens_encoded += len(task.token_ids)
-            report.seconds = time.perf_counter() - began
-            yield report
-        self._keep(pending)
-        report.seconds = time.perf_counter() - began
-        return report
+        """Make the segment source hold every planned entry, in steps (`SegmentEntries.fill_steps`, the engine's
+        get-or-encode home); the generator's return value is the report. `encoder`: where entries are encoded (a
+        process pool, Ray actors; None: here)."""
+        return self.engine.entries.fill_steps(plans, encoder=encoder, commit_entries=commit_entries,
+                                              commit_bytes=commit_bytes)
 
     def fill_cache(
         self,
         plans: Sequence[SegmentPlan],
         *,
-        encoder: SegmentEncoder | None = None,
+        encoder: TaskEncoder | None = None,
         commit_entries: int = COMMIT_ENTRIES,
         on_progress: Callable[[FillReport], None] | None = None,
     ) -> FillReport:
         """`fill_steps` run to its end (`on_progress` sees the report after every step); returns the report."""
         return drain(self.fill_steps(plans, encoder=encoder, commit_entries=commit_entries), on_progress)
-
-    def _encode_here(self, tasks: Sequence[SegmentTask], batch: int) -> Iterator[tuple[int, Entry]]:
-        """Entries of `tasks` from this session's engine, in the batches every encoder uses (`encoding_batches`:
-        the same segments give the same bytes here and in worker processes). `batch` is unused (commits are
-        counted by the caller)."""
-        for group in encoding_batches(tasks, self.engine.encode_batch_tokens):
-            entries = self.engine.encode_segments([list(tasks[p].token_ids) for p in group], tasks[group[0]].seam_tokens)
-            yield from zip(group, entries)
-
-    def _keep(self, pending: dict[int, list[tuple[tuple[int, ...], Entry]]]) -> None:
-        """Hand freshly encoded entries to the segment source, one write per seam width; empties `pending`."""
-        for seam, items in pending.items():
-            by_ids = dict(items)
-            self.segment_source.get_or_encode_segments(
-                [list(ids) for ids in by_ids], seam, lambda missing: [by_ids[tuple(ids)] for ids in missing]
-            )
-        pending.clear()
 
 
 def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: CacheOptions) -> SegmentSource:

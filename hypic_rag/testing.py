@@ -788,7 +788,7 @@ def build_index(
     seam_tokens: int = 8,
 ) -> Path:
     """Precompute an index of `documents` (a mapping written to `<directory>.corpus`, or a corpus path)."""
-    from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+    from hypic_rag.precompute import PrecomputeOptions, precompute
 
     directory = Path(directory)
     if isinstance(documents, Path):

@@ -11,6 +11,13 @@ a time, ...), so that a machine whose speed drifts (shared cores) weighs on both
 - `server_throughput`: the real service (uvicorn on 127.0.0.1, the bundled default model and example corpus,
   `/v1/ask` streamed, top_k 8, max_new_tokens `new_tokens`: the model's answers end at its stop string, often
   sooner): two servers up side by side, started with `--max-running 16` and `--max-running 1`.
+- `modes_throughput`: `hypic`, `prefix` and `full` under the same closed-loop load, batched, on the same engine and
+  RAG requests (chunks drawn from a shared pool, so prefix caching hits only where a request's first chunks repeat;
+  its chunk-boundary checkpoints warmed by the workload's warm-up requests): requests/s and TTFT p50 / p95 per mode
+  and client count, and hypic's ratios against prefix and full.
+- `family_throughput`: one row per recurrent mixer kind (`FAMILY_KINDS`: Gated DeltaNet, SSD, selective scan, KDA,
+  lightning, short conv), each on its family's random timing model of a published layout (`family_models`, about
+  100-200M parameters): `engine_throughput` at one client count (batched against one at a time).
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hypic_rag.bench import workloads as W
+from hypic_rag.bench.family_models import build_family_timing_model
 from hypic_rag.bench.measure import percentile, warm_entries
 from hypic_rag.runtime.engine import Engine
-from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.modes import entry_seams
+from hypic_rag.runtime.model import HybridModel, wrap_model
+from hypic_rag.runtime.modes import check_mode, entry_seams
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import Scheduler, SchedulerConfig
@@ -60,6 +69,7 @@ class ThroughputConfig:
             raise ValueError("clients must be positive counts")
         if self.max_requests < 1 or self.max_seconds <= 0 or self.new_tokens < 1 or self.repeats < 1:
             raise ValueError("max_requests, max_seconds, new_tokens and repeats must be positive")
+        check_mode(self.mode)
 
 
 @dataclass(slots=True)
@@ -171,6 +181,22 @@ def _stream_timed(stream: Any) -> tuple[float, int]:
     return (first if first is not None else time.perf_counter() - began), len(generation.token_ids)
 
 
+def _answer_params(model: HybridModel, config: ThroughputConfig) -> SamplingParams:
+    """Answers of exactly `new_tokens` tokens: greedy, end-of-sequence tokens banned."""
+    return SamplingParams(max_new_tokens=config.new_tokens, logit_bias={token: -100.0 for token in model.eos_token_ids})
+
+
+def _runner(scheduler: Scheduler, requests: Sequence[Request], mode: str, params: SamplingParams) -> RunOne:
+    """Request number n (of `requests`, round robin) streamed through `scheduler` under `mode`."""
+    return lambda number: _stream_timed(scheduler.stream(requests[number % len(requests)], mode, params))
+
+
+def _scheduler(engine: Engine, running: int) -> Scheduler:
+    """A started scheduler of `engine` running at most `running` sequences at once."""
+    return Scheduler(engine, SchedulerConfig(max_running=running, step_tokens=max(2048, running),
+                                             max_waiting=None)).start()
+
+
 def engine_throughput(
     model: HybridModel, requests: Sequence[Request], config: ThroughputConfig, *, seam_tokens: int,
     show_progress: bool = False,
@@ -178,21 +204,14 @@ def engine_throughput(
     """Both ways on one engine with warm entries (precomputed for `requests`); see the module docstring."""
     engine = Engine(model, seam_tokens=seam_tokens)
     warm_entries(engine, requests, entry_seams([config.mode], seam_tokens), show_progress)
-    params = SamplingParams(max_new_tokens=config.new_tokens,
-                            logit_bias={token: -100.0 for token in model.eos_token_ids})
+    params = _answer_params(model, config)
     cells: dict[str, list[dict[str, Any]]] = {BATCHED: [], ONE_AT_A_TIME: []}
 
     for clients in config.clients:
         schedulers = {ONE_AT_A_TIME: 1, BATCHED: clients}
-        started = {name: Scheduler(engine, SchedulerConfig(max_running=running, step_tokens=max(2048, running),
-                                                           max_waiting=None)).start()
-                   for name, running in schedulers.items()}
+        started = {name: _scheduler(engine, running) for name, running in schedulers.items()}
         try:
-            def runner(scheduler: Scheduler) -> RunOne:
-                return lambda number: _stream_timed(
-                    scheduler.stream(requests[number % len(requests)], config.mode, params))
-
-            ways = {name: runner(scheduler) for name, scheduler in started.items()}
+            ways = {name: _runner(scheduler, requests, config.mode, params) for name, scheduler in started.items()}
             for run_one in ways.values():
                 run_one(0)  # warm-up (lazy initialisation), not counted
             measured = interleaved(ways, clients, config)  # one way at a time: the engine is never shared at once
@@ -208,6 +227,98 @@ def engine_throughput(
             "comparison": compare(cells)}
 
 
+THROUGHPUT_MODES = ("hypic", "prefix", "full")
+"""The modes `modes_throughput` compares (HYPIC's headline: QPS and TTFT against prefix caching)."""
+
+
+def modes_throughput(
+    model: HybridModel, workload: W.Workload, config: ThroughputConfig, *, seam_tokens: int,
+    modes: Sequence[str] = THROUGHPUT_MODES, show_progress: bool = False,
+) -> dict[str, Any]:
+    """`modes` under the same closed-loop load, batched (`max_running` = the clients), on one engine: entries warm
+    for the composing modes, prefix mode's checkpoints warmed by `workload.warmup` (so it reuses what earlier
+    requests left, as a prefix cache would). Per mode a cell per client count, their runs alternating with the other
+    modes'; `comparison`: hypic's requests/s and TTFT p50 against each other mode's."""
+    for mode in modes:
+        check_mode(mode)
+    engine = Engine(model, seam_tokens=seam_tokens)
+    requests = workload.requests
+    warm_entries(engine, [*requests, *workload.warmup], entry_seams(modes, seam_tokens), show_progress)
+    if "prefix" in modes:
+        for request in workload.warmup:  # chunk-boundary checkpoints from other requests
+            engine.prefill(request, "prefix")
+    params = _answer_params(model, config)
+    cells: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for clients in config.clients:
+        scheduler = _scheduler(engine, clients)
+        try:
+            ways = {mode: _runner(scheduler, requests, mode, params) for mode in modes}
+            for run_one in ways.values():
+                run_one(0)  # warm-up, not counted
+            measured = interleaved(ways, clients, config)
+        finally:
+            scheduler.stop()
+        for mode, cell in measured.items():
+            cell["max_running"] = clients
+            logger.info("%s, %d clients: %.3f req/s, TTFT p50 %.3f s", mode, clients, cell["requests_per_second"],
+                        cell["ttft_p50"])
+            cells[mode].append(cell)
+    comparison = []
+    if "hypic" in modes:
+        for index, clients in enumerate(config.clients):
+            hypic = cells["hypic"][index]
+            row: dict[str, Any] = {"clients": clients}
+            for mode in modes:
+                if mode == "hypic":
+                    continue
+                other = cells[mode][index]
+                row[f"requests_per_second_vs_{mode}"] = (
+                    hypic["requests_per_second"] / other["requests_per_second"]
+                    if other["requests_per_second"] else float("nan")
+                )
+                row[f"ttft_p50_vs_{mode}"] = other["ttft_p50"] / hypic["ttft_p50"] if hypic["ttft_p50"] else float("nan")
+            comparison.append(row)
+    return {"new_tokens": config.new_tokens, "requests": len(requests), "modes": cells, "comparison": comparison}
+
+
+FAMILY_KINDS: dict[str, str] = {
+    "qwen3_5": "Gated DeltaNet",
+    "granitemoehybrid": "SSD (Mamba2)",
+    "jamba": "selective scan (Mamba1)",
+    "kimi_linear": "KDA",
+    "minimax": "lightning attention",
+    "lfm2": "short conv",
+}
+"""One family per recurrent mixer kind, for `family_throughput` (each with attention layers too)."""
+
+
+def family_throughput(
+    families: Sequence[str], config: ThroughputConfig, *, chunk_tokens: int, pool_size: int, seam_tokens: int,
+    tiny: bool = False, seed: int = 0, show_progress: bool = False,
+) -> dict[str, Any]:
+    """Per family: its random timing model (`family_models.build_family_timing_model`; `tiny`: the test suite's
+    tiny model), RAG k = 8 requests of `chunk_tokens`-token chunks from a pool of `pool_size`, `engine_throughput`
+    at `config.clients` (batched against one at a time, `hypic`). Each model is built, measured and dropped in
+    turn."""
+    rows = []
+    for model_type in families:
+        if model_type not in FAMILY_KINDS:
+            raise ValueError(f"no mixer kind recorded for {model_type!r}; choose among {', '.join(FAMILY_KINDS)}")
+        began = time.perf_counter()
+        hf_model = build_family_timing_model(model_type, seed=seed, tiny=tiny)
+        parameters = sum(parameter.numel() for parameter in hf_model.parameters())
+        tokens = W.TokenSource(hf_model.config.get_text_config().vocab_size, seed)
+        workload = W.rag_qa(tokens, top_k=8, pool_size=pool_size, chunk_tokens=chunk_tokens,
+                            requests=max(16, config.max_requests), warmup=0)
+        logger.info("throughput: %s (%s), %.0fM parameters", model_type, FAMILY_KINDS[model_type], parameters / 1e6)
+        measured = engine_throughput(wrap_model(hf_model), workload.requests, config, seam_tokens=seam_tokens,
+                                     show_progress=show_progress)
+        del hf_model
+        rows.append({"model_type": model_type, "mixer": FAMILY_KINDS[model_type], "parameters": parameters,
+                     "tiny": tiny, **measured, "seconds": time.perf_counter() - began})
+    return {"chunk_tokens": chunk_tokens, "rows": rows}
+
+
 def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dict[str, Any]:
     """Both ways through the real service over the bundled model and example corpus (an index built in a temporary
     directory first); see the module docstring."""
@@ -215,7 +326,7 @@ def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dic
 
     from hypic_rag.default_model import default_model_path, example_corpus_path
     from hypic_rag.example_corpus import read_questions
-    from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+    from hypic_rag.precompute import PrecomputeOptions, precompute
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
 

@@ -73,16 +73,16 @@ def time_family(model_type: str, config: FamilyTimingConfig, seed: int = 0) -> d
         encode_seconds = time.perf_counter() - encode_began
         warm_up = _short_request(workload.requests[0])
         timed_transformers_forward(model, warm_up)
-        timed_prefill(engine, warm_up, "full", config.seam_tokens)
-        timed_prefill(engine, warm_up, "hypic", config.seam_tokens)
+        timed_prefill(engine, warm_up, "full")
+        timed_prefill(engine, warm_up, "hypic")
         seconds: dict[str, list[float]] = {path: [] for path in PATHS}
         logit_gap, kls, agreement, misses = [], [], [], 0
         for request in workload.requests:
             spent, theirs = timed_transformers_forward(model, request)
             seconds["transformers"].append(spent)
-            spent, full, _ = timed_prefill(engine, request, "full", config.seam_tokens)
+            spent, full, _ = timed_prefill(engine, request, "full")
             seconds["full"].append(spent)
-            spent, hypic, stats = timed_prefill(engine, request, "hypic", config.seam_tokens)
+            spent, hypic, stats = timed_prefill(engine, request, "hypic")
             seconds["hypic"].append(spent)
             misses += stats.cache_misses
             logit_gap.append(float((full - theirs.to(full.dtype)).abs().max()))

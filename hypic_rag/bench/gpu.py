@@ -98,18 +98,21 @@ def measure_ttft(run: Callable[[], float], repeats: int, cap_seconds: float, *, 
     return {"seconds": statistics.median(seconds), "runs": len(seconds), "warmup_seconds": warmup}
 
 
-def _resident_source(device: torch.device):
-    """A segment source that keeps its entries on `device` (the cache in GPU memory)."""
-    from hypic_rag.runtime.segment_source import MemorySegmentSource
+def _resident_engine(model, seam_tokens: int):
+    """An engine whose encoded entries stay on the model's device (a cache in GPU memory)."""
+    from hypic_rag.runtime.engine import Engine
+    from hypic_rag.runtime.get_or_encode import SegmentEntries, on_device
 
-    class ResidentSegmentSource(MemorySegmentSource):
-        def get_or_encode_segments(self, segments, seam_tokens, encode_many):
-            def resident(missing):
-                return [{name: tensor.to(device) for name, tensor in entry.items()} for entry in encode_many(missing)]
+    class ResidentEntries(SegmentEntries):
+        def encode(self, segments, seam_tokens, *, check=None):
+            device = self.model.device
+            return [on_device(entry, device) for entry in super().encode(segments, seam_tokens, check=check)]
 
-            return super().get_or_encode_segments(segments, seam_tokens, resident)
-
-    return ResidentSegmentSource(64 << 30)
+    engine = Engine(model, seam_tokens=seam_tokens, memory_cache_bytes=64 << 30)
+    entries = engine.entries
+    engine.entries = ResidentEntries(engine.model, entries.source, batch_tokens=entries.batch_tokens,
+                                     miss_encoder=entries.miss_encoder)
+    return engine
 
 
 STAT_NAMES = ("recomputed_tokens", "cached_tokens", "cache_bytes_loaded")
@@ -121,13 +124,14 @@ def bench_ttft(model, request, *, seam_tokens: int, repeats: int, budget: Budget
     """One prompt's TTFT under transformers' forward and each engine mode (see the module docstring); the row so
     far goes to `on_measurement` after every mode."""
     from hypic_rag.bench.measure import timed_prefill, timed_transformers_forward
+    from hypic_rag.runtime.assembly import Assembly
     from hypic_rag.runtime.engine import Engine
 
     row: dict[str, Any] = {"prompt_tokens": request.prompt_tokens, "ttft_seconds": {}, "runs": {}, "stats": {},
                            "skipped": [], "errors": {}}
     engines = {
         "": Engine(model, seam_tokens=seam_tokens, memory_cache_bytes=64 << 30),
-        " (resident)": Engine(model, seam_tokens=seam_tokens, segment_source=_resident_source(model.device)),
+        " (resident)": _resident_engine(model, seam_tokens),
     }
     for label in ("transformers", *ENGINE_MODES):
         if not budget.allows(f"{label} at {request.prompt_tokens} tokens"):
@@ -144,7 +148,7 @@ def bench_ttft(model, request, *, seam_tokens: int, repeats: int, budget: Budget
                 engine = engines[" " + resident if resident else ""]
 
                 def prefill(engine=engine, mode=mode, stats=stats) -> float:
-                    seconds, _, result_stats = timed_prefill(engine, request, mode, seam_tokens)
+                    seconds, _, result_stats = timed_prefill(engine, request, Assembly(mode, seam_tokens))
                     stats.update(result_stats.as_dict())
                     return seconds
 

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from hypic_rag.bench.floor import MachineRates, floor_seconds, prefill_flops
 from hypic_rag.bench.workloads import Workload
 from hypic_rag.entry import entry_bytes
+from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.fast_linear import stock_linears
 from hypic_rag.runtime.model import HybridModel
@@ -22,6 +23,7 @@ from hypic_rag.runtime.modes import MODES, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +51,10 @@ def warm_entries(engine: Engine, requests: Sequence[Request], seams: set[int], s
                 bar.update(len(segments[start : start + batch]))
 
 
-def timed_prefill(engine: Engine, request: Request, mode: str, seam_tokens: int) -> tuple[float, torch.Tensor, Any]:
+def timed_prefill(engine: Engine, request: Request, assembly: Assembly | str) -> tuple[float, torch.Tensor, Any]:
     """Time to first token: the prefill (entry fetch, compose, recompute) plus choosing the token."""
     began = time.perf_counter()
-    result = engine.prefill(request, mode, seam_tokens)
+    result = engine.prefill(request, assembly)
     int(torch.argmax(result.logits))
     return time.perf_counter() - began, result.logits, result.stats
 
@@ -124,15 +126,17 @@ def encoding_throughput(model: HybridModel, segments: Sequence[list[int]], seam_
 
 
 def closed_loop_throughput(
-    engine: Engine, requests: Sequence[Request], mode: str, seam_tokens: int, clients: int, max_requests: int,
+    engine: Engine, requests: Sequence[Request], assembly: Assembly, clients: int, max_requests: int,
     max_seconds: float, new_tokens: int,
 ) -> dict[str, float]:
-    """N client threads share one model worker (a lock): requests/s and latency, bounded in count and time."""
+    """N client threads share one model worker (a scheduler running one sequence at a time): requests/s and
+    latency, bounded in count and time."""
     lock = threading.Lock()
     latencies: list[float] = []
     next_index = [0]
-    began = time.perf_counter()
     params = SamplingParams(max_new_tokens=new_tokens)
+    scheduler = Scheduler(engine, SchedulerConfig(max_running=1, max_waiting=None)).start()
+    began = time.perf_counter()
 
     def client() -> None:
         while True:
@@ -142,15 +146,17 @@ def closed_loop_throughput(
                 request = requests[next_index[0] % len(requests)]
                 next_index[0] += 1
             sent = time.perf_counter()
-            with lock:  # the single model worker
-                engine.generate(request, mode, params, seam_tokens)
+            scheduler.generate(request, assembly, params)
             latencies.append(time.perf_counter() - sent)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=max_seconds + 600)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=max_seconds + 600)
+    finally:
+        scheduler.stop()
     elapsed = time.perf_counter() - began
     return {
         "clients": clients,
@@ -199,7 +205,7 @@ def measure_workload(
                 recomputed, loaded_bytes, prefix_reused = request.prompt_tokens, 0, 0
             else:
                 run_engine = Engine(model, seam_tokens=seam_tokens) if workload.cold else engine
-                seconds, logits, stats = timed_prefill(run_engine, request, mode, seam_tokens)
+                seconds, logits, stats = timed_prefill(run_engine, request, Assembly(mode, seam_tokens))
                 recomputed, loaded_bytes = stats.recomputed_tokens, stats.cache_bytes_loaded
                 prefix_reused = stats.prefix_reused_tokens
             if reference is None:
@@ -218,7 +224,8 @@ def measure_workload(
         row = samples[mode]
         ttfts, floors = row["ttfts"], row["floors"]
         throughput = (
-            closed_loop_throughput(engine, workload.load, mode, seam_tokens, clients, throughput_requests, throughput_seconds, new_tokens)
+            closed_loop_throughput(engine, workload.load, Assembly(mode, seam_tokens), clients, throughput_requests,
+                                   throughput_seconds, new_tokens)
             if throughput_requests > 0 and workload.load and mode != TRANSFORMERS
             else None
         )
@@ -272,7 +279,7 @@ def seam_sweep(
     for seam in seams:
         ttfts, kls, agree, fractions = [], [], [], []
         for request, expected in zip(workload.requests, reference):
-            seconds, logits, stats = timed_prefill(engine, request, "hypic", seam)
+            seconds, logits, stats = timed_prefill(engine, request, Assembly("hypic", seam))
             ttfts.append(seconds)
             kls.append(kl_divergence(expected, logits))
             agree.append(float(torch.argmax(logits) == torch.argmax(expected)))

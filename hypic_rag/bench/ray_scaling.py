@@ -3,7 +3,7 @@
 The model is a random qwen3_5 checkpoint written to a temporary directory (actors load it from a path, as in
 `precompute --ray`): 8 layers (6 Gated DeltaNet, 2 attention), hidden 256, 512-token BPE, the size of the
 precompute measurements in docs/retrieval.md. The segments are synthetic token ids of mixed lengths, encoded in the
-batches `session.encoding_batches` plans (the same as precompute), longest first. Each configuration runs
+batches `get_or_encode.encoding_batches` plans (the same as precompute), longest first. Each configuration runs
 `repeats` times after one warm-up pass; actor start-up (process start, imports, model load) is timed apart.
 
 On a 2-core machine shared with other jobs, two actors cannot show the speed-up they give on two free cores (or
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hypic_rag.session import SegmentTask, encoding_batches
+from hypic_rag.runtime.get_or_encode import SegmentTask, encoding_batches
 
 DEFAULT_SEGMENTS = 64
 MODEL_SHAPE: dict[str, Any] = {"hidden_size": 256, "num_hidden_layers": 8, "intermediate_size": 512,

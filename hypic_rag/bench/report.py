@@ -84,9 +84,16 @@ THROUGHPUT_TITLES = {
 
 
 def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
-    """The throughput section's tables: per client count, batched and one at a time, and their ratios."""
+    """The throughput section's tables: per client count, batched and one at a time, and their ratios; the modes
+    under the same load; a row per recurrent mixer kind."""
     lines: list[str] = []
     for name, section in throughput.items():
+        if name == "modes":
+            lines += modes_throughput_markdown(section)
+            continue
+        if name == "families":
+            lines += family_throughput_markdown(section)
+            continue
         lines += ["", f"## {THROUGHPUT_TITLES[name].format(**section)}", ""]
         lines.append("Closed loop: each client sends its next request when its answer is complete; TTFT and latency "
                      "are measured by the client (queue wait included); each cell's runs alternate with the other "
@@ -104,6 +111,52 @@ def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
         for row in section["comparison"]:
             lines.append(f"| {row['clients']} | {_format(row['requests_per_second_ratio'])}x "
                          f"| {_format(row['ttft_p50_ratio'])}x |")
+    return lines
+
+
+def modes_throughput_markdown(section: dict[str, Any]) -> list[str]:
+    """`hypic`, `prefix` and `full` under the same closed-loop load: a cell per mode and client count, and hypic's
+    ratios against the others."""
+    modes = list(section["modes"])
+    lines = ["", f"## Modes under the same load (timing model, RAG k = 8, chunks from a shared pool, batched, answers "
+             f"of {section['new_tokens']} tokens)", "",
+             "Closed loop, `max_running` = the clients; prefix mode reuses the chunk-boundary checkpoints earlier "
+             "requests left (it hits only where a request's first chunks repeat); each cell's runs alternate with "
+             "the other modes'.",
+             "", "| clients | mode | completed | req/s | TTFT p50 (s) | TTFT p95 (s) | latency p50 (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for index in range(len(section["modes"][modes[0]])):
+        for mode in modes:
+            cell = section["modes"][mode][index]
+            lines.append(f"| {cell['clients']} | {mode} | {cell['completed']} | {_format(cell['requests_per_second'])} "
+                         f"| {_format(cell['ttft_p50'])} | {_format(cell['ttft_p95'])} | {_format(cell['latency_p50'])} |")
+    others = [mode for mode in modes if mode != "hypic"]
+    if section["comparison"] and others:
+        lines += ["", "| clients | " + " | ".join(f"hypic / {mode}, req/s | {mode} / hypic, TTFT p50" for mode in others)
+                  + " |", "| --- |" + " --- | --- |" * len(others)]
+        for row in section["comparison"]:
+            cells = " | ".join(f"{_format(row[f'requests_per_second_vs_{mode}'])}x | {_format(row[f'ttft_p50_vs_{mode}'])}x"
+                               for mode in others)
+            lines.append(f"| {row['clients']} | {cells} |")
+    return lines
+
+
+def family_throughput_markdown(section: dict[str, Any]) -> list[str]:
+    """A row per recurrent mixer kind: batched against one at a time on its family's timing model."""
+    rows = section["rows"]
+    if not rows:
+        return []
+    clients = rows[0]["batched"][0]["clients"]
+    lines = ["", f"## Continuous batching per mixer kind (each family's random timing model, RAG k = 8 x "
+             f"{section['chunk_tokens']}, hypic, {clients} clients)", "",
+             "| family | mixer | parameters | one at a time, req/s | batched, req/s | batched / one at a time "
+             "| TTFT p50 one at a time / batched |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        alone, batched, ratio = row["one_at_a_time"][0], row["batched"][0], row["comparison"][0]
+        size = f"{_format(row['parameters'] / 1e6)}M" + (" (tiny)" if row["tiny"] else "")
+        lines.append(f"| {row['model_type']} | {row['mixer']} | {size} | {_format(alone['requests_per_second'])} "
+                     f"| {_format(batched['requests_per_second'])} | {_format(ratio['requests_per_second_ratio'])}x "
+                     f"| {_format(ratio['ttft_p50_ratio'])}x |")
     return lines
 
 

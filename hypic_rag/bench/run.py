@@ -15,7 +15,15 @@ from typing import Any
 import torch
 
 from hypic_rag.bench import workloads as W
-from hypic_rag.bench.batching import ThroughputConfig, engine_throughput, server_throughput
+from hypic_rag.bench.batching import (
+    FAMILY_KINDS,
+    THROUGHPUT_MODES,
+    ThroughputConfig,
+    engine_throughput,
+    family_throughput,
+    modes_throughput,
+    server_throughput,
+)
 from hypic_rag.bench.floor import measure_rates
 from hypic_rag.bench.measure import measure_workload, seam_sweep
 from hypic_rag.bench.timing_model import TIMING_MODELS, build_timing_model
@@ -51,6 +59,12 @@ class BenchConfig:
     batching_requests: int = 48
     batching_seconds: float = 120.0
     batching_server: bool = True
+    throughput_modes: tuple[str, ...] = THROUGHPUT_MODES
+    family_kinds: tuple[str, ...] = tuple(FAMILY_KINDS)
+    family_clients: int = 8
+    family_requests: int = 24
+    family_seconds: float = 120.0
+    family_tiny: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.workloads) - {"rag_qa", "long_context", "agentic", "cold"}
@@ -62,6 +76,11 @@ class BenchConfig:
             raise ValueError("need at least one request and a pool at least as large as the largest k")
         if self.pool_size < 8:
             raise ValueError("the throughput section draws k = 8 chunks: the pool needs at least 8")
+        unknown_families = set(self.family_kinds) - set(FAMILY_KINDS)
+        if unknown_families:
+            raise ValueError(f"no throughput row for families {sorted(unknown_families)}")
+        if self.family_clients < 1 or self.family_requests < 1 or self.family_seconds <= 0:
+            raise ValueError("family_clients, family_requests and family_seconds must be positive")
 
 
 PROFILES: dict[str, BenchConfig] = {
@@ -69,7 +88,8 @@ PROFILES: dict[str, BenchConfig] = {
         profile="quick", timing_model="small", seam_tokens=8, chunk_tokens=128, pool_size=24, top_ks=(4, 8),
         requests=5, warmup=4, long_chunks=12, long_chunk_tokens=128, long_requests=2, agentic_turns=4,
         cold_requests=2, sweep_seams=(0, 2, 4, 8, 16, 32), sweep_requests=3, clients=2, throughput_requests=4,
-        throughput_seconds=15.0, batching_requests=24, batching_seconds=30.0,
+        throughput_seconds=15.0, batching_requests=24, batching_seconds=30.0, family_tiny=True, family_requests=16,
+        family_seconds=30.0,
     ),
     # the timing model at realistic chunk sizes: workload 1 at k = 8 x 256, the long-context workload (k = 16 x
     # 512, where full's cost grows with the prompt and hypic's with the chunk count) and cold requests: ~30 min on
@@ -86,7 +106,8 @@ PROFILES: dict[str, BenchConfig] = {
         requests=2, warmup=2, long_chunks=4, long_chunk_tokens=24, long_requests=1, agentic_turns=2,
         cold_requests=1, sweep_seams=(0, 4), sweep_requests=1, clients=2, throughput_requests=2,
         throughput_seconds=10.0, batching_clients=(1, 3), batching_requests=6, batching_seconds=30.0,
-        batching_server=False,
+        batching_server=False, family_tiny=True, family_clients=3, family_requests=6, family_seconds=30.0,
+        family_kinds=("qwen3_5", "jamba", "lfm2"),
     ),
     "full": BenchConfig(
         profile="full", timing_model="medium", seam_tokens=8, chunk_tokens=256, pool_size=48, top_ks=(4, 8, 16),
@@ -178,16 +199,28 @@ def run_benchmark(
 
 def run_throughput(config: BenchConfig, model: Any, tokens: W.TokenSource, show_progress: bool) -> dict[str, Any]:
     """Continuous batching against one request at a time, closed loop (`bench/batching.py`): RAG k = 8 on the
-    timing model, 16-token answers; and, unless the profile turns it off, the real server with the bundled model."""
+    timing model, 16-token answers; `hypic`, `prefix` and `full` under the same load; a row per recurrent mixer kind
+    on its family's timing model; and, unless the profile turns it off, the real server with the bundled model."""
     settings = ThroughputConfig(clients=config.batching_clients, max_requests=config.batching_requests,
                                 max_seconds=config.batching_seconds)
     workload = W.rag_qa(tokens, top_k=8, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens,
-                        requests=max(32, config.batching_requests), warmup=0)
+                        requests=max(32, config.batching_requests), warmup=config.warmup)
     logger.info("throughput: engine, %s clients", settings.clients)
     section: dict[str, Any] = {
         "engine": engine_throughput(model, workload.requests, settings, seam_tokens=config.seam_tokens,
                                     show_progress=show_progress),
     }
+    if config.throughput_modes:
+        logger.info("throughput: modes %s, %s clients", config.throughput_modes, settings.clients)
+        section["modes"] = modes_throughput(model, workload, settings, seam_tokens=config.seam_tokens,
+                                            modes=config.throughput_modes, show_progress=show_progress)
+    if config.family_kinds:
+        family_settings = ThroughputConfig(clients=(config.family_clients,), max_requests=config.family_requests,
+                                           max_seconds=config.family_seconds)
+        section["families"] = family_throughput(
+            config.family_kinds, family_settings, chunk_tokens=config.chunk_tokens, pool_size=config.pool_size,
+            seam_tokens=config.seam_tokens, tiny=config.family_tiny, show_progress=show_progress,
+        )
     if config.batching_server:
         logger.info("throughput: server with the bundled model, %s clients", settings.clients)
         section["server"] = server_throughput(settings)

@@ -56,7 +56,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from hypic_rag.default_model import example_corpus_path
     from hypic_rag.pipeline import RagPipeline
     from hypic_rag.retrieval.errors import IndexMismatchError
-    from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+    from hypic_rag.precompute import PrecomputeOptions, precompute
     from hypic_rag.runtime.sampling import SamplingParams
 
     model_path = resolve_model_path(args.model)

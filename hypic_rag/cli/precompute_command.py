@@ -32,7 +32,7 @@ from hypic_rag.cli.common import (
 from hypic_rag.limits import CHUNK_TOKENS, SEAM_TOKENS
 
 if TYPE_CHECKING:
-    from hypic_rag.retrieval.precompute import PrecomputeSummary
+    from hypic_rag.precompute import PrecomputeSummary
 
 VECTOR_INDEX_KINDS = ("flat", "hnsw", "ivf")
 
@@ -115,7 +115,7 @@ def run_precompute(args: argparse.Namespace) -> int:
     created. Errors reach `hypic_rag.cli.main` as they are (each carries its exit code)."""
     from hypic_rag.retrieval.faiss_index import VectorIndexConfig
     from hypic_rag.retrieval.loading import load_corpus
-    from hypic_rag.retrieval.precompute import PrecomputeOptions, check_locations, precompute
+    from hypic_rag.precompute import PrecomputeOptions, check_locations, precompute
 
     if args.ray is not None and args.workers > 1:
         raise CliError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")

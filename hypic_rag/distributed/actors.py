@@ -2,7 +2,7 @@
 
 Each actor loads the model once (the driver's path, device and dtype), checks that its fingerprint is the
 driver's, and then encodes whatever batches it is handed with `Engine.encode_segments`. A batch is one padded
-forward planned by the driver (`session.encoding_batches` / `runtime.encode.plan_encode_batches`), so an entry is
+forward planned by the driver (`get_or_encode.encoding_batches` / `runtime.encode.plan_encode_batches`), so an entry is
 byte-identical to the one the driver's own process, a `--workers` process or any other actor would compute.
 The class is plain Python; `remote_encoder_class` wraps it with `ray.remote` (importing this module does not
 import Ray).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from hypic_rag.entry import Entry
 from hypic_rag.retrieval.encoding_pool import EncoderSpec
-from hypic_rag.session import StoredRemotely
+from hypic_rag.runtime.get_or_encode import StoredRemotely
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace

@@ -2,13 +2,13 @@
 
 Two uses, one pool:
 
-- precompute (`encode(tasks)`, a `hypic_rag.session.SegmentEncoder`): the tasks' batches
-  (`session.encoding_batches`, longest first) are handed out as list scheduling in LPT order: every actor gets
+- precompute (`encode(tasks)`, a `runtime.get_or_encode.TaskEncoder`): the tasks' batches
+  (`get_or_encode.encoding_batches`, longest first) are handed out as list scheduling in LPT order: every actor gets
   `in_flight_per_actor` batches, and each result that comes back frees its actor for the next longest batch. The
-  driver stores what comes back (`ModelSession.fill_steps`: the index's single LMDB writer, small transactions),
+  driver stores what comes back (`SegmentEntries.fill_steps`: the index's single LMDB writer, small transactions),
   so a killed run keeps what it stored and resumes like a local one. With a shared remote tier (`remote`,
   `namespace`), each actor writes its entries straight to it and sends back only their sizes
-  (`session.StoredRemotely`); an entry the remote does not take comes back whole and is stored by the driver.
+  (`get_or_encode.StoredRemotely`); an entry the remote does not take comes back whole and is stored by the driver.
   A killed run keeps what the actors uploaded: the rerun's lookup (`SegmentCache.missing_segments`) asks the
   remote, as it asks the disk.
 - query time (`encode_segments(segments, seam, check)`, an `Engine` miss encoder): one request's misses are cut into
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from hypic_rag.entry import Entry
 from hypic_rag.retrieval.encoding_pool import EncoderSpec, EncodingPoolError
 from hypic_rag.runtime.encode import plan_encode_batches
-from hypic_rag.session import SegmentTask, StoredRemotely, encoding_batches
+from hypic_rag.runtime.get_or_encode import SegmentTask, StoredRemotely, encoding_batches
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace

@@ -29,7 +29,7 @@ import torch
 from hypic_rag.entry import Entry, check_seam_tokens
 from hypic_rag.errors import HypicError
 from hypic_rag.retrieval.errors import RetrievalError
-from hypic_rag.session import SegmentTask, encoding_batches, lpt_order  # noqa: F401 (lpt_order re-exported)
+from hypic_rag.runtime.get_or_encode import SegmentTask, encoding_batches, lpt_order  # noqa: F401 (lpt_order re-exported)
 
 __all__ = [
     "EncoderSpec",
@@ -113,7 +113,7 @@ def _encode_in_worker(batch: tuple[list[int], list[list[int]], int]) -> list[tup
 
 class SegmentEncoder:
     """Encodes segments with `engine` in-process (workers=1) or in a pool of worker processes; a
-    `hypic_rag.session.SegmentEncoder` (what `ModelSession.fill_steps` takes)."""
+    `hypic_rag.runtime.get_or_encode.TaskEncoder` (what `SegmentEntries.fill_steps` takes)."""
 
     def __init__(self, engine: Any, spec: EncoderSpec, workers: int = 1) -> None:
         if workers < 1:
@@ -163,9 +163,7 @@ class SegmentEncoder:
         """
         batches = encoding_batches(tasks, self.engine.encode_batch_tokens)
         if self.workers == 1 or not batches:
-            for batch in batches:
-                segments = [list(tasks[position].token_ids) for position in batch]
-                yield from zip(batch, self.engine.encode_segments(segments, tasks[batch[0]].seam_tokens))
+            yield from self.engine.entries.encode_tasks(tasks)  # the same batches, here
             return
         pool = self._start_pool()
         queue = iter(batches)

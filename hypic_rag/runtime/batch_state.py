@@ -1,9 +1,9 @@
-"""The decode state of one running sequence in a batch: `SequenceState`, with room for the tokens it will decode.
+"""The decode state of one running sequence in a stack pass: `SequenceState`, with room for the tokens it will decode.
 
-`DecodeState` (state.py) holds each attention layer's keys and values at exactly the consumed length, so a decode
-step through `run_stack` copies them into a new buffer. A running sequence of the batched pass (`batch.py`) keeps
-them in buffers with spare capacity instead, and a decode step writes its one new key and value in place.
-"""
+`DecodeState` (state.py) holds each attention layer's keys and values at exactly the consumed length, so a pass that
+starts from one copies them into a new buffer (with room for its new tokens). A running sequence of the pass
+(`stack.run_batch`, driven by the engine's step function) keeps them in buffers with spare capacity instead, and a
+decode step writes its one new key and value in place."""
 
 from __future__ import annotations
 

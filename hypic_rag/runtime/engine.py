@@ -1,4 +1,4 @@
-"""The engine: fetch or encode segment entries, assemble a request under one of six modes, generate.
+"""The engine: plan a request's prefill under one of six modes, run generations a batched step at a time.
 
 Modes (the comparison ladder of docs/design.md, all through the same stack pass; their table is `modes.MODE_TABLE`):
 - full: recompute every token.
@@ -8,86 +8,57 @@ Modes (the comparison ladder of docs/design.md, all through the same stack pass;
 - transition: P composition, keys left at their standalone positions.
 - transition_rope: P composition, cached keys re-positioned with RoPE.
 - hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk; a recompute
-  policy (`recompute_policy.py`; the engine's `recompute_policy` unless a call names one) may instead recompute
-  some chunks whole, or use another seam.
+  policy (`recompute_policy.py`; the engine's `recompute_policy` unless the request's assembly names one) may
+  instead recompute some chunks whole, or use another seam.
 The prefix sits at position 0 with a zero start, so its (seam-0) entry is exact in every mode; without a prefix the
 first chunk's seam is recomputed from the zero start, which is exact too.
 
-Entries come from a `SegmentSource` (`segment_source.py`): a persistent `SegmentCache` or, by default, an
-in-process `MemorySegmentSource`. Sampling is `sampling.py`; the stream a generation returns is `generation.py`.
+How a request is assembled (mode, seam window, policy) is one `Assembly` (`assembly.py`), resolved against the
+engine's defaults into the request's `PrefillPlan`, which carries it to the stack. Entries come from the engine's
+`SegmentEntries` (`get_or_encode.py`: the one get-or-encode home, over a `SegmentSource`: a persistent
+`SegmentCache` or, by default, an in-process `MemorySegmentSource`).
+
+The generation loop is `step`: one batched stack pass for a list of `Generating` sequences (a prefill item for each
+one not yet prefilled, a decode item for each running one), each then choosing its next token
+(`GenerationProgress`). The scheduler (`hypic_rag.scheduler`) calls it for many sequences per step; `stream` and
+`generate` call it for one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.lru import ByteBudgetLRU
-from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment, encode_segments, plan_encode_batches
-from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
+from hypic_rag.runtime.assembly import Assembly
+from hypic_rag.runtime.batch_state import SequenceState
+from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment
+from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream, PrefillStats
+from hypic_rag.runtime.get_or_encode import Check, MissEncoder, SegmentEntries, on_device
+from hypic_rag.runtime.layout import Span, StackItem
 from hypic_rag.runtime.model import HybridModel
-from hypic_rag.runtime.modes import ModeSpec, mode_spec
 from hypic_rag.runtime.recompute_policy import SEAM_POLICY, WHOLE, RecomputePlan, RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.segment_source import MemorySegmentSource, SegmentSource
-from hypic_rag.runtime.stack import Span, StackOptions, run_stack
+from hypic_rag.runtime.stack import StackItemResult, run_batch
 from hypic_rag.runtime.state import DecodeState
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "Assembly", "Check", "Engine", "Generating", "MissEncoder", "PrefillPlan", "PrefillResult", "PrefillStats",
+]
 
 PIECE_TOKENS = 8
 """Shortest piece a chunk recomputed whole among cached chunks is run as (the widest seam if wider)."""
 
-Check = Callable[[], None]
-"""A per-step check (deadline, cancellation): returns to go on, raises to stop."""
-
-
-class MissEncoder(Protocol):
-    """Encodes a request's cache misses somewhere else, in parallel (segment parallelism, docs/design.md): e.g.
-    `hypic_rag.distributed.ray_encoder.RayEncoderPool`, which runs the batches `plan_encode_batches` makes, longest
-    first, on Ray actors. It must return what `Engine.encode_segments` would, in the order of `segments`."""
-
-    def encode_segments(self, segments: list[list[int]], seam_tokens: int, check: Check | None = None) -> list[Entry]: ...
-
-
-@dataclass(slots=True)
-class PrefillStats:
-    """Token accounting and timings (seconds) of one prefill.
-
-    prompt_tokens = cached_tokens + encoded_tokens + recomputed_tokens + prefix_reused_tokens, where
-    cached_tokens come from segment entries that existed before this prefill (cache hits), encoded_tokens from
-    entries this prefill had to encode (cache misses), recomputed_tokens ran through the model in the assembly
-    pass (seams, question, full/prefix mode) and prefix_reused_tokens came from a prefix-mode checkpoint.
-    segment_reused_tokens: per segment of the request (`Request.segments`), its tokens taken from an entry held
-    before this prefill or from a prefix checkpoint (0 for a segment encoded now, and in `full` mode).
-    """
-
-    mode: str
-    prompt_tokens: int = 0
-    recomputed_tokens: int = 0
-    cached_tokens: int = 0
-    encoded_tokens: int = 0
-    prefix_reused_tokens: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_bytes_loaded: int = 0
-    load_seconds: float = 0.0
-    encode_seconds: float = 0.0
-    compose_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    total_seconds: float = 0.0
-    segment_reused_tokens: list[int] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+AssemblyLike = Assembly | str | None
+"""An `Assembly`, a mode name (the engine's seam and policy), or None (`hypic`)."""
 
 
 @dataclass(slots=True)
@@ -101,15 +72,15 @@ class PrefillResult:
 
 @dataclass(slots=True)
 class PrefillPlan:
-    """One planned prefill (`Engine.plan_prefill`): the spans the stack runs (entries in place), its options, the
-    start state (a prefix-mode checkpoint, else None) and whether span-end checkpoints are wanted (prefix mode keeps
-    them under `checkpoint_keys`, one per recomputed segment). `stats` has the lookups so far; `began` is when
-    planning started (the prefill's time counts from there)."""
+    """One planned prefill (`Engine.plan_prefill`): the request, its resolved `assembly` (mode, seam window,
+    policy: what reaches the stack), the spans the stack runs (entries in place), the start state (a prefix-mode
+    checkpoint, else None) and whether span-end checkpoints are wanted (prefix mode keeps them under
+    `checkpoint_keys`, one per recomputed segment). `stats` has the lookups so far; `began` is when planning started
+    (the prefill's time counts from there)."""
 
     request: Request
-    mode: str
-    spans: list[Span]
-    options: StackOptions
+    assembly: Assembly
+    spans: list[Span] = field(default_factory=list)
     initial: DecodeState | None = None
     want_checkpoints: bool = False
     checkpoint_keys: list[str] = field(default_factory=list)
@@ -117,32 +88,71 @@ class PrefillPlan:
     began: float = 0.0
 
     @property
+    def mode(self) -> str:
+        return self.assembly.mode
+
+    @property
     def recomputed_tokens(self) -> int:
         """Tokens the stack runs for this prefill."""
         return sum(span.recompute for span in self.spans)
 
+    def item(self, reserve: int = 0) -> StackItem:
+        """The plan as one item of a stack pass (`reserve`: room for the tokens it will decode)."""
+        return StackItem(self.spans, self.initial, self.assembly, self.want_checkpoints, reserve)
 
-class StackOutcome(Protocol):
-    """What `finish_prefill` reads of a stack pass over a plan (`StackResult`, or one item of a batched pass)."""
 
-    logits: torch.Tensor
-    state: Any
-    recomputed_tokens: int
-    checkpoints: list[DecodeState]
-    compose_seconds: float
+@dataclass(eq=False, slots=True)
+class Generating:
+    """One generation in flight, as the step function advances it: its prefill plan until the prefill has run,
+    then its running state (advanced in place by each decode step) and its token loop (`GenerationProgress`).
+    `began`: when its time counts from (time to first token)."""
+
+    params: SamplingParams
+    plan: PrefillPlan | None
+    began: float = field(default_factory=time.perf_counter)
+    state: SequenceState | None = None
+    progress: GenerationProgress | None = None
+    stats: PrefillStats | None = None
+
+    @property
+    def prefilled(self) -> bool:
+        return self.progress is not None
+
+    @property
+    def finished(self) -> bool:
+        return self.progress is not None and self.progress.finished
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens the next step runs for it: its prefill's recomputed tokens, else one decode token."""
+        return 1 if self.prefilled or self.plan is None else self.plan.recomputed_tokens
+
+    def item(self) -> StackItem:
+        """What the next step runs for it: its prefill, or one decode token after its state."""
+        if self.progress is None:
+            assert self.plan is not None, "a generation without a plan has nothing to prefill"
+            return self.plan.item(reserve=self.params.max_new_tokens)
+        assert self.state is not None
+        return StackItem([Span([self.progress.token_ids[-1]], self.state.length, 1)], self.state)
+
+    def generation(self) -> Generation:
+        """The `Generation` once finished (its prefill's stats and timings)."""
+        assert self.progress is not None and self.stats is not None
+        return self.progress.generation(self.stats)
 
 
 class Engine:
-    """Assembles requests for one model.
+    """Assembles requests for one model, and runs generations.
 
+    seam_tokens, recompute_policy: what a request's assembly leaves open is resolved to these (the seam window of
+    `hypic` chunks; a `RecomputePolicy` or its spec, None: the fixed seam).
     segment_source: where segment entries come from and are kept: a `SegmentSource` such as a
     `hypic_rag.cache.segment_cache.SegmentCache` opened with this model's namespace (persistent, shared across
     processes), or None for an in-process `MemorySegmentSource` of `memory_cache_bytes`. A source that holds
     another model's entries is refused (ValueError).
     prefix_cache_bytes: the budget of `prefix` mode's chunk-boundary checkpoints.
-    miss_encoder: where cache misses are encoded (None: here, in batches); settable later (`engine.miss_encoder`).
-    recompute_policy: what `hypic` recomputes when a call names no policy (a `RecomputePolicy` or its spec; None:
-    the fixed seam of `seam_tokens`).
+    encode_batch_tokens: padded tokens per encoding forward. miss_encoder: where cache misses are encoded (None:
+    here, in batches); settable later (`engine.miss_encoder`).
     """
 
     def __init__(
@@ -157,21 +167,54 @@ class Engine:
         miss_encoder: MissEncoder | None = None,
         recompute_policy: RecomputePolicy | str | None = None,
     ) -> None:
-        if encode_batch_tokens < 1:
-            raise ValueError(f"encode_batch_tokens must be positive, got {encode_batch_tokens}")
         self.model = model
-        self.encode_batch_tokens = encode_batch_tokens
-        self.miss_encoder = miss_encoder
         self.seam_tokens = check_seam_tokens(seam_tokens)
         self.recompute_policy: RecomputePolicy = as_policy(recompute_policy) or SEAM_POLICY
-        self.segment_source: SegmentSource = (
-            segment_source if segment_source is not None else MemorySegmentSource(memory_cache_bytes)
-        )
-        self.segment_source.check_model(model.fingerprint, model.tokenizer_fingerprint)
+        source = segment_source if segment_source is not None else MemorySegmentSource(memory_cache_bytes)
+        self.entries = SegmentEntries(model, source, batch_tokens=encode_batch_tokens, miss_encoder=miss_encoder)
+        """The get-or-encode home of this engine's segment entries."""
         self._prefix_checkpoints: ByteBudgetLRU[DecodeState] = ByteBudgetLRU(prefix_cache_bytes, DecodeState.nbytes)
 
-    # ------------------------------------------------------------------ entries
+    # ------------------------------------------------------------------ parts
+    @property
+    def segment_source(self) -> SegmentSource:
+        return self.entries.source
 
+    @segment_source.setter
+    def segment_source(self, source: SegmentSource) -> None:
+        source.check_model(self.model.fingerprint, self.model.tokenizer_fingerprint)
+        self.entries.source = source
+
+    @property
+    def miss_encoder(self) -> MissEncoder | None:
+        return self.entries.miss_encoder
+
+    @miss_encoder.setter
+    def miss_encoder(self, encoder: MissEncoder | None) -> None:
+        self.entries.miss_encoder = encoder
+
+    @property
+    def encode_batch_tokens(self) -> int:
+        """Padded tokens per encoding forward (`SegmentEntries.batch_tokens`)."""
+        return self.entries.batch_tokens
+
+    @encode_batch_tokens.setter
+    def encode_batch_tokens(self, tokens: int) -> None:
+        if tokens < 1:
+            raise ValueError(f"encode_batch_tokens must be positive, got {tokens}")
+        self.entries.batch_tokens = tokens
+
+    def assembly(self, mode: AssemblyLike = None, *, seam_tokens: int | None = None,
+                 policy: RecomputePolicy | str | None = None) -> Assembly:
+        """`mode` (an `Assembly`, a mode name, None: `hypic`) with the seam window and policy it leaves open
+        set: `seam_tokens` / `policy` when given, else the engine's."""
+        chosen = Assembly.of(mode)
+        if seam_tokens is not None or policy is not None:
+            chosen = Assembly(chosen.mode, seam_tokens if seam_tokens is not None else chosen.seam_tokens,
+                              policy if policy is not None else chosen.policy)
+        return chosen.resolved(self.seam_tokens, self.recompute_policy)
+
+    # ------------------------------------------------------------------ entries
     def encode_segment(self, token_ids: list[int], seam_tokens: int | None = None) -> Entry:
         """Encode one segment standalone (positions 0..L-1); a plain dict of CPU tensors."""
         return encode_segment(self.model, list(token_ids), self.seam_tokens if seam_tokens is None else seam_tokens)
@@ -179,120 +222,69 @@ class Engine:
     def encode_segments(
         self, segments: list[list[int]], seam_tokens: int | None = None, *, check: Check | None = None
     ) -> list[Entry]:
-        """Encode the segments, several per forward (batches of similar lengths up to `encode_batch_tokens` padded
-        tokens; `encode_segments` in encode.py). `check` runs before each batch (raising stops there: none of the
-        segments is kept). Entries come back in the order of `segments`. With a `miss_encoder` the batches run there
-        (on several encoders at once), with the same bytes."""
-        seam = self.seam_tokens if seam_tokens is None else seam_tokens
-        if self.miss_encoder is not None and segments:
-            return self.miss_encoder.encode_segments([list(segment) for segment in segments], seam, check)
-        entries: list[Entry | None] = [None] * len(segments)
-        for batch in plan_encode_batches([len(segment) for segment in segments], self.encode_batch_tokens):
-            if check is not None:
-                check()
-            for index, entry in zip(batch, encode_segments(self.model, [list(segments[i]) for i in batch], seam)):
-                entries[index] = entry
-        return entries  # type: ignore[return-value]
+        """Encode the segments in bounded batches (`SegmentEntries.encode`); nothing is kept."""
+        return self.entries.encode(segments, self.seam_tokens if seam_tokens is None else seam_tokens, check=check)
 
     def fetch_entries(
         self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats, *, check: Check | None = None
     ) -> list[Entry]:
         """Entries for `segments`: from the segment source on a hit, encoded (and kept) on a miss."""
-        return self._fetch_entries(segments, seam_tokens, stats, check)[0]
-
-    def _fetch_entries(
-        self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats, check: Check | None = None
-    ) -> tuple[list[Entry], list[bool]]:
-        """(entries, hit per segment): a segment the source does not hold is encoded and kept."""
-        began = time.perf_counter()
-        encode_seconds = 0.0
-
-        def encode_many(missing: list[list[int]]) -> list[Entry]:
-            nonlocal encode_seconds
-            start = time.perf_counter()
-            entries = self.encode_segments(missing, seam_tokens, check=check)
-            encode_seconds += time.perf_counter() - start
-            return entries
-
-        entries, hits = self.segment_source.get_or_encode_segments(segments, seam_tokens, encode_many)
-        hits = [bool(hit) for hit in hits]
-        hit_count = sum(hits)
-        device = self.model.device
-        stats.cache_bytes_loaded += sum(entry_tensor_bytes(entry) for entry in entries)
-        entries = [
-            e if all(tensor.device == device for tensor in e.values())
-            else {name: tensor.to(device, non_blocking=True) for name, tensor in e.items()}
-            for e in entries
-        ]
-        stats.cache_hits += hit_count
-        stats.cache_misses += len(segments) - hit_count
-        stats.encode_seconds += encode_seconds
-        stats.load_seconds += time.perf_counter() - began - encode_seconds
-        return entries, hits
+        found = self.entries.get_or_encode(segments, seam_tokens, check=check)
+        _count_lookup(stats, found)
+        return found.entries
 
     # ------------------------------------------------------------------ prefill
-
-    def plan(
-        self, request: Request, seam_tokens: int | None = None, policy: RecomputePolicy | str | None = None
-    ) -> RecomputePlan:
-        """What `hypic` recomputes of `request`'s chunks under `policy` (the engine's when None), chunks not
-        recomputed whole at the policy's seam (`seam_tokens`, else the engine's, unless the policy names one); a
-        seam at least as long as its chunk is planned as `WHOLE` (`RecomputePlan.normalised`)."""
-        chosen = as_policy(policy) or self.recompute_policy
-        seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
+    def plan(self, request: Request, mode: AssemblyLike = None, *, seam_tokens: int | None = None,
+             policy: RecomputePolicy | str | None = None) -> RecomputePlan:
+        """What `hypic` recomputes of `request`'s chunks under the assembly's policy, chunks not recomputed whole at
+        the policy's seam (the assembly's, unless the policy names one); a seam at least as long as its chunk is
+        planned as `WHOLE` (`RecomputePlan.normalised`)."""
+        chosen = self.assembly(mode, seam_tokens=seam_tokens, policy=policy)
         lengths = [len(chunk) for chunk in request.chunk_ids]
-        return chosen.plan(lengths, seam, request.chunk_ranks).normalised(lengths)
+        return chosen.policy.plan(lengths, chosen.seam_tokens, request.chunk_ranks).normalised(lengths)
 
     def prefill(
-        self,
-        request: Request,
-        mode: str = "hypic",
-        seam_tokens: int | None = None,
-        *,
-        check: Check | None = None,
-        policy: RecomputePolicy | str | None = None,
+        self, request: Request, mode: AssemblyLike = "hypic", *, seam_tokens: int | None = None,
+        policy: RecomputePolicy | str | None = None, check: Check | None = None,
     ) -> PrefillResult:
-        """Assemble `request` under `mode`; returns next-token logits and the decode state.
-
-        check: runs before each segment the prefill has to encode (raising stops it there). policy: in `hypic`,
-        which chunks are recomputed whole and the seam of the others (`recompute_policy.py`; None: the engine's
-        `recompute_policy`); the other modes ignore it."""
-        plan = self.plan_prefill(request, mode, seam_tokens, check=check, policy=policy)
-        result = run_stack(self.model, plan.spans, initial=plan.initial, options=plan.options,
-                           want_checkpoints=plan.want_checkpoints)
-        return self.finish_prefill(plan, result)
+        """Assemble `request` (`assembly`: an `Assembly` or a mode name, with `seam_tokens` / `policy` overriding
+        it) through one stack pass; returns next-token logits and the decode state. check: runs before each segment
+        the prefill has to encode (raising stops it there)."""
+        plan = self.plan_prefill(request, mode, seam_tokens=seam_tokens, policy=policy, check=check)
+        [result] = run_batch(self.model, [plan.item()])
+        prefill = self.finish_prefill(plan, result)
+        return PrefillResult(prefill.logits, result.state.to_decode_state(), prefill.stats)
 
     def plan_prefill(
         self,
         request: Request,
-        mode: str = "hypic",
-        seam_tokens: int | None = None,
+        mode: AssemblyLike = "hypic",
         *,
-        check: Check | None = None,
+        seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
+        check: Check | None = None,
         provided: Mapping[tuple[int, tuple[int, ...]], Entry] | None = None,
     ) -> PrefillPlan:
-        """What the prefill of `request` under `mode` runs through the stack: its spans (entries fetched, or encoded
-        and kept, now), options and start state. `run_stack` (or a batched pass) runs it; `finish_prefill` ends it.
+        """What the prefill of `request` runs through the stack: its spans (entries fetched, or encoded and kept,
+        now), assembly and start state. A stack pass runs it (`plan.item()`); `finish_prefill` ends it.
 
-        policy: the recompute policy of a `hypic` prefill (`prefill`; None: the engine's). provided: entries already
-        encoded for this request, by (entry seam, token ids): used as they are and counted as misses whose tokens
-        were encoded (the scheduler encodes a batch's cold segments together)."""
-        spec = mode_spec(mode)
-        seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
-        plan = PrefillPlan(request, mode, [], StackOptions(), began=time.perf_counter(),
-                           stats=PrefillStats(mode=mode, prompt_tokens=request.prompt_tokens,
+        provided: entries already encoded for this request, by (entry seam, token ids): used as they are and counted
+        as misses whose tokens were encoded (the scheduler encodes a batch's cold segments together)."""
+        chosen = self.assembly(mode, seam_tokens=seam_tokens, policy=policy)
+        plan = PrefillPlan(request, chosen, began=time.perf_counter(),
+                           stats=PrefillStats(mode=chosen.mode, prompt_tokens=request.prompt_tokens,
                                               segment_reused_tokens=[0] * len(request.segments)))
-        if mode == "full":
+        if chosen.mode == "full":
             plan.spans = [Span(request.all_ids(), 0, request.prompt_tokens)]
-        elif mode == "prefix":
+        elif chosen.mode == "prefix":
             self._plan_prefix(plan)
         else:
-            self._plan_composed(plan, spec, self.segment_seams(request, mode, seam, policy), check, provided or {})
+            self._plan_composed(plan, self.segment_seams(request, chosen), check, provided or {})
         return plan
 
-    def finish_prefill(self, plan: PrefillPlan, result: StackOutcome) -> PrefillResult:
-        """The `PrefillResult` of a planned prefill once the stack ran it (prefix mode keeps its checkpoints)."""
+    def finish_prefill(self, plan: PrefillPlan, result: StackItemResult) -> PrefillResult:
+        """The `PrefillResult` of a planned prefill once the stack ran it (prefix mode keeps its checkpoints); its
+        state is the pass's `SequenceState` seen as a `DecodeState` (views)."""
         stats = plan.stats
         for key, checkpoint in zip(plan.checkpoint_keys, result.checkpoints[:-1]):
             self._prefix_checkpoints.put(key, _detach_checkpoint(checkpoint))
@@ -303,62 +295,65 @@ class Engine:
         stats.compose_seconds = result.compose_seconds
         stats.total_seconds = time.perf_counter() - plan.began
         stats.prefill_seconds = stats.total_seconds - stats.load_seconds - stats.encode_seconds - stats.compose_seconds
-        return PrefillResult(result.logits, result.state, stats)
+        return PrefillResult(result.logits, result.state.to_decode_state(), stats)
 
-    def segment_seams(
-        self, request: Request, mode: str = "hypic", seam_tokens: int | None = None,
-        policy: RecomputePolicy | str | None = None,
-    ) -> list[int | None]:
-        """The entry seam of each of `request`'s segments under `mode` (and, in `hypic`, `policy`; None: the
-        engine's): the entry a composing prefill reads for it, or `WHOLE` for a chunk recomputed whole (no entry).
-        Modes that read no entries get their plain `ModeSpec.segment_seams` (unused)."""
-        spec = mode_spec(mode)
-        seam = check_seam_tokens(self.seam_tokens if seam_tokens is None else seam_tokens)
+    def segment_seams(self, request: Request, mode: AssemblyLike = "hypic") -> list[int | None]:
+        """The entry seam of each of `request`'s segments under `assembly`: the entry a composing prefill reads for
+        it, or `WHOLE` for a chunk recomputed whole (no entry). Modes that read no entries get their plain
+        `ModeSpec.segment_seams` (unused)."""
+        chosen = self.assembly(mode)
+        spec = chosen.spec
         # the prefix always sits at position 0: its seam-0 entry is exact (Z is its state). In hypic every chunk
         # recomputes its seam (the first one, when there is no prefix, from the zero start: exact as well), or is
         # recomputed whole when the policy's plan says so (WHOLE: no entry read).
         segments = request.segments
-        seams: list[int | None] = list(spec.segment_seams(seam, has_prefix=bool(request.prefix_ids), segments=len(segments)))
+        seams: list[int | None] = list(
+            spec.segment_seams(chosen.seam_tokens, has_prefix=bool(request.prefix_ids), segments=len(segments))
+        )
         if spec.seam_repair:
             first_chunk = 1 if request.prefix_ids else 0
-            seams[first_chunk:] = self.plan(request, seam, policy).chunk_seams
+            seams[first_chunk:] = self.plan(request, chosen).chunk_seams
         return seams
 
     def _plan_composed(
-        self, plan: PrefillPlan, spec: ModeSpec, seams: list[int | None], check: Check | None,
+        self, plan: PrefillPlan, seams: list[int | None], check: Check | None,
         provided: Mapping[tuple[int, tuple[int, ...]], Entry],
     ) -> None:
         request, stats = plan.request, plan.stats
         segments = request.segments
         entries: list[Entry | None] = [None] * len(segments)
-        for number, entry_seam in enumerate(seams):
-            if entry_seam is WHOLE:
-                continue
-            entry = provided.get((entry_seam, tuple(segments[number])))
-            if entry is not None:  # encoded for this request by its caller: a miss whose tokens were encoded
-                entries[number] = {name: tensor.to(self.model.device) for name, tensor in entry.items()}
+        for entry_seam in sorted({s for s in seams if s is not WHOLE}):
+            numbers = [number for number, s in enumerate(seams) if s == entry_seam]
+            looked_up = []
+            for number in numbers:
+                entry = provided.get((entry_seam, tuple(segments[number])))
+                if entry is None:
+                    looked_up.append(number)
+                    continue
+                # encoded for this request by its caller (and kept by it): a miss whose tokens were encoded
+                entries[number] = on_device(entry, self.model.device)
                 stats.cache_misses += 1
                 stats.cache_bytes_loaded += entry_tensor_bytes(entry)
                 stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
-        for entry_seam in sorted({s for s in seams if s is not WHOLE}):
-            numbers = [number for number, s in enumerate(seams) if s == entry_seam and entries[number] is None]
-            if not numbers:
+            if not looked_up:
                 continue
-            fetched, hits = self._fetch_entries([segments[n] for n in numbers], entry_seam, stats, check)
-            for number, entry, hit in zip(numbers, fetched, hits):
+            found = self.entries.get_or_encode([segments[n] for n in looked_up], entry_seam, check=check)
+            _count_lookup(stats, found)
+            for number, entry, hit in zip(looked_up, found.entries, found.hits):
                 entries[number] = entry
+                served = len(segments[number]) - min(entry_seam, len(segments[number]))
                 if hit:
-                    stats.segment_reused_tokens[number] = len(segments[number]) - min(entry_seam, len(segments[number]))
+                    stats.segment_reused_tokens[number] = served
                 else:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
-                    stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
+                    stats.encoded_tokens += served
         if check is not None:  # the entries are in (and kept); a request past its deadline stops before assembly
             check()
         position = 0
         # a chunk recomputed whole among cached ones runs as pieces of the seam's width: the stack evaluates every
-        # recomputed run but the last in one batch padded to the longest run, so one 256-token run beside 8-token
-        # seams would cost (runs x 256) tokens of delta rule. Pieces are exact (consecutive recomputed spans carry
-        # the state and conv tail); the stack merges neighbouring recomputed spans back unless asked for
-        # per-span checkpoints, hence `want_checkpoints` below. To go once the stack batches runs by length.
+        # recomputed run but the last of a request from the identity start in calls padded to their length class,
+        # so one 256-token run beside 8-token seams would cost (runs x 256) tokens of delta rule. Pieces are exact
+        # (consecutive recomputed spans carry the state and conv tail); the stack merges neighbouring recomputed
+        # spans back unless asked for per-span checkpoints, hence `want_checkpoints` below.
         piece = max([s for s in seams if s is not WHOLE] + [PIECE_TOKENS])
         chunk_seams = seams[1:] if request.prefix_ids else seams
         split = WHOLE in chunk_seams and any(s is not WHOLE and s > 0 for s in chunk_seams)
@@ -372,7 +367,6 @@ class Engine:
                 plan.spans.append(Span(segment, position, recomputed, entry))
             position += len(segment)
         plan.spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
-        plan.options = StackOptions(reposition_keys=spec.reposition_keys, composition=spec.composition)
         plan.want_checkpoints = split
 
     def _plan_prefix(self, plan: PrefillPlan) -> None:
@@ -403,71 +397,100 @@ class Engine:
         plan.want_checkpoints = True
         plan.checkpoint_keys = keys[reused:]
 
-    # ------------------------------------------------------------------ decode
+    # ------------------------------------------------------------------ the generation loop
+    def decode_step(self, state: DecodeState | SequenceState, token_id: int) -> tuple[torch.Tensor, DecodeState]:
+        """Feed one token after `state` (a `DecodeState` is read, never written; a `SequenceState` is advanced in
+        place); returns next-token logits [vocab] and the new state."""
+        [result] = run_batch(self.model, [StackItem([Span([int(token_id)], state.length, 1)], state)])
+        return result.logits, result.state.to_decode_state()
 
-    def decode_step(self, state: DecodeState, token_id: int) -> tuple[torch.Tensor, DecodeState]:
-        """Feed one token after `state`; returns next-token logits [vocab] and the new state."""
-        result = run_stack(self.model, [Span([int(token_id)], state.length, 1)], initial=state)
-        return result.logits, result.state
+    def start(
+        self, request: Request, mode: AssemblyLike = "hypic", params: SamplingParams | None = None, *,
+        check: Check | None = None, began: float | None = None,
+    ) -> Generating:
+        """A generation of `request`, its prefill planned now (its entries fetched, or encoded and kept; `check`
+        before each segment it encodes), ready for `step`."""
+        began = time.perf_counter() if began is None else began
+        plan = self.plan_prefill(request, mode, check=check)
+        plan.began = began
+        return Generating(params or SamplingParams(), plan, began)
+
+    def step(self, generations: list[Generating]) -> list[StackItemResult]:
+        """ONE batched stack pass for `generations` (each's `item()`: its prefill, or one decode token after its
+        state), in order; each then takes its result (`take`). The one step function of every generation."""
+        return run_batch(self.model, [generation.item() for generation in generations])
+
+    def take(self, generation: Generating, result: StackItemResult) -> tuple[int, str] | None:
+        """Hand `result` (its share of a `step`) to `generation`: a prefill ends (it starts decoding), its next token
+        is chosen; returns the (token_id, text_delta) to stream, if any (`GenerationProgress.advance`)."""
+        if generation.progress is None:
+            assert generation.plan is not None
+            generation.stats = self.finish_prefill(generation.plan, result).stats
+            generation.plan = None
+            generation.progress = GenerationProgress(
+                generation.params, self.model.eos_token_ids, self.model.tokenizer, generation.began
+            )
+        generation.state = result.state
+        return generation.progress.advance(result.logits)
 
     def stream(
         self,
         request: Request,
-        mode: str = "hypic",
+        mode: AssemblyLike = "hypic",
         params: SamplingParams | None = None,
-        seam_tokens: int | None = None,
         *,
-        check: Check | None = None,
+        seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
+        check: Check | None = None,
     ) -> GenerationStream:
-        """A `GenerationStream` of (token_id, text_delta) as tokens are chosen; its `.result` is the `Generation`.
+        """A `GenerationStream` of (token_id, text_delta) as tokens are chosen; its `.result` is the `Generation`:
+        the step function (`step`) with this one sequence.
 
         Nothing runs until the stream is iterated. The deltas add up exactly to `Generation.text` (the decoded
         tokens, cut before the first stop string). Text that might be the start of a stop string, or ends inside a
         multi-byte character, is held back until the next token settles it (its delta is then ""); text still
         held when an end-of-sequence token stops generation comes with that token's id as the last item.
         check: runs before every step and before each segment the prefill encodes (a deadline, a cancellation);
-        what it raises stops the generation there. policy: the recompute policy of a `hypic` prefill (`prefill`).
+        what it raises stops the generation there. assembly / seam_tokens / policy: as in `prefill`.
         """
-        return GenerationStream(self._generation_steps(request, mode, params, seam_tokens, check, policy), check=check)
+        chosen = self.assembly(mode, seam_tokens=seam_tokens, policy=policy)
+        return GenerationStream(self._steps_alone(request, chosen, params, check), check=check)
 
-    def _generation_steps(
-        self,
-        request: Request,
-        mode: str,
-        params: SamplingParams | None,
-        seam_tokens: int | None,
-        check: Check | None,
-        policy: RecomputePolicy | str | None = None,
+    def _steps_alone(
+        self, request: Request, assembly: Assembly, params: SamplingParams | None, check: Check | None
     ) -> Generator[tuple[int, str], None, Generation]:
-        params = params or SamplingParams()
-        began = time.perf_counter()
-        prefill = self.prefill(request, mode, seam_tokens, check=check, policy=policy)
-        progress = GenerationProgress(params, self.model.eos_token_ids, self.model.tokenizer, began)
-        logits, state = prefill.logits, prefill.state
-        while True:
-            item = progress.advance(logits)
+        generation = self.start(request, assembly, params, check=check)
+        while not generation.finished:
+            [result] = self.step([generation])
+            item = self.take(generation, result)
             if item is not None:
                 yield item
-            if progress.finished:
-                break
-            logits, state = self.decode_step(state, progress.token_ids[-1])
-        return progress.generation(prefill.stats)
+        return generation.generation()
 
     def generate(
         self,
         request: Request,
-        mode: str = "hypic",
+        mode: AssemblyLike = "hypic",
         params: SamplingParams | None = None,
-        seam_tokens: int | None = None,
         on_token: Callable[[int, str], None] | None = None,
         *,
-        check: Check | None = None,
+        seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
+        check: Check | None = None,
     ) -> Generation:
         """Prefill then decode until a stop token, a stop string or `max_new_tokens` (`stream` run to its end)."""
         callback = None if on_token is None else (lambda item: on_token(*item))
-        return self.stream(request, mode, params, seam_tokens, check=check, policy=policy).run(callback)
+        return self.stream(request, mode, params, seam_tokens=seam_tokens, policy=policy, check=check).run(callback)
+
+
+def _count_lookup(stats: PrefillStats, found: Any) -> None:
+    """Add a get-or-encode lookup (`FoundEntries`) to a prefill's stats."""
+    hits = sum(found.hits)
+    stats.cache_hits += hits
+    stats.cache_misses += len(found.hits) - hits
+    stats.cache_bytes_loaded += found.tensor_bytes
+    stats.encode_seconds += found.encode_seconds
+    stats.load_seconds += found.seconds - found.encode_seconds
 
 
 def _detach_checkpoint(state: DecodeState) -> DecodeState:
@@ -478,3 +501,4 @@ def _detach_checkpoint(state: DecodeState) -> DecodeState:
     for index, item in state.attention.items():
         copy.attention[index] = type(item)(item.keys.clone(), item.values.clone())
     return copy
+

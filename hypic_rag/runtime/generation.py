@@ -20,8 +20,39 @@ from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_ge
 from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
-    from hypic_rag.runtime.engine import PrefillStats
     from hypic_rag.runtime.sampling import TokenLogprob
+
+
+@dataclass(slots=True)
+class PrefillStats:
+    """Token accounting and timings (seconds) of one prefill.
+
+    prompt_tokens = cached_tokens + encoded_tokens + recomputed_tokens + prefix_reused_tokens, where
+    cached_tokens come from segment entries that existed before this prefill (cache hits), encoded_tokens from
+    entries this prefill had to encode (cache misses), recomputed_tokens ran through the model in the assembly
+    pass (seams, question, full/prefix mode) and prefix_reused_tokens came from a prefix-mode checkpoint.
+    segment_reused_tokens: per segment of the request (`Request.segments`), its tokens taken from an entry held
+    before this prefill or from a prefix checkpoint (0 for a segment encoded now, and in `full` mode).
+    """
+
+    mode: str
+    prompt_tokens: int = 0
+    recomputed_tokens: int = 0
+    cached_tokens: int = 0
+    encoded_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes_loaded: int = 0
+    load_seconds: float = 0.0
+    encode_seconds: float = 0.0
+    compose_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+    segment_reused_tokens: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 @dataclass(slots=True)

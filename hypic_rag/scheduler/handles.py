@@ -63,11 +63,16 @@ class QueueSink:
         self.future.set_exception(error)
         self.items.put(_END)
 
-    def steps(self, sequence: Sequence) -> Generator[tuple[int, str], None, Generation]:
-        """(token_id, text_delta) as the scheduler produces them (blocking), returning the `Generation`; closing the
-        generator early cancels the sequence."""
+    def steps(
+        self, sequence: Sequence, drive: Callable[[], bool] | None = None
+    ) -> Generator[tuple[int, str], None, Generation]:
+        """(token_id, text_delta) as the scheduler produces them, returning the `Generation`; closing the generator
+        early cancels the sequence. While none is ready, `drive()` runs a scheduler step in this thread when nobody
+        else does (it returns False when someone does: then this waits)."""
         try:
             while True:
+                while drive is not None and self.items.empty() and drive():
+                    pass
                 item = self.items.get()
                 if item is _END:
                     break

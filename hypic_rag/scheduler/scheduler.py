@@ -7,18 +7,18 @@ Requests enter a waiting queue (`submit`; `stream` and `generate` wrap it). Each
    more requests (the freed slots' clients' next ones, the rest of a burst), so that their prefills share one
    pass); an admitted
    request whose segment entries the cache lacks encodes them first, `encode_tokens` per step, batched across
-   requests (`Engine.encode_segments`); entries are kept in the segment source as they are encoded;
-3. runs ONE batched pass (`runtime.batch.run_batch`): one decode token for every running sequence, then the
-   recomputed tokens of admitted prefills (`Engine.plan_prefill`, any mode, under the request's recompute policy)
-   while they fit in `step_tokens`. A model the batched pass does not cover (`batch.batch_supported`: only the
-   Qwen family batches) runs the same items one at a time through `run_stack` (`batch.run_each`), so every family
-   is served, by the same scheduling, without the batching speed-up;
-4. chooses each sequence's next token (`GenerationProgress`: its own sampler, stop tokens and strings) and hands
-   it to the sequence's sink; finished sequences leave at once.
-Every sequence gets exactly the tokens it would get alone (`tests/runtime/test_batching.py`).
+   requests, and keeps them in the segment source as they are encoded (`Engine.entries`, the get-or-encode home);
+3. runs ONE batched pass, the engine's step function (`Engine.step`: `runtime.stack.run_batch`, for every
+   family): one decode token for every running sequence, then the recomputed tokens of admitted prefills
+   (`Engine.plan_prefill`, any mode, under the request's assembly) while they fit in `step_tokens`;
+4. each sequence takes its logits (`Engine.take`: its own sampler, stop tokens and strings) and hands its token
+   to the sequence's sink; finished sequences leave at once.
+Every sequence gets exactly the tokens it would get alone (`tests/runtime/test_batching.py`, every family:
+`tests/runtime/test_batching_families.py`).
 
-`step` is called by one thread at a time: the scheduler's own (`start`) or an owner that drives it (the service's
-model worker). `lock` is held during a step; hold it to use the engine from another thread between steps.
+`step` is called by one thread at a time: the scheduler's own (`start`), an owner that drives it (the service's
+model worker), or, when neither, the consumer of a `stream` (the pipeline's answers: one sequence per step). `lock`
+is held during a step; hold it to use the engine from another thread between steps.
 """
 
 from __future__ import annotations
@@ -29,17 +29,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from hypic_rag.entry import Entry, check_seam_tokens
-from hypic_rag.runtime.batch import BatchItem, BatchItemResult, batch_supported, run_batch, run_each
-from hypic_rag.runtime.engine import Engine
-from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
-from hypic_rag.runtime.modes import mode_spec
-from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePolicy, as_policy
+from hypic_rag.runtime.engine import AssemblyLike, Engine, Generating
+from hypic_rag.runtime.generation import Generation, GenerationStream
+from hypic_rag.runtime.get_or_encode import SegmentKey
+from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePolicy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.runtime.stack import Span, StackResult
+from hypic_rag.runtime.stack import StackItemResult
 from hypic_rag.scheduler.config import SchedulerConfig
 from hypic_rag.scheduler.handles import QueueSink
 from hypic_rag.scheduler.sequence import (
@@ -49,7 +46,6 @@ from hypic_rag.scheduler.sequence import (
     WAITING,
     SchedulerFullError,
     SchedulerStopped,
-    SegmentKey,
     Sequence,
     SequenceCancelled,
     SequenceSink,
@@ -101,30 +97,26 @@ class Scheduler:
         self._freed_at: float | None = None
         """When the last step that freed slots (finished sequences) ended, or idle `_loop` got work; None once
         admission has used it."""
-        self.batched = batch_supported(engine.model)
-        """Whether steps run as one batched pass (else item by item: `batch.run_each`)."""
 
     # ----------------------------------------------------------------------------------------- submission
     def submit(
         self,
         request: Request,
-        mode: str = "hypic",
+        mode: AssemblyLike = "hypic",
         params: SamplingParams | None = None,
-        seam_tokens: int | None = None,
         *,
         sink: SequenceSink,
         check: Callable[[], None] | None = None,
+        seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
     ) -> Sequence:
-        """Queue a generation (thread-safe); its tokens and outcome go to `sink`. `check` runs before every step
-        while it is in the scheduler; `policy`: what a `hypic` prefill recomputes (None: the engine's). Raises
-        `UnknownModeError` / ValueError for a bad mode or seam width, `RecomputePolicyError` for a bad policy spec,
-        `SchedulerFullError` when `max_waiting` sequences already wait, `SchedulerStopped` after `stop`."""
-        mode_spec(mode)
-        if seam_tokens is not None:
-            check_seam_tokens(seam_tokens)
-        sequence = Sequence(request, mode, params or SamplingParams(), seam_tokens, sink, check,
-                            policy=as_policy(policy))
+        """Queue a generation (thread-safe); its tokens and outcome go to `sink`. `assembly`: an `Assembly` or a
+        mode name (`seam_tokens` / `policy` override it; what it leaves open is the engine's). `check` runs before
+        every step while it is in the scheduler. Raises `UnknownModeError` / ValueError for a bad mode or seam
+        width, `RecomputePolicyError` for a bad policy spec, `SchedulerFullError` when `max_waiting` sequences
+        already wait, `SchedulerStopped` after `stop`."""
+        chosen = self.engine.assembly(mode, seam_tokens=seam_tokens, policy=policy)
+        sequence = Sequence(request, chosen, params or SamplingParams(), sink, check)
         with self._condition:
             if self._stopping:
                 raise SchedulerStopped("the scheduler has stopped")
@@ -138,31 +130,41 @@ class Scheduler:
     def stream(
         self,
         request: Request,
-        mode: str = "hypic",
+        mode: AssemblyLike = "hypic",
         params: SamplingParams | None = None,
-        seam_tokens: int | None = None,
         *,
         check: Callable[[], None] | None = None,
+        seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
     ) -> GenerationStream:
-        """`Engine.stream` through the scheduler: a `GenerationStream` of (token_id, text_delta), `.result` the
-        `Generation`; closing it cancels the sequence. Someone must be stepping (`start`, or an owner thread)."""
+        """A generation through the scheduler: a `GenerationStream` of (token_id, text_delta), `.result` the
+        `Generation`; closing it cancels the sequence. Its steps run in the scheduler's thread once `start`ed (or
+        in an owner's that drives `step`); while neither, in the consumer's own thread as it iterates (a single
+        request is then the scheduler with one sequence)."""
         sink = QueueSink()
-        sequence = self.submit(request, mode, params, seam_tokens, sink=sink, check=check, policy=policy)
-        return GenerationStream(sink.steps(sequence))
+        sequence = self.submit(request, mode, params, sink=sink, check=check, seam_tokens=seam_tokens,
+                               policy=policy)
+        return GenerationStream(sink.steps(sequence, drive=self._drive_inline))
+
+    def _drive_inline(self) -> bool:
+        """One step in the caller's thread when nobody else runs steps (the scheduler was not started); False
+        otherwise (the caller waits for the thread)."""
+        if self._thread is not None:
+            return False
+        return self.step() is not None  # None: nothing left to run (the sequence has ended)
 
     def generate(
         self,
         request: Request,
-        mode: str = "hypic",
+        mode: AssemblyLike = "hypic",
         params: SamplingParams | None = None,
-        seam_tokens: int | None = None,
         *,
         check: Callable[[], None] | None = None,
+        seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
     ) -> Generation:
         """`stream` run to its end: the `Generation` (blocks until the scheduler has produced it)."""
-        return self.stream(request, mode, params, seam_tokens, check=check, policy=policy).run()
+        return self.stream(request, mode, params, check=check, seam_tokens=seam_tokens, policy=policy).run()
 
     # ----------------------------------------------------------------------------------------- introspection
     @property
@@ -234,16 +236,16 @@ class Scheduler:
         self._await_arrivals()
         self._admit()
         encoded = self._encode_cold_segments()
-        items, owners = self._compose_batch()
-        if not items and not encoded:
+        owners = self._compose_batch()
+        if not owners and not encoded:
             return None
         prefills = sum(sequence.phase == READY for sequence in owners)
-        tokens = sum(sum(span.recompute for span in item.spans) for item in items)
-        if items:
+        tokens = sum(sequence.generating.step_tokens for sequence in owners if sequence.generating is not None)
+        if owners:
             try:
-                results: list[Any] = (run_batch if self.batched else run_each)(self.engine.model, items)
+                results: list[StackItemResult] = self.engine.step([sequence.generating for sequence in owners])
             except Exception as error:
-                logger.exception("a batched step of %d sequences failed", len(items))
+                logger.exception("a batched step of %d sequences failed", len(owners))
                 for sequence in owners:
                     self._fail(sequence, error)
                 results = []
@@ -253,7 +255,7 @@ class Scheduler:
         if any(sequence.done for sequence in owners):
             self._freed_at = time.perf_counter()
         report = StepReport(
-            sequences=len(items), tokens=tokens, prefills=prefills, decodes=len(items) - prefills,
+            sequences=len(owners), tokens=tokens, prefills=prefills, decodes=len(owners) - prefills,
             encoded_tokens=encoded, running=len(self._active), waiting=len(self._waiting),
             seconds=time.perf_counter() - began,
         )
@@ -316,19 +318,17 @@ class Scheduler:
 
     def _missing_entries(self, sequence: Sequence) -> list[SegmentKey]:
         """The (entry seam, token ids) of the request's segment entries the segment source lacks, each once."""
-        spec = mode_spec(sequence.mode)
-        if not spec.uses_entries:
+        if not sequence.assembly.spec.uses_entries:
             return []
         request = sequence.request
-        seams = self.engine.segment_seams(request, sequence.mode, sequence.seam_tokens, sequence.policy)
+        seams = self.engine.segment_seams(request, sequence.assembly)
         by_seam: dict[int, list[list[int]]] = {}
         for segment, entry_seam in zip(request.segments, seams):
             if entry_seam is not WHOLE:  # a chunk the policy recomputes whole reads no entry
                 by_seam.setdefault(entry_seam, []).append(segment)
         missing: dict[SegmentKey, None] = {}
-        source = self.engine.segment_source
         for entry_seam, group in by_seam.items():
-            for segment in source.missing_segments(group, entry_seam):
+            for segment in self.engine.entries.missing(group, entry_seam):
                 missing[(entry_seam, tuple(segment))] = None
         return list(missing)
 
@@ -357,20 +357,24 @@ class Scheduler:
         by_seam: dict[int, list[SegmentKey]] = {}
         for key in tasks:
             by_seam.setdefault(key[0], []).append(key)
+        entries = self.engine.entries
         for seam, keys in by_seam.items():
             began = time.perf_counter()
             try:
-                entries = self.engine.encode_segments([list(ids) for _, ids in keys], seam)
+                encoded = entries.encode([ids for _, ids in keys], seam)
             except Exception as error:
                 logger.exception("encoding %d segments failed", len(keys))
                 for key in keys:
                     for sequence in tasks[key]:
                         self._fail(sequence, error)
                 continue
-            self._keep(seam, keys, entries)
+            try:  # a failed write only costs a later re-encode
+                entries.keep(seam, {ids: entry for (_, ids), entry in zip(keys, encoded)})
+            except Exception:
+                logger.warning("keeping %d encoded segment entries failed", len(keys), exc_info=True)
             seconds = time.perf_counter() - began
             tokens = sum(len(ids) for _, ids in keys)
-            for key, entry in zip(keys, entries):
+            for key, entry in zip(keys, encoded):
                 for sequence in tasks[key]:
                     sequence.provided[key] = entry
                     sequence.encode_seconds += seconds * len(key[1]) / tokens
@@ -379,87 +383,56 @@ class Scheduler:
                 sequence.phase = READY
         return total
 
-    def _keep(self, seam: int, keys: list[SegmentKey], entries: list[Entry]) -> None:
-        """Hand freshly encoded entries to the segment source (a failed write only costs a later re-encode)."""
-        by_ids = {ids: entry for (_, ids), entry in zip(keys, entries)}
-        try:
-            self.engine.segment_source.get_or_encode_segments(
-                [list(ids) for ids in by_ids], seam, lambda missing: [by_ids[tuple(ids)] for ids in missing]
-            )
-        except Exception:
-            logger.warning("keeping %d encoded segment entries failed", len(by_ids), exc_info=True)
-
-    def _compose_batch(self) -> tuple[list[BatchItem], list[Sequence]]:
-        """One decode item per running sequence, then planned prefills, in admission order, while they fit."""
-        items: list[BatchItem] = []
-        owners: list[Sequence] = []
-        budget = self.config.step_tokens
-        for sequence in self._active:
-            if sequence.phase == RUNNING:
-                state = sequence.state
-                assert state is not None and sequence.progress is not None
-                items.append(BatchItem([Span([sequence.progress.token_ids[-1]], state.length, 1)], state))
-                owners.append(sequence)
-                budget -= 1
+    def _compose_batch(self) -> list[Sequence]:
+        """Every running sequence (one decode token each), then planned prefills, in admission order, while they
+        fit in `step_tokens`."""
+        owners = [sequence for sequence in self._active if sequence.phase == RUNNING]
+        budget = self.config.step_tokens - len(owners)
         prefills = 0
         for sequence in list(self._active):
             if sequence.phase != READY:
                 continue
-            if sequence.plan is None and not self._plan(sequence):
+            if sequence.generating is None and not self._plan(sequence):
                 continue
-            plan = sequence.plan
-            assert plan is not None
-            if prefills and plan.recomputed_tokens > budget:
+            generating = sequence.generating
+            assert generating is not None
+            if prefills and generating.step_tokens > budget:
                 break  # first come first served: later requests do not jump ahead of this one
-            items.append(BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints,
-                                   reserve=sequence.params.max_new_tokens))
             owners.append(sequence)
-            budget -= plan.recomputed_tokens
+            budget -= generating.step_tokens
             prefills += 1
-        return items, owners
+        return owners
 
     def _plan(self, sequence: Sequence) -> bool:
         """Plan the sequence's prefill (entries fetched now); False when it failed (the sequence has left)."""
         try:
-            plan = self.engine.plan_prefill(
-                sequence.request, sequence.mode, sequence.seam_tokens, check=sequence.check, policy=sequence.policy,
-                provided=sequence.provided,
-            )
+            plan = self.engine.plan_prefill(sequence.request, sequence.assembly, check=sequence.check,
+                                            provided=sequence.provided)
         except Exception as error:  # its check, a bad request, a cache failure: this sequence ends
             self._fail(sequence, error)
             return False
         plan.began = sequence.admitted_at or plan.began
         plan.stats.encode_seconds += sequence.encode_seconds
-        sequence.plan, sequence.provided = plan, {}
+        sequence.generating = Generating(sequence.params, plan, began=sequence.submitted_at)
+        sequence.provided = {}
         return True
 
-    def _advance(self, sequence: Sequence, result: BatchItemResult | StackResult) -> None:
-        """Take the sequence's logits from the step: its prefill ends (it starts decoding), a token is chosen and
-        handed to its sink, and a finished sequence leaves."""
+    def _advance(self, sequence: Sequence, result: StackItemResult) -> None:
+        """Hand the sequence its share of the step (`Engine.take`): its prefill ends (it starts decoding), a token
+        is chosen and handed to its sink, and a finished sequence leaves."""
+        generating = sequence.generating
         try:
-            if sequence.phase == READY:
-                assert sequence.plan is not None
-                prefill = self.engine.finish_prefill(sequence.plan, result)
-                sequence.stats, sequence.plan = prefill.stats, None
-                sequence.phase = RUNNING
-                model = self.engine.model
-                sequence.progress = GenerationProgress(
-                    sequence.params, model.eos_token_ids, model.tokenizer, sequence.submitted_at
-                )
-            # the batched pass advances a running sequence's state in place; `run_each` returns a new one
-            sequence.state = result.state
-            progress = sequence.progress
-            assert progress is not None
-            item = progress.advance(result.logits)
+            assert generating is not None
+            item = self.engine.take(generating, result)
+            sequence.phase = RUNNING
             if item is not None:
                 sequence.sink.token(*item)
         except Exception as error:
             logger.debug("a sequence failed after its step", exc_info=True)
             self._fail(sequence, error)
             return
-        if progress.finished:
-            assert sequence.stats is not None
-            generation = progress.generation(sequence.stats)
+        if generating.finished:
+            generation = generating.generation()
             generation.timings["waiting"] = sequence.waiting_seconds
             self._leave(sequence)
             try:

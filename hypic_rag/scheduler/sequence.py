@@ -6,24 +6,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from hypic_rag.entry import Entry
 from hypic_rag.errors import HypicError
+from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
-from hypic_rag.runtime.engine import PrefillPlan, PrefillStats
-from hypic_rag.runtime.generation import Generation, GenerationProgress
+from hypic_rag.runtime.engine import Generating, PrefillPlan
+from hypic_rag.runtime.generation import Generation
+from hypic_rag.runtime.get_or_encode import SegmentKey
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.runtime.state import DecodeState
 
 WAITING, ENCODING, READY, RUNNING, FINISHED = "waiting", "encoding", "ready", "running", "finished"
 """A sequence's phases: waiting for admission; admitted, its cold segments being encoded; admitted with every entry
 (its prefill planned, waiting for a step with room); decoding; done (finished, failed or cancelled)."""
-
-SegmentKey = tuple[int, tuple[int, ...]]
-"""(entry seam, token ids): one segment entry a request needs."""
-
 
 class SchedulerFullError(HypicError):
     """The scheduler's waiting queue is full (`SchedulerConfig.max_waiting`); retry later."""
@@ -59,24 +56,33 @@ class Sequence:
     """
 
     request: Request
-    mode: str
+    assembly: Assembly
     params: SamplingParams
-    seam_tokens: int | None
     sink: SequenceSink
     check: Callable[[], None] | None = None
-    policy: Any = None
-    """What a `hypic` prefill recomputes (a `RecomputePolicy`; None: the engine's)."""
     submitted_at: float = field(default_factory=time.perf_counter)
     phase: str = WAITING
     admitted_at: float | None = None
     missing: list[SegmentKey] = field(default_factory=list)
     provided: dict[SegmentKey, Entry] = field(default_factory=dict)
     encode_seconds: float = 0.0
-    plan: PrefillPlan | None = None
-    stats: PrefillStats | None = None
-    state: SequenceState | DecodeState | None = None
-    progress: GenerationProgress | None = None
+    generating: Generating | None = None
+    """The generation as the engine's step function advances it (planned when it is ready for its prefill)."""
     _cancelled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def mode(self) -> str:
+        return self.assembly.mode
+
+    @property
+    def plan(self) -> PrefillPlan | None:
+        """Its prefill plan, until the prefill has run."""
+        return None if self.generating is None else self.generating.plan
+
+    @property
+    def state(self) -> SequenceState | None:
+        """Its running state, once prefilled (None once it has ended)."""
+        return None if self.generating is None else self.generating.state
 
     def cancel(self) -> None:
         """Stop the sequence at the scheduler's next step (thread-safe; a no-op once it has ended)."""
@@ -98,7 +104,6 @@ class Sequence:
     def release(self) -> None:
         """Drop what the sequence holds (its state, plan and encoded entries) once it has ended."""
         self.phase = FINISHED
-        self.state = None
-        self.plan = None
+        self.generating = None
         self.provided = {}
         self.missing = []

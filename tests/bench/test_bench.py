@@ -65,7 +65,29 @@ def test_bench_end_to_end(tmp_path) -> None:
             assert cell["mean_completion_tokens"] == engine["new_tokens"] == 16
             assert 0 < cell["ttft_p50"] <= cell["ttft_p95"] and cell["ttft_p50"] <= cell["latency_p50"]
     assert [row["clients"] for row in engine["comparison"]] == clients
-    assert "batched / one at a time" in (tmp_path / "bench_test.md").read_text()
+    # hypic, prefix and full under the same closed-loop load, batched
+    modes = result["throughput"]["modes"]
+    assert list(modes["modes"]) == ["hypic", "prefix", "full"]
+    for cells in modes["modes"].values():
+        assert [cell["clients"] for cell in cells] == [cell["max_running"] for cell in cells] == clients
+        for cell in cells:
+            assert cell["completed"] >= 1 and cell["failed"] == 0 and cell["mean_completion_tokens"] == 16
+            assert 0 < cell["ttft_p50"] <= cell["ttft_p95"]
+    for row in modes["comparison"]:
+        assert row["requests_per_second_vs_prefix"] > 0 and row["ttft_p50_vs_full"] > 0
+    # a row per recurrent mixer kind, batched against one at a time at its client count
+    families = result["throughput"]["families"]["rows"]
+    assert [row["model_type"] for row in families] == list(result["config"]["family_kinds"])
+    for row in families:
+        assert row["mixer"] and row["tiny"] and row["parameters"] > 0
+        for way in ("batched", "one_at_a_time"):
+            [cell] = row[way]
+            assert cell["clients"] == result["config"]["family_clients"] and cell["completed"] >= 1
+            assert cell["failed"] == 0
+        assert row["comparison"][0]["requests_per_second_ratio"] > 0
+    report = (tmp_path / "bench_test.md").read_text()
+    assert "batched / one at a time" in report and "| hypic / prefix, req/s |" in report
+    assert "| jamba | selective scan (Mamba1) |" in report
 
 
 def test_bench_sections_are_checked(tmp_path) -> None:

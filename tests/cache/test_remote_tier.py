@@ -47,7 +47,7 @@ from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry  # noqa: E402
 from hypic_rag.cache.errors import RemoteTierConfigError  # noqa: E402
 from hypic_rag.cli.main import main  # noqa: E402
 from hypic_rag.pipeline import RagPipeline  # noqa: E402
-from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute  # noqa: E402
+from hypic_rag.precompute import PrecomputeOptions, precompute  # noqa: E402
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM  # noqa: E402
 from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port  # noqa: E402
@@ -472,13 +472,13 @@ def test_remote_stopped_during_a_query_answers_stay_right(
             client.copy_object(Bucket=bucket, Key=item["Key"], CopySource={"Bucket": host_a[1], "Key": item["Key"]})
     assert len(objects(s3.url, bucket)) == len(objects(s3.url, host_a[1])) - 1
 
-    encode = pipeline.engine.encode_segments
+    encode = pipeline.engine.entries.encode  # where the engine's get-or-encode encodes its misses
 
     def encode_while_the_remote_goes_away(*args, **kwargs):
         front.stop()  # the prefix missed remotely; the remote is gone before the chunks are looked up
         return encode(*args, **kwargs)
 
-    pipeline.engine.encode_segments = encode_while_the_remote_goes_away
+    pipeline.engine.entries.encode = encode_while_the_remote_goes_away
     try:
         with caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
             answer = pipeline.answer(QUESTION, top_k=3, params=PARAMS)

@@ -230,3 +230,23 @@ def test_jamba_final_state_and_decode_step_match_transformers() -> None:
             )
             close(stepped[:, :, t], expected_step)
         close(final, expected_state)
+
+
+def test_a_large_batch_runs_in_groups_of_rows_with_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step recurrence and the start-state outputs take a batch whose states would leave cache in groups of
+    rows (`STATE_BLOCK_ELEMENTS`, `START_OUTPUT_ELEMENTS`): every row gets the values it gets in one call."""
+    from hypic_rag.runtime.ops.selective_scan import recurrent, transition
+
+    x, dt, a, b, c, d, start = random_inputs(7, 12, 9, 5, seed=11)
+    whole_output, whole_state = recurrent_selective_scan(x, dt, a, b, c, d, start)
+    _, cumulative_dt, _, _ = selective_scan_with_transition(x, dt, a, b, c, d)
+    whole_added = selective_scan_start_output(cumulative_dt, a, c, start)
+    monkeypatch.setattr(recurrent, "STATE_BLOCK_ELEMENTS", 2 * 12 * 5)  # groups of two rows (and one of one)
+    monkeypatch.setattr(transition, "START_OUTPUT_ELEMENTS", 3 * 12 * 9 * 5)  # groups of three rows
+    output, state = recurrent_selective_scan(x, dt, a, b, c, d, start)
+    torch.testing.assert_close(output, whole_output, atol=0, rtol=0)
+    torch.testing.assert_close(state, whole_state, atol=0, rtol=0)
+    torch.testing.assert_close(selective_scan_start_output(cumulative_dt, a, c, start), whole_added, atol=0, rtol=0)
+    expected_output, expected_state = naive_selective_scan(x, dt, a, b, c, d, start)
+    close(output, expected_output)
+    close(state, expected_state)

@@ -16,7 +16,7 @@ from hypic_rag.cli.main import main
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.embeddings import default_embedder_path
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+from hypic_rag.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 
 DOCUMENTS = {

@@ -19,7 +19,7 @@ from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.retrieval.precompute import PrecomputeOptions, precompute
+from hypic_rag.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 
 WORDS = (

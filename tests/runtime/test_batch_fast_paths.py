@@ -1,26 +1,34 @@
-"""The batched pass's fast paths against the general code beside them (fp32, 1e-5): a decode step of every
-Gated DeltaNet layer at once (`_linear_decode_steps`) against the walk over spans, and the cached maps of several
-sequences in one batched product (`_apply_cached_together`) against one at a time (`_apply_cached`)."""
+"""The batched pass's fast paths against the plain code beside them (fp32, 1e-5): the recurrent layers' decode
+steps of every item at once, `packed` scans and `mapped` runs (`recurrent_pass.FAST_PATHS`) against every item
+stepped through the wavefront; the cached maps of several items in one batched product against one at a time; the
+last block on each item's last token only against every row. Mixed batches: prefills of every mode (hypic: seams
+and question; prefix: checkpoints; addition) with a decode step among them, for recurrent mixers of every kind."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
-from hypic_rag.entry import tensor_name
-from hypic_rag.runtime import batch
-from hypic_rag.runtime.batch import BatchItem, decode_batch, run_batch
+from hypic_rag.entry import SEAM_TOKENS, tensor_name
+from hypic_rag.runtime import recurrent_pass
+from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.engine import Engine
+from hypic_rag.runtime.layout import Layout, Span, StackItem
 from hypic_rag.runtime.model import wrap_model
+from hypic_rag.runtime.modes import MODES
 from hypic_rag.runtime.request import Request
-from hypic_rag.runtime.stack import StackOptions
+from hypic_rag.runtime.stack import decode_batch, run_batch
 from hypic_rag.testing import build_tiny_model
 
 ATOL = 1e-5
+FAMILIES = ("qwen3_5", "qwen3_next", "granitemoehybrid", "kimi_linear", "jamba", "minimax", "lfm2")
+"""Gated DeltaNet (packed on CPU) twice, SSD, KDA, Mamba1, lightning, short conv (no state)."""
 
 
-@pytest.fixture(scope="module", params=("qwen3_5", "qwen3_next"))
+@pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
     return wrap_model(build_tiny_model(request.param, seed=7))
 
@@ -32,41 +40,56 @@ def _copy(state: SequenceState) -> SequenceState:
     return copy
 
 
+def _ids(generator: torch.Generator, model, count: int) -> list[int]:
+    vocab = model.hf_model.config.get_text_config().vocab_size
+    return torch.randint(0, min(vocab, 256), (count,), generator=generator).tolist()
+
 
 def _decode_among_prefills(model, requests: list[Request], token: int):
     """(a running sequence after requests[0]'s hypic prefill, items(state) -> one decode step of `token` from that
     state followed by the prefill of every request in every mode): the mixed batch the fast-path tests compare."""
-    from hypic_rag.runtime.modes import MODES
-
     engine = Engine(model, seam_tokens=4)
-    running = run_batch(model, [BatchItem(plan.spans, plan.initial, plan.options, reserve=2) for plan in
-                                [engine.plan_prefill(requests[0], "hypic")]])[0].state
+    running = run_batch(model, [engine.plan_prefill(requests[0], "hypic").item(reserve=2)])[0].state
     plans = [engine.plan_prefill(request, mode) for request in requests for mode in MODES]
 
-    def items(decoding: SequenceState) -> list[BatchItem]:
-        return [BatchItem([batch.Span([token], decoding.length, 1)], decoding)] + [
-            BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints) for plan in plans]
+    def items(decoding: SequenceState) -> list[StackItem]:
+        return [StackItem([Span([token], decoding.length, 1)], decoding)] + [plan.item() for plan in plans]
 
     return running, items
 
+
+def _assert_same(got, want) -> None:
+    torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
+    assert got.state.length == want.state.length
+    for layer_index, linear in want.state.linear.items():
+        torch.testing.assert_close(got.state.linear[layer_index].recurrent, linear.recurrent, atol=ATOL, rtol=1e-5)
+        torch.testing.assert_close(got.state.linear[layer_index].conv_tail, linear.conv_tail, atol=ATOL, rtol=1e-5)
+    length = want.state.length
+    for layer_index, keys in want.state.keys.items():
+        torch.testing.assert_close(got.state.keys[layer_index][:, :length], keys[:, :length], atol=ATOL, rtol=0)
+        torch.testing.assert_close(got.state.values[layer_index][:, :length],
+                                   want.state.values[layer_index][:, :length], atol=ATOL, rtol=0)
+    assert len(got.checkpoints) == len(want.checkpoints)
+    for got_checkpoint, want_checkpoint in zip(got.checkpoints, want.checkpoints):
+        for layer_index, linear in want_checkpoint.linear.items():
+            torch.testing.assert_close(got_checkpoint.linear[layer_index].recurrent, linear.recurrent,
+                                       atol=ATOL, rtol=1e-5)
+
+
 def test_decode_steps_of_all_sequences_at_once_equal_the_walk(model, monkeypatch) -> None:
     generator = torch.Generator().manual_seed(0)
-    ids = lambda count: torch.randint(0, 256, (count,), generator=generator).tolist()  # noqa: E731
     engine = Engine(model, seam_tokens=4)
-    requests = [Request(ids(3), [ids(9), ids(14)], ids(n)) for n in (2, 5, 7)]
-    plans = [engine.plan_prefill(request, "hypic") for request in requests]
-    prefilled = run_batch(model, [BatchItem(plan.spans, plan.initial, plan.options, reserve=4) for plan in plans])
+    requests = [Request(_ids(generator, model, 3), [_ids(generator, model, 9), _ids(generator, model, 14)],
+                        _ids(generator, model, n)) for n in (2, 5, 7)]
+    prefilled = run_batch(model, [engine.plan_prefill(request, "hypic").item(reserve=4) for request in requests])
     fast_states = [result.state for result in prefilled]
     slow_states = [_copy(state) for state in fast_states]
     assert len({state.length for state in fast_states}) == 3
-    for step in range(4):
-        tokens = ids(len(requests))
-        assert batch._all_decode_steps(batch._lay_out(
-            [BatchItem([batch.Span([t], s.length, 1)], s) for s, t in zip(fast_states, tokens)], model.device)[0],
-            next(i for i, kind in enumerate(model.layer_types) if kind == batch.LINEAR_LAYER))
+    for _ in range(4):
+        tokens = _ids(generator, model, len(requests))
         fast = decode_batch(model, fast_states, tokens)
         with monkeypatch.context() as patch:
-            patch.setattr(batch, "_all_decode_steps", lambda layouts, layer_index: False)
+            patch.setattr(recurrent_pass, "FAST_PATHS", False)
             slow = decode_batch(model, slow_states, tokens)
         torch.testing.assert_close(fast, slow, atol=ATOL, rtol=0)
         for fast_state, slow_state in zip(fast_states, slow_states):
@@ -75,11 +98,13 @@ def test_decode_steps_of_all_sequences_at_once_equal_the_walk(model, monkeypatch
                 torch.testing.assert_close(linear.conv_tail, slow_state.linear[layer_index].conv_tail, atol=ATOL, rtol=0)
 
 
-def test_a_prefill_item_is_not_taken_for_a_decode_step(model) -> None:
-    engine = Engine(model, seam_tokens=4)
-    plan = engine.plan_prefill(Request([1, 2], [[3, 4, 5, 6, 7]], [8]), "hypic")
-    layouts, _ = batch._lay_out([BatchItem(plan.spans, plan.initial, plan.options)], model.device)
-    assert not batch._all_decode_steps(layouts, 0)
+def test_a_prefill_item_is_not_taken_for_a_decode_step() -> None:
+    layout = Layout(StackItem([Span([3, 4, 5], 2, 3)]), [Span([3, 4, 5], 2, 3)], [(0, 3)], 0, 2, 5, 3, torch.zeros(3))
+    assert not layout.is_decode_step()
+    single = Span([3], 2, 1)
+    assert Layout(StackItem([single]), [single], [(0, 1)], 0, 2, 3, 1, torch.zeros(1)).is_decode_step()
+    assert not Layout(StackItem([single], want_checkpoints=True), [single], [(0, 1)], 0, 2, 3, 1,
+                      torch.zeros(1)).is_decode_step()
 
 
 @pytest.mark.parametrize("composition", ["transition", "addition"])
@@ -89,74 +114,65 @@ def test_cached_maps_applied_together_equal_one_at_a_time(composition: str) -> N
 
     def entry() -> dict[str, torch.Tensor]:
         return {tensor_name(layer, "transition"): torch.randn(heads, key_dim, key_dim, generator=generator),
-                tensor_name(layer, "suffix_state"): torch.randn(heads, key_dim, value_dim, generator=generator)}
+                tensor_name(layer, "suffix_state"): torch.randn(heads, key_dim, value_dim, generator=generator),
+                SEAM_TOKENS: torch.tensor(0)}
 
-    states = [torch.randn(heads, key_dim, value_dim, generator=generator) for _ in range(4)]
-    mapped = [(0, entry()), (2, entry()), (3, entry())]
-    layouts = [batch._Layout(BatchItem([], options=StackOptions(composition=composition)), [], [], 0, 0, 0, 0,
-                             torch.zeros(0)) for _ in states]
-    expected = list(states)
-    for number, cached in mapped:
-        expected[number] = batch._apply_cached(states[number], cached, layer, composition)
-    together = list(states)
-    batch._apply_cached_together(together, mapped, layer, layouts)
-    for got, want, before in zip(together, expected, states):
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-5)
-    assert together[1] is states[1]
+    mode = "addition" if composition == "addition" else "hypic"
+    starts = [torch.randn(heads, key_dim, value_dim, generator=generator) for _ in range(3)]
+    cached = [[(entry(), 0) for _ in range(count)] for count in (2, 1, 3)]
 
+    def walks() -> list:
+        made = []
+        for start in starts:
+            item = StackItem([Span([1], 0, 1)], assembly=Assembly(mode))
+            layout = Layout(item, item.spans, [(0, 1)], 0, 0, 1, 1, torch.zeros(1))
+            made.append(recurrent_pass._Walk(layout, [], [], [], torch.zeros(0), start))
+        return made
 
-def test_runs_in_parallel_through_affine_maps_equal_the_wavefront(model, monkeypatch) -> None:
-    """Prefills of every mode (hypic: seams and question; prefix: checkpoints; addition) together, with a decode
-    step among them: logits, end states and span checkpoints equal the step-by-step wavefront's."""
-    import random
-
-
-    generator = torch.Generator().manual_seed(3)
-    rng = random.Random(3)
-    ids = lambda count: torch.randint(0, 256, (count,), generator=generator).tolist()  # noqa: E731
-    pool = [ids(rng.randint(3, 30)) for _ in range(6)]
-    requests = [Request(ids(rng.randint(0, 5)), [rng.choice(pool) for _ in range(rng.randint(1, 5))], ids(rng.randint(1, 9)))
-                for _ in range(3)]
-    running, items = _decode_among_prefills(model, requests, token=5)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(batch, "PARALLEL_RUNS", True)
-        fast = run_batch(model, items(_copy(running)))
-    with monkeypatch.context() as patch:
-        patch.setattr(batch, "PARALLEL_RUNS", False)
-        slow = run_batch(model, items(_copy(running)))
-    for got, want in zip(fast, slow):
-        torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
-        for layer_index, linear in want.state.linear.items():
-            torch.testing.assert_close(got.state.linear[layer_index].recurrent, linear.recurrent, atol=ATOL, rtol=1e-5)
-        assert len(got.checkpoints) == len(want.checkpoints)
-        for got_checkpoint, want_checkpoint in zip(got.checkpoints, want.checkpoints):
-            for layer_index, linear in want_checkpoint.linear.items():
-                torch.testing.assert_close(got_checkpoint.linear[layer_index].recurrent, linear.recurrent,
-                                           atol=ATOL, rtol=1e-5)
+    together = walks()
+    steps = [recurrent_pass._Step(0, cached=maps) for maps in cached]
+    recurrent_pass._apply_cached_steps(together, steps, layer, "matrix")
+    for walk, start, maps in zip(together, starts, cached):
+        alone = recurrent_pass.apply_cached_maps(start, maps, layer, composition, "matrix")
+        torch.testing.assert_close(walk.state, alone, atol=ATOL, rtol=1e-5)
+        expected = start
+        for cached_entry, _ in maps:  # the definition: S <- P S + Z (S + Z in addition), span by span
+            suffix = cached_entry[tensor_name(layer, "suffix_state")]
+            transition = cached_entry[tensor_name(layer, "transition")]
+            expected = expected + suffix if composition == "addition" else transition @ expected + suffix
+        torch.testing.assert_close(walk.state, expected, atol=1e-4, rtol=1e-5)
+        assert walk.layout.compose_seconds > 0
 
 
-def test_the_last_layer_for_the_last_tokens_only_equals_every_row(model, monkeypatch) -> None:
-    """Trimming the last layer to each item's last token changes no logits and no state (keys, values, recurrent
-    states of every token are still written), for prefills of every mode with a decode among them."""
+def _requests(model, seed: int, count: int) -> list[Request]:
+    generator = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    pool = [_ids(generator, model, rng.randint(3, 30)) for _ in range(6)]
+    return [Request(_ids(generator, model, rng.randint(0, 5)), [rng.choice(pool) for _ in range(rng.randint(1, 5))],
+                    _ids(generator, model, rng.randint(1, 9))) for _ in range(count)]
 
-    generator = torch.Generator().manual_seed(4)
-    ids = lambda count: torch.randint(0, 256, (count,), generator=generator).tolist()  # noqa: E731
-    requests = [Request(ids(2), [ids(11), ids(6)], ids(n)) for n in (1, 4)]
-    running, items = _decode_among_prefills(model, requests, token=7)
 
-    assert batch.TRIM_LAST_LAYER
+def test_the_fast_ways_equal_the_wavefront(model, monkeypatch) -> None:
+    """Prefills of every mode with a decode step among them: logits, end states and span checkpoints of the fast
+    ways (packed, mapped, decode steps) equal every item stepped through the wavefront."""
+    running, items = _decode_among_prefills(model, _requests(model, 3, 3), token=5)
     fast = run_batch(model, items(_copy(running)))
     with monkeypatch.context() as patch:
-        patch.setattr(batch, "TRIM_LAST_LAYER", False)
+        patch.setattr(recurrent_pass, "FAST_PATHS", False)
         slow = run_batch(model, items(_copy(running)))
     for got, want in zip(fast, slow):
-        torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
-        assert got.state.length == want.state.length
-        for layer_index, keys in want.state.keys.items():
-            length = want.state.length
-            torch.testing.assert_close(got.state.keys[layer_index][:, :length], keys[:, :length], atol=ATOL, rtol=0)
-            torch.testing.assert_close(got.state.values[layer_index][:, :length], want.state.values[layer_index][:, :length],
-                                       atol=ATOL, rtol=0)
-        for layer_index, linear in want.state.linear.items():
-            torch.testing.assert_close(got.state.linear[layer_index].recurrent, linear.recurrent, atol=ATOL, rtol=1e-5)
+        _assert_same(got, want)
+
+
+def test_the_last_block_for_the_last_tokens_only_equals_every_row(model) -> None:
+    """Trimming the last block to each item's last token changes no logits and no state (keys, values, recurrent
+    states of every token are still written), for prefills of every mode with a decode among them."""
+    generator = torch.Generator().manual_seed(4)
+    requests = [Request(_ids(generator, model, 2), [_ids(generator, model, 11), _ids(generator, model, 6)],
+                        _ids(generator, model, n)) for n in (1, 4)]
+    running, items = _decode_among_prefills(model, requests, token=7)
+    fast = run_batch(model, items(_copy(running)))
+    slow = run_batch(model, items(_copy(running)), want_all_logits=True)
+    for got, want in zip(fast, slow):
+        _assert_same(got, want)
+        torch.testing.assert_close(want.all_logits[-1], want.logits, atol=0, rtol=0)

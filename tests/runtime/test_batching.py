@@ -1,7 +1,7 @@
 """Continuous batching is exact: a batch gives every sequence what it gets alone (fp32 logits within 1e-5,
 identical tokens), for batched decode over sequences of different lengths, batched prefills of every mode, and
 random mixes of requests arriving at different steps of the scheduler. The reference is the one-sequence path
-(`Engine.prefill` / `Engine.decode_step` / `Engine.generate`, i.e. `run_stack`)."""
+(`Engine.prefill` / `Engine.decode_step` / `Engine.generate`: the same pass and step function with one sequence)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import threading
 import pytest
 import torch
 
-from hypic_rag.runtime.batch import BatchItem, decode_batch, run_batch
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
@@ -19,6 +18,7 @@ from hypic_rag.runtime.modes import MODES
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.segment_source import MemorySegmentSource
+from hypic_rag.runtime.stack import decode_batch, run_batch
 from hypic_rag.scheduler import (
     CallbackSink,
     QueueSink,
@@ -97,9 +97,7 @@ def test_batched_prefills_of_every_mode_equal_each_alone(model) -> None:
     engine = Engine(model, seam_tokens=4)
     requests = random_requests(1, 4)
     plans = [(request, mode, engine.plan_prefill(request, mode)) for request in requests for mode in MODES]
-    results = run_batch(model, [
-        BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints, reserve=2) for _, _, plan in plans
-    ])
+    results = run_batch(model, [plan.item(reserve=2) for _, _, plan in plans])
     for (request, mode, plan), result in zip(plans, results):
         alone = engine.prefill(request, mode)
         torch.testing.assert_close(result.logits, alone.logits, atol=ATOL, rtol=0, msg=f"mode {mode}")
@@ -116,7 +114,7 @@ def test_prefix_mode_checkpoints_from_a_batch_serve_later_requests(qwen35) -> No
     prefix, chunks = token_ids(generator, 5), [token_ids(generator, 12) for _ in range(3)]
     first = Request(prefix, chunks, token_ids(generator, 4))
     plan = engine.plan_prefill(first, "prefix")
-    [result] = run_batch(qwen35, [BatchItem(plan.spans, plan.initial, plan.options, plan.want_checkpoints)])
+    [result] = run_batch(qwen35, [plan.item()])
     engine.finish_prefill(plan, result)  # keeps the chunk-boundary checkpoints
     reference.prefill(first, "prefix")
     later = Request(prefix, chunks[:2] + [token_ids(generator, 9)], token_ids(generator, 3))
@@ -369,19 +367,16 @@ def test_the_scheduler_applies_each_requests_recompute_policy(qwen35, engine_pol
         assert_same_generation(sink.future.result(timeout=0), expected)
 
 
-def test_scheduler_serves_a_family_the_batched_pass_does_not_cover() -> None:
-    """granitemoehybrid (Mamba2 / SSD + NoPE attention) is not a Qwen family: `run_batch` refuses it and the
-    scheduler runs its items one at a time (`run_each`), with the same scheduling (several sequences per step,
-    cold segments encoded over steps, every mode) and exactly the tokens each request gets alone."""
+def test_scheduler_batches_a_family_beyond_qwen() -> None:
+    """granitemoehybrid (Mamba2 / SSD + NoPE attention) goes through the same batched pass as the Qwen families:
+    several sequences per step, cold segments encoded over steps, every mode, and exactly the tokens each request
+    gets alone (every family: tests/runtime/test_batching_families.py)."""
     model = wrap_model(build_tiny_model("granitemoehybrid", seed=3))
     jobs = random_jobs(2, 10)
     reference = Engine(model, seam_tokens=4)
     alone = [reference.generate(request, mode, params) for request, mode, params, _ in jobs]
     engine = Engine(model, seam_tokens=4)
     scheduler = Scheduler(engine, SchedulerConfig(max_running=4, step_tokens=64, encode_tokens=40))
-    assert not scheduler.batched
-    with pytest.raises(ValueError, match="run_each"):
-        run_batch(model, [BatchItem(engine.plan_prefill(jobs[0][0], "full").spans)])
     reports = []
     scheduler.on_step = reports.append
     sinks: dict[int, QueueSink] = {}
@@ -399,3 +394,19 @@ def test_scheduler_serves_a_family_the_batched_pass_does_not_cover() -> None:
     assert max(report.sequences for report in reports) > 1
     assert any(report.encoded_tokens for report in reports)
     assert scheduler.running == scheduler.waiting == 0
+
+
+def test_a_stream_of_an_idle_scheduler_runs_its_steps_in_the_consumers_thread(qwen35) -> None:
+    """Nobody runs the scheduler's steps (it was not started): iterating its stream steps it, one sequence per
+    step, with exactly the tokens of `Engine.generate`."""
+    request = random_requests(6, 1)[0]
+    params = SamplingParams(max_new_tokens=6, logprobs=2)
+    alone = Engine(qwen35, seam_tokens=4).generate(request, "hypic", params)
+    reports = []
+    scheduler = Scheduler(Engine(qwen35, seam_tokens=4), on_step=reports.append)
+    stream = scheduler.stream(request, "hypic", params)
+    assert reports == []  # nothing runs before the stream is iterated
+    text = "".join(delta for _, delta in stream)
+    assert_same_generation(stream.result, alone)
+    assert text == alone.text and len(reports) >= len(alone.token_ids)
+    assert all(report.sequences == 1 for report in reports if report.sequences)

@@ -25,9 +25,9 @@ def test_trimmed_last_block_equals_the_every_row_pass(model_type: str) -> None:
 
     request = Request(ids(4), [ids(n) for n in (11, 6, 15)], ids(5))
     for mode in ("full", "hypic"):
-        plan = engine.plan_prefill(request, mode, 3)
-        trimmed = run_stack(engine.model, plan.spans, initial=plan.initial, options=plan.options)
-        every_row = run_stack(engine.model, plan.spans, initial=plan.initial, options=plan.options, want_all_logits=True)
+        plan = engine.plan_prefill(request, mode, seam_tokens=3)
+        trimmed = run_stack(engine.model, plan.spans, initial=plan.initial, assembly=plan.assembly)
+        every_row = run_stack(engine.model, plan.spans, initial=plan.initial, assembly=plan.assembly, want_all_logits=True)
         assert every_row.all_logits.shape[0] == trimmed.recomputed_tokens > 1
         torch.testing.assert_close(trimmed.logits, every_row.all_logits[-1], atol=1e-5, rtol=1e-5)
         for layer, state in every_row.state.linear.items():

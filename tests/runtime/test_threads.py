@@ -99,7 +99,7 @@ def test_prefill_and_generation_equal_with_and_without_sections(two_threads, mon
     for setting in ("0", "1"):
         monkeypatch.setenv("HYPIC_RAG_SERIAL_SMALL_OPS", setting)
         results[setting] = {
-            mode: engine.prefill(request, mode, 4).logits for mode in ("full", "hypic", "transition_rope")
+            mode: engine.prefill(request, mode, seam_tokens=4).logits for mode in ("full", "hypic", "transition_rope")
         }
         results[setting]["tokens"] = engine.generate(request, "hypic", SamplingParams(max_new_tokens=8)).token_ids
         assert torch.get_num_threads() == 2

@@ -235,3 +235,85 @@ def test_the_kernel_import_check_finds_an_importer(tmp_path: Path) -> None:
     inside.write_text("from hypic_rag.kernels import triton_enabled\n")
     found = kernel_importers([("hypic_rag.bench.outside", outside), ("hypic_rag.runtime.ops.rope.inside", inside)])
     assert found == {"hypic_rag.bench.outside": ["hypic_rag.kernels.compose", "hypic_rag.kernels.compose.compose_affine"]}
+
+
+def runtime_module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of `hypic_rag.runtime` it imports (anywhere in it), for the modules of the runtime."""
+    known = {module for module, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules():
+        if module == "hypic_rag.runtime" or not module.startswith("hypic_rag.runtime."):
+            continue
+        graph[module] = {
+            imported for imported in imported_modules(module, path)
+            if imported in known and imported.startswith("hypic_rag.runtime.") and imported != module
+            and not module.startswith(imported + ".")  # a package's own `__init__` (run first, not a cycle)
+        }
+    return graph
+
+
+def test_no_import_cycle_inside_the_runtime() -> None:
+    """The runtime's modules import each other in one order (top level, inside functions and under TYPE_CHECKING
+    alike): layers below mixers below blocks and families, the stack pass below the engine, and so on."""
+    graph = runtime_module_graph()
+    assert {"hypic_rag.runtime.stack", "hypic_rag.runtime.layers", "hypic_rag.runtime.engine"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle or [])}"
+
+
+def test_the_retrieval_package_does_not_import_the_session() -> None:
+    """Retrieval (chunking, indexing, the encoding workers) is below the session: what it shares with it (encoding
+    tasks and batches) lives in the runtime's get-or-encode module."""
+    offenders = {
+        module: sorted(imported for imported in imported_modules(module, path)
+                       if imported == "hypic_rag.session" or imported.startswith("hypic_rag.session."))
+        for module, path in modules()
+        if module.startswith("hypic_rag.retrieval")
+    }
+    assert "hypic_rag.retrieval.encoding_pool" in offenders
+    assert {module: found for module, found in offenders.items() if found} == {}
+
+
+GET_OR_ENCODE = "hypic_rag.runtime.get_or_encode"
+SOURCE_METHODS = {"get_or_encode_segments", "missing_segments"}
+"""The segment-source methods that find entries in the tiers (and store the misses given): only the one get-or-encode
+home calls them; the cache defines them (and the runtime's protocol and in-memory source)."""
+
+
+def test_one_home_of_the_get_or_encode_step() -> None:
+    """Outside the cache and the segment-source protocol, only `runtime/get_or_encode.py` looks entries up in a
+    segment source or encodes segments with the model (`runtime.encode.encode_segments`), and the step is defined
+    once: no other module defines a `get_or_encode`, `keep` of entries, or encoding batches."""
+    callers: dict[str, set[str]] = {}
+    definers: dict[str, set[str]] = {}
+    for module, path in modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SOURCE_METHODS:
+                callers.setdefault(node.func.attr, set()).add(module)
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in (
+                "get_or_encode", "encoding_batches", "plan_encode_batches", "fill_steps", "SegmentTask", "_keep",
+            ):
+                definers.setdefault(node.name, set()).add(module)
+    outside = {
+        method: sorted(module for module in found if module != GET_OR_ENCODE and not module.startswith("hypic_rag.cache."))
+        for method, found in callers.items()
+    }
+    assert callers.get("get_or_encode_segments", set()) >= {GET_OR_ENCODE}
+    assert outside == {method: [] for method in callers}, outside
+    model_encoders = {module for module, path in modules() if "hypic_rag.runtime.encode" in imported_modules(module, path)
+                      and "hypic_rag.runtime.encode.encode_segments" in imported_modules(module, path)}
+    assert model_encoders == {GET_OR_ENCODE}
+    assert definers.get("_keep", set()) == set(), f"a second keep of encoded entries: {definers.get('_keep')}"
+    assert definers["get_or_encode"] == {GET_OR_ENCODE, "hypic_rag.cache.segment_cache"}
+    assert definers["encoding_batches"] == definers["SegmentTask"] == {GET_OR_ENCODE}
+    assert definers["plan_encode_batches"] == {"hypic_rag.runtime.encode"}
+    assert definers["fill_steps"] <= {GET_OR_ENCODE, "hypic_rag.session"}
+
+
+def test_the_checks_above_can_fail() -> None:
+    """The runtime graph finder sees a real edge, and the cycle finder a cycle between two of its modules."""
+    graph = runtime_module_graph()
+    assert "hypic_rag.runtime.layers" in graph["hypic_rag.runtime.stack"]
+    graph["hypic_rag.runtime.layers"] = graph["hypic_rag.runtime.layers"] | {"hypic_rag.runtime.stack"}
+    assert find_cycle(graph) is not None

@@ -15,7 +15,10 @@ from hypic_rag.runtime.ops.selective_scan.dispatch import selective_scan
 from hypic_rag.runtime.ops.selective_scan.scan import DEFAULT_BLOCK_SIZE
 
 START_OUTPUT_BLOCK = 64
-"""Tokens per block in `selective_scan_start_output`, bounding its temporary to [batch, D, 64, N]."""
+"""Tokens per block in `selective_scan_start_output`, bounding its temporary to [rows, D, 64, N]."""
+START_OUTPUT_ELEMENTS = 1 << 20
+"""At most about this many elements in `selective_scan_start_output`'s temporary (fewer rows of the batch at once
+when it would be larger): a batch of many runs stays as fast per run as a few (memory traffic, not arithmetic)."""
 
 
 def selective_scan_with_transition(
@@ -56,11 +59,18 @@ def selective_scan_start_output(
         [batch, D, T] float32; the span's outputs from S_0 are output_zero_start + this.
     """
     a, c, start = a.float(), c.float(), start.float()
+    batch, channels, length = cumulative_dt.shape
     result = torch.empty(cumulative_dt.shape, dtype=torch.float32, device=cumulative_dt.device)
-    for begin in range(0, cumulative_dt.shape[-1], START_OUTPUT_BLOCK):
-        end = begin + START_OUTPUT_BLOCK
-        decay = torch.exp(cumulative_dt[:, :, begin:end, None].float() * a[:, None, :])  # [batch, D, block, N]
-        result[:, :, begin:end] = ((decay * start[:, :, None, :]) * c[:, None, begin:end]).sum(-1)
+    block = min(START_OUTPUT_BLOCK, max(length, 1))
+    rows = max(1, START_OUTPUT_ELEMENTS // (channels * block * a.shape[1]))
+    for first in range(0, batch, rows):
+        last = first + rows
+        for begin in range(0, length, block):
+            end = begin + block
+            decay = torch.exp(cumulative_dt[first:last, :, begin:end, None].float() * a[:, None, :])  # [rows, D, block, N]
+            result[first:last, :, begin:end] = (
+                (decay * start[first:last, :, None, :]) * c[first:last, None, begin:end]
+            ).sum(-1)
     return result
 
 

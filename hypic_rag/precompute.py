@@ -1,5 +1,8 @@
 """Precompute: load a corpus, chunk, embed, index, and encode every chunk into the segment cache.
 
+It builds an index (`retrieval`) and fills the cache of the `session.ModelSession` it was built for, so it sits
+above both, as `pipeline.py` does (the retrieval package never imports the session).
+
     summary = precompute(PrecomputeOptions(corpus="docs/", index_dir="index/", model_path="model/"))
 
 Resumable at every step: documents are committed one by one (an unchanged document is skipped by its content
@@ -39,8 +42,8 @@ from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
-from hypic_rag.session import CacheOptions, ModelSession, SegmentPlan, distinct_segments, plan_segments
-from hypic_rag.session import SegmentEncoder as SegmentEncoderLike
+from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
+from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.streaming import ResultStream
 
 if TYPE_CHECKING:
@@ -133,10 +136,10 @@ class ScaleOut(Protocol):
     def encoder(
         self, engine: Any, spec: EncoderSpec, *, remote: RemoteTierConfig | None = None,
         namespace: CacheNamespace | None = None,
-    ) -> AbstractContextManager[SegmentEncoderLike]:
+    ) -> AbstractContextManager[TaskEncoder]:
         """An encoder of `spec`'s model running `engine`'s batches (closed at the end of the `with`). With `remote`
         and `namespace` (the cache's), it may store entries in that remote tier itself, as the bytes the cache
-        would write, and yield `session.StoredRemotely` for them."""
+        would write, and yield `get_or_encode.StoredRemotely` for them."""
         ...
 
 
@@ -183,7 +186,7 @@ class PrecomputeSummary:
 def encode_plans(
     session: ModelSession,
     plans: Sequence[SegmentPlan],
-    encoder: SegmentEncoder | None = None,
+    encoder: TaskEncoder | None = None,
     *,
     show_progress: bool = True,
 ) -> EncodeReport:
