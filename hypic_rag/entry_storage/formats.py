@@ -1,0 +1,286 @@
+"""Cache formats: how each kind of an entry's tensors is stored, and the decoding of any stored form.
+
+A `CacheFormat` gives every tensor kind its `TensorCoding`:
+
+- ``transition`` (P), ``suffix_state`` (Z), ``conv_tail``, ``key_value`` (attention K and V);
+- a coding is a float cast (``float32``, ``float16``, ``bfloat16``), ``int{bits}/{group}`` (integer groups of at
+  most `group` values along the last dimension, `bits` 2..8, a bfloat16 scale per group: `quantize.quantize_int`)
+  or ``fp8/{group}`` (float8 e4m3 groups with a scale: `quantize.quantize_float8`);
+- a tensor a group coding cannot cut (its last dimension is not a multiple of 8: a scalar-decay P [H, 1, 1], a conv
+  tail [C, kernel - 1]) is stored in the coding's `fallback` float dtype; a tensor with a non-finite value, or one
+  beyond float16's range for a float16 cast, keeps its dtype. Token ids and ``seam_tokens`` are never changed.
+
+The stored form of a compressed tensor ``X`` is a set of parts (`hypic_rag.entry.STORED_PART_SEPARATOR`):
+``X#int{bits}`` (codes) or ``X#fp8`` (float8 bytes) with ``X#scale``; a cast tensor keeps its name. Decoding
+(`decompress_entry`) needs no format: the parts say how they were made, and it runs on whatever device the parts
+are moved to first. State tensors decode to float32 (composition runs in float32), K/V to the model's dtype.
+
+`CACHE_FORMATS` names the formats users choose from (`--cache-format`); `float32` stores entries as encoded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from hypic_rag.entry import SEAM_TOKENS, STORED_PART_SEPARATOR, TOKEN_IDS, Entry, base_name
+from hypic_rag.entry_storage.quantize import (
+    dequantize_float8,
+    dequantize_int,
+    float8_supported,
+    group_size,
+    quantize_float8,
+    quantize_int,
+)
+
+TENSOR_KINDS = ("transition", "suffix_state", "conv_tail", "key_value")
+"""The kinds a format codes separately: P, Z, conv tails, attention K/V."""
+STATE_KINDS = ("transition", "suffix_state", "conv_tail")
+FLOAT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SCALE_PART = "scale"
+FLOAT8_PART = "fp8"
+_INT_PART = re.compile(r"int([2-8])")
+_SPEC = re.compile(r"(?:(?P<float>float32|float16|bfloat16)|int(?P<bits>[2-8])/(?P<group>\d+)|fp8/(?P<fp8>\d+))")
+
+
+def tensor_kind(name: str) -> str | None:
+    """The kind (`TENSOR_KINDS`) of the tensor named `name` (or of a stored part of it); None for token ids,
+    ``seam_tokens`` and any other tensor."""
+    name = base_name(name)
+    for kind in STATE_KINDS:
+        if name.endswith(f".{kind}"):
+            return kind
+    if name.endswith((".key", ".value")):
+        return "key_value"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorCoding:
+    """How one tensor kind is stored; `spec` is one of ``float32``, ``float16``, ``bfloat16``, ``int{bits}/{group}``
+    (bits 2..8, group a multiple of 8), ``fp8/{group}``. `fallback`: the float dtype of a tensor the group coding
+    cannot cut (see the module)."""
+
+    spec: str
+    fallback: str = "float16"
+    method: str = field(init=False)
+    bits: int = field(init=False)
+    group: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        match = _SPEC.fullmatch(self.spec)
+        if match is None:
+            raise ValueError(f"unknown tensor coding {self.spec!r}; expected float32, float16, bfloat16, "
+                             "int{bits}/{group} (bits 2-8) or fp8/{group}")
+        if self.fallback not in FLOAT_DTYPES:
+            raise ValueError(f"the fallback of a coding is one of {sorted(FLOAT_DTYPES)}, got {self.fallback!r}")
+        if match["float"]:
+            method, bits, group = "float", torch.finfo(FLOAT_DTYPES[self.spec]).bits, 0
+        elif match["bits"]:
+            method, bits, group = "int", int(match["bits"]), int(match["group"])
+        else:
+            method, bits, group = "fp8", 8, int(match["fp8"])
+            if not float8_supported():
+                raise ValueError("fp8 codings need torch's float8_e4m3fn dtype (torch >= 2.1)")
+        if method != "float" and (group < 8 or group % 8):
+            raise ValueError(f"a group size is a positive multiple of 8, got {group} in {self.spec!r}")
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "bits", bits)
+        object.__setattr__(self, "group", group)
+
+    @property
+    def is_identity(self) -> bool:
+        """Stores tensors as they are (float32 entries)."""
+        return self.spec == "float32"
+
+    def store(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The stored parts of tensor `name` (see the module): itself, a cast copy, or codes and scales."""
+        if self.is_identity or not tensor.is_floating_point() or not _finite(tensor):
+            return {name: tensor}
+        if self.method == "float":
+            return {name: _cast(tensor, FLOAT_DTYPES[self.spec])}
+        group = group_size(tensor.shape[-1], self.group) if tensor.dim() else None
+        if group is None or tensor.numel() == 0:
+            return {name: _cast(tensor, FLOAT_DTYPES[self.fallback])}
+        if self.method == "fp8":
+            codes, scale = quantize_float8(tensor, group)
+            part = FLOAT8_PART
+        else:
+            codes, scale = quantize_int(tensor, self.bits, group)
+            part = f"int{self.bits}"
+        return {f"{name}{STORED_PART_SEPARATOR}{part}": codes, f"{name}{STORED_PART_SEPARATOR}{SCALE_PART}": scale}
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    return tensor.is_meta or bool(torch.isfinite(tensor).all())
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` in `dtype`, unless its values lie beyond that dtype's range (float16 tops out at 65504)."""
+    if tensor.dtype == dtype:
+        return tensor
+    if not tensor.is_meta and tensor.numel() and torch.finfo(dtype).max < torch.finfo(tensor.dtype).max:
+        if bool(tensor.abs().max() > torch.finfo(dtype).max):
+            return tensor
+    return tensor.to(dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFormat:
+    """A named storage format: one `TensorCoding` per tensor kind, and what it is for (`summary`)."""
+
+    name: str
+    transition: TensorCoding
+    suffix_state: TensorCoding
+    conv_tail: TensorCoding
+    key_value: TensorCoding
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", self.name):
+            raise ValueError(f"a cache format name is lower-case letters, digits, '_', '.', '-'; got {self.name!r}")
+
+    def coding(self, kind: str) -> TensorCoding:
+        """The coding of tensor kind `kind` (one of `TENSOR_KINDS`)."""
+        if kind not in TENSOR_KINDS:
+            raise ValueError(f"unknown tensor kind {kind!r}; expected one of {', '.join(TENSOR_KINDS)}")
+        return getattr(self, kind)
+
+    @property
+    def lossless(self) -> bool:
+        """Stores every tensor as encoded."""
+        return all(self.coding(kind).is_identity for kind in TENSOR_KINDS)
+
+    def codings(self) -> dict[str, str]:
+        """Tensor kind -> coding spec (with its fallback where it is not float16)."""
+        return {kind: self.coding(kind).spec + ("" if self.coding(kind).fallback == "float16"
+                                                 or self.coding(kind).method == "float"
+                                                 else f" (else {self.coding(kind).fallback})")
+                for kind in TENSOR_KINDS}
+
+    def compress(self, entry: Mapping[str, torch.Tensor]) -> Entry:
+        """The stored form of `entry` (a new dict; tensors kept as they are where the coding is the identity)."""
+        if self.lossless:
+            return dict(entry)
+        stored: Entry = {}
+        for name, tensor in entry.items():
+            kind = tensor_kind(name)
+            if kind is None or STORED_PART_SEPARATOR in name:
+                stored[name] = tensor
+            else:
+                stored.update(self.coding(kind).store(name, tensor))
+        return stored
+
+
+def _format(name: str, state: str, key_value: str, summary: str, *, transition: str | None = None,
+            conv_tail: str = "float16") -> CacheFormat:
+    return CacheFormat(
+        name,
+        transition=TensorCoding(transition or state, fallback="float32"),
+        suffix_state=TensorCoding(state),
+        conv_tail=TensorCoding(conv_tail),
+        key_value=TensorCoding(key_value),
+        summary=summary,
+    )
+
+
+def _registry() -> dict[str, CacheFormat]:
+    formats = [
+        CacheFormat("float32", *(TensorCoding("float32") for _ in TENSOR_KINDS),
+                    summary="every tensor as encoded (the reference)"),
+        _format("float16", "float16", "float16", "P, Z, conv tails and K/V in float16", conv_tail="float16"),
+        _format("bfloat16", "bfloat16", "bfloat16", "P, Z, conv tails and K/V in bfloat16", conv_tail="bfloat16"),
+        _format("int8", "int8/128", "int8/128", "8-bit integer groups of 128 with a bfloat16 scale"),
+        _format("int6", "int6/128", "int6/128", "6-bit integer groups of 128 with a bfloat16 scale"),
+        _format("int5", "int5/64", "int5/64", "5-bit integer groups of 64 with a bfloat16 scale"),
+        _format("int4", "int4/32", "int4/32", "4-bit integer groups of 32 with a bfloat16 scale"),
+        _format("int3", "int3/32", "int3/32", "3-bit integer groups of 32 with a bfloat16 scale"),
+    ]
+    if float8_supported():
+        formats.insert(3, _format("fp8", "fp8/128", "fp8/128", "float8 e4m3 groups of 128 with a bfloat16 scale"))
+    return {cache_format.name: cache_format for cache_format in formats}
+
+
+CACHE_FORMATS: dict[str, CacheFormat] = _registry()
+"""The formats a cache can be built in, by name (`--cache-format`)."""
+DEFAULT_CACHE_FORMAT = "float32"
+
+
+def cache_format(name: str | CacheFormat) -> CacheFormat:
+    """The registered format called `name` (a `CacheFormat` is returned as it is); ValueError naming the choices."""
+    if isinstance(name, CacheFormat):
+        return name
+    found = CACHE_FORMATS.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise ValueError(f"unknown cache format {name!r}; choose one of {', '.join(CACHE_FORMATS)}")
+    return found
+
+
+def compress_entry(entry: Mapping[str, torch.Tensor], name: str | CacheFormat) -> Entry:
+    """`entry` in its stored form under the format `name` (`CacheFormat.compress`)."""
+    return cache_format(name).compress(entry)
+
+
+def is_compressed(entry: Mapping[str, torch.Tensor]) -> bool:
+    """Whether `entry` holds stored parts that need decoding (not only float tensors under their own names)."""
+    return any(STORED_PART_SEPARATOR in name for name in entry)
+
+
+def decompress_entry(
+    stored: Mapping[str, torch.Tensor],
+    device: torch.device | str | None = None,
+    key_value_dtype: torch.dtype | None = None,
+) -> Entry:
+    """The entry a stored form stands for, on `device` (None: where it lies), decoded there: codes and scales are
+    moved first, then expanded. State tensors (P, Z, conv tails) come out in float32; K/V in `key_value_dtype`
+    (None: float32 for a decoded one, its own dtype for one stored as a float). Token ids and other tensors are
+    only moved. An entry already in that form on `device` is returned as it is (no copy)."""
+    target = torch.device(device) if device is not None else None
+    if not is_compressed(stored) and all(_settled(name, tensor, target, key_value_dtype)
+                                         for name, tensor in stored.items()):
+        return stored if isinstance(stored, dict) else dict(stored)
+    entry: Entry = {}
+    for name, tensor in stored.items():
+        tensor_name, separator, part = name.partition(STORED_PART_SEPARATOR)
+        moved = tensor if target is None else tensor.to(target, non_blocking=True)
+        if not separator:
+            dtype = _decoded_dtype(tensor_name, tensor, key_value_dtype)
+            entry[name] = moved if dtype is None or moved.dtype == dtype else moved.to(dtype)
+            continue
+        if part == SCALE_PART:
+            continue
+        scale_name = f"{tensor_name}{STORED_PART_SEPARATOR}{SCALE_PART}"
+        if scale_name not in stored:
+            raise ValueError(f"stored part {name!r} has no {scale_name!r}")
+        scale = stored[scale_name] if target is None else stored[scale_name].to(target, non_blocking=True)
+        dtype = key_value_dtype if tensor_kind(tensor_name) == "key_value" and key_value_dtype else torch.float32
+        if part == FLOAT8_PART:
+            entry[tensor_name] = dequantize_float8(moved, scale, dtype)
+            continue
+        bits = _INT_PART.fullmatch(part)
+        if bits is None:
+            raise ValueError(f"unknown stored part {name!r}")
+        entry[tensor_name] = dequantize_int(moved, scale, int(bits[1]), dtype)
+    return entry
+
+
+def _decoded_dtype(name: str, tensor: torch.Tensor, key_value_dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype a tensor stored under its own name is handed out in (None: its own)."""
+    if not tensor.is_floating_point() or name in (TOKEN_IDS, SEAM_TOKENS):
+        return None
+    kind = tensor_kind(name)
+    if kind is None:
+        return None
+    if kind == "key_value":
+        return key_value_dtype
+    return torch.float32
+
+
+def _settled(name: str, tensor: torch.Tensor, device: torch.device | None, key_value_dtype: torch.dtype | None) -> bool:
+    if device is not None and tensor.device != device and not (device.type == tensor.device.type and device.index is None):
+        return False
+    dtype = _decoded_dtype(name, tensor, key_value_dtype)
+    return dtype is None or tensor.dtype == dtype
