@@ -96,7 +96,7 @@ class TensorCoding:
         """Stores tensors as they are (float32 entries)."""
         return self.spec == "float32"
 
-    def store(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    def parts_of(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         """The stored parts of tensor `name` (see the module): itself, a cast copy, or codes and scales."""
         if self.is_identity or not tensor.is_floating_point() or not _finite(tensor):
             return {name: tensor}
@@ -171,7 +171,7 @@ class CacheFormat:
             if kind is None or STORED_PART_SEPARATOR in name:
                 stored[name] = tensor
             else:
-                stored.update(self.coding(kind).store(name, tensor))
+                stored.update(self.coding(kind).parts_of(name, tensor))
         return stored
 
 
@@ -194,6 +194,7 @@ def _registry() -> dict[str, CacheFormat]:
         _format("float16", "float16", "float16", "P, Z, conv tails and K/V in float16", conv_tail="float16"),
         _format("bfloat16", "bfloat16", "bfloat16", "P, Z, conv tails and K/V in bfloat16", conv_tail="bfloat16"),
         _format("int8", "int8/128", "int8/128", "8-bit integer groups of 128 with a bfloat16 scale"),
+        _format("int7", "int7/128", "int7/128", "7-bit integer groups of 128 with a bfloat16 scale"),
         _format("int6", "int6/128", "int6/128", "6-bit integer groups of 128 with a bfloat16 scale"),
         _format("int5", "int5/64", "int5/64", "5-bit integer groups of 64 with a bfloat16 scale"),
         _format("int4", "int4/32", "int4/32", "4-bit integer groups of 32 with a bfloat16 scale"),

@@ -7,7 +7,7 @@ import struct
 
 import torch
 
-from hypic_rag.entry_storage.quantize import FLOAT8_MAX
+from hypic_rag.entry_storage.quantize import FLOAT8_MAX, PLANE_WIDTHS
 
 
 def bfloat16_round_up(value: float) -> float:
@@ -62,14 +62,36 @@ def round_half_even(value: float) -> int:
 
 
 def pack_codes(codes: list[int], bits: int) -> bytes:
-    """Codes below 2^bits packed little-endian: code i occupies bits [bits * i, bits * (i + 1)) of the stream."""
-    stream = 0
-    for position, code in enumerate(codes):
-        stream |= code << (bits * position)
-    return stream.to_bytes(len(codes) * bits // 8, "little")
+    """Codes below 2^bits packed as `quantize.pack_codes` lays them out: for each plane of `PLANE_WIDTHS[bits]`
+    (most significant bits first), the codes' bits of that plane, 8 / width per byte, code i of a byte at bit
+    width * i."""
+    if bits == 8:
+        return bytes(codes)
+    data = bytearray()
+    shift = bits
+    for width in PLANE_WIDTHS[bits]:
+        shift -= width
+        per_byte = 8 // width
+        for start in range(0, len(codes), per_byte):
+            byte = 0
+            for index, code in enumerate(codes[start:start + per_byte]):
+                byte |= ((code >> shift) & ((1 << width) - 1)) << (width * index)
+            data.append(byte)
+    return bytes(data)
 
 
 def unpack_codes(data: bytes, bits: int) -> list[int]:
     """The inverse of `pack_codes`."""
-    stream = int.from_bytes(data, "little")
-    return [(stream >> (bits * position)) & ((1 << bits) - 1) for position in range(len(data) * 8 // bits)]
+    if bits == 8:
+        return list(data)
+    count = len(data) * 8 // bits
+    codes = [0] * count
+    offset, shift = 0, bits
+    for width in PLANE_WIDTHS[bits]:
+        shift -= width
+        per_byte = 8 // width
+        for position in range(count):
+            byte = data[offset + position // per_byte]
+            codes[position] |= ((byte >> (width * (position % per_byte))) & ((1 << width) - 1)) << shift
+        offset += count * width // 8
+    return codes

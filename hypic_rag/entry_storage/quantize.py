@@ -6,7 +6,7 @@ A tensor x [..., D] is cut into groups of `group` values along its last dimensio
 - integers of `bits` bits (2..8): scale s_g = absmax(x_g) / qmax rounded *up* to bfloat16 (so no value clips),
   qmax = 2^(bits-1) - 1; codes q = round(x / s_g) in [-qmax, qmax]; decoded x_hat = q * s_g, so
   |x - x_hat| <= s_g / 2 for every value. Codes of fewer than 8 bits are stored biased (q + 2^(bits-1), in
-  [1, 2^bits - 1]) and packed: every 8 codes fill `bits` bytes (little-endian bit order).
+  [1, 2^bits - 1]) and packed in bit planes of 4, 2 and 1 bits (`pack_codes`): `bits` bytes per 8 codes.
 - float8 e4m3: s_g = absmax(x_g) / 448 rounded up to bfloat16, y = x / s_g stored as float8_e4m3fn (its bytes, as
   uint8), x_hat = float(y) * s_g: relative error <= 2^-4 for |y| >= 2^-6, absolute <= 2^-10 s_g below.
 
@@ -100,33 +100,50 @@ def dequantize_float8(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
     return values.reshape(*values.shape[:-2], -1).to(dtype)
 
 
+PLANE_WIDTHS: dict[int, tuple[int, ...]] = {
+    2: (2,), 3: (2, 1), 4: (4,), 5: (4, 1), 6: (4, 2), 7: (4, 2, 1), 8: (8,),
+}
+"""The bit planes a code of each width is split into, most significant first: widths that divide a byte, so every
+plane packs and unpacks with a few uint8 shifts and masks (no wider integers)."""
+
+
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 codes [..., m] below 2^bits (m a multiple of 8) packed into [..., m * bits / 8] bytes: each run of 8
-    codes becomes one integer (code i at bit bits * i), written out as `bits` little-endian bytes."""
+    """uint8 codes [..., m] below 2^bits (m a multiple of 8) packed into [..., m * bits / 8] bytes, as bit planes:
+    the code's bits are split into `PLANE_WIDTHS[bits]` (most significant first); plane of width w holds 8 / w
+    codes' bits per byte (code i of a byte at bit w * i); the planes follow one another along the last dimension."""
     if codes.shape[-1] % 8:
         raise ValueError(f"packing needs a multiple of 8 codes per row, got {codes.shape[-1]}")
     if bits == 8:
         return codes
-    if bits == 4:  # two codes per byte: the common case without the 64-bit detour
-        return codes[..., 0::2] | (codes[..., 1::2] << 4)
-    runs = codes.reshape(*codes.shape[:-1], -1, 8).to(torch.int64)
-    shifts = torch.arange(8, device=codes.device, dtype=torch.int64) * bits
-    words = (runs << shifts).sum(dim=-1, keepdim=True)  # [..., m / 8, 1], at most 64 bits
-    byte_shifts = torch.arange(bits, device=codes.device, dtype=torch.int64) * 8
-    packed = ((words >> byte_shifts) & 0xFF).to(torch.uint8)  # [..., m / 8, bits]
-    return packed.reshape(*codes.shape[:-1], -1)
+    planes = []
+    shift = bits
+    for width in PLANE_WIDTHS[bits]:
+        shift -= width
+        plane = (codes >> shift) & ((1 << width) - 1)
+        per_byte = 8 // width
+        runs = plane.reshape(*codes.shape[:-1], -1, per_byte)
+        packed = runs[..., 0].clone()
+        for index in range(1, per_byte):
+            packed |= runs[..., index] << (width * index)
+        planes.append(packed)
+    return torch.cat(planes, dim=-1)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """The inverse of `pack_codes`: [..., m * bits / 8] bytes -> uint8 codes [..., m]."""
     if bits == 8:
         return packed
-    if bits == 4:
-        low, high = packed & 0x0F, packed >> 4
-        return torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], -1)
-    runs = packed.reshape(*packed.shape[:-1], -1, bits).to(torch.int64)
-    byte_shifts = torch.arange(bits, device=packed.device, dtype=torch.int64) * 8
-    words = (runs << byte_shifts).sum(dim=-1, keepdim=True)
-    shifts = torch.arange(8, device=packed.device, dtype=torch.int64) * bits
-    codes = ((words >> shifts) & ((1 << bits) - 1)).to(torch.uint8)  # [..., m / 8, 8]
-    return codes.reshape(*packed.shape[:-1], -1)
+    count = packed.shape[-1] * 8 // bits
+    codes: torch.Tensor | None = None
+    offset, shift = 0, bits
+    for width in PLANE_WIDTHS[bits]:
+        shift -= width
+        size = count * width // 8
+        plane = packed[..., offset:offset + size]
+        offset += size
+        mask = (1 << width) - 1
+        parts = [plane & mask] + [(plane >> (width * index)) & mask for index in range(1, 8 // width)]
+        values = torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], count)
+        codes = values << shift if codes is None else codes | (values << shift)
+    assert codes is not None
+    return codes

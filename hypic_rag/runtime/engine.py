@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry_storage.formats import decompress_entry
 from hypic_rag.lru import ByteBudgetLRU
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment, encode_segments, plan_encode_batches
 from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
@@ -194,6 +195,12 @@ class Engine:
                 entries[index] = entry
         return entries  # type: ignore[return-value]
 
+    def decoded(self, entry: Mapping[str, torch.Tensor]) -> Entry:
+        """An entry as the stack composes it, on the model's device: a source's stored form (a compressed cache
+        format, `hypic_rag.entry_storage`) moved there and decoded there, once per hit: state in float32, K/V in
+        the model's dtype. An entry already so is returned as it is."""
+        return decompress_entry(entry, self.model.device, self.model.dtype)
+
     def fetch_entries(
         self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats, *, check: Check | None = None
     ) -> list[Entry]:
@@ -217,13 +224,8 @@ class Engine:
         entries, hits = self.segment_source.get_or_encode_segments(segments, seam_tokens, encode_many)
         hits = [bool(hit) for hit in hits]
         hit_count = sum(hits)
-        device = self.model.device
         stats.cache_bytes_loaded += sum(entry_tensor_bytes(entry) for entry in entries)
-        entries = [
-            e if all(tensor.device == device for tensor in e.values())
-            else {name: tensor.to(device, non_blocking=True) for name, tensor in e.items()}
-            for e in entries
-        ]
+        entries = [self.decoded(entry) for entry in entries]
         stats.cache_hits += hit_count
         stats.cache_misses += len(segments) - hit_count
         stats.encode_seconds += encode_seconds
@@ -334,7 +336,7 @@ class Engine:
                 continue
             entry = provided.get((entry_seam, tuple(segments[number])))
             if entry is not None:  # encoded for this request by its caller: a miss whose tokens were encoded
-                entries[number] = {name: tensor.to(self.model.device) for name, tensor in entry.items()}
+                entries[number] = self.decoded(entry)
                 stats.cache_misses += 1
                 stats.cache_bytes_loaded += entry_tensor_bytes(entry)
                 stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))

@@ -367,7 +367,7 @@ class Scheduler:
                     for sequence in tasks[key]:
                         self._fail(sequence, error)
                 continue
-            self._keep(seam, keys, entries)
+            entries = self._keep(seam, keys, entries)
             seconds = time.perf_counter() - began
             tokens = sum(len(ids) for _, ids in keys)
             for key, entry in zip(keys, entries):
@@ -379,15 +379,20 @@ class Scheduler:
                 sequence.phase = READY
         return total
 
-    def _keep(self, seam: int, keys: list[SegmentKey], entries: list[Entry]) -> None:
-        """Hand freshly encoded entries to the segment source (a failed write only costs a later re-encode)."""
+    def _keep(self, seam: int, keys: list[SegmentKey], entries: list[Entry]) -> list[Entry]:
+        """Hand freshly encoded entries to the segment source (a failed write only costs a later re-encode); the
+        entries as the source hands them back (its stored form: a compressed cache format gives a miss the values
+        a later hit gets), in the order of `keys`."""
         by_ids = {ids: entry for (_, ids), entry in zip(keys, entries)}
         try:
-            self.engine.segment_source.get_or_encode_segments(
+            kept, _ = self.engine.segment_source.get_or_encode_segments(
                 [list(ids) for ids in by_ids], seam, lambda missing: [by_ids[tuple(ids)] for ids in missing]
             )
         except Exception:
             logger.warning("keeping %d encoded segment entries failed", len(by_ids), exc_info=True)
+            return entries
+        stored = {ids: entry for ids, entry in zip(by_ids, kept)}
+        return [stored[ids] for _, ids in keys]
 
     def _compose_batch(self) -> tuple[list[BatchItem], list[Sequence]]:
         """One decode item per running sequence, then planned prefills, in admission order, while they fit."""
