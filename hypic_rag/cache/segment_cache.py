@@ -391,6 +391,8 @@ class SegmentCache:
             disk_hits=self._disk_hits,
         )
         result = stats.as_dict()
+        if self.namespace is not None:
+            result["cache_format"] = self.namespace.cache_format
         if self.disabled_reason is not None:
             result["disabled"] = self.disabled_reason
         if self.remote is not None:
@@ -398,6 +400,24 @@ class SegmentCache:
             result["remote_hits"] = self._remote_hits
             result["remote_misses"] = self._remote_misses
         return result
+
+    def remove_many(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
+        """Remove these token sequences' entries of `namespace` from the hot tier and the disk store (a cache
+        rebuilt in another format drops the old format's entries); the number removed from disk. The remote tier
+        keeps its objects (its lifecycle rules age them out); a read-only cache removes nothing from disk."""
+        keys = list(dict.fromkeys(segment_key(namespace, ids) for ids in token_id_lists))
+        for key in keys:
+            self.hot_tier.remove(key)
+        if self.store.readonly or not keys:
+            return 0
+        removed = 0
+
+        def remove() -> None:
+            nonlocal removed
+            removed = self.store.batched_remove(keys)
+
+        self._tolerate_write_failure(remove)
+        return removed
 
     def publish(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
         """Upload to the remote tier the disk store's entries of these token sequences that the remote lacks (a

@@ -92,6 +92,11 @@ class TensorCoding:
         object.__setattr__(self, "group", group)
 
     @property
+    def bits_per_value(self) -> float:
+        """Stored bits per value of a tensor this coding groups fully (codes plus the 16-bit scale per group)."""
+        return float(self.bits) if self.method == "float" else self.bits + 16 / self.group
+
+    @property
     def is_identity(self) -> bool:
         """Stores tensors as they are (float32 entries)."""
         return self.spec == "float32"
