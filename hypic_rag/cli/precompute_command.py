@@ -87,11 +87,12 @@ def print_summary(summary: PrecomputeSummary) -> None:
     )
     stored_remotely = (f" (and {encode.stored_remotely} entries the encoding actors wrote to the remote tier only)"
                        if encode.stored_remotely else "")
-    print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}, format {summary.cache_format}"
-          f"{stored_remotely}")
+    print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}{stored_remotely}")
     if summary.rebuilt_from is not None:
-        print(f"rebuilt: the cache is now in format {summary.cache_format} (was {summary.rebuilt_from}); "
-              f"{summary.removed_entries} entries of {summary.rebuilt_from} removed")
+        print(f"cache format: {summary.cache_format}, rebuilt from {summary.rebuilt_from} "
+              f"({summary.removed_entries} entries of {summary.rebuilt_from} removed)")
+    else:
+        print(f"cache format: {summary.cache_format}")
     if summary.remote is not None:
         print(remote_summary_line(summary.remote))
     overall = summary.tokens / summary.elapsed_seconds if summary.elapsed_seconds > 0 else 0.0
