@@ -76,11 +76,10 @@ def quantize_int(tensor: torch.Tensor, bits: int, group: int) -> tuple[torch.Ten
 
 def dequantize_int(codes: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The values [..., D] that `quantize_int` codes stand for, in `dtype` (computed where `codes` lie)."""
-    if bits == 8:
-        values = codes.float()
-    else:
-        values = unpack_codes(codes, bits).float() - 2 ** (bits - 1)
-    values = values * scale.float().unsqueeze(-1)
+    values = (codes if bits == 8 else unpack_codes(codes, bits)).to(torch.float32)  # a new tensor: changed in place
+    if bits != 8:
+        values.sub_(2 ** (bits - 1))
+    values.mul_(scale.float().unsqueeze(-1))
     return values.reshape(*values.shape[:-2], -1).to(dtype)
 
 
@@ -96,7 +95,8 @@ def quantize_float8(tensor: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
 
 def dequantize_float8(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The values [..., D] that `quantize_float8` codes stand for, in `dtype`."""
-    values = codes.contiguous().view(torch.float8_e4m3fn).float() * scale.float().unsqueeze(-1)
+    values = codes.contiguous().view(torch.float8_e4m3fn).to(torch.float32)
+    values.mul_(scale.float().unsqueeze(-1))
     return values.reshape(*values.shape[:-2], -1).to(dtype)
 
 
