@@ -51,6 +51,7 @@ class CacheFormatsConfig:
     parts: tuple[str, ...] = ("bytes", "quality", "load", "ttft")
     byte_families: tuple[str, ...] | None = None
     chunk_lengths: tuple[int, ...] = (256, 1024)
+    model_dtypes: tuple[str, ...] = ("float32", "bfloat16")
     quality_families: tuple[str, ...] | None = None
     quality_requests: int = 16
     quality_seed: int = 0
@@ -73,8 +74,8 @@ class CacheFormatsConfig:
 PROFILES = {
     "standard": CacheFormatsConfig("standard"),
     "test": CacheFormatsConfig(
-        "test", formats=("float32", "int8", "int4"), byte_families=("qwen3_5_moe_text", "minimax"),
-        chunk_lengths=(64,), quality_families=("qwen3_5",), quality_requests=2, load_layers=4, load_entries=1,
+        "test", formats=("float32", "int8", "int4"), byte_families=("lfm2",), chunk_lengths=(64,),
+        model_dtypes=("bfloat16",), quality_families=("qwen3_5",), quality_requests=2, load_layers=4, load_entries=1,
         ttft_model="tiny", ttft_requests=1, ttft_chunks=2, ttft_chunk_tokens=32, ttft_threads=1,
     ),
 }
@@ -94,7 +95,7 @@ def bytes_rows(config: CacheFormatsConfig) -> list[dict[str, Any]]:
     rows = []
     for family in config.byte_families or tuple(PUBLISHED_LAYOUTS):
         layout = PUBLISHED_LAYOUTS[family]
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (getattr(torch, name) for name in config.model_dtypes):
             model = meta_model(layout.config(), dtype)
             for length in config.chunk_lengths:
                 sizes = format_bytes(layout_entry(model, length), config.formats)
@@ -299,7 +300,7 @@ def cache_formats_markdown(result: dict[str, Any]) -> str:
              "| format | transition | suffix_state | conv_tail | key_value |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| `{name}` | " + " | ".join(codings.values()) + " |" for name, codings in result["formats"].items()]
     if "bytes" in result:
-        for dtype in ("float32", "bfloat16"):
+        for dtype in result["config"]["model_dtypes"]:
             for length in result["config"]["chunk_lengths"]:
                 rows = [row for row in result["bytes"] if row["model_dtype"] == dtype and row["chunk_tokens"] == length]
                 lines += ["", f"## Bytes per {length}-token chunk, model in {dtype}: MiB (share of the float32 "
