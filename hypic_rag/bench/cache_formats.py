@@ -20,7 +20,6 @@ Output: `cache_formats.json` and `cache_formats.md` (`_<profile>` for other prof
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -127,10 +126,6 @@ def quality_rows(config: CacheFormatsConfig) -> list[dict[str, Any]]:
                      "formats": {score.cache_format: score.to_dict() for score in scores}})
         logger.info("quality of %s: %.0f s", family, rows[-1]["seconds"])
     return rows
-
-
-def _quantile(values: Sequence[float], share: float) -> float:
-    return float(torch.quantile(torch.tensor(list(values), dtype=torch.float64), share))
 
 
 def random_requests(vocabulary: int, count: int, seed: int, *, chunks: int, chunk_tokens: tuple[int, int],
@@ -342,11 +337,8 @@ def cache_formats_markdown(result: dict[str, Any]) -> str:
 
 def write_cache_formats(result: dict[str, Any], directory: Path) -> list[Path]:
     """`cache_formats.json` and `cache_formats.md` (`cache_formats_<profile>.*` for another profile)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    from hypic_rag.bench.report import write_json_and_markdown
+
     profile = result["config"]["profile"]
     stem = "cache_formats" if profile == "standard" else f"cache_formats_{profile}"
-    json_path = directory / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=2, default=list) + "\n")
-    markdown_path = directory / f"{stem}.md"
-    markdown_path.write_text(cache_formats_markdown(result))
-    return [json_path, markdown_path]
+    return write_json_and_markdown(result, directory, stem, cache_formats_markdown(result))

@@ -4,6 +4,7 @@ vectorises, written out plainly so the tests can compare the two on random input
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import torch
 
@@ -29,31 +30,34 @@ def _scale_of(values: list[float], largest_code: float) -> float:
     return bfloat16_round_up(ratio)
 
 
-def round_trip_int(tensor: torch.Tensor, bits: int, group: int) -> torch.Tensor:
-    """`tensor` [..., D] quantized to `bits`-bit integer groups of `group` and decoded (float32)."""
-    largest = 2 ** (bits - 1) - 1
+def _round_trip(tensor: torch.Tensor, group: int, largest_code: float, code_of: Callable[[float], float]) -> torch.Tensor:
+    """`tensor` [..., D] cut into groups of `group`, each scaled by its bfloat16-rounded-up absmax / `largest_code`,
+    every quotient coded by `code_of` and decoded (float32, one value at a time)."""
     decoded: list[float] = []
     for values in _groups(tensor, group):
-        scale = _scale_of(values, largest)
+        scale = _scale_of(values, largest_code)
         divisor = scale if scale > 0 else 1.0
         for value in values:
             quotient = float(torch.tensor(value, dtype=torch.float32) / torch.tensor(divisor, dtype=torch.float32))
-            code = max(-largest, min(largest, round_half_even(quotient)))
+            code = code_of(quotient)
             decoded.append(float(torch.tensor(code, dtype=torch.float32) * torch.tensor(scale, dtype=torch.float32)))
     return torch.tensor(decoded, dtype=torch.float32).reshape(tensor.shape)
+
+
+def round_trip_int(tensor: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """`tensor` [..., D] quantized to `bits`-bit integer groups of `group` and decoded (float32)."""
+    largest = 2 ** (bits - 1) - 1
+    return _round_trip(tensor, group, largest, lambda quotient: max(-largest, min(largest, round_half_even(quotient))))
 
 
 def round_trip_float8(tensor: torch.Tensor, group: int) -> torch.Tensor:
     """`tensor` [..., D] quantized to float8 e4m3 groups of `group` and decoded (float32)."""
-    decoded: list[float] = []
-    for values in _groups(tensor, group):
-        scale = _scale_of(values, FLOAT8_MAX)
-        divisor = scale if scale > 0 else 1.0
-        for value in values:
-            quotient = float(torch.tensor(value, dtype=torch.float32) / torch.tensor(divisor, dtype=torch.float32))
-            code = float(torch.tensor(max(-FLOAT8_MAX, min(FLOAT8_MAX, quotient))).to(torch.float8_e4m3fn).float())
-            decoded.append(float(torch.tensor(code, dtype=torch.float32) * torch.tensor(scale, dtype=torch.float32)))
-    return torch.tensor(decoded, dtype=torch.float32).reshape(tensor.shape)
+
+    def code_of(quotient: float) -> float:
+        clipped = max(-FLOAT8_MAX, min(FLOAT8_MAX, quotient))
+        return float(torch.tensor(clipped).to(torch.float8_e4m3fn).float())
+
+    return _round_trip(tensor, group, FLOAT8_MAX, code_of)
 
 
 def round_half_even(value: float) -> int:

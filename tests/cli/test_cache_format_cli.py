@@ -11,18 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.cli.main import main
 from hypic_rag.entry_storage.formats import CACHE_FORMATS
-
-
-def run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
+from cli_support import run_here  # tests/cli/cli_support.py
 
 
 def one_line(done: subprocess.CompletedProcess[str], command: str, code: int) -> str:
