@@ -33,7 +33,7 @@ from evals.recompute_policies import build_requests, greedy_decode, load_cases, 
 from training.data.synthetic_qa import HELDOUT_SEED
 from training.evaluate import EvalItem, summarize
 
-DEFAULT_FORMATS = "bfloat16,fp8,int8,int7,int6,int5,int4,int3"
+DEFAULT_FORMATS = "bfloat16,fp8,int8,int7-kv8,int7,int6-kv8,int6,int5,int4-kv8,int4,int3"
 
 
 def evaluate(engine: Any, cases: list[Any], formats: list[str], stop: str, policy: str | None,

@@ -41,9 +41,12 @@ TENSOR_KINDS = ("transition", "suffix_state", "conv_tail", "key_value")
 STATE_KINDS = ("transition", "suffix_state", "conv_tail")
 FLOAT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SCALE_PART = "scale"
+COLUMNS_PART = "columns"
 FLOAT8_PART = "fp8"
 _INT_PART = re.compile(r"int([2-8])")
-_SPEC = re.compile(r"(?:(?P<float>float32|float16|bfloat16)|int(?P<bits>[2-8])/(?P<group>\d+)|fp8/(?P<fp8>\d+))")
+_SPEC = re.compile(
+    r"(?:(?P<float>float32|float16|bfloat16)|(?:int(?P<bits>[2-8])/(?P<group>\d+)|fp8/(?P<fp8>\d+))(?P<columns>\+cols)?)"
+)
 
 
 def tensor_kind(name: str) -> str | None:
@@ -61,14 +64,18 @@ def tensor_kind(name: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class TensorCoding:
     """How one tensor kind is stored; `spec` is one of ``float32``, ``float16``, ``bfloat16``, ``int{bits}/{group}``
-    (bits 2..8, group a multiple of 8), ``fp8/{group}``. `fallback`: the float dtype of a tensor the group coding
-    cannot cut (see the module)."""
+    (bits 2..8, group a multiple of 8), ``fp8/{group}``; a group coding may end in ``+cols``: each column (last-dim
+    index) of the tensor's last two dimensions is first divided by the square root of its largest magnitude over
+    the rows, kept as a bfloat16 part (``X#columns`` [..., D]; 16 / rows more bits per value), so that a few large
+    channels (keys' outlier channels) do not set every row group's scale. `fallback`: the float dtype of a tensor
+    the group coding cannot cut (see the module)."""
 
     spec: str
     fallback: str = "float16"
     method: str = field(init=False)
     bits: int = field(init=False)
     group: int = field(init=False)
+    columns: bool = field(init=False)
 
     def __post_init__(self) -> None:
         match = _SPEC.fullmatch(self.spec)
@@ -90,6 +97,7 @@ class TensorCoding:
         object.__setattr__(self, "method", method)
         object.__setattr__(self, "bits", bits)
         object.__setattr__(self, "group", group)
+        object.__setattr__(self, "columns", bool(match["columns"]))
 
     @property
     def bits_per_value(self) -> float:
@@ -110,13 +118,26 @@ class TensorCoding:
         group = group_size(tensor.shape[-1], self.group) if tensor.dim() else None
         if group is None or tensor.numel() == 0:
             return {name: _cast(tensor, FLOAT_DTYPES[self.fallback])}
+        parts: dict[str, torch.Tensor] = {}
+        if self.columns and tensor.dim() >= 2:
+            columns = column_scales(tensor)
+            parts[f"{name}{STORED_PART_SEPARATOR}{COLUMNS_PART}"] = columns
+            tensor = tensor.float() / columns.float().unsqueeze(-2)
         if self.method == "fp8":
             codes, scale = quantize_float8(tensor, group)
             part = FLOAT8_PART
         else:
             codes, scale = quantize_int(tensor, self.bits, group)
             part = f"int{self.bits}"
-        return {f"{name}{STORED_PART_SEPARATOR}{part}": codes, f"{name}{STORED_PART_SEPARATOR}{SCALE_PART}": scale}
+        return {f"{name}{STORED_PART_SEPARATOR}{part}": codes, f"{name}{STORED_PART_SEPARATOR}{SCALE_PART}": scale,
+                **parts}
+
+
+def column_scales(tensor: torch.Tensor) -> torch.Tensor:
+    """bfloat16 [..., D]: the square root of each column's largest magnitude over the rows of `tensor` [..., R, D]
+    (1 for an all-zero column): dividing by it evens out the columns' ranges before row groups are quantized."""
+    largest = tensor.float().abs().amax(dim=-2)
+    return torch.where(largest > 0, largest.sqrt(), torch.ones_like(largest)).to(torch.bfloat16)
 
 
 def _finite(tensor: torch.Tensor) -> bool:
@@ -180,16 +201,22 @@ class CacheFormat:
         return stored
 
 
-def _format(name: str, state: str, key_value: str, summary: str, *, transition: str | None = None,
-            conv_tail: str = "float16") -> CacheFormat:
+def _format(name: str, state: str, key_value: str, summary: str, *, conv_tail: str = "float16") -> CacheFormat:
+    """P and Z in `state` (a P that cannot be grouped, a scalar decay, in float32), conv tails in `conv_tail`,
+    K/V in `key_value`."""
     return CacheFormat(
         name,
-        transition=TensorCoding(transition or state, fallback="float32"),
+        transition=TensorCoding(state, fallback="float32"),
         suffix_state=TensorCoding(state),
         conv_tail=TensorCoding(conv_tail),
         key_value=TensorCoding(key_value),
         summary=summary,
     )
+
+
+KEY_VALUE_8 = "int8/128+cols"
+"""K/V of the mixed formats: measured on the trained checkpoints, K/V carry nearly all of a format's error (their
+P and Z take 4 bits at the KL of 8), and evening out the key channels cuts it further (docs/cache.md)."""
 
 
 def _registry() -> dict[str, CacheFormat]:
@@ -199,9 +226,12 @@ def _registry() -> dict[str, CacheFormat]:
         _format("float16", "float16", "float16", "P, Z, conv tails and K/V in float16", conv_tail="float16"),
         _format("bfloat16", "bfloat16", "bfloat16", "P, Z, conv tails and K/V in bfloat16", conv_tail="bfloat16"),
         _format("int8", "int8/128", "int8/128", "8-bit integer groups of 128 with a bfloat16 scale"),
+        _format("int7-kv8", "int7/128", KEY_VALUE_8, "P and Z as int7; K/V in 8 bits, columns evened out"),
         _format("int7", "int7/128", "int7/128", "7-bit integer groups of 128 with a bfloat16 scale"),
+        _format("int6-kv8", "int6/128", KEY_VALUE_8, "P and Z as int6; K/V in 8 bits, columns evened out"),
         _format("int6", "int6/128", "int6/128", "6-bit integer groups of 128 with a bfloat16 scale"),
         _format("int5", "int5/64", "int5/64", "5-bit integer groups of 64 with a bfloat16 scale"),
+        _format("int4-kv8", "int4/32", KEY_VALUE_8, "P and Z as int4; K/V in 8 bits, columns evened out"),
         _format("int4", "int4/32", "int4/32", "4-bit integer groups of 32 with a bfloat16 scale"),
         _format("int3", "int3/32", "int3/32", "3-bit integer groups of 32 with a bfloat16 scale"),
     ]
@@ -256,7 +286,7 @@ def decompress_entry(
             dtype = _decoded_dtype(tensor_name, tensor, key_value_dtype)
             entry[name] = moved if dtype is None or moved.dtype == dtype else moved.to(dtype)
             continue
-        if part == SCALE_PART:
+        if part in (SCALE_PART, COLUMNS_PART):
             continue
         scale_name = f"{tensor_name}{STORED_PART_SEPARATOR}{SCALE_PART}"
         if scale_name not in stored:
@@ -264,12 +294,16 @@ def decompress_entry(
         scale = stored[scale_name] if target is None else stored[scale_name].to(target, non_blocking=True)
         dtype = key_value_dtype if tensor_kind(tensor_name) == "key_value" and key_value_dtype else torch.float32
         if part == FLOAT8_PART:
-            entry[tensor_name] = dequantize_float8(moved, scale, dtype)
-            continue
-        bits = _INT_PART.fullmatch(part)
-        if bits is None:
-            raise ValueError(f"unknown stored part {name!r}")
-        entry[tensor_name] = dequantize_int(moved, scale, int(bits[1]), dtype)
+            values = dequantize_float8(moved, scale)
+        else:
+            bits = _INT_PART.fullmatch(part)
+            if bits is None:
+                raise ValueError(f"unknown stored part {name!r}")
+            values = dequantize_int(moved, scale, int(bits[1]))
+        columns = stored.get(f"{tensor_name}{STORED_PART_SEPARATOR}{COLUMNS_PART}")
+        if columns is not None:
+            values.mul_((columns if target is None else columns.to(target, non_blocking=True)).float().unsqueeze(-2))
+        entry[tensor_name] = values.to(dtype)
     return entry
 
 
