@@ -20,9 +20,11 @@ are moved to first. State tensors decode to float32 (composition runs in float32
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -270,41 +272,85 @@ def decompress_entry(
     device: torch.device | str | None = None,
     key_value_dtype: torch.dtype | None = None,
 ) -> Entry:
-    """The entry a stored form stands for, on `device` (None: where it lies), decoded there: codes and scales are
+    """The entry a stored form stands for (`decompress_entries` of one entry)."""
+    return decompress_entries([stored], device, key_value_dtype)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Coded:
+    """One compressed tensor of a stored form: where it goes (entry number, name), its parts, its dtype out."""
+
+    entry: int
+    name: str
+    codes: torch.Tensor
+    scale: torch.Tensor
+    columns: torch.Tensor | None
+    dtype: torch.dtype
+
+
+def decompress_entries(
+    stored_entries: Sequence[Mapping[str, torch.Tensor]],
+    device: torch.device | str | None = None,
+    key_value_dtype: torch.dtype | None = None,
+) -> list[Entry]:
+    """The entries stored forms stand for, on `device` (None: where they lie), decoded there: codes and scales are
     moved first, then expanded. State tensors (P, Z, conv tails) come out in float32; K/V in `key_value_dtype`
     (None: float32 for a decoded one, its own dtype for one stored as a float). Token ids and other tensors are
-    only moved. An entry already in that form on `device` is returned as it is (no copy)."""
+    only moved. An entry already in that form on `device` is returned as it is (no copy).
+
+    Compressed tensors of the same coding and row shape, across all the entries (a request's chunks, all layers),
+    are decoded together: one move and one expansion per coding, instead of a dozen small operations per tensor.
+    The decoded tensors are views of that expansion (treat them as read-only, as every entry)."""
     target = torch.device(device) if device is not None else None
-    if not is_compressed(stored) and all(_settled(name, tensor, target, key_value_dtype)
-                                         for name, tensor in stored.items()):
-        return stored if isinstance(stored, dict) else dict(stored)
-    entry: Entry = {}
-    for name, tensor in stored.items():
-        tensor_name, separator, part = name.partition(STORED_PART_SEPARATOR)
-        moved = tensor if target is None else tensor.to(target, non_blocking=True)
-        if not separator:
-            dtype = _decoded_dtype(tensor_name, tensor, key_value_dtype)
-            entry[name] = moved if dtype is None or moved.dtype == dtype else moved.to(dtype)
+    decoded: list[Entry | None] = [None] * len(stored_entries)
+    plain: list[dict[str, torch.Tensor]] = [{} for _ in stored_entries]
+    groups: dict[tuple[Any, ...], list[_Coded]] = {}
+    for number, stored in enumerate(stored_entries):
+        if not is_compressed(stored) and all(_settled(name, tensor, target, key_value_dtype)
+                                             for name, tensor in stored.items()):
+            decoded[number] = stored if isinstance(stored, dict) else dict(stored)
             continue
-        if part in (SCALE_PART, COLUMNS_PART):
-            continue
-        scale_name = f"{tensor_name}{STORED_PART_SEPARATOR}{SCALE_PART}"
-        if scale_name not in stored:
-            raise ValueError(f"stored part {name!r} has no {scale_name!r}")
-        scale = stored[scale_name] if target is None else stored[scale_name].to(target, non_blocking=True)
-        dtype = key_value_dtype if tensor_kind(tensor_name) == "key_value" and key_value_dtype else torch.float32
-        if part == FLOAT8_PART:
-            values = dequantize_float8(moved, scale)
-        else:
-            bits = _INT_PART.fullmatch(part)
-            if bits is None:
+        for name, tensor in stored.items():
+            tensor_name, separator, part = name.partition(STORED_PART_SEPARATOR)
+            if not separator:
+                moved = tensor if target is None else tensor.to(target, non_blocking=True)
+                dtype = _decoded_dtype(tensor_name, tensor, key_value_dtype)
+                plain[number][name] = moved if dtype is None or moved.dtype == dtype else moved.to(dtype)
+                continue
+            if part in (SCALE_PART, COLUMNS_PART):
+                continue
+            if part != FLOAT8_PART and _INT_PART.fullmatch(part) is None:
                 raise ValueError(f"unknown stored part {name!r}")
-            values = dequantize_int(moved, scale, int(bits[1]))
-        columns = stored.get(f"{tensor_name}{STORED_PART_SEPARATOR}{COLUMNS_PART}")
-        if columns is not None:
-            values.mul_((columns if target is None else columns.to(target, non_blocking=True)).float().unsqueeze(-2))
-        entry[tensor_name] = values.to(dtype)
-    return entry
+            scale = stored.get(f"{tensor_name}{STORED_PART_SEPARATOR}{SCALE_PART}")
+            if scale is None:
+                raise ValueError(f"stored part {name!r} has no scale")
+            dtype = key_value_dtype if tensor_kind(tensor_name) == "key_value" and key_value_dtype else torch.float32
+            coded = _Coded(number, tensor_name, tensor, scale,
+                           stored.get(f"{tensor_name}{STORED_PART_SEPARATOR}{COLUMNS_PART}"), dtype)
+            groups.setdefault((part, tuple(tensor.shape[-2:]), tensor.dtype), []).append(coded)
+    for (part, _, _), members in groups.items():
+        for coded, values in zip(members, _expand(part, members, target)):
+            if coded.columns is not None:
+                columns = coded.columns if target is None else coded.columns.to(target, non_blocking=True)
+                values.mul_(columns.float().unsqueeze(-2))
+            plain[coded.entry][coded.name] = values.to(coded.dtype)
+    for number, stored in enumerate(stored_entries):
+        if decoded[number] is None:  # in the stored form's order of tensors
+            names = dict.fromkeys(name.partition(STORED_PART_SEPARATOR)[0] for name in stored)
+            decoded[number] = {name: plain[number][name] for name in names}
+    return decoded  # type: ignore[return-value]
+
+
+def _expand(part: str, members: list[_Coded], target: torch.device | None) -> list[torch.Tensor]:
+    """float32 values of each member (same part and row shape), decoded in one pass; each in its own shape."""
+    rows = [math.prod(coded.codes.shape[:-2]) for coded in members]
+    codes = torch.cat([coded.codes.reshape(-1, *coded.codes.shape[-2:]) for coded in members])
+    scale = torch.cat([coded.scale.reshape(-1, coded.scale.shape[-1]) for coded in members])
+    if target is not None:
+        codes, scale = codes.to(target, non_blocking=True), scale.to(target, non_blocking=True)
+    values = dequantize_float8(codes, scale) if part == FLOAT8_PART else dequantize_int(codes, scale, int(part[3:]))
+    pieces = torch.split(values, rows)
+    return [piece.reshape(*coded.codes.shape[:-2], piece.shape[-1]) for coded, piece in zip(members, pieces)]
 
 
 def _decoded_dtype(name: str, tensor: torch.Tensor, key_value_dtype: torch.dtype | None) -> torch.dtype | None:

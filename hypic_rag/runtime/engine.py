@@ -22,14 +22,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
-from hypic_rag.entry_storage.formats import decompress_entry
+from hypic_rag.entry_storage.formats import decompress_entries
 from hypic_rag.lru import ByteBudgetLRU
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment, encode_segments, plan_encode_batches
 from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
@@ -195,11 +195,11 @@ class Engine:
                 entries[index] = entry
         return entries  # type: ignore[return-value]
 
-    def decoded(self, entry: Mapping[str, torch.Tensor]) -> Entry:
-        """An entry as the stack composes it, on the model's device: a source's stored form (a compressed cache
-        format, `hypic_rag.entry_storage`) moved there and decoded there, once per hit: state in float32, K/V in
-        the model's dtype. An entry already so is returned as it is."""
-        return decompress_entry(entry, self.model.device, self.model.dtype)
+    def decoded(self, entries: Sequence[Mapping[str, torch.Tensor]]) -> list[Entry]:
+        """Entries as the stack composes them, on the model's device: a source's stored forms (a compressed cache
+        format, `hypic_rag.entry_storage`) moved there and decoded there, once per hit, all of them together:
+        state in float32, K/V in the model's dtype. An entry already so is returned as it is."""
+        return decompress_entries(entries, self.model.device, self.model.dtype)
 
     def fetch_entries(
         self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats, *, check: Check | None = None
@@ -225,7 +225,7 @@ class Engine:
         hits = [bool(hit) for hit in hits]
         hit_count = sum(hits)
         stats.cache_bytes_loaded += sum(entry_tensor_bytes(entry) for entry in entries)
-        entries = [self.decoded(entry) for entry in entries]
+        entries = self.decoded(entries)
         stats.cache_hits += hit_count
         stats.cache_misses += len(segments) - hit_count
         stats.encode_seconds += encode_seconds
@@ -336,7 +336,7 @@ class Engine:
                 continue
             entry = provided.get((entry_seam, tuple(segments[number])))
             if entry is not None:  # encoded for this request by its caller: a miss whose tokens were encoded
-                entries[number] = self.decoded(entry)
+                entries[number] = self.decoded([entry])[0]
                 stats.cache_misses += 1
                 stats.cache_bytes_loaded += entry_tensor_bytes(entry)
                 stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))

@@ -186,3 +186,22 @@ def test_column_equalization_round_trips_within_the_bound_of_the_equalized_value
     ordinary = ~torch.isin(torch.arange(32), torch.tensor([5]))
     if coding.method == "int":  # a uniform grid: the outlier's range no longer sets the others' step
         assert float((decoded - tensor)[..., ordinary].abs().mean()) < 0.5 * float((plain - tensor)[..., ordinary].abs().mean())
+
+
+@pytest.mark.parametrize("name", ["int7-kv8", "int4", "fp8"])
+def test_entries_decoded_together_equal_each_decoded_alone(name: str) -> None:
+    """`decompress_entries` expands every coding once for all the entries (chunks of other lengths, all layers):
+    the same values, names, order and dtypes as one entry at a time, and float32 entries pass through unchanged."""
+    from hypic_rag.entry_storage.formats import decompress_entries
+
+    entries = [synthetic_entry(TINY_SHAPE, list(range(start, start + length)), seed=start)
+               for start, length in ((0, 24), (100, 40), (200, 8))]
+    stored = [compress_entry(entry, name) for entry in entries] + [entries[0]]
+    together = decompress_entries(stored, "cpu", torch.bfloat16)
+    assert torch.equal(together[-1]["layers.0.suffix_state"], entries[0]["layers.0.suffix_state"])
+    assert together[-1]["layers.3.key"].dtype == torch.bfloat16  # a float32 entry's K/V in the model's dtype
+    for alone_stored, decoded in zip(stored[:-1], together[:-1]):
+        alone = decompress_entry(alone_stored, "cpu", torch.bfloat16)
+        assert list(decoded) == list(alone)
+        for tensor_name, tensor in alone.items():
+            assert decoded[tensor_name].dtype == tensor.dtype and torch.equal(decoded[tensor_name], tensor), tensor_name
