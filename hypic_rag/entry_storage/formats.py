@@ -45,7 +45,7 @@ FLOAT_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": tor
 SCALE_PART = "scale"
 COLUMNS_PART = "columns"
 FLOAT8_PART = "fp8"
-_INT_PART = re.compile(r"int([2-8])")
+_CODES_PART = re.compile(r"(?:int(?P<bits>[2-8])|fp8)(?P<transposed>\.t)?")
 _SPEC = re.compile(
     r"(?:(?P<float>float32|float16|bfloat16)|(?:int(?P<bits>[2-8])/(?P<group>\d+)|fp8/(?P<fp8>\d+))(?P<columns>\+cols)?)"
 )
@@ -70,10 +70,12 @@ class TensorCoding:
     index) of the tensor's last two dimensions is first divided by the square root of its largest magnitude over
     the rows, kept as a bfloat16 part (``X#columns`` [..., D]; 16 / rows more bits per value), so that a few large
     channels (keys' outlier channels) do not set every row group's scale. `fallback`: the float dtype of a tensor
-    the group coding cannot cut (see the module)."""
+    the group coding cannot cut (see the module). `transpose`: the last two dimensions are swapped before grouping
+    (its codes part is ``X#int8.t``): a conv tail [C, kernel - 1] is grouped along its channels."""
 
     spec: str
     fallback: str = "float16"
+    transpose: bool = False
     method: str = field(init=False)
     bits: int = field(init=False)
     group: int = field(init=False)
@@ -117,9 +119,12 @@ class TensorCoding:
             return {name: tensor}
         if self.method == "float":
             return {name: _cast(tensor, FLOAT_DTYPES[self.spec])}
+        transposed = self.transpose and tensor.dim() >= 2
+        if transposed:
+            tensor = tensor.transpose(-1, -2)
         group = group_size(tensor.shape[-1], self.group) if tensor.dim() else None
         if group is None or tensor.numel() == 0:
-            return {name: _cast(tensor, FLOAT_DTYPES[self.fallback])}
+            return {name: _cast(tensor.transpose(-1, -2) if transposed else tensor, FLOAT_DTYPES[self.fallback])}
         parts: dict[str, torch.Tensor] = {}
         if self.columns and tensor.dim() >= 2:
             columns = column_scales(tensor)
@@ -131,6 +136,8 @@ class TensorCoding:
         else:
             codes, scale = quantize_int(tensor, self.bits, group)
             part = f"int{self.bits}"
+        if transposed:
+            part += ".t"
         return {f"{name}{STORED_PART_SEPARATOR}{part}": codes, f"{name}{STORED_PART_SEPARATOR}{SCALE_PART}": scale,
                 **parts}
 
@@ -183,11 +190,16 @@ class CacheFormat:
         return all(self.coding(kind).is_identity for kind in TENSOR_KINDS)
 
     def codings(self) -> dict[str, str]:
-        """Tensor kind -> coding spec (with its fallback where it is not float16)."""
-        return {kind: self.coding(kind).spec + ("" if self.coding(kind).fallback == "float16"
-                                                 or self.coding(kind).method == "float"
-                                                 else f" (else {self.coding(kind).fallback})")
-                for kind in TENSOR_KINDS}
+        """Tensor kind -> coding spec (with its fallback where it is not float16, "along channels" when transposed)."""
+        described = {}
+        for kind in TENSOR_KINDS:
+            coding = self.coding(kind)
+            notes = [] if coding.method == "float" else [
+                *(["along channels"] if coding.transpose else []),
+                *([f"else {coding.fallback}"] if coding.fallback != "float16" else []),
+            ]
+            described[kind] = coding.spec + (f" ({', '.join(notes)})" if notes else "")
+        return described
 
     def compress(self, entry: Mapping[str, torch.Tensor]) -> Entry:
         """The stored form of `entry` (a new dict; tensors kept as they are where the coding is the identity)."""
@@ -203,22 +215,25 @@ class CacheFormat:
         return stored
 
 
-def _format(name: str, state: str, key_value: str, summary: str, *, conv_tail: str = "float16") -> CacheFormat:
-    """P and Z in `state` (a P that cannot be grouped, a scalar decay, in float32), conv tails in `conv_tail`,
-    K/V in `key_value`."""
+CONV_TAIL_8 = "int8/128"
+"""Conv tails of the group formats, grouped along the channels (measured: KL below 1e-4 of the float32 entries'
+on random models of every family, 3e-6 on the trained checkpoints; about 1% of an entry at published shapes)."""
+KEY_VALUE_8 = "int8/128+cols"
+"""K/V of the mixed formats: measured on the trained checkpoints, K/V carry nearly all of a format's error (their
+P and Z take 4 bits at the KL of 8), and evening out the key channels cuts it further (docs/cache.md)."""
+
+
+def _format(name: str, state: str, key_value: str, summary: str, *, conv_tail: str = CONV_TAIL_8) -> CacheFormat:
+    """P and Z in `state` (a P that cannot be grouped, a scalar decay, in float32), conv tails in `conv_tail` (a
+    group coding: along the channels), K/V in `key_value`."""
     return CacheFormat(
         name,
         transition=TensorCoding(state, fallback="float32"),
         suffix_state=TensorCoding(state),
-        conv_tail=TensorCoding(conv_tail),
+        conv_tail=TensorCoding(conv_tail, transpose=conv_tail not in FLOAT_DTYPES),
         key_value=TensorCoding(key_value),
         summary=summary,
     )
-
-
-KEY_VALUE_8 = "int8/128+cols"
-"""K/V of the mixed formats: measured on the trained checkpoints, K/V carry nearly all of a format's error (their
-P and Z take 4 bits at the KL of 8), and evening out the key channels cuts it further (docs/cache.md)."""
 
 
 def _registry() -> dict[str, CacheFormat]:
@@ -319,7 +334,7 @@ def decompress_entries(
                 continue
             if part in (SCALE_PART, COLUMNS_PART):
                 continue
-            if part != FLOAT8_PART and _INT_PART.fullmatch(part) is None:
+            if _CODES_PART.fullmatch(part) is None:
                 raise ValueError(f"unknown stored part {name!r}")
             scale = stored.get(f"{tensor_name}{STORED_PART_SEPARATOR}{SCALE_PART}")
             if scale is None:
@@ -329,7 +344,11 @@ def decompress_entries(
                            stored.get(f"{tensor_name}{STORED_PART_SEPARATOR}{COLUMNS_PART}"), dtype)
             groups.setdefault((part, tuple(tensor.shape[-2:]), tensor.dtype), []).append(coded)
     for (part, _, _), members in groups.items():
+        layout = _CODES_PART.fullmatch(part)
+        assert layout is not None
         for coded, values in zip(members, _expand(part, members, target)):
+            if layout["transposed"]:
+                values = values.transpose(-1, -2).contiguous()
             if coded.columns is not None:
                 columns = coded.columns if target is None else coded.columns.to(target, non_blocking=True)
                 values.mul_(columns.float().unsqueeze(-2))
@@ -348,7 +367,8 @@ def _expand(part: str, members: list[_Coded], target: torch.device | None) -> li
     scale = torch.cat([coded.scale.reshape(-1, coded.scale.shape[-1]) for coded in members])
     if target is not None:
         codes, scale = codes.to(target, non_blocking=True), scale.to(target, non_blocking=True)
-    values = dequantize_float8(codes, scale) if part == FLOAT8_PART else dequantize_int(codes, scale, int(part[3:]))
+    bits = _CODES_PART.fullmatch(part)["bits"]  # type: ignore[index]
+    values = dequantize_float8(codes, scale) if bits is None else dequantize_int(codes, scale, int(bits))
     pieces = torch.split(values, rows)
     return [piece.reshape(*coded.codes.shape[:-2], piece.shape[-1]) for coded, piece in zip(members, pieces)]
 

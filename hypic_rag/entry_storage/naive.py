@@ -66,26 +66,26 @@ def round_half_even(value: float) -> int:
 
 
 def pack_codes(codes: list[int], bits: int) -> bytes:
-    """Codes below 2^bits packed as `quantize.pack_codes` lays them out: for each plane of `PLANE_WIDTHS[bits]`
-    (most significant bits first), the codes' bits of that plane, 8 / width per byte, code i of a byte at bit
-    width * i."""
+    """One row of codes below 2^bits packed as `quantize.pack_codes` lays it out: for each plane of
+    `PLANE_WIDTHS[bits]` (most significant bits first) of r = len(codes) * width / 8 bytes, byte j holds the plane's
+    bits of codes j, j + r, j + 2r, ... at bit offsets 0, width, 2 width, ..."""
     if bits == 8:
         return bytes(codes)
     data = bytearray()
     shift = bits
     for width in PLANE_WIDTHS[bits]:
         shift -= width
-        per_byte = 8 // width
-        for start in range(0, len(codes), per_byte):
+        rows = len(codes) * width // 8
+        for byte_number in range(rows):
             byte = 0
-            for index, code in enumerate(codes[start:start + per_byte]):
-                byte |= ((code >> shift) & ((1 << width) - 1)) << (width * index)
+            for index in range(8 // width):
+                byte |= ((codes[byte_number + index * rows] >> shift) & ((1 << width) - 1)) << (width * index)
             data.append(byte)
     return bytes(data)
 
 
 def unpack_codes(data: bytes, bits: int) -> list[int]:
-    """The inverse of `pack_codes`."""
+    """The inverse of `pack_codes` for one row."""
     if bits == 8:
         return list(data)
     count = len(data) * 8 // bits
@@ -93,9 +93,9 @@ def unpack_codes(data: bytes, bits: int) -> list[int]:
     offset, shift = 0, bits
     for width in PLANE_WIDTHS[bits]:
         shift -= width
-        per_byte = 8 // width
+        rows = count * width // 8
         for position in range(count):
-            byte = data[offset + position // per_byte]
-            codes[position] |= ((byte >> (width * (position % per_byte))) & ((1 << width) - 1)) << shift
-        offset += count * width // 8
+            byte = data[offset + position % rows]
+            codes[position] |= ((byte >> (width * (position // rows))) & ((1 << width) - 1)) << shift
+        offset += rows
     return codes

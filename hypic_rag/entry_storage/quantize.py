@@ -103,16 +103,31 @@ def dequantize_float8(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
 PLANE_WIDTHS: dict[int, tuple[int, ...]] = {
     2: (2,), 3: (2, 1), 4: (4,), 5: (4, 1), 6: (4, 2), 7: (4, 2, 1), 8: (8,),
 }
-"""The bit planes a code of each width is split into, most significant first: widths that divide a byte, so every
-plane packs and unpacks with a few uint8 shifts and masks (no wider integers)."""
+"""The bit planes a code of each width is split into, most significant first: widths that divide a byte."""
+_WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+def _byte_mask(width: int, word_bytes: int) -> int:
+    """The low `width` bits of every byte of a word, as a signed integer of that word (int64 wraps)."""
+    mask = int.from_bytes(bytes([(1 << width) - 1]) * word_bytes, "little")
+    return mask - (1 << (8 * word_bytes)) if mask >= 1 << (8 * word_bytes - 1) else mask
+
+
+def _word(*sizes: int) -> tuple[int, torch.dtype]:
+    """The widest integer word whose size divides every one of `sizes` (bytes)."""
+    return next((size, dtype) for size, dtype in _WORDS if all(value % size == 0 for value in sizes))
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 codes [..., m] below 2^bits (m a multiple of 8) packed into [..., m * bits / 8] bytes, as bit planes:
-    the code's bits are split into `PLANE_WIDTHS[bits]` (most significant first); plane of width w holds 8 / w
-    codes' bits per byte (code i of a byte at bit w * i); the planes follow one another along the last dimension."""
-    if codes.shape[-1] % 8:
-        raise ValueError(f"packing needs a multiple of 8 codes per row, got {codes.shape[-1]}")
+    """uint8 codes [..., g] below 2^bits (g a multiple of 8) packed into [..., g * bits / 8] bytes, in bit planes.
+
+    The code's bits are split into `PLANE_WIDTHS[bits]` (most significant first); the plane of width w takes
+    r = g * w / 8 bytes of the row, and its byte j holds the bits of codes j, j + r, j + 2r, ... (8 / w of them) at
+    bit offsets 0, w, 2w, ...; the planes follow one another along the row. So unpacking a plane is a shift and a
+    byte mask per code position on whole words (8 bytes at a time) and one concatenation: no interleaving."""
+    group = codes.shape[-1]
+    if group % 8:
+        raise ValueError(f"packing needs a multiple of 8 codes per row, got {group}")
     if bits == 8:
         return codes
     planes = []
@@ -120,30 +135,32 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     for width in PLANE_WIDTHS[bits]:
         shift -= width
         plane = (codes >> shift) & ((1 << width) - 1)
-        per_byte = 8 // width
-        runs = plane.reshape(*codes.shape[:-1], -1, per_byte)
-        packed = runs[..., 0].clone()
-        for index in range(1, per_byte):
-            packed |= runs[..., index] << (width * index)
+        rows = group * width // 8
+        packed = plane[..., :rows].clone()
+        for index in range(1, 8 // width):
+            packed |= plane[..., index * rows:(index + 1) * rows] << (width * index)
         planes.append(packed)
     return torch.cat(planes, dim=-1)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """The inverse of `pack_codes`: [..., m * bits / 8] bytes -> uint8 codes [..., m]."""
+    """The inverse of `pack_codes`: [..., g * bits / 8] bytes -> uint8 codes [..., g] (contiguous)."""
     if bits == 8:
         return packed
-    count = packed.shape[-1] * 8 // bits
+    packed = packed.contiguous()
+    group = packed.shape[-1] * 8 // bits
+    sizes = [group * width // 8 for width in PLANE_WIDTHS[bits]]
+    word_bytes, word = _word(*sizes, packed.shape[-1])
     codes: torch.Tensor | None = None
     offset, shift = 0, bits
-    for width in PLANE_WIDTHS[bits]:
+    for width, size in zip(PLANE_WIDTHS[bits], sizes):
         shift -= width
-        size = count * width // 8
-        plane = packed[..., offset:offset + size]
+        words = packed[..., offset:offset + size].view(word)  # the plane, a word at a time
         offset += size
-        mask = (1 << width) - 1
-        parts = [plane & mask] + [(plane >> (width * index)) & mask for index in range(1, 8 // width)]
-        values = torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], count)
-        codes = values << shift if codes is None else codes | (values << shift)
+        mask = _byte_mask(width, word_bytes)
+        values = torch.cat([(words >> (width * index)) & mask for index in range(8 // width)], dim=-1)
+        if shift:  # every byte stays below 256: a word-wide shift moves no bit into the next byte
+            values <<= shift
+        codes = values if codes is None else codes.bitwise_or_(values)
     assert codes is not None
-    return codes
+    return codes.view(torch.uint8)

@@ -205,3 +205,24 @@ def test_entries_decoded_together_equal_each_decoded_alone(name: str) -> None:
         assert list(decoded) == list(alone)
         for tensor_name, tensor in alone.items():
             assert decoded[tensor_name].dtype == tensor.dtype and torch.equal(decoded[tensor_name], tensor), tensor_name
+
+
+def test_conv_tails_are_grouped_along_their_channels() -> None:
+    """`transpose` (conv tails of the group formats): [C, kernel - 1] is grouped over C (a 3-wide row has no group),
+    matching the reference on the transposed tensor, and decodes to the original layout."""
+    tensor = random_tensor((256, 3), seed=4)
+    parts = TensorCoding("int8/128", transpose=True).parts_of("layers.0.conv_tail", tensor)
+    assert parts["layers.0.conv_tail#int8.t"].shape == (3, 2, 128) and parts["layers.0.conv_tail#scale"].shape == (3, 2)
+    decoded = decompress_entries_for_test(parts)["layers.0.conv_tail"]
+    assert decoded.shape == (256, 3) and decoded.is_contiguous()
+    assert torch.equal(decoded, naive.round_trip_int(tensor.t().contiguous(), 8, 128).t())
+    assert TensorCoding("int8/128").parts_of("layers.0.conv_tail", tensor)["layers.0.conv_tail"].dtype == torch.float16
+    stored = compress_entry(synthetic_entry(TINY_SHAPE, list(range(12)), seed=1), "int7-kv8")
+    assert {"layers.0.conv_tail#int8.t", "layers.0.suffix_state#int7", "layers.3.key#int8", "layers.3.key#columns"} <= set(stored)
+
+
+def decompress_entries_for_test(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One stored form decoded twice in one call (both copies share every expansion); the second."""
+    from hypic_rag.entry_storage.formats import decompress_entries
+
+    return decompress_entries([stored, stored], "cpu", torch.float32)[1]
