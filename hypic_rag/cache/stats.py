@@ -7,9 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hypic_rag.cache.codec import read_header
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
-from hypic_rag.cache.keys import NAMESPACE_DIGEST_BYTES
 from hypic_rag.cache.store import SegmentStore
 
 
@@ -84,6 +82,9 @@ def namespace_summary(store: SegmentStore) -> list[dict[str, Any]]:
     model dtype and entry count. Keys are grouped by their namespace digest and one entry's header is read per
     namespace (without its crc32: this is a listing, `verify` checks entries); an unreadable one shows as
     ``unknown``. Reads every key once (no values besides those headers)."""
+    from hypic_rag.cache.codec import read_header  # torch: loaded only when a listing is asked for
+    from hypic_rag.cache.keys import NAMESPACE_DIGEST_BYTES
+
     counts = Counter(key[:NAMESPACE_DIGEST_BYTES] for key in store.keys())
     first_keys: dict[bytes, bytes] = {}
     for key in store.keys():
