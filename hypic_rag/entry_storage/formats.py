@@ -6,14 +6,17 @@ A `CacheFormat` gives every tensor kind its `TensorCoding`:
 - a coding is a float cast (``float32``, ``float16``, ``bfloat16``), ``int{bits}/{group}`` (integer groups of at
   most `group` values along the last dimension, `bits` 2..8, a bfloat16 scale per group: `quantize.quantize_int`)
   or ``fp8/{group}`` (float8 e4m3 groups with a scale: `quantize.quantize_float8`);
-- a tensor a group coding cannot cut (its last dimension is not a multiple of 8: a scalar-decay P [H, 1, 1], a conv
-  tail [C, kernel - 1]) is stored in the coding's `fallback` float dtype; a tensor with a non-finite value, or one
-  beyond float16's range for a float16 cast, keeps its dtype. Token ids and ``seam_tokens`` are never changed.
+- a group coding may even out columns first (``+cols``, the K/V of the ``-kv8`` formats) or group a tensor along
+  its second-to-last dimension (`TensorCoding.transpose`: conv tails [C, kernel - 1] along their channels);
+- a tensor a group coding cannot cut (its last dimension is not a multiple of 8: a scalar-decay P [H, 1, 1]) is
+  stored in the coding's `fallback` float dtype; a tensor with a non-finite value, or one beyond float16's range
+  for a float16 cast, keeps its dtype. Token ids and ``seam_tokens`` are never changed.
 
 The stored form of a compressed tensor ``X`` is a set of parts (`hypic_rag.entry.STORED_PART_SEPARATOR`):
-``X#int{bits}`` (codes) or ``X#fp8`` (float8 bytes) with ``X#scale``; a cast tensor keeps its name. Decoding
-(`decompress_entry`) needs no format: the parts say how they were made, and it runs on whatever device the parts
-are moved to first. State tensors decode to float32 (composition runs in float32), K/V to the model's dtype.
+``X#int{bits}`` (codes; ``X#int8.t`` when transposed) or ``X#fp8`` (float8 bytes) with ``X#scale`` and, with
+``+cols``, ``X#columns``; a cast tensor keeps its name. Decoding (`decompress_entries`) needs no format: the parts
+say how they were made, and it runs on whatever device the parts are moved to first. State tensors decode to
+float32 (composition runs in float32), K/V to the model's dtype.
 
 `CACHE_FORMATS` names the formats users choose from (`--cache-format`); `float32` stores entries as encoded.
 """
@@ -347,11 +350,11 @@ def decompress_entries(
         layout = _CODES_PART.fullmatch(part)
         assert layout is not None
         for coded, values in zip(members, _expand(part, members, target)):
-            if layout["transposed"]:
-                values = values.transpose(-1, -2).contiguous()
-            if coded.columns is not None:
+            if coded.columns is not None:  # the columns of the grouped layout (before any transposition back)
                 columns = coded.columns if target is None else coded.columns.to(target, non_blocking=True)
                 values.mul_(columns.float().unsqueeze(-2))
+            if layout["transposed"]:
+                values = values.transpose(-1, -2).contiguous()
             plain[coded.entry][coded.name] = values.to(coded.dtype)
     for number, stored in enumerate(stored_entries):
         if decoded[number] is None:  # in the stored form's order of tensors

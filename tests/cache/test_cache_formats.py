@@ -217,6 +217,10 @@ def test_conv_tails_are_grouped_along_their_channels() -> None:
     assert decoded.shape == (256, 3) and decoded.is_contiguous()
     assert torch.equal(decoded, naive.round_trip_int(tensor.t().contiguous(), 8, 128).t())
     assert TensorCoding("int8/128").parts_of("layers.0.conv_tail", tensor)["layers.0.conv_tail"].dtype == torch.float16
+    both = TensorCoding("int8/128+cols", transpose=True).parts_of("layers.0.conv_tail", tensor)  # evened, transposed
+    assert both["layers.0.conv_tail#columns"].shape == (256,)
+    assert float((decompress_entries_for_test(both)["layers.0.conv_tail"] - tensor).abs().max()) < 0.02 * float(
+        tensor.abs().max())
     stored = compress_entry(synthetic_entry(TINY_SHAPE, list(range(12)), seed=1), "int7-kv8")
     assert {"layers.0.conv_tail#int8.t", "layers.0.suffix_state#int7", "layers.3.key#int8", "layers.3.key#columns"} <= set(stored)
 
