@@ -1,4 +1,5 @@
-"""Calibrating an index's recompute policy: the requests, the choice, the record in its manifest.
+"""Calibrating an index: its recompute policy and its cache format; the requests, the choices, the records in its
+manifest.
 
 `hypic-rag calibrate` (and this module's `calibrate_index`) builds calibration requests exactly as `ask` builds
 its own (the index's retriever, the pipeline's ranking of chunks), scores the candidate policies on them against
@@ -7,6 +8,9 @@ where `ask` and `serve` find it. The questions come from a file (one per line, o
 field: questions like the ones the index will be asked are best), or else are probes made from the index itself:
 the first sentence of chunks spread evenly over the corpus. A probe needs no answer: the score compares each
 policy's next-token distribution with `full`'s on the same request, whatever the question.
+
+The cache format (`calibrate_index_format`, `hypic_rag.format_calibration`) is chosen on the same requests: the
+smallest format whose entries keep mean KL(float32 entries || format entries) under `hypic` at most a target.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, FormatChoice, calibrate_format
 from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.retrieval.multi_hop import sentences_of
 from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, Calibration, calibrate
@@ -135,14 +140,48 @@ def calibrate_index(
 ) -> tuple[Calibration, dict[str, Any]]:
     """Calibrate on `questions` (None: `requests` probes of the index) at `top_k`; returns the calibration and the
     record to keep in the manifest (the calibration, how many requests, their source, top_k, when)."""
+    built, source = _requests_of(pipeline, questions, requests, top_k)
+    result = calibrate(pipeline.engine, built, candidates, kl_target, on_progress=on_progress)
+    record = {**result.to_dict(), "requests": len(built), "source": source, "top_k": top_k,
+              "seam_tokens": pipeline.session.seam_tokens, "calibrated_at": time.time()}
+    return result, record
+
+
+def _requests_of(pipeline: Any, questions: Sequence[str] | None, requests: int, top_k: int) -> tuple[list[Request], str]:
+    """The calibration requests (`questions`' first `requests`, else `requests` probes of the index) and their
+    source."""
     if requests < 1:
         raise CalibrationError(f"requests must be >= 1, got {requests}")
     source = "questions" if questions is not None else "index probes"
     chosen_questions = list(questions)[:requests] if questions is not None else probe_questions(pipeline.index, requests)
     if not chosen_questions:
         raise CalibrationError("no calibration questions")
-    built = calibration_requests(pipeline, chosen_questions, top_k)
-    result = calibrate(pipeline.engine, built, candidates, kl_target, on_progress=on_progress)
-    record = {**result.to_dict(), "requests": len(built), "source": source, "top_k": top_k,
-              "seam_tokens": pipeline.session.seam_tokens, "calibrated_at": time.time()}
-    return result, record
+    return calibration_requests(pipeline, chosen_questions, top_k), source
+
+
+def calibrate_index_format(
+    pipeline: Any,
+    *,
+    kl_target: float,
+    questions: Sequence[str] | None = None,
+    requests: int = 32,
+    top_k: int = 8,
+    formats: Sequence[str] = DEFAULT_FORMAT_CANDIDATES,
+    policy: RecomputePolicy | str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[FormatChoice, dict[str, Any]]:
+    """Choose the index's cache format on `questions` (None: `requests` probes of the index) at `top_k`, under
+    `hypic` with `policy` (None: the pipeline's); returns the choice and the record to keep in the manifest (the
+    choice, how many requests, their source, top_k, the policy, when). The reference entries are float32: the
+    index's cache when it is in float32, else encoded for the calibration in this process."""
+    from hypic_rag.runtime.engine import Engine
+
+    built, source = _requests_of(pipeline, questions, requests, top_k)
+    engine = pipeline.engine
+    if pipeline.index.manifest.cache_format != "float32":  # its entries are compressed: encode float32 ones
+        engine = Engine(engine.model, seam_tokens=engine.seam_tokens, recompute_policy=engine.recompute_policy)
+    choice = calibrate_format(engine, built, formats, kl_target, policy=policy, on_progress=on_progress)
+    spec = getattr(policy, "spec", policy) or pipeline.session.recompute_policy.spec
+    record = {**choice.to_dict(), "requests": len(built), "source": source, "top_k": top_k, "policy": spec,
+              "index_cache_format": pipeline.index.manifest.cache_format, "calibrated_at": time.time()}
+    return choice, record

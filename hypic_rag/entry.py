@@ -40,6 +40,15 @@ ATTENTION_PARTS = ("key", "value")
 """The tensors of an attention layer: pre-RoPE keys and values [H_kv, L, D]."""
 KEY_VALUE_SUFFIXES = tuple(f".{part}" for part in ATTENTION_PARTS)
 
+STORED_PART_SEPARATOR = "#"
+"""A compressed tensor is stored as parts named ``{name}#{part}`` (``layers.3.key#int8`` and ``layers.3.key#scale``,
+`hypic_rag.entry_storage`); the name before the separator says which tensor, and so which kind, they make."""
+
+
+def base_name(name: str) -> str:
+    """The tensor a stored part belongs to (``layers.3.key#int8`` -> ``layers.3.key``); other names unchanged."""
+    return name.partition(STORED_PART_SEPARATOR)[0]
+
 
 def tensor_name(layer_index: int, part: str) -> str:
     """The entry name of layer `layer_index`'s tensor `part` (one of `LINEAR_PARTS` or `ATTENTION_PARTS`)."""
@@ -62,8 +71,8 @@ def layer_parts(kind: str) -> tuple[str, ...]:
 
 
 def is_kv_name(name: str) -> bool:
-    """True for attention K/V tensors."""
-    return name.endswith(KEY_VALUE_SUFFIXES)
+    """True for attention K/V tensors (and the stored parts of a compressed one)."""
+    return base_name(name).endswith(KEY_VALUE_SUFFIXES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +90,8 @@ class EntryBytes:
 
 
 def entry_bytes(entry: Mapping[str, Any]) -> EntryBytes:
-    """Bytes of an entry's tensors as held (after any storage cast), split into linear state, K/V and token ids.
+    """Bytes of an entry's tensors as held (stored parts of a compressed entry included: codes and scales), split
+    into linear state, K/V and token ids.
 
     The one way entry sizes are computed: the cache's statistics, the in-memory byte budgets (`tensor_bytes`),
     precompute's commit batches and the benchmarks all use it.

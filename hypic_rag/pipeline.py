@@ -163,6 +163,7 @@ class RagPipeline:
         dtype: str | None = None,
         remote_cache: RemoteTierConfig | None = None,
         recompute_policy: RecomputePolicy | str | None = None,
+        cache_format: str | None = None,
     ) -> RagPipeline:
         """Open an index and the session it was built for (`ModelSession.for_index`: its model, the one recorded
         in the manifest unless `model_path`, in the dtype recorded there unless `dtype`, checked against the
@@ -170,7 +171,8 @@ class RagPipeline:
         recorded recompute policy unless `recompute_policy`), and its embedder (loaded now, so the first question's
         timing is the question's). A model directory that cannot be loaded raises `ModelLoadError`, a bad policy
         spec `RecomputePolicyError`. remote_cache: the shared remote tier below the segment cache
-        (`hypic_rag.cache.remote_config.RemoteTierConfig`; None: none)."""
+        (`hypic_rag.cache.remote_config.RemoteTierConfig`; None: none). cache_format: the cache format expected
+        (None: the index's; another than the index's raises `IndexMismatchError`, docs/cache.md)."""
         policy = as_policy(recompute_policy)
         from hypic_rag.retrieval.corpus_index import CorpusIndex
         from hypic_rag.retrieval.manifest import IndexManifest
@@ -182,7 +184,7 @@ class RagPipeline:
             raise PipelineError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model")
         # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
         cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes,
-                             remote=remote_cache)
+                             remote=remote_cache, cache_format=cache_format)
         session = ModelSession.for_index(
             manifest, index_dir, model_path=model_path, device=device, dtype=dtype, seam_tokens=seam_tokens,
             cache=cache, recompute_policy=policy,

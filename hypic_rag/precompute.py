@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tqdm import tqdm
 
 from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
@@ -64,6 +65,7 @@ __all__ = [
     "encode_plans",
     "plan_segments",
     "precompute",
+    "recorded_cache_format",
     "recorded_dtype",
 ]
 
@@ -86,7 +88,10 @@ class PrecomputeOptions:
     the remote did not take). scale_out: None (this machine
     only) or where loading, chunking, embedding and encoding run instead (`ScaleOut`; e.g.
     `hypic_rag.distributed.ray_scale_out.RayScaleOut`: Ray tasks and actors), while this process stays the
-    index's single writer.
+    index's single writer. cache_format: the format cache entries are stored in (a name of
+    `hypic_rag.entry_storage.formats.CACHE_FORMATS`; None: an existing index's, float32 for a new one); naming
+    another than an existing index's rebuilds its cache in it: every planned entry is encoded in the new format,
+    then the manifest records it and the old format's entries are removed.
     """
 
     corpus: Path
@@ -105,8 +110,11 @@ class PrecomputeOptions:
     show_progress: bool = True
     remote_cache: RemoteTierConfig | None = None
     scale_out: ScaleOut | None = None
+    cache_format: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cache_format is not None:
+            cache_format(self.cache_format)  # an unknown name: ValueError naming the choices
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
@@ -177,6 +185,12 @@ class PrecomputeSummary:
     skipped: tuple[SkippedInput, ...] = field(default_factory=tuple)
     remote: dict[str, Any] | None = None
     """The remote tier's counters after the run (`RemoteTier.stats`), when one was given."""
+    cache_format: str = DEFAULT_CACHE_FORMAT
+    """The format the index's cache entries are stored in after the run."""
+    rebuilt_from: str | None = None
+    """The format the cache was rebuilt from (`--cache-format` naming another than the index's), else None."""
+    removed_entries: int = 0
+    """Entries of the old format removed after a rebuild."""
 
     @property
     def did_work(self) -> bool:
@@ -222,10 +236,19 @@ def cache_bytes_of(
 
 def recorded_dtype(index_dir: Path) -> str | None:
     """The model dtype an existing index at `index_dir` was built with (None: no index, or none recorded)."""
-    from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
+    manifest = _existing_manifest(index_dir)
+    return None if manifest is None else manifest.model.dtype
 
+
+def recorded_cache_format(index_dir: Path) -> str | None:
+    """The cache format of an existing index at `index_dir` (None: no index)."""
+    manifest = _existing_manifest(index_dir)
+    return None if manifest is None else manifest.cache_format
+
+
+def _existing_manifest(index_dir: Path) -> IndexManifest | None:
     index_dir = Path(index_dir).expanduser()
-    return IndexManifest.load(index_dir).model.dtype if (index_dir / MANIFEST_FILE).is_file() else None
+    return IndexManifest.load(index_dir) if (index_dir / MANIFEST_FILE).is_file() else None
 
 
 def check_locations(index_dir: Path, cache_dir: Path | None = None) -> Path:
@@ -285,6 +308,8 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
         require_tokenizer=True,
     )
+    recorded_format = recorded_cache_format(options.index_dir)
+    chosen_format = options.cache_format or recorded_format or DEFAULT_CACHE_FORMAT
     embedder = SentenceEmbedder(options.embedder_path, batch_size=options.embed_batch_size)
     settings = IndexSettings(
         model=ModelIdentity.of(Path(options.model_path).resolve(), model),
@@ -293,11 +318,13 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         seam_tokens=options.seam_tokens,
         vector_index=options.vector_index,
         cache_dir=options.cache_dir,
+        cache_format=chosen_format,
     )
     # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
     remote = options.remote_cache
     # precompute fills the remote tier: an upload waits for room in the queue instead of being dropped
-    cache_options = CacheOptions(remote=remote.with_options(wait_when_full=True) if remote is not None else None)
+    cache_options = CacheOptions(remote=remote.with_options(wait_when_full=True) if remote is not None else None,
+                                 cache_format=chosen_format)
     with (
         ModelSession.of_model(
             model, model_path=options.model_path, seam_tokens=options.seam_tokens, cache_dir=cache_dir,
@@ -320,6 +347,13 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         else:
             encode = encode_plans(session, plans, show_progress=options.show_progress)
         remote_stats = publish_to_remote(cache, plans, encode) if remote is not None else None
+        rebuilt_from = recorded_format if recorded_format not in (None, chosen_format) else None
+        removed = 0
+        if rebuilt_from is not None:  # every planned entry is held in the new format now: switch, drop the old
+            index.record_cache_format(chosen_format)
+            removed = drop_format_entries(cache, rebuilt_from, plans)
+            logger.info("cache rebuilt from format %s to %s; %d entries of %s removed", rebuilt_from, chosen_format,
+                        removed, rebuilt_from)
         cache_bytes = cache_bytes_of(cache, cache.namespace_for, plans)
         counts = index.counts()
         return PrecomputeSummary(
@@ -333,7 +367,19 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             elapsed_seconds=time.perf_counter() - began,
             skipped=tuple(corpus.skipped),
             remote=remote_stats,
+            cache_format=chosen_format,
+            rebuilt_from=rebuilt_from,
+            removed_entries=removed,
         )
+
+
+def drop_format_entries(cache: SegmentCache, old_format: str, plans: Sequence[SegmentPlan]) -> int:
+    """Remove the planned segments' entries in `old_format` (the cache's namespace in that format); the number
+    removed."""
+    from dataclasses import replace
+
+    return sum(cache.remove_many(replace(cache.namespace_for(plan.seam_tokens), cache_format=old_format),
+                                 plan.segments) for plan in plans)
 
 
 def publish_to_remote(

@@ -72,13 +72,22 @@ class CacheOptions:
     it both raise (precompute, whose job is to fill it). hot_budget_bytes: the in-process hot tier's budget
     (None: the cache's default). remote: the shared remote tier below the disk store
     (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g. ``RemoteTierConfig.from_url("s3://bucket/prefix")``;
-    None: none); it is always best effort (a failing remote is a miss, never an error).
+    None: none); it is always best effort (a failing remote is a miss, never an error). cache_format: the format
+    entries are stored in (`hypic_rag.entry_storage.formats.CACHE_FORMATS`: ``float32``, ``int8``, ``int7``, ...;
+    None: an index's own, float32 without an index); a session of an index refuses another than the index's.
     """
 
     readonly: bool = False
     best_effort: bool = False
     hot_budget_bytes: int | None = None
     remote: RemoteTierConfig | None = None
+    cache_format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache_format is not None:
+            from hypic_rag.entry_storage.formats import cache_format
+
+            cache_format(self.cache_format)  # an unknown name: ValueError before anything loads
 
 
 class ModelRecord(Protocol):
@@ -108,6 +117,8 @@ class IndexRecord(Protocol):
     def recompute_policy_spec(self) -> str | None: ...
 
     def cache_path(self, index_dir: Path) -> Path: ...
+
+    def check_cache_format(self, given: str | None, index_dir: str | Path = "DIR") -> str: ...
 
     def check_loaded_model(self, path: str | Path, model: Any) -> None: ...
 
@@ -179,10 +190,14 @@ class ModelSession:
         dtype unless `dtype`; another model or dtype than the manifest's raises `IndexMismatchError`), its seam
         width (unless `seam_tokens`), its recompute policy (unless `recompute_policy`; an index without one: the
         fixed seam), its whole prompt format, and its segment cache (the one the index records unless `cache_dir`:
-        e.g. a node-local disk when the index lies on a shared file system). A model directory that cannot be
-        loaded raises `ModelLoadError`."""
+        e.g. a node-local disk when the index lies on a shared file system) in the index's cache format (a
+        `cache.cache_format` naming another raises `IndexMismatchError`). A model directory that cannot be loaded
+        raises `ModelLoadError`."""
+        from dataclasses import replace
+
         from hypic_rag.runtime.model import load_model
 
+        cache = replace(cache, cache_format=manifest.check_cache_format(cache.cache_format, index_dir))
         path = Path(model_path).expanduser() if model_path else Path(manifest.model.path)
         model = load_model(path, device=device, dtype=dtype or manifest.model.dtype, require_tokenizer=True)
         manifest.check_loaded_model(path, model)
@@ -366,6 +381,7 @@ def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: 
     """`directory` opened as the persistent segment cache of `model`'s entries (over its remote tier, if any)."""
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
+    from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT
 
     extra: dict[str, Any] = {}
     if options.hot_budget_bytes is not None:
@@ -374,7 +390,7 @@ def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: 
         from hypic_rag.cache.remote_tier import RemoteTier
 
         extra["remote"] = RemoteTier(options.remote)
-    namespace = CacheNamespace.for_model(model, seam_tokens)
+    namespace = CacheNamespace.for_model(model, seam_tokens, options.cache_format or DEFAULT_CACHE_FORMAT)
     return SegmentCache.open(
         directory, namespace=namespace, readonly=options.readonly, best_effort=options.best_effort, **extra
     )

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Segment-cache benchmark: bytes per chunk, load time per entry (disk cold/warm vs hot tier), and the quality
-effect of storing P/Z in float16 / bfloat16 instead of float32. Output: one JSON object (stdout and `--out`).
+effect of the float16 / bfloat16 cache formats instead of float32 (every cache format: `bench.cache_formats`). Output: one JSON object (stdout and `--out`).
 
 - bytes: a 4-layer `qwen3_5` model (3 linear + 1 attention layer) with Qwen3.5's per-layer dimensions (linear
   attention 16 key heads / 32 value heads x 128, attention 2 or 4 KV heads x 256; hidden and MLP sizes are small
@@ -12,7 +12,7 @@ effect of storing P/Z in float16 / bfloat16 instead of float32. Output: one JSON
 - load: full-depth qwen3_5 entries in an LMDB store; per-entry time of `SegmentCache` hits served from disk with
   the OS page cache dropped for the file (cold: posix_fadvise DONTNEED after closing the map), from disk with the
   file in the page cache (warm), and from the hot tier.
-- quality: tiny random `qwen3_5` models (slow decays), `hypic` mode through a `SegmentCache` per storage dtype;
+- quality: tiny random `qwen3_5` models (slow decays), `hypic` mode through a `SegmentCache` per cache format;
   KL to `full` and to the float32-state run, top-1 agreement and max |logit difference|.
 
     OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 python -m hypic_rag.bench.cache_bytes --out runs/bench_cache.json
@@ -36,12 +36,12 @@ import torch
 
 from hypic_rag.cache.codec import decode_entry, encode_entry
 from hypic_rag.cache.keys import CacheNamespace, segment_key
-from hypic_rag.cache.layout import lower_state_precision
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.segment_cache import SegmentCache
 from hypic_rag.cache.store import SegmentStore
 from hypic_rag.cache.synthetic import HybridShape, synthetic_entry
 from hypic_rag.entry import LINEAR_LAYER, Entry, entry_bytes
+from hypic_rag.entry_storage.formats import compress_entry
 
 MIB = 1 << 20
 CHUNK_LENGTHS = (256, 1024)
@@ -55,8 +55,8 @@ def qwen3_5_layer_dims(num_key_value_heads: int) -> dict[str, Any]:
     )
 
 
-def size_report(entry: Entry, state_dtype: torch.dtype = torch.float32) -> dict[str, int]:
-    stored = lower_state_precision(entry, state_dtype)
+def size_report(entry: Entry, cache_format: str = "float32") -> dict[str, int]:
+    stored = compress_entry(entry, cache_format)
     sizes = entry_bytes(stored)
     return {
         "value_bytes": len(encode_entry(stored, "n" * 200)),
@@ -105,8 +105,7 @@ def bench_bytes(encode_lengths: tuple[int, ...]) -> dict[str, Any]:
         for length in CHUNK_LENGTHS:
             entry = synthetic_entry(full_shape, list(range(length)))
             per_length[str(length)] = {
-                dtype_name: size_report(entry, dtype) for dtype_name, dtype in
-                (("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16))
+                name: size_report(entry, name) for name in ("float32", "float16", "bfloat16")
             }
             del entry
         report["full_depth"][name] = per_length
@@ -211,7 +210,7 @@ def bench_quality(requests: int, models: int, work_dir: Path) -> dict[str, Any]:
         logits: dict[str, list[torch.Tensor]] = {}
         for dtype_name in rows:
             directory = work_dir / f"quality_{model_seed}_{dtype_name}"
-            namespace = CacheNamespace.for_model(model, seam_tokens=8, state_dtype=dtype_name)
+            namespace = CacheNamespace.for_model(model, seam_tokens=8, cache_format=dtype_name)
             with SegmentCache.open(directory, disk_budget_bytes=1 << 30, namespace=namespace) as cache:
                 engine = Engine(model, seam_tokens=8, segment_source=cache)
                 logits[dtype_name] = [engine.prefill(request, mode="hypic").logits for request in batch]

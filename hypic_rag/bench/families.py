@@ -13,7 +13,6 @@ The machine's load average is recorded before and after: on a shared machine tim
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -166,11 +165,8 @@ def families_markdown(result: dict[str, Any]) -> str:
 
 def write_families(result: dict[str, Any], directory: Path) -> list[Path]:
     """`families.json` and `families.md` (`families_<profile>.*` for a profile other than standard)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    from hypic_rag.bench.report import write_json_and_markdown
+
     profile = result["config"]["profile"]
     stem = "families" if profile == "standard" else f"families_{profile}"
-    json_path = directory / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    markdown_path = directory / f"{stem}.md"
-    markdown_path.write_text(families_markdown(result))
-    return [json_path, markdown_path]
+    return write_json_and_markdown(result, directory, stem, families_markdown(result))

@@ -6,8 +6,9 @@ of the entry comes out with its name, shape and dtype and no values. Bytes are c
 one way the cache and the benchmarks size entries. Nothing here knows a family's tensor shapes.
 
 Dtypes are the runtime's: the model in bfloat16 (what `load_model` runs a checkpoint in on CUDA), so keys and
-values are bfloat16; P, Z and conv tails are float32 (composition runs in float32). `pz_bfloat16_bytes` is the
-entry with P and Z stored in bfloat16 (a cache namespace's `state_dtype`; `cache.layout.lower_state_precision`).
+values are bfloat16; P, Z and conv tails are float32 (composition runs in float32). `pz_bfloat16_total` is the
+entry with P and Z cast to bfloat16 (the release before cache formats stored them so; every format's bytes:
+`bench.cache_formats`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any
 import torch
 
 from hypic_rag.bench.published_layouts import PUBLISHED_LAYOUTS, PublishedLayout
-from hypic_rag.cache.layout import is_lowerable_state_name
 from hypic_rag.entry import SEAM_TOKENS as SEAM_NAME
 from hypic_rag.entry import TOKEN_IDS, Entry, entry_bytes
 from hypic_rag.runtime.mixers.base import AttentionMixer, RecurrentMixer
@@ -83,8 +83,8 @@ def entry_sizes(entry: Entry) -> dict[str, int]:
     def part_bytes(part: str) -> int:
         return entry_bytes({name: t for name, t in entry.items() if name.endswith(f".{part}")}).linear_bytes
 
-    lowered = {name: tensor.to(torch.bfloat16) if is_lowerable_state_name(name) and tensor.is_floating_point()
-               else tensor for name, tensor in entry.items()}
+    lowered = {name: tensor.to(torch.bfloat16) if name.endswith((".transition", ".suffix_state"))
+               and tensor.is_floating_point() else tensor for name, tensor in entry.items()}
     stored = entry_bytes(lowered)
     return {
         "transition": part_bytes("transition"),

@@ -302,14 +302,19 @@ def plots(result: dict[str, Any], directory: Path) -> list[Path]:
     return written
 
 
-def write_report(result: dict[str, Any], directory: Path) -> list[Path]:
+def write_json_and_markdown(result: dict[str, Any], directory: Path, stem: str, text: str) -> list[Path]:
+    """`<stem>.json` (the result) and `<stem>.md` (`text`) in `directory` (created); their paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    name = f"bench_{result['config']['profile']}{result.get('file_suffix', '')}"
-    json_path = directory / f"{name}.json"
+    json_path = directory / f"{stem}.json"
     json_path.write_text(json.dumps(result, indent=2) + "\n")
-    markdown_path = directory / f"{name}.md"
-    markdown_path.write_text(markdown(result))
-    return [json_path, markdown_path, *plots(result, directory)]
+    markdown_path = directory / f"{stem}.md"
+    markdown_path.write_text(text)
+    return [json_path, markdown_path]
+
+
+def write_report(result: dict[str, Any], directory: Path) -> list[Path]:
+    name = f"bench_{result['config']['profile']}{result.get('file_suffix', '')}"
+    return [*write_json_and_markdown(result, directory, name, markdown(result)), *plots(result, directory)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""In-process hot tier above the disk store: decoded entries, least recently used evicted past a byte budget."""
+"""In-process hot tier above the disk store: entries as stored (decoded from their bytes, still in their cache
+format), least recently used evicted past a byte budget."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from hypic_rag.lru import ByteBudgetLRU
 
 
 class HotTier(ByteBudgetLRU[Entry]):
-    """LRU map key -> decoded entry (an `Entry`) holding at most `budget_bytes` of tensors.
+    """LRU map key -> entry in its stored form (an `Entry`) holding at most `budget_bytes` of tensors (a compressed
+    format's codes and scales: such a tier holds more entries).
 
     Entries are shared, not copied: `get` returns a new dict over the same tensors, which callers must not
     modify in place. An entry larger than the whole budget is not kept. Thread-safe.

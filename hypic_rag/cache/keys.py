@@ -2,8 +2,8 @@
 
 A key must never let one model's state be served to another, so it is derived from everything that changes what
 an entry contains: the model fingerprint (config plus a digest of the weights), the dtype the model ran in, the
-tokenizer fingerprint, the seam window, the storage dtype of the linear state, the entry format version, and the
-sha256 of the chunk's token ids.
+tokenizer fingerprint, the seam window, the cache format the tensors are stored in (`hypic_rag.entry_storage`), the
+entry format version, and the sha256 of the chunk's token ids. Entries of different formats therefore never mix.
 
 Key layout (48 bytes): ``namespace_digest (16) | token_ids_digest (32)``. The namespace comes first so that all
 entries of one namespace are contiguous in the store. A hit additionally compares the namespace recorded in the
@@ -22,16 +22,17 @@ import numpy as np
 import torch
 
 from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry_storage.formats import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, CacheFormat, cache_format
 
 FORMAT_VERSION = 2  # 2: entries no longer carry a chunk_state per linear layer
 """Version of the entry contents (tensor names and meaning, see docs/CONTRACTS.md). Bump when they change."""
 
-STATE_DTYPES: dict[str, torch.dtype] = {
+MODEL_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-"""Allowed storage dtypes of the linear state (P and Z); composition always runs in float32."""
+"""The dtypes a model may run in (`model_dtype`)."""
 
 NAMESPACE_DIGEST_BYTES = 16
 TOKEN_DIGEST_BYTES = 32
@@ -45,9 +46,10 @@ class CacheNamespace:
     model_fingerprint: config plus a digest of the weights (from the runtime's model loader).
     tokenizer_fingerprint: identifies the tokenizer (vocabulary, merges, special tokens).
     seam_tokens: the seam window w; the cached suffix pair covers tokens w..L-1, so each w has its own entries.
-    state_dtype: storage dtype of the linear-state tensors, one of `STATE_DTYPES`.
+    cache_format: the format the entry's tensors are stored in, a name of
+    `hypic_rag.entry_storage.formats.CACHE_FORMATS` (``float32``: as encoded; ``int8``, ``int4``, ...: compressed).
     format_version: entry contents version, `FORMAT_VERSION` unless reading a store written by another release.
-    model_dtype: the dtype the model's weights were loaded in (`--dtype`), one of `STATE_DTYPES`'s names: the
+    model_dtype: the dtype the model's weights were loaded in (`--dtype`), one of `MODEL_DTYPES`' names: the
     same checkpoint run in bfloat16 encodes other states than in float32. (The fingerprint, a digest of the loaded
     weights, differs too; the field says so explicitly.)
     """
@@ -55,7 +57,7 @@ class CacheNamespace:
     model_fingerprint: str
     tokenizer_fingerprint: str
     seam_tokens: int
-    state_dtype: str = "float32"
+    cache_format: str = DEFAULT_CACHE_FORMAT
     format_version: int = FORMAT_VERSION
     model_dtype: str = "float32"
 
@@ -65,22 +67,23 @@ class CacheNamespace:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"CacheNamespace.{field_name} must be a non-empty string, got {value!r}")
         check_seam_tokens(self.seam_tokens, "CacheNamespace.seam_tokens")
-        for field_name in ("state_dtype", "model_dtype"):
-            value = getattr(self, field_name)
-            if value not in STATE_DTYPES:
-                raise ValueError(f"CacheNamespace.{field_name} must be one of {sorted(STATE_DTYPES)}, got {value!r}")
+        if self.cache_format not in CACHE_FORMATS:
+            raise ValueError(f"CacheNamespace.cache_format must be one of {', '.join(CACHE_FORMATS)}, "
+                             f"got {self.cache_format!r}")
+        if self.model_dtype not in MODEL_DTYPES:
+            raise ValueError(f"CacheNamespace.model_dtype must be one of {sorted(MODEL_DTYPES)}, got {self.model_dtype!r}")
         if isinstance(self.format_version, bool) or not isinstance(self.format_version, int) or self.format_version < 1:
             raise ValueError(f"CacheNamespace.format_version must be an int >= 1, got {self.format_version!r}")
 
     @classmethod
-    def for_model(cls, model: Any, seam_tokens: int, state_dtype: str = "float32") -> CacheNamespace:
+    def for_model(cls, model: Any, seam_tokens: int, cache_format: str = DEFAULT_CACHE_FORMAT) -> CacheNamespace:
         """The namespace of `model`'s entries (anything with ``fingerprint`` and ``tokenizer_fingerprint``, such
-        as a `hypic_rag.runtime.model.HybridModel`) for seam window `seam_tokens`."""
+        as a `hypic_rag.runtime.model.HybridModel`) for seam window `seam_tokens`, stored in `cache_format`."""
         return cls(
             model_fingerprint=model.fingerprint,
             tokenizer_fingerprint=model.tokenizer_fingerprint,
             seam_tokens=seam_tokens,
-            state_dtype=state_dtype,
+            cache_format=cache_format,
             model_dtype=getattr(model, "dtype_name", "float32"),
         )
 
@@ -89,9 +92,9 @@ class CacheNamespace:
         return self if seam_tokens == self.seam_tokens else replace(self, seam_tokens=seam_tokens)
 
     @property
-    def torch_state_dtype(self) -> torch.dtype:
-        """The torch dtype the linear-state tensors are stored in."""
-        return STATE_DTYPES[self.state_dtype]
+    def storage_format(self) -> CacheFormat:
+        """The `CacheFormat` entries of this namespace are stored in."""
+        return cache_format(self.cache_format)
 
     def canonical(self) -> str:
         """A stable text form (sorted-key JSON), recorded in every entry header and hashed into the key."""

@@ -13,9 +13,10 @@ rather than a namespace) use that namespace at the seam width asked for (`CacheN
 An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md); returned tensors may be shared with the hot
 tier, so treat them as read-only. A hit requires the entry's recorded namespace and its stored ``token_ids`` to
 equal the request; a corrupt entry (checksum, truncation, undecodable) or a mismatched one is logged, counted,
-removed and recomputed, never returned. With a lower ``state_dtype`` the P/Z tensors are stored in it and handed
-back in float32; a miss returns the same rounded values a later hit would, so answers do not depend on whether
-the cache was warm.
+removed and recomputed, never returned. Entries are handed out in their stored form: the namespace's cache format
+(`hypic_rag.entry_storage`; ``float32``: as encoded, ``int8``, ``int4``, ...: codes and scales), which the runtime
+decodes once per hit on the device it uses the entry on (`decompress_entry`); the hot tier holds that form too.
+A miss returns the stored form a later hit would return, so answers do not depend on whether the cache was warm.
 
 With ``best_effort=True`` (ask, serve: the cache only saves work) a damaged store is replaced by a `NullStore`
 (the cache is disabled, with a warning) and a failed write (disk full) is logged instead of raised; without it
@@ -42,7 +43,6 @@ from hypic_rag.cache.codec import decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CacheDamagedError, CacheWriteError, CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.hot_tier import HotTier
 from hypic_rag.cache.keys import CacheNamespace, key_label, segment_key
-from hypic_rag.cache.layout import lower_state_precision, restore_state_precision
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.stats import CacheStats
 from hypic_rag.cache.store import NullStore, PutRequest, SegmentStore
@@ -267,7 +267,7 @@ class SegmentCache:
                 remote_positions[key] = disk_positions[key]
                 continue
             ids = requested[disk_positions[key][0]]
-            entry = self._decode_checked(namespace, key, ids, value, tally)
+            entry = self._decode_stored(namespace, key, ids, value, tally, where=str(self.store.path))
             if entry is None:
                 bad_keys.append(key)
                 remote_positions[key] = disk_positions[key]
@@ -310,7 +310,7 @@ class SegmentCache:
                 continue
             sizes = entry_bytes(decoded)
             fills.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
-            entry = restore_state_precision(decoded)
+            entry = decoded
             self.hot_tier.put(key, entry)
             for position in positions[key]:
                 found[position] = dict(entry)
@@ -321,13 +321,6 @@ class SegmentCache:
                 self.remote.discard(discarded, corrupt=corrupt)
         if fills and not self.store.readonly:
             self._tolerate_write_failure(lambda: self.store.batched_put(fills))
-
-    def _decode_checked(
-        self, namespace: CacheNamespace, key: bytes, token_ids: list[int], value: bytearray, tally: _LookupTally
-    ) -> Entry | None:
-        """A disk value decoded, checked and handed back in float32 (`_decode_stored`), or None when bad."""
-        decoded = self._decode_stored(namespace, key, token_ids, value, tally, where=str(self.store.path))
-        return None if decoded is None else restore_state_precision(decoded)
 
     def _decode_stored(
         self, namespace: CacheNamespace, key: bytes, token_ids: list[int], value: bytearray, tally: _LookupTally,
@@ -366,7 +359,7 @@ class SegmentCache:
             key, stored_form, value = stored_value(namespace, ids, entry)
             sizes = entry_bytes(stored_form)
             requests.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
-            as_hit = restore_state_precision(stored_form) if namespace.state_dtype != "float32" else dict(entry)
+            as_hit = dict(stored_form)
             self.hot_tier.put(key, as_hit)
             returned.append(as_hit)
         if not self.store.readonly:
@@ -398,6 +391,8 @@ class SegmentCache:
             disk_hits=self._disk_hits,
         )
         result = stats.as_dict()
+        if self.namespace is not None:
+            result["cache_format"] = self.namespace.cache_format
         if self.disabled_reason is not None:
             result["disabled"] = self.disabled_reason
         if self.remote is not None:
@@ -405,6 +400,24 @@ class SegmentCache:
             result["remote_hits"] = self._remote_hits
             result["remote_misses"] = self._remote_misses
         return result
+
+    def remove_many(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
+        """Remove these token sequences' entries of `namespace` from the hot tier and the disk store (a cache
+        rebuilt in another format drops the old format's entries); the number removed from disk. The remote tier
+        keeps its objects (its lifecycle rules age them out); a read-only cache removes nothing from disk."""
+        keys = list(dict.fromkeys(segment_key(namespace, ids) for ids in token_id_lists))
+        for key in keys:
+            self.hot_tier.remove(key)
+        if self.store.readonly or not keys:
+            return 0
+        removed = 0
+
+        def remove() -> None:
+            nonlocal removed
+            removed = self.store.batched_remove(keys)
+
+        self._tolerate_write_failure(remove)
+        return removed
 
     def publish(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
         """Upload to the remote tier the disk store's entries of these token sequences that the remote lacks (a
@@ -453,12 +466,12 @@ class SegmentCache:
 def stored_value(
     namespace: CacheNamespace, token_ids: Sequence[int], entry: Mapping[str, torch.Tensor]
 ) -> tuple[bytes, Entry, bytearray]:
-    """(key, the entry as stored: P/Z in the namespace's storage dtype, its encoded value) of a freshly encoded
+    """(key, the entry as stored: in the namespace's cache format, its encoded value) of a freshly encoded
     `entry` of `token_ids`: the bytes every tier holds for it, whichever process computes them (a cache's put, a
     Ray actor uploading straight to the remote tier). ValueError when the entry's token_ids are not `token_ids`."""
     if TOKEN_IDS not in entry or not _same_token_ids(entry, token_ids):
         raise ValueError("an encoded entry's token_ids differ from the chunk it was computed for")
-    stored_form = lower_state_precision(entry, namespace.torch_state_dtype)
+    stored_form = namespace.storage_format.compress(entry)
     return segment_key(namespace, token_ids), stored_form, encode_entry(stored_form, namespace.canonical())
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.store import SegmentStore
 
 
@@ -74,6 +77,34 @@ class CacheStats:
         return result
 
 
+def namespace_summary(store: SegmentStore) -> list[dict[str, Any]]:
+    """The namespaces a store holds entries of, most entries first: per namespace its cache format, seam width,
+    model dtype and entry count. Keys are grouped by their namespace digest and one entry's header is read per
+    namespace (without its crc32: this is a listing, `verify` checks entries); an unreadable one shows as
+    ``unknown``. Reads every key once (no values besides those headers)."""
+    from hypic_rag.cache.codec import read_header  # torch: loaded only when a listing is asked for
+    from hypic_rag.cache.keys import NAMESPACE_DIGEST_BYTES
+
+    counts = Counter(key[:NAMESPACE_DIGEST_BYTES] for key in store.keys())
+    first_keys: dict[bytes, bytes] = {}
+    for key in store.keys():
+        first_keys.setdefault(key[:NAMESPACE_DIGEST_BYTES], key)
+        if len(first_keys) == len(counts):
+            break
+    rows = []
+    for digest, entries in counts.most_common():
+        fields: dict[str, Any] = {"cache_format": "unknown", "seam_tokens": None, "model_dtype": None}
+        value = store.get(first_keys[digest], touch=False)
+        if value is not None:
+            try:
+                namespace = json.loads(read_header(value, check_crc=False)[0])
+                fields = {name: namespace.get(name, fields[name]) for name in fields}
+            except (CorruptEntryError, IncompatibleEntryError, ValueError, AttributeError):
+                pass
+        rows.append({**fields, "entries": entries})
+    return rows
+
+
 def human_bytes(count: int) -> str:
     """1536 -> '1.5 KiB'."""
     value = float(count)
@@ -84,8 +115,9 @@ def human_bytes(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def format_stats(stats: CacheStats) -> str:
-    """A short human-readable report, one fact per line."""
+def format_stats(stats: CacheStats, namespaces: list[dict[str, Any]] | None = None) -> str:
+    """A short human-readable report, one fact per line (with a line of the formats held, given `namespaces`
+    from `namespace_summary`)."""
     data = stats.as_dict()
     lines = [
         f"cache           {stats.path}",
@@ -98,4 +130,7 @@ def format_stats(stats: CacheStats) -> str:
         f"evictions       {stats.evictions}",
         f"corrupt         {stats.corrupt} (mismatched {stats.mismatched}, skipped puts {stats.skipped_puts})",
     ]
+    if namespaces:
+        lines.append("formats         " + ", ".join(
+            f"{row['cache_format']} ({row['entries']} entries, seam {row['seam_tokens']})" for row in namespaces))
     return "\n".join(lines)

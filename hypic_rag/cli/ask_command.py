@@ -19,6 +19,7 @@ from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     CliError,
+    add_cache_format_argument,
     add_dtype_argument,
     add_remote_cache_arguments,
     add_recompute_policy_argument,
@@ -52,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
+    add_cache_format_argument(parser, "default: the index's; naming another fails in one line")
     add_remote_cache_arguments(parser)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: question, answer, sources (by score), usage, timings (seconds)")
@@ -152,7 +154,7 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
 
     return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device,
                             hop_slots=args.hop_slots, dtype=args.dtype, remote_cache=remote_cache_config(args),
-                            recompute_policy=args.recompute_policy)
+                            recompute_policy=args.recompute_policy, cache_format=args.cache_format)
 
 
 def run_ask(args: argparse.Namespace) -> int:

@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sections", default="modes,throughput", type=_sections, metavar="LIST",
                         help="what to measure, comma-separated: modes (the six modes side by side, the seam sweep), "
                              "throughput (continuous batching against one request at a time, closed loop, on the "
-                             "timing model and through the server with the bundled model); default both")
+                             "timing model and through the server with the bundled model), cache_formats (every "
+                             "cache format: bytes per chunk of every family, KL on tiny models, load time, hypic TTFT "
+                             "warm and cold; writes cache_formats.json/.md); default modes,throughput")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--ray-scaling", action="store_true",
                         help="instead: encoding throughput of 1 vs 2 Ray actors against this process (a private Ray "
@@ -38,13 +40,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+CACHE_FORMATS_SECTION = "cache_formats"
+"""A section of its own report (`hypic_rag.bench.cache_formats`), run before the others."""
+
+
 def _sections(text: str) -> tuple[str, ...]:
     from hypic_rag.bench.run import SECTIONS
 
+    known = (*SECTIONS, CACHE_FORMATS_SECTION)
     sections = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [section for section in sections if section not in SECTIONS]
+    unknown = [section for section in sections if section not in known]
     if unknown or not sections:
-        raise argparse.ArgumentTypeError(f"choose among {', '.join(SECTIONS)} (comma-separated), got {text!r}")
+        raise argparse.ArgumentTypeError(f"choose among {', '.join(known)} (comma-separated), got {text!r}")
     return sections
 
 
@@ -64,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
         return run_ray_scaling(args, output)
     if args.families or args.family:
         return run_families_bench(args, output)
+    if CACHE_FORMATS_SECTION in args.sections:
+        run_cache_formats_bench(args, output)
+        args.sections = tuple(section for section in args.sections if section != CACHE_FORMATS_SECTION)
+        if not args.sections:
+            return EXIT_OK
     profile = args.profile or "quick"
     config = PROFILES[profile]
     command = f"hypic-rag bench --profile {profile}"
@@ -112,3 +124,17 @@ def run_families_bench(args: argparse.Namespace, output: Path) -> int:
     print(families_markdown(result))
     print("written: " + ", ".join(str(path) for path in written))
     return EXIT_OK
+
+
+def run_cache_formats_bench(args: argparse.Namespace, output: Path) -> None:
+    """`--sections cache_formats`: every cache format side by side (`hypic_rag.bench.cache_formats`); the standard
+    configuration, or `--profile test` for a tiny run."""
+    from hypic_rag.bench.cache_formats import PROFILES, cache_formats_markdown, run_cache_formats, write_cache_formats
+
+    profile = "test" if args.profile == "test" else "standard"
+    command = "hypic-rag bench --sections cache_formats" + (" --profile test" if profile == "test" else "")
+    print(f"cache formats benchmark ({profile}); results go to {output.resolve()}", file=sys.stderr)
+    result = run_cache_formats(PROFILES[profile], command=command)
+    written = write_cache_formats(result, output)
+    print(cache_formats_markdown(result))
+    print("written: " + ", ".join(str(path) for path in written))

@@ -1,4 +1,5 @@
-"""`hypic-rag cache stats | verify | gc | clear --cache DIR`: inspect and maintain a segment cache.
+"""`hypic-rag cache stats | verify | gc | clear --cache DIR`: inspect and maintain a segment cache;
+`hypic-rag cache formats`: the cache formats entries can be stored in.
 
 Exit codes: 0 success; 1 the cache is damaged: `verify` found bad entries (corrupt, stale or mismatched), or
 its data.mdb is truncated (stats, verify and gc say so in one line; `clear` replaces it with an empty cache);
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from hypic_rag.cache.errors import CacheDamagedError, CacheError
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore, discard_damaged_store
-from hypic_rag.cache.stats import CacheStats, format_stats, human_bytes
+from hypic_rag.cache.stats import CacheStats, format_stats, human_bytes, namespace_summary
 from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
@@ -66,6 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     clear = actions.add_parser("clear", parents=[common], help="remove every entry")
     clear.set_defaults(func=run_clear)
 
+    formats = actions.add_parser("formats", help="the cache formats (--cache-format) and their bits per value")
+    formats.add_argument("--json", action="store_true", help="print one JSON object")
+    formats.set_defaults(func=run_formats)
+
 
 def _open(directory: str, *, readonly: bool) -> LmdbSegmentStore:
     """The store in `directory`. Here, unlike other commands, a cache that cannot be opened is bad input (exit 2:
@@ -100,13 +105,14 @@ def run_stats(args: argparse.Namespace) -> int:
     store = _open(args.cache, readonly=True)
     try:
         stats = CacheStats.from_store(store)
+        namespaces = namespace_summary(store)
     finally:
         store.close()
     remote = remote_inventory(remote_config) if remote_config is not None else None
     if args.json:
-        print(json.dumps({**stats.as_dict(), **(remote or {})}, sort_keys=True))
+        print(json.dumps({**stats.as_dict(), "namespaces": namespaces, **(remote or {})}, sort_keys=True))
     else:
-        print(format_stats(stats))
+        print(format_stats(stats, namespaces))
         if remote is not None:
             print(format_remote(remote))
     return EXIT_OK
@@ -184,4 +190,23 @@ def run_clear(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(f"removed {removed} entries from {args.cache}")
+    return EXIT_OK
+
+
+def run_formats(args: argparse.Namespace) -> int:
+    """Every registered cache format: its codings per tensor kind and bits per value of P/Z and of K/V."""
+    from hypic_rag.entry_storage.formats import CACHE_FORMATS
+
+    rows = [{"name": name, "summary": cache.summary, "codings": cache.codings(),
+             "state_bits_per_value": cache.suffix_state.bits_per_value,
+             "key_value_bits_per_value": cache.key_value.bits_per_value}
+            for name, cache in CACHE_FORMATS.items()]
+    if args.json:
+        print(json.dumps({"formats": rows}, sort_keys=True))
+        return EXIT_OK
+    print(f"{'format':<10} {'P/Z bits':>8} {'K/V bits':>8}  codings (transition, suffix_state, conv_tail, key_value)")
+    for row in rows:
+        codings = ", ".join(row["codings"].values())
+        print(f"{row['name']:<10} {row['state_bits_per_value']:>8.3g} {row['key_value_bits_per_value']:>8.3g}  "
+              f"{codings}: {row['summary']}")
     return EXIT_OK

@@ -1,12 +1,17 @@
-"""`hypic-rag calibrate --index DIR [--kl-target X]`: choose the index's recompute policy and record it.
+"""`hypic-rag calibrate --index DIR [--kl-target X]`: choose the index's recompute policy and cache format, and
+record them.
 
 Builds calibration requests as `ask` does (questions from `--questions FILE`, else probes made from the index's
 own chunks), scores each candidate recompute policy against `full` by the mean KL divergence of the next-token
 distribution, and records the one recomputing fewest tokens whose mean KL is at most `--kl-target` in the index
 manifest; `ask` and `serve` then use it unless given `--recompute-policy`. Prints a table of the candidates (or
-`--json`). `--dry-run` records nothing. Exit codes: 0 done (also when no candidate met the target: the closest is
-recorded and the output says so); 2 bad input; 3 index built for another model; 1 another process writes the
-index (stop it first).
+`--json`). Then, on the same requests under the chosen policy, it scores each cache format (`--cache-format`, a
+comma-separated list; default: every format) by the mean KL of the next-token distribution between float32 entries
+and entries in that format, and records the smallest format whose mean KL is at most `--format-kl-target` as the
+index's recommended format (the index keeps its own until `hypic-rag precompute --cache-format NAME` rebuilds its
+cache; `--no-cache-format` skips this step). `--dry-run` records nothing. Exit codes: 0 done (also when no
+candidate met the target: the closest is recorded and the output says so); 2 bad input; 3 index built for another
+model; 1 another process writes the index (stop it first).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
@@ -22,6 +29,7 @@ from hypic_rag.cli.common import (
     EXIT_OK,
     CliError,
     add_dtype_argument,
+    cache_format_name,
     device_name,
     int_in,
     number_in,
@@ -39,6 +47,13 @@ def _candidates(text: str) -> list[str]:
     if not specs:
         raise argparse.ArgumentTypeError("no candidate policies given")
     return specs
+
+
+def _formats(text: str) -> list[str]:
+    names = [cache_format_name(part.strip()) for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("no cache formats given")
+    return names
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +78,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", type=device_name, help="model device (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
+    parser.add_argument("--cache-format", type=_formats, metavar="NAMES",
+                        help="cache formats to compare, comma-separated (default: every format but float32, "
+                             "`hypic-rag cache formats`)")
+    parser.add_argument("--format-kl-target", type=number_in(KL_TARGET), default=None, metavar="X",
+                        help="largest mean KL(float32 entries || format entries) accepted (0.001)")
+    parser.add_argument("--no-cache-format", action="store_true", help="choose the recompute policy only")
     parser.add_argument("--dry-run", action="store_true", help="print the choice, record nothing")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the record)")
     parser.set_defaults(func=run_calibrate)
@@ -71,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     from hypic_rag.calibration import DEFAULT_CANDIDATES, calibrate_index, read_questions
     from hypic_rag.pipeline import RagPipeline
-    from hypic_rag.retrieval.corpus_index import check_not_locked, record_recompute_policy
+    from hypic_rag.retrieval.corpus_index import check_not_locked, record_cache_format_choice, record_recompute_policy
     from hypic_rag.retrieval.errors import IndexLockedError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE
 
@@ -97,15 +118,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
             pipeline, kl_target=args.kl_target, questions=questions, requests=args.requests, top_k=args.top_k,
             candidates=args.candidates or DEFAULT_CANDIDATES, on_progress=None if args.json else progress,
         )
+        formats = None if args.no_cache_format else calibrate_format_step(
+            args, pipeline, questions, result.chosen, None if args.json else progress)
     finally:
         pipeline.close()
     if not args.dry_run:
         try:
             record_recompute_policy(index_dir, record)
+            if formats is not None:
+                record_cache_format_choice(index_dir, formats[1])
         except IndexLockedError as error:
             raise CliError(f"{error}; stop it or pass --dry-run", EXIT_FAILURE) from None
     if args.json:
-        print(json.dumps({**record, "recorded": not args.dry_run}, ensure_ascii=False))
+        extra = {} if formats is None else {"cache_format_choice": formats[1]}
+        print(json.dumps({**record, **extra, "recorded": not args.dry_run}, ensure_ascii=False))
         return EXIT_OK
     print(f"Calibrated on {record['requests']} requests ({record['source']}, top-k {args.top_k}), KL target "
           f"{args.kl_target:g}:")
@@ -117,4 +143,39 @@ def run_calibrate(args: argparse.Namespace) -> int:
     verdict = "meets the target" if result.met else "is the closest (no candidate met the target)"
     where = "not recorded (--dry-run)" if args.dry_run else "recorded in the index manifest; ask and serve use it"
     print(f"Policy {result.chosen.spec} {verdict}; {where}.")
+    if formats is not None:
+        print_format_choice(formats[0], formats[1], args)
     return EXIT_OK
+
+
+def calibrate_format_step(
+    args: argparse.Namespace, pipeline: Any, questions: list[str] | None, policy: Any,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """The cache format step on the same requests, under the chosen `policy`: (the `FormatChoice`, its record)."""
+    from hypic_rag.calibration import calibrate_index_format
+    from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, DEFAULT_FORMAT_KL_TARGET
+
+    target = DEFAULT_FORMAT_KL_TARGET if args.format_kl_target is None else args.format_kl_target
+    return calibrate_index_format(
+        pipeline, kl_target=target, questions=questions, requests=args.requests, top_k=args.top_k,
+        formats=args.cache_format or DEFAULT_FORMAT_CANDIDATES, policy=policy, on_progress=progress,
+    )
+
+
+def print_format_choice(choice: Any, record: dict[str, Any], args: argparse.Namespace) -> None:
+    """The format table (smallest first), the choice and what to run to rebuild the cache in it."""
+    print(f"Cache formats under policy {record['policy']}, KL(float32 entries || format) target {choice.kl_target:g}:")
+    print(f"  {'format':<10} {'bytes vs float32':>16} {'mean KL':>10} {'p99 KL':>10} {'top-1 agree':>12}")
+    for score in choice.candidates:
+        mark = "  <- chosen" if score.cache_format == choice.chosen else ""
+        print(f"  {score.cache_format:<10} {100 * score.bytes_ratio:>15.1f}% {score.mean_kl:>10.2e} "
+              f"{score.p99_kl:>10.2e} {100 * score.top1_agreement:>11.1f}%{mark}")
+    verdict = ("is the smallest meeting the target" if choice.met
+               else "(float32) is kept: no compressed format met the target")
+    where = "not recorded (--dry-run)" if args.dry_run else "recorded in the index manifest as its recommended format"
+    print(f"Format {choice.chosen} {verdict}; {where}.")
+    current = record["index_cache_format"]
+    if choice.chosen != current:
+        print(f"The index's cache is in {current}; rebuild it in {choice.chosen} with "
+              f"`hypic-rag precompute CORPUS --index {args.index} --cache-format {choice.chosen}`.")

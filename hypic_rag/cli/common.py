@@ -29,6 +29,7 @@ __all__ = [
     "EXIT_MISMATCH",
     "EXIT_OK",
     "CliError",
+    "add_cache_format_argument",
     "add_dtype_argument",
     "add_remote_cache_arguments",
     "device_name",
@@ -115,6 +116,25 @@ def add_recompute_policy_argument(parser: argparse.ArgumentParser) -> None:
 def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> None:
     """The `--dtype` option shared by precompute, ask and serve."""
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, help=f"dtype the model runs in ({default_help})")
+
+
+def cache_format_name(text: str) -> str:
+    """A cache format name (`hypic_rag.entry_storage.formats.CACHE_FORMATS`), checked; an argparse error listing them."""
+    from hypic_rag.entry_storage.formats import cache_format
+
+    try:
+        return cache_format(text).name
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_cache_format_argument(parser: argparse.ArgumentParser, default_help: str) -> None:
+    """The `--cache-format` option of precompute, ask and serve (docs/cache.md, "Cache formats")."""
+    parser.add_argument(
+        "--cache-format", type=cache_format_name, metavar="NAME",
+        help=f"format the cache stores entries in, e.g. float32, bfloat16, int8, int7, int4 (`hypic-rag cache "
+             f"formats` lists them with their bits per value; {default_help})",
+    )
 
 
 def device_name(text: str) -> str:

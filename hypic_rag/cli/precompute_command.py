@@ -20,6 +20,7 @@ from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     CliError,
+    add_cache_format_argument,
     add_dtype_argument,
     add_remote_cache_arguments,
     device_name,
@@ -61,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", type=device_name,
                         help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the index's; for a new one float32 on CPU, bfloat16 on CUDA")
+    add_cache_format_argument(parser, "default: the index's, float32 for a new one; another than the index's "
+                                      "rebuilds its cache in that format")
     add_remote_cache_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_precompute)
@@ -88,6 +91,11 @@ def print_summary(summary: PrecomputeSummary) -> None:
     stored_remotely = (f" (and {encode.stored_remotely} entries the encoding actors wrote to the remote tier only)"
                        if encode.stored_remotely else "")
     print(f"cache: {human_bytes(summary.cache_bytes)} in {summary.cache_dir}{stored_remotely}")
+    if summary.rebuilt_from is not None:
+        print(f"cache format: {summary.cache_format}, rebuilt from {summary.rebuilt_from} "
+              f"({summary.removed_entries} entries of {summary.rebuilt_from} removed)")
+    else:
+        print(f"cache format: {summary.cache_format}")
     if summary.remote is not None:
         print(remote_summary_line(summary.remote))
     overall = summary.tokens / summary.elapsed_seconds if summary.elapsed_seconds > 0 else 0.0
@@ -155,6 +163,7 @@ def run_precompute(args: argparse.Namespace) -> int:
             show_progress=not args.no_progress,
             remote_cache=remote,
             scale_out=scale_out,
+            cache_format=args.cache_format,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

@@ -26,6 +26,7 @@ from hypic_rag.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     CliError,
+    add_cache_format_argument,
     add_dtype_argument,
     add_remote_cache_arguments,
     add_recompute_policy_argument,
@@ -55,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
+    add_cache_format_argument(parser, "default: the index's; naming another fails in one line")
     add_remote_cache_arguments(parser)
     parser.add_argument("--cache", metavar="DIR",
                         help="segment cache directory (default: the index's), e.g. a local disk when the index lies "
@@ -139,6 +141,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError(f"index directory unusable: {unwritable}", EXIT_BAD_INPUT)
     _check_docstore(index_dir)
     manifest = IndexManifest.load(index_dir.resolve())  # an unreadable one: IndexCorruptError, exit 1
+    manifest.check_cache_format(args.cache_format, args.index)  # another format: IndexMismatchError, exit 3
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
     cache_dir = _cache_dir(args)
     try:
@@ -163,6 +166,7 @@ def run_serve(args: argparse.Namespace) -> int:
             miss_encoders=_miss_encoders(args),
             recompute_policy=args.recompute_policy,
             cache_dir=cache_dir,
+            cache_format=args.cache_format,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

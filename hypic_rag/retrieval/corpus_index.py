@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from hypic_rag.cache.errors import free_space_note
 from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.paths import unusable_directory_reason
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
@@ -64,7 +65,9 @@ class IndexSettings:
     """What a writer asks of an index; an existing index must have been built the same way.
 
     vector_index: None keeps an existing index's FAISS kind (flat for a new one). cache_dir: None puts the
-    segment cache in `<index>/segment_cache`. embed_batch_chunks: new chunks embedded per batch.
+    segment cache in `<index>/segment_cache`. embed_batch_chunks: new chunks embedded per batch. cache_format: the
+    cache format a new index records (an existing one keeps its own until precompute rebuilds its cache in another:
+    `CorpusIndex.record_cache_format`).
     """
 
     model: ModelIdentity
@@ -74,9 +77,11 @@ class IndexSettings:
     vector_index: VectorIndexConfig | None = None
     cache_dir: Path | None = None
     embed_batch_chunks: int = DEFAULT_EMBED_BATCH_CHUNKS
+    cache_format: str = DEFAULT_CACHE_FORMAT
 
     def __post_init__(self) -> None:
         check_seam_tokens(self.seam_tokens)
+        cache_format(self.cache_format)
         if self.embed_batch_chunks < 1:
             raise ValueError(f"embed_batch_chunks must be positive, got {self.embed_batch_chunks}")
 
@@ -154,6 +159,23 @@ def check_not_locked(directory: str | Path) -> None:
     """RetrievalError when another process holds the index's writer lock (checked now, not kept: a caller that
     goes on to `open_for_update` may still lose a race, and gets the same error then)."""
     _acquire_lock(Path(directory).expanduser().resolve()).close()
+
+
+def record_cache_format_choice(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
+    """Record `record` (a format calibration, `hypic_rag.format_calibration.FormatChoice.to_dict()` and how it was
+    made; None clears it) as the index's recommended cache format, under the index's writer lock; the index's own
+    format does not change (precompute rebuilds the cache in another). `IndexLockedError` when another process
+    writes the index."""
+    directory = Path(directory).expanduser().resolve()
+    lock = _acquire_lock(directory)
+    try:
+        manifest = IndexManifest.load(directory)
+        manifest.cache_format_choice = None if record is None else dict(record)
+        manifest.__post_init__()  # checks the recorded format name
+        manifest.save(directory)
+        return manifest
+    finally:
+        lock.close()
 
 
 def record_recompute_policy(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
@@ -242,6 +264,7 @@ class CorpusIndex:
                     vector_index=settings.vector_index or VectorIndexConfig(),
                     cache_dir=_relative_cache_dir(directory, settings.cache_dir),
                     embedder_path=embedder.source_path,
+                    cache_format=settings.cache_format,
                 )
                 manifest.save(directory)
             index = cls._assemble(directory, manifest, embedder, lock)
@@ -467,6 +490,14 @@ class CorpusIndex:
                 f"{free_space_note(self.directory)}; the files written before are intact"
             ) from None
         self._unsaved_changes = False
+
+    def record_cache_format(self, name: str) -> None:
+        """Record that the index's cache entries are now stored in format `name` (precompute, once it has rebuilt
+        every planned entry in it); the manifest saved."""
+        self._require_writer()
+        cache_format(name)
+        self.manifest.cache_format = name
+        self.manifest.save(self.directory)
 
     def _require_writer(self) -> None:
         if self._lock is None:

@@ -4,8 +4,10 @@ It records the embedder identity (and the embedder's directory unless it is the 
 settings, the whole prompt format (its chunk template decides the stored token ids, its prefix the prefix segment's
 cache entry, its question template and answer stop how questions are asked), the model and tokenizer fingerprints
 and the dtype the model ran in (which decide the cache entries), the seam width the cache was encoded with, the
-FAISS settings, where the segment cache lives, counts, and the recompute policy `ask` and `serve` use for it
-(`recompute_policy`: set by `hypic-rag calibrate`; absent: the fixed seam). Opening an index with another embedder, model,
+FAISS settings, where the segment cache lives, the cache format its entries are stored in (`cache_format`: chosen by
+precompute's `--cache-format`, kept until precompute rebuilds the cache in another; absent in older manifests:
+float32), counts, the recompute policy `ask` and `serve` use for it (`recompute_policy`: set by `hypic-rag
+calibrate`; absent: the fixed seam) and the cache format calibration recommends (`cache_format_choice`). Opening an index with another embedder, model,
 tokenizer, chunker setting or prompt format is refused with an `IndexMismatchError` that names the difference.
 
 A manifest written before the whole format was recorded holds only `chunk_template`: it reads as that template
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
@@ -82,9 +85,16 @@ class IndexManifest:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     recompute_policy: dict[str, Any] | None = None
+    cache_format: str = DEFAULT_CACHE_FORMAT
+    cache_format_choice: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_seam_tokens(self.seam_tokens)
+        cache_format(self.cache_format)  # an unknown name: ValueError (IndexCorruptError on load)
+        if self.cache_format_choice is not None:
+            if not isinstance(self.cache_format_choice, dict):
+                raise ValueError(f"cache_format_choice must be an object, got {self.cache_format_choice!r}")
+            cache_format(self.cache_format_choice.get("cache_format"))
         if self.recompute_policy is not None:
             if not isinstance(self.recompute_policy, dict) or not isinstance(self.recompute_policy.get("policy"), str):
                 raise ValueError(f"recompute_policy must be an object with a policy spec, got {self.recompute_policy!r}")
@@ -183,6 +193,17 @@ class IndexManifest:
                 "use the same prompt format or a new index directory"
             )
 
+    def check_cache_format(self, given: str | None, index_dir: str | Path = "DIR") -> str:
+        """The index's cache format; `IndexMismatchError` in one line when `given` (None: no wish) is another one:
+        an index keeps the format its cache was built in until precompute rebuilds it."""
+        if given is not None and given != self.cache_format:
+            raise IndexMismatchError(
+                f"index {index_dir} keeps its cache entries in format {self.cache_format}, not {given}; leave "
+                f"--cache-format out, or rebuild its cache in {given} with `hypic-rag precompute CORPUS --index "
+                f"{index_dir} --cache-format {given}`"
+            )
+        return self.cache_format
+
     def check_vector_index(self, config: VectorIndexConfig) -> None:
         if config.kind != self.vector_index.kind:
             raise IndexMismatchError(
@@ -214,6 +235,8 @@ class IndexManifest:
             created_at=float(data["created_at"]),
             updated_at=float(data["updated_at"]),
             recompute_policy=data.get("recompute_policy"),
+            cache_format=str(data.get("cache_format", DEFAULT_CACHE_FORMAT)),
+            cache_format_choice=data.get("cache_format_choice"),
         )
 
     def save(self, index_dir: Path) -> None:

@@ -28,19 +28,20 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry_storage.formats import decompress_entries
 from hypic_rag.lru import ByteBudgetLRU
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment
 from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream, PrefillStats
-from hypic_rag.runtime.get_or_encode import Check, MissEncoder, SegmentEntries, on_device
+from hypic_rag.runtime.get_or_encode import Check, MissEncoder, SegmentEntries
 from hypic_rag.runtime.layout import Span, StackItem
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.recompute_policy import SEAM_POLICY, WHOLE, RecomputePlan, RecomputePolicy, as_policy
@@ -225,6 +226,12 @@ class Engine:
         """Encode the segments in bounded batches (`SegmentEntries.encode`); nothing is kept."""
         return self.entries.encode(segments, self.seam_tokens if seam_tokens is None else seam_tokens, check=check)
 
+    def decoded(self, entries: Sequence[Mapping[str, torch.Tensor]]) -> list[Entry]:
+        """Entries as the stack composes them, on the model's device: a source's stored forms (a compressed cache
+        format, `hypic_rag.entry_storage`) moved there and decoded there, once per hit, all of them together:
+        state in float32, K/V in the model's dtype. An entry already so is returned as it is."""
+        return decompress_entries(entries, self.model.device, self.model.dtype)
+
     def fetch_entries(
         self, segments: list[list[int]], seam_tokens: int, stats: PrefillStats, *, check: Check | None = None
     ) -> list[Entry]:
@@ -331,7 +338,7 @@ class Engine:
                     looked_up.append(number)
                     continue
                 # encoded for this request by its caller (and kept by it): a miss whose tokens were encoded
-                entries[number] = on_device(entry, self.model.device)
+                entries[number] = self.decoded([entry])[0]
                 stats.cache_misses += 1
                 stats.cache_bytes_loaded += entry_tensor_bytes(entry)
                 stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))

@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry_storage.formats import decompress_entries
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segments, plan_encode_batches
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
@@ -234,19 +235,24 @@ class SegmentEntries:
         """The segments the source holds no entry of for `seam_tokens` (a lookup that reads and counts nothing)."""
         return self.source.missing_segments([list(segment) for segment in segments], seam_tokens)
 
-    def keep(self, seam_tokens: int, encoded: Mapping[tuple[int, ...], Entry]) -> None:
+    def keep(self, seam_tokens: int, encoded: Mapping[tuple[int, ...], Entry]) -> list[Entry]:
         """Hand entries encoded for `seam_tokens` (by token ids) to the source, in one write, through its own
-        get-or-encode path (an entry it holds meanwhile is not written again)."""
-        if encoded:
-            self.source.get_or_encode_segments(
-                [list(ids) for ids in encoded], seam_tokens, lambda missing: [encoded[tuple(ids)] for ids in missing]
-            )
+        get-or-encode path (an entry it holds meanwhile is not written again). Returns the entries as the source
+        hands them back, in the order of `encoded`: their stored form (a compressed cache format,
+        `hypic_rag.entry_storage`), so a miss composes the values a later hit gets."""
+        if not encoded:
+            return []
+        kept, _ = self.source.get_or_encode_segments(
+            [list(ids) for ids in encoded], seam_tokens, lambda missing: [encoded[tuple(ids)] for ids in missing]
+        )
+        return list(kept)
 
     def get_or_encode(
         self, segments: Sequence[Sequence[int]], seam_tokens: int, *, check: Check | None = None
     ) -> FoundEntries:
         """The entries of `segments` for `seam_tokens`: fetched when the source holds them, else encoded now
-        (`encode`, `check` before each batch) and kept. On the model's device."""
+        (`encode`, `check` before each batch) and kept. On the model's device, decoded from the source's stored
+        form (`entry_storage.formats.decompress_entries`: once per hit, state in float32, K/V in the model's dtype)."""
         began = time.perf_counter()
         encode_seconds = 0.0
 
@@ -258,9 +264,8 @@ class SegmentEntries:
             return entries
 
         entries, hits = self.source.get_or_encode_segments([list(s) for s in segments], seam_tokens, encode_many)
-        device = self.model.device
         found = FoundEntries(
-            [on_device(entry, device) for entry in entries],
+            decompress_entries(entries, self.model.device, self.model.dtype),
             [bool(hit) for hit in hits],
             tensor_bytes=sum(entry_tensor_bytes(entry) for entry in entries),
             encode_seconds=encode_seconds,

@@ -369,7 +369,9 @@ class Scheduler:
                         self._fail(sequence, error)
                 continue
             try:  # a failed write only costs a later re-encode
-                entries.keep(seam, {ids: entry for (_, ids), entry in zip(keys, encoded)})
+                # the entries as the source stores them: a compressed cache format gives a miss the values a later
+                # hit gets
+                encoded = entries.keep(seam, {ids: entry for (_, ids), entry in zip(keys, encoded)})
             except Exception:
                 logger.warning("keeping %d encoded segment entries failed", len(keys), exc_info=True)
             seconds = time.perf_counter() - began

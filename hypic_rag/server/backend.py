@@ -141,7 +141,8 @@ class ServiceBackend:
         index_dir = config.index_dir.resolve()
         manifest = IndexManifest.load(index_dir)
         # best effort: a damaged cache is disabled (warned), a failed write is logged; the service goes on
-        cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache)
+        cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache,
+                             cache_format=config.cache_format)
         session = ModelSession.for_index(
             manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache,
             recompute_policy=config.recompute_policy,

@@ -51,6 +51,8 @@ class ServerConfig:
     `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
     recompute_policy: what `hypic` requests recompute (a spec of `hypic_rag.runtime.recompute_policy`, e.g.
     "whole:1"; None: the index's recorded policy, else the fixed seam); a request may name another.
+    cache_format: the cache format the index's entries must be in (None: the index's; another raises
+    `IndexMismatchError` when the service opens, docs/cache.md).
     """
 
     index_dir: Path
@@ -85,6 +87,7 @@ class ServerConfig:
     miss_encoders: MissEncoderFactory | None = None
     recompute_policy: str | None = None
     cache_dir: Path | None = None
+    cache_format: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -132,6 +135,10 @@ class ServerConfig:
             from hypic_rag.runtime.model import resolve_dtype
 
             resolve_dtype(self.dtype)  # validates the name
+        if self.cache_format is not None:
+            from hypic_rag.entry_storage.formats import cache_format
+
+            cache_format(self.cache_format)  # an unknown name: ValueError naming the choices
 
     def for_replica(self, replica: str) -> ServerConfig:
         """This configuration as replica `replica` runs it: read-only (N replicas cannot all write the index), and

@@ -9,7 +9,7 @@ import torch
 
 from hypic_rag.cache.codec import ALIGNMENT, CODEC_VERSION, PRELUDE_BYTES, decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
-from hypic_rag.cache.layout import lower_state_precision, restore_state_precision
+from hypic_rag.entry_storage.formats import CACHE_FORMATS, compress_entry, decompress_entry
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
 from hypic_rag.entry import entry_bytes
 
@@ -115,27 +115,17 @@ def test_unsupported_values_are_refused() -> None:
         encode_entry({"x": [1, 2]}, "ns")  # type: ignore[dict-item]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_lower_state_precision_touches_only_p_and_z_and_restores_float32(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("name", list(CACHE_FORMATS))
+def test_every_cache_formats_stored_form_round_trips_bit_exactly(name: str) -> None:
+    """Codes (int8, packed uint8, float8 bytes), bfloat16 scales and cast tensors survive the codec unchanged, and
+    the value shrinks with the format."""
     entry = synthetic_entry(TINY_SHAPE, list(range(9)))
-    lowered = lower_state_precision(entry, dtype)
-    for name, tensor in lowered.items():
-        lowerable = name.endswith((".transition", ".suffix_state"))
-        assert tensor.dtype == (dtype if lowerable else entry[name].dtype), name
-    sizes, lowered_sizes = entry_bytes(entry), entry_bytes(lowered)
-    assert lowered_sizes.kv_bytes == sizes.kv_bytes and lowered_sizes.linear_bytes < sizes.linear_bytes
-    restored = restore_state_precision(decode_entry(encode_entry(lowered, "ns")).tensors)
-    assert all(tensor.dtype == entry[name].dtype for name, tensor in restored.items())
-    torch.testing.assert_close(restored["layers.0.transition"], entry["layers.0.transition"], atol=0.02, rtol=0.02)
-    assert torch.equal(restored["layers.3.key"], entry["layers.3.key"])
-
-
-def test_float16_storage_keeps_out_of_range_state_in_float32() -> None:
-    entry = synthetic_entry(TINY_SHAPE, list(range(5)))
-    entry["layers.1.suffix_state"] = entry["layers.1.suffix_state"] * 1e5  # beyond float16's 65504
-    lowered = lower_state_precision(entry, torch.float16)
-    assert lowered["layers.1.suffix_state"].dtype == torch.float32
-    assert lowered["layers.1.transition"].dtype == torch.float16
-    restored = restore_state_precision(decode_entry(encode_entry(lowered, "ns")).tensors)
-    assert torch.equal(restored["layers.1.suffix_state"], entry["layers.1.suffix_state"])
-    assert lower_state_precision(entry, torch.bfloat16)["layers.1.suffix_state"].dtype == torch.bfloat16
+    stored = compress_entry(entry, name)
+    value = encode_entry(stored, "ns")
+    decoded = decode_entry(value)
+    assert_same_entry(decoded.tensors, {key: tensor.contiguous() for key, tensor in stored.items()})
+    assert entry_bytes(decoded.tensors) == entry_bytes(stored)
+    assert len(value) <= len(encode_entry(entry, "ns"))
+    restored = decompress_entry(decoded.tensors, None, torch.float32)
+    assert {key: tensor.dtype for key, tensor in restored.items()} == {key: t.dtype for key, t in entry.items()}
+    assert torch.equal(restored["token_ids"], entry["token_ids"])

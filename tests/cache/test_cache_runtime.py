@@ -191,3 +191,40 @@ def test_synthetic_entries_have_the_names_and_shapes_the_runtime_encodes(model) 
         tensor_name(index, part)
         for index, kind in enumerate(model.layer_types) if kind == ATTENTION_LAYER for part in ATTENTION_PARTS
     }
+
+
+@pytest.mark.parametrize("cache_format", ["int8", "int4"])
+def test_compressed_entries_answer_alike_on_a_miss_and_a_hit_alone_and_batched(
+    tmp_path: Path, model, reference_logits: torch.Tensor, cache_format: str
+) -> None:
+    """The engine decodes a compressed cache's stored form once per hit; a miss (encoded by the engine, or by the
+    scheduler for a batch) gives the logits a later hit gives, bit for bit, and they stay near float32 entries'."""
+    from hypic_rag.entry_storage.formats import is_compressed
+    from hypic_rag.runtime.sampling import SamplingParams
+    from hypic_rag.scheduler import QueueSink, Scheduler
+
+    namespace = CacheNamespace.for_model(model, SEAM, cache_format)
+    request = make_request()
+    params = SamplingParams(max_new_tokens=3, logprobs=1)
+    with SegmentCache.open(tmp_path / "alone", namespace=namespace) as cache:
+        engine = Engine(model, seam_tokens=SEAM, segment_source=cache)
+        miss = engine.prefill(request, "hypic")
+        hit = engine.prefill(request, "hypic")
+        entry = cache.get(namespace, request.chunk_ids[0])
+        assert entry is not None and is_compressed(entry)  # the hot tier and the disk hold the stored form
+        alone = engine.generate(request, "hypic", params)
+    assert miss.stats.cache_misses == 4 and hit.stats.cache_hits == 4
+    assert torch.equal(miss.logits, hit.logits)
+    from hypic_rag.runtime.quality import kl_divergence
+
+    assert kl_divergence(reference_logits, hit.logits) < (1e-5 if cache_format == "int8" else 1e-3)
+    with SegmentCache.open(tmp_path / "batched", namespace=namespace) as cache:
+        scheduler = Scheduler(Engine(model, seam_tokens=SEAM, segment_source=cache))
+        sink = QueueSink()
+        scheduler.submit(request, "hypic", params, sink=sink)  # cold: the scheduler encodes the misses itself
+        while scheduler.has_work:
+            scheduler.step()
+        batched = sink.future.result(timeout=0)
+    assert batched.token_ids == alone.token_ids
+    for mine, theirs in zip(batched.logprobs, alone.logprobs, strict=True):
+        assert mine.token_id == theirs.token_id and abs(mine.logprob - theirs.logprob) < 1e-5

@@ -1,5 +1,5 @@
 """SegmentCache on real LMDB files with entries shaped like the runtime's: hits, misses, namespaces, corruption,
-storage dtype and the hot tier."""
+cache formats and the hot tier."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from hypic_rag.cache.keys import FORMAT_VERSION, CacheNamespace, segment_key
 from hypic_rag.cache.segment_cache import SegmentCache
 from hypic_rag.cache.store import PutRequest
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
+from hypic_rag.entry_storage.formats import compress_entry, decompress_entry
 
 NS = CacheNamespace(model_fingerprint="model-a", tokenizer_fingerprint="tok-a", seam_tokens=8)
 MIB = 1 << 20
@@ -91,22 +92,26 @@ def test_many_encodes_only_distinct_misses_in_one_call(tmp_path: Path) -> None:
         assert hits == [True] * 5 and len(encoder.calls) == 2
 
 
-def test_a_flipped_byte_on_disk_is_detected_recomputed_and_replaced(tmp_path: Path, caplog) -> None:
+@pytest.mark.parametrize("cache_format", ["float32", "int8", "int4"])
+def test_a_flipped_byte_on_disk_is_detected_recomputed_and_replaced(tmp_path: Path, caplog, cache_format: str) -> None:
+    """Also for compressed entries: a flipped bit in packed codes or a scale fails the crc32 like any other."""
+    namespace = dataclasses.replace(NS, cache_format=cache_format)
     encoder = CountingEncoder()
     ids = list(range(30))
+    expected = compress_entry(encoder.entry(ids), cache_format)
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
-        cache.get_or_encode(NS, ids, encoder.one)
-        stored = bytes(cache.store.get(segment_key(NS, ids), touch=False))
-    flip_byte_on_disk(tmp_path, stored, len(stored) - 100)  # inside the last K/V tensor
+        cache.get_or_encode(namespace, ids, encoder.one)
+        stored = bytes(cache.store.get(segment_key(namespace, ids), touch=False))
+    flip_byte_on_disk(tmp_path, stored, len(stored) - 20)  # inside the last K/V tensor (its codes or scales)
     with SegmentCache.open(tmp_path) as cache, caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
-        entry, hit = cache.get_or_encode(NS, ids, encoder.one)
+        entry, hit = cache.get_or_encode(namespace, ids, encoder.one)
         assert not hit and len(encoder.calls) == 2  # recomputed
-        assert_bit_equal(entry, encoder.entry(ids))  # the correct answer
+        assert_bit_equal(entry, expected)  # the correct answer
         assert any("corrupt cache entry" in record.getMessage() for record in caplog.records)
         assert cache.stats()["corrupt"] == 1
-        assert bytes(cache.store.get(segment_key(NS, ids), touch=False)) == stored  # replaced by a good copy
+        assert bytes(cache.store.get(segment_key(namespace, ids), touch=False)) == stored  # replaced by a good copy
     with SegmentCache.open(tmp_path) as cache:
-        _, hit = cache.get_or_encode(NS, ids, encoder.one)
+        _, hit = cache.get_or_encode(namespace, ids, encoder.one)
         assert hit and cache.stats()["corrupt"] == 1
 
 
@@ -116,7 +121,7 @@ def test_a_flipped_byte_on_disk_is_detected_recomputed_and_replaced(tmp_path: Pa
         {"model_fingerprint": "model-b"},
         {"tokenizer_fingerprint": "tok-b"},
         {"seam_tokens": 2},
-        {"state_dtype": "bfloat16"},
+        {"cache_format": "int8"},
         {"format_version": FORMAT_VERSION + 1},
     ],
 )
@@ -149,28 +154,33 @@ def test_stored_token_ids_must_equal_the_request(tmp_path: Path) -> None:
         assert cache.stats()["mismatched"] == 1
 
 
-@pytest.mark.parametrize("state_dtype", ["float16", "bfloat16"])
-def test_lower_storage_dtype_shrinks_entries_and_miss_equals_hit(tmp_path: Path, state_dtype: str) -> None:
+@pytest.mark.parametrize("cache_format", ["float16", "int8", "int4"])
+def test_a_compressed_format_shrinks_entries_and_a_miss_equals_a_hit(tmp_path: Path, cache_format: str) -> None:
+    """Entries come back in their stored form, the same on a miss and on a hit (answers do not depend on whether
+    the cache was warm), decode near the float32 entry, and take fewer bytes of linear state and of K/V."""
     encoder = CountingEncoder()
     ids = list(range(16))
-    lowered_ns = dataclasses.replace(NS, state_dtype=state_dtype)
+    compressed_ns = dataclasses.replace(NS, cache_format=cache_format)
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
         full, _ = cache.get_or_encode(NS, ids, encoder.one)
-        on_miss, _ = cache.get_or_encode(lowered_ns, ids, encoder.one)
+        on_miss, _ = cache.get_or_encode(compressed_ns, ids, encoder.one)
     with SegmentCache.open(tmp_path) as cache:
-        on_hit, hit = cache.get_or_encode(lowered_ns, ids, encoder.one)
+        on_hit, hit = cache.get_or_encode(compressed_ns, ids, encoder.one)
         assert hit
         assert_bit_equal(on_hit, on_miss)  # same answer whether the cache was warm or not
-        assert on_hit["layers.0.transition"].dtype == torch.float32
-        assert not torch.equal(on_hit["layers.0.transition"], full["layers.0.transition"])  # rounded
-        torch.testing.assert_close(on_hit["layers.0.suffix_state"], full["layers.0.suffix_state"], atol=0.05, rtol=0.02)
-        assert torch.equal(on_hit["layers.0.conv_tail"], full["layers.0.conv_tail"])
-        assert torch.equal(on_hit["layers.3.key"], full["layers.3.key"])
+        assert_bit_equal(on_hit, compress_entry(full, cache_format))
+        decoded = decompress_entry(on_hit, "cpu", torch.float32)
+        assert decoded["layers.0.transition"].dtype == torch.float32
+        assert not torch.equal(decoded["layers.0.transition"], full["layers.0.transition"])  # rounded
+        tolerance = 0.3 if cache_format == "int4" else 0.05
+        torch.testing.assert_close(decoded["layers.0.suffix_state"], full["layers.0.suffix_state"], atol=tolerance,
+                                   rtol=0.02)
+        torch.testing.assert_close(decoded["layers.3.key"], full["layers.3.key"], atol=tolerance, rtol=0.02)
         records = {bytes(k): cache.store.record(k) for k in cache.store.keys()}
-        lowered = records[segment_key(lowered_ns, ids)]
+        compressed = records[segment_key(compressed_ns, ids)]
         reference = records[segment_key(NS, ids)]
-        assert lowered.kv_bytes == reference.kv_bytes
-        assert lowered.linear_bytes < reference.linear_bytes and lowered.value_bytes < reference.value_bytes
+        assert compressed.kv_bytes < reference.kv_bytes
+        assert compressed.linear_bytes < reference.linear_bytes and compressed.value_bytes < reference.value_bytes
 
 
 def test_hot_tier_serves_repeats_without_disk_and_evicts_by_bytes(tmp_path: Path) -> None:

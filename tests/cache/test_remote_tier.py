@@ -37,7 +37,6 @@ pytest.importorskip("moto.server")
 
 from hypic_rag.cache.codec import encode_entry  # noqa: E402
 from hypic_rag.cache.keys import CacheNamespace, segment_key  # noqa: E402
-from hypic_rag.cache.layout import lower_state_precision  # noqa: E402
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore  # noqa: E402
 from hypic_rag.cache.remote_config import RemoteTierConfig  # noqa: E402
 from hypic_rag.cache.remote_tier import CRC_METADATA, RemoteTier  # noqa: E402
@@ -141,12 +140,12 @@ def test_config_names_objects_safely_and_pickles() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ round trips
-@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cache_format", ["float32", "int4"])
 def test_round_trip_is_bit_exact_and_a_remote_hit_fills_the_local_tiers(
-    s3: MotoServer, bucket: str, tmp_path: Path, state_dtype: str
+    s3: MotoServer, bucket: str, tmp_path: Path, cache_format: str
 ) -> None:
     namespace = CacheNamespace(model_fingerprint="m", tokenizer_fingerprint="t", seam_tokens=8,
-                               state_dtype=state_dtype)
+                               cache_format=cache_format)
     with SegmentCache.open(tmp_path / "a", namespace=namespace, remote=tier(s3.url, bucket)) as host_a:
         made, hits = host_a.get_or_encode_many(namespace, CHUNKS, encode_synthetic)
         assert not any(hits)
@@ -183,8 +182,7 @@ def test_round_trip_is_bit_exact_and_a_remote_hit_fills_the_local_tiers(
 
 
 def test_puts_are_idempotent(s3: MotoServer, bucket: str) -> None:
-    value = encode_entry(lower_state_precision(synthetic_entry(TINY_SHAPE, CHUNKS[0]), torch.float32),
-                         NS.canonical())
+    value = encode_entry(synthetic_entry(TINY_SHAPE, CHUNKS[0]), NS.canonical())
     key = segment_key(NS, CHUNKS[0])
     client = s3_client(s3.url)
     with tier(s3.url, bucket, write_behind=False) as remote:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.cli.main import main
+from cli_support import run_here  # tests/cli/cli_support.py
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -24,17 +24,6 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY), "OMP_WAIT_POLICY": "PASSIVE"}
     return subprocess.run([sys.executable, "-m", "hypic_rag", *argv], capture_output=True, text=True, env=env,
                           timeout=300, check=False, stdin=subprocess.DEVNULL)
-
-
-def run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
-    """`main(ARGV)` in this process, as a CompletedProcess (argparse's usage errors exit through SystemExit)."""
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,9 @@ def actor(tiny_model: Path) -> Any:
     return EncoderActor(spec, encode_batch_tokens=1024)
 
 
-@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cache_format", ["float32", "int4"])
 def test_an_actor_uploads_the_bytes_a_cache_stores_and_keeps_what_the_remote_refuses(
-    actor: Any, local_s3: Any, tmp_path: Path, state_dtype: str
+    actor: Any, local_s3: Any, tmp_path: Path, cache_format: str
 ) -> None:
     from hypic_rag.cache.keys import CacheNamespace, segment_key
     from hypic_rag.cache.lmdb_store import LmdbSegmentStore
@@ -41,7 +41,7 @@ def test_an_actor_uploads_the_bytes_a_cache_stores_and_keeps_what_the_remote_ref
     from hypic_rag.runtime.get_or_encode import StoredRemotely
     from hypic_rag.testing_s3 import aws_test_environment
 
-    namespace = CacheNamespace.for_model(actor.engine.model, 8, state_dtype=state_dtype)
+    namespace = CacheNamespace.for_model(actor.engine.model, 8, cache_format=cache_format)
     with SegmentCache.open(tmp_path / "cache", namespace=namespace) as cache:  # the driver's way: one put
         cache.get_or_encode_segments(SEGMENTS, SEAM, lambda missing: actor.engine.encode_segments(missing, SEAM))
     with LmdbSegmentStore.open(tmp_path / "cache", readonly=True) as store:

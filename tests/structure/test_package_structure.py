@@ -127,7 +127,7 @@ def test_the_entry_format_is_one_leaf_module_that_both_sides_import() -> None:
         if any(imported == "hypic_rag.entry" or imported.startswith("hypic_rag.entry.")
                for imported in imported_modules(module, path))
     }
-    for user in ("hypic_rag.cache.layout", "hypic_rag.cache.synthetic", "hypic_rag.cache.segment_cache",
+    for user in ("hypic_rag.entry_storage.formats", "hypic_rag.cache.synthetic", "hypic_rag.cache.segment_cache",
                  "hypic_rag.runtime.encode", "hypic_rag.runtime.stack", "hypic_rag.runtime.engine",
                  "hypic_rag.retrieval.encoding_pool", "hypic_rag.bench.measure", "hypic_rag.bench.cache_bytes"):
         assert user in importers, f"{user} does not use hypic_rag.entry"
