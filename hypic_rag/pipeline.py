@@ -91,6 +91,17 @@ class Answer:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A question to answer over the index: its text, how many chunks to retrieve, the assembly mode and what a
+    `hypic` answer recomputes (None: the session's policy)."""
+
+    text: str
+    top_k: int = 8
+    mode: str = "hypic"
+    policy: RecomputePolicy | str | None = None
+
+
 @dataclass(slots=True)
 class PreparedQuestion:
     """A question retrieved for and laid out (`RagPipeline.prepare`): its sources (best first), its request, the
@@ -209,13 +220,14 @@ class RagPipeline:
     # ----------------------------------------------------------------------------------------------------------
 
     def request_for(
-        self, question: str, chunk_token_ids: list[list[int]], from_hop: Sequence[bool] = ()
+        self, question: str, chunk_token_ids: list[list[int]], from_hop: Sequence[bool] = (), *, tokenizer: Any = None
     ) -> Request:
         """The request of `question` over chunks given as token ids of their formatted segments
-        (`ModelSession.request`), its chunks ranked for recompute policies by `retrieval_ranks(from_hop)` (prompt
-        order when `from_hop` is empty); `PipelineError` for an empty question or one holding a lone surrogate."""
+        (`ModelSession.request`; tokenizer: the session's unless given), its chunks ranked for recompute policies by
+        `retrieval_ranks(from_hop)` (prompt order when `from_hop` is empty); `PipelineError` for an empty question
+        or one holding a lone surrogate."""
         try:
-            request = self.session.request(question, chunk_token_ids)
+            request = self.session.request(question, chunk_token_ids, tokenizer=tokenizer)
         except ValueError as error:
             raise PipelineError(str(error)) from None
         if from_hop and len(from_hop) == len(request.chunk_ids):
@@ -264,23 +276,58 @@ class RagPipeline:
     ) -> PreparedQuestion:
         """Retrieve `top_k` chunks for `question` and build its request (what generation needs; `answer_of`
         turns the generation into the `Answer`). policy: what a `hypic` answer recomputes (None: the session's);
-        resolved into `PreparedQuestion.policy`. `PipelineError` for a bad question, mode or top_k."""
-        check_mode(mode)
-        policy = as_policy(policy) or self.session.recompute_policy
+        resolved into `PreparedQuestion.policy`. `PipelineError` for a bad question, mode or top_k. One question
+        is `prepare_many` of one."""
+        prepared = self.prepare_many([Question(question, top_k, mode, policy)])[0]
+        if isinstance(prepared, Exception):
+            raise prepared
+        return prepared
+
+    def prepare_many(
+        self, questions: Sequence[Question], *, tokenizer: Any = None
+    ) -> list[PreparedQuestion | Exception]:
+        """`prepare` of every question, their retrieval batched: the questions are embedded in one call and
+        searched together (`CorpusIndex.search_many`, the retrieval hop's follow-ups too), so each gets the chunks
+        and request it gets alone. A question that cannot be prepared gets its error in its place (`PipelineError`,
+        `UnknownModeError`, `RecomputePolicyError`), the others go on. tokenizer: what tokenizes the questions
+        (None: the session's; a thread other than the session's owner passes its own copy)."""
         began = time.perf_counter()
-        problem = question_problem(question, self.max_question_chars)
-        if problem is not None:
-            raise PipelineError(f"the question {problem}")
-        question = question.strip()
-        if top_k < 1:
-            raise PipelineError("top_k must be >= 1")
-        hits = self.index.search(question, top_k, hop_slots=self.hop_slots)
+        results: list[PreparedQuestion | Exception | None] = [None] * len(questions)
+        valid: list[tuple[int, str, RecomputePolicy]] = []
+        for number, asked in enumerate(questions):
+            try:
+                check_mode(asked.mode)
+                policy = as_policy(asked.policy) or self.session.recompute_policy
+                problem = question_problem(asked.text, self.max_question_chars)
+                if problem is not None:
+                    raise PipelineError(f"the question {problem}")
+                if asked.top_k < 1:
+                    raise PipelineError("top_k must be >= 1")
+            except ValueError as error:
+                results[number] = error
+                continue
+            valid.append((number, asked.text.strip(), policy))
+        if valid:
+            self._retrieve(questions, valid, results, began, tokenizer)
+        return [result for result in results if result is not None]
+
+    def _retrieve(self, questions: Sequence[Question], valid: list[tuple[int, str, RecomputePolicy]],
+                  results: list[PreparedQuestion | Exception | None], began: float, tokenizer: Any = None) -> None:
+        """Fill `results[number]` for every valid question (number, stripped text, policy): one batched search."""
+        found = self.index.search_many([text for _, text, _ in valid], [questions[n].top_k for n, _, _ in valid],
+                                       hop_slots=self.hop_slots)
         retrieval_seconds = time.perf_counter() - began
-        sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt keeps
-        # retrieval order (direct hits, then the hop's, whose scores against the question are usually lower)
-        request = self.request_for(question, [list(hit.chunk.token_ids) for hit in hits],
-                                   [hit.hop_query is not None for hit in hits])
-        return PreparedQuestion(mode, sources, request, retrieval_seconds, began, policy)
+        for (number, text, policy), hits in zip(valid, found):
+            sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt
+            # keeps retrieval order (direct hits, then the hop's, whose scores against the question are lower)
+            try:
+                request = self.request_for(text, [list(hit.chunk.token_ids) for hit in hits],
+                                           [hit.hop_query is not None for hit in hits], tokenizer=tokenizer)
+            except PipelineError as error:
+                results[number] = error
+                continue
+            results[number] = PreparedQuestion(questions[number].mode, sources, request, retrieval_seconds, began,
+                                               policy)
 
     def answer_of(self, prepared: PreparedQuestion, generation: Generation) -> Answer:
         """The `Answer` of a prepared question once its generation has ended (the text stripped)."""

@@ -297,10 +297,11 @@ class ModelSession:
         return list(self._prefix_ids)
 
     # ------------------------------------------------------------------------------------------- requests
-    def request(self, question: str, chunk_ids: Sequence[Sequence[int]] = ()) -> Request:
+    def request(self, question: str, chunk_ids: Sequence[Sequence[int]] = (), *, tokenizer: Any = None) -> Request:
         """The RAG layout: the prompt prefix, one segment per chunk (the token ids of its formatted segment, as
         the chunker stores them or `chunk_ids` makes them; empty ones dropped), then the question, stripped and
-        formatted with the question template; each segment tokenized on its own.
+        formatted with the question template; each segment tokenized on its own (by `tokenizer` when given: a
+        copy of the session's, for a thread other than the session's owner).
 
         ValueError when the question is empty or holds a lone surrogate.
         """
@@ -313,7 +314,8 @@ class ModelSession:
         return Request(
             prefix_ids=list(self._prefix_ids),
             chunk_ids=[list(ids) for ids in chunk_ids if len(ids)],
-            question_ids=self.tokenize_segment(self.prompt_format.question(question), "the question"),
+            question_ids=tokenize_segment(tokenizer or self.tokenizer, self.prompt_format.question(question),
+                                          "the question"),
         )
 
     def segmented_request(self, segments: Sequence[str]) -> Request:

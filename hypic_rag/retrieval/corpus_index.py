@@ -48,7 +48,7 @@ from hypic_rag.retrieval.errors import (
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
-from hypic_rag.retrieval.multi_hop import hop_queries, merge_hop_hits
+from hypic_rag.retrieval.multi_hop import hop_candidates, merge_hop_hits, rank_hop_candidates
 from hypic_rag.streaming import drain
 
 logger = logging.getLogger(__name__)
@@ -519,27 +519,50 @@ class CorpusIndex:
         query per place built from the best hit's sentences (see `multi_hop`), for questions whose second document
         shares no words with the question; places the hop cannot fill keep the direct hits. A hop's hits carry
         the follow-up query (`hop_query`) and their similarity to it (`hop_score`); every hit's `score` is its
-        similarity to `query`."""
+        similarity to `query`. One query is `search_many` of one."""
+        return self.search_many([query], [k], hop_slots=hop_slots)[0]
+
+    def search_many(self, queries: Sequence[str], ks: Sequence[int], *, hop_slots: int = 0) -> list[list[SearchHit]]:
+        """`search(queries[i], ks[i], hop_slots=hop_slots)` for every i, batched: the queries are embedded in one
+        call and searched together (one FAISS search per distinct k), and so are the hop's follow-up queries of all
+        of them. Each query gets the hits it gets alone (batching changes only how the work is grouped)."""
         if hop_slots < 0:
             raise ValueError("hop_slots must be >= 0")
-        if k < 1:
-            raise ValueError(f"k must be positive, got {k}")
-        k = min(k, len(self.vectors))
-        if k == 0:
-            return []
-        query_vector = self.embedder.embed_query(query)
-        direct = self._search_vector(query_vector, k)
-        if hop_slots == 0 or hop_slots >= k or not direct:
+        if len(ks) != len(queries):
+            raise ValueError(f"{len(queries)} queries but {len(ks)} values of k")
+        for k in ks:
+            if k < 1:
+                raise ValueError(f"k must be positive, got {k}")
+        capped = [min(k, len(self.vectors)) for k in ks]
+        if not queries or max(capped) == 0:
+            return [[] for _ in queries]
+        query_vectors = self.embedder.embed(list(queries))
+        direct = self._search_vectors(query_vectors, capped)
+        hopping = [number for number, k in enumerate(capped) if 0 < hop_slots < k and direct[number]]
+        candidates = {number: hop_candidates(queries[number], direct[number][0].chunk.text) for number in hopping}
+        hopping = [number for number in hopping if candidates[number]]
+        if not hopping:
             return direct
-        follows = hop_queries(query, query_vector, direct[0].chunk.text, self.embedder.embed, hop_slots)
-        if not follows:
-            return direct
-        hops = [  # the follow-up queries were embedded once, while ranking
-            [SearchHit(hit.score, hit.chunk, follow, hit.score) for hit in self._search_vector(vector, k)]
-            for follow, vector in follows
-        ]
-        merged = merge_hop_hits(direct, hops, k, hop_slots, key=lambda hit: hit.chunk.vector_id)
-        return self._scored_against(merged, query_vector)
+        follow_vectors = self.embedder.embed([follow for number in hopping for _, follow in candidates[number]])
+        follows: dict[int, list[tuple[str, np.ndarray]]] = {}
+        offset = 0
+        for number in hopping:
+            count = len(candidates[number])
+            follows[number] = rank_hop_candidates(queries[number], query_vectors[number], candidates[number],
+                                                  follow_vectors[offset : offset + count], hop_slots)
+            offset += count
+        searched = [(number, follow, vector) for number in hopping for follow, vector in follows[number]]
+        found = self._search_vectors(np.stack([vector for _, _, vector in searched]),
+                                     [capped[number] for number, _, _ in searched])
+        hops: dict[int, list[list[SearchHit]]] = {number: [] for number in hopping}
+        for (number, follow, _), hits in zip(searched, found):
+            hops[number].append([SearchHit(hit.score, hit.chunk, follow, hit.score) for hit in hits])
+        results = list(direct)
+        for number in hopping:
+            merged = merge_hop_hits(direct[number], hops[number], capped[number], hop_slots,
+                                    key=lambda hit: hit.chunk.vector_id)
+            results[number] = self._scored_against(merged, query_vectors[number])
+        return results
 
     def _scored_against(self, hits: list[SearchHit], query_vector: np.ndarray) -> list[SearchHit]:
         """`hits` with each hop hit's `score` made its cosine similarity to the question ([d] `query_vector`)."""
@@ -553,11 +576,20 @@ class CorpusIndex:
             for hit in hits
         ]
 
-    def _search_vector(self, vector, k: int) -> list[SearchHit]:
-        scores, ids = self.vectors.search(vector[None, :], k)
-        found = [(float(score), int(vector_id)) for score, vector_id in zip(scores[0], ids[0]) if vector_id >= 0]
-        chunks = {chunk.vector_id: chunk for chunk in self.docstore.chunks([vector_id for _, vector_id in found])}
-        return [SearchHit(score, chunks[vector_id]) for score, vector_id in found if vector_id in chunks]
+    def _search_vectors(self, vectors: np.ndarray, ks: Sequence[int]) -> list[list[SearchHit]]:
+        """The top `ks[i]` hits of `vectors[i]` ([n, d]) for every i: one FAISS search per distinct k, the chunks
+        of every hit read in one docstore query."""
+        found: list[list[tuple[float, int]]] = [[] for _ in ks]
+        for k in sorted(set(ks)):
+            rows = [number for number, wanted in enumerate(ks) if wanted == k]
+            scores, ids = self.vectors.search(vectors[rows], k)
+            for row, row_scores, row_ids in zip(rows, scores, ids):
+                found[row] = [(float(score), int(vector_id)) for score, vector_id in zip(row_scores, row_ids)
+                              if vector_id >= 0]
+        wanted_ids = list(dict.fromkeys(vector_id for hits in found for _, vector_id in hits))
+        chunks = {chunk.vector_id: chunk for chunk in self.docstore.chunks(wanted_ids)}
+        return [[SearchHit(score, chunks[vector_id]) for score, vector_id in hits if vector_id in chunks]
+                for hits in found]
 
     def close(self) -> None:
         self.docstore.close()

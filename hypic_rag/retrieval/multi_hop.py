@@ -43,6 +43,31 @@ def introduces_name(sentence: str, question: str) -> bool:
     return any(word[:1].isupper() and word.casefold() not in asked for word in words)
 
 
+def hop_candidates(question: str, passage: str) -> list[tuple[str, str]]:
+    """(sentence, follow-up query) for each sentence of `passage` that has new words (`novel_words`), each
+    follow-up once, in the passage's order: what `rank_hop_candidates` ranks once the follow-ups are embedded."""
+    candidates: list[tuple[str, str]] = []
+    for sentence in sentences_of(passage):
+        follow = novel_words(sentence, question)
+        if follow and follow not in (known for _, known in candidates):
+            candidates.append((sentence, follow))
+    return candidates
+
+
+def rank_hop_candidates(
+    question: str, question_vector: np.ndarray, candidates: Sequence[tuple[str, str]], vectors: np.ndarray, limit: int
+) -> list[tuple[str, np.ndarray]]:
+    """The best `limit` of `candidates` (`hop_candidates`, their follow-ups embedded as `vectors` [n, d],
+    normalised), each with its embedding [d]: those introducing a name first, each group ordered by cosine
+    similarity to the question (`question_vector` [d])."""
+    if limit <= 0 or not candidates:
+        return []
+    similarity = vectors @ question_vector
+    order = sorted(range(len(candidates)),
+                   key=lambda i: (not introduces_name(candidates[i][0], question), -float(similarity[i])))
+    return [(candidates[i][1], vectors[i]) for i in order[:limit]]
+
+
 def hop_queries(
     question: str,
     question_vector: np.ndarray,
@@ -53,21 +78,15 @@ def hop_queries(
     """Up to `limit` follow-up queries of `question` (embedded as `question_vector` [d]) after retrieving `passage`,
     each with its embedding [d] (ready to search): the new words (`novel_words`) of the passage's sentences, those
     introducing a name first, each group ordered by cosine similarity to the question (`embed` returns normalised
-    vectors [n, d]). Empty when nothing is new."""
+    vectors [n, d]). Empty when nothing is new. (`CorpusIndex.search_many` runs the two halves itself, embedding
+    the candidates of many questions in one call.)"""
     if limit <= 0:
         return []
-    candidates: list[tuple[str, str]] = []
-    for sentence in sentences_of(passage):
-        follow = novel_words(sentence, question)
-        if follow and follow not in (known for _, known in candidates):
-            candidates.append((sentence, follow))
+    candidates = hop_candidates(question, passage)
     if not candidates:
         return []
-    vectors = embed([follow for _, follow in candidates])
-    similarity = vectors @ question_vector
-    order = sorted(range(len(candidates)),
-                   key=lambda i: (not introduces_name(candidates[i][0], question), -float(similarity[i])))
-    return [(candidates[i][1], vectors[i]) for i in order[:limit]]
+    return rank_hop_candidates(question, question_vector, candidates, embed([follow for _, follow in candidates]),
+                               limit)
 
 
 def merge_hop_hits(direct: Sequence, hops: Sequence[Sequence], k: int, hop_slots: int, key: Callable) -> list:

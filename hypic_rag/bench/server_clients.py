@@ -1,0 +1,132 @@
+"""Throughput where users meet it: one server, one client against `clients` concurrent clients.
+
+The real service (uvicorn on 127.0.0.1) over the bundled default model and a corpus it never saw
+(`foreign_corpus`: 15 invented documents), `/v1/ask` streamed (top_k 4, `new_tokens` at most: the model's answers
+end at its stop string, often sooner). First every question is asked alone (the reference answers), then the
+closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
+bounded by `max_requests` / `max_seconds`), and every answer a cell got is compared with its question's reference:
+`mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio.
+
+    python -m hypic_rag.bench.server_clients --requests 48 --seconds 120 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hypic_rag.bench.batching import ThroughputConfig, closed_loop, summarize
+
+logger = logging.getLogger(__name__)
+
+ONE_CLIENT, CONCURRENT = "one_client", "concurrent"
+
+
+def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4) -> dict[str, Any]:
+    """The row (see the module docstring); `config.clients` is not used (the cells are 1 and `clients`)."""
+    import httpx
+
+    from hypic_rag.bench.foreign_corpus import questions, write_foreign_corpus
+    from hypic_rag.default_model import default_model_path
+    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.server import ServerConfig
+    from hypic_rag.server.runner import ServerThread
+
+    asked = questions()
+    with tempfile.TemporaryDirectory(prefix="hypic-bench-clients-") as directory:
+        corpus = write_foreign_corpus(Path(directory) / "corpus")
+        index = Path(directory) / "index"
+        precompute(PrecomputeOptions(corpus=corpus, index_dir=index, model_path=default_model_path(), device="cpu",
+                                     show_progress=False))
+        server = ServerThread(ServerConfig(index_dir=index, device="cpu",
+                                           queue_size=max(64, 4 * clients))).start()
+        try:
+            local = threading.local()
+
+            def http() -> httpx.Client:
+                if not hasattr(local, "client"):
+                    local.client = httpx.Client(base_url=server.url, timeout=600)
+                return local.client
+
+            answers: dict[int, tuple[str, tuple[str, ...]]] = {}
+            lock = threading.Lock()
+
+            def run_one(number: int) -> tuple[float, int]:
+                ttft, tokens, answer = _ask(http(), asked[number % len(asked)], top_k, config.new_tokens)
+                with lock:
+                    answers[number] = answer
+                return ttft, tokens
+
+            reference = {}
+            for number, question in enumerate(asked):  # alone: the references (the first one warms up)
+                reference[number] = _ask(http(), question, top_k, config.new_tokens)[2]
+            cells: dict[str, list[Any]] = {ONE_CLIENT: [], CONCURRENT: []}
+            per_run = -(-config.max_requests // config.repeats)
+            for repeat in range(config.repeats):
+                for name, count in ((ONE_CLIENT, 1), (CONCURRENT, clients)):
+                    cells[name].append(closed_loop(run_one, count, per_run, config.max_seconds / config.repeats,
+                                                   first=(2 * repeat + (name == CONCURRENT)) * per_run))
+            mismatches = [number for number, answer in answers.items()
+                          if answer != reference[number % len(asked)]]
+        finally:
+            server.stop()
+    one = summarize(1, cells[ONE_CLIENT])
+    many = summarize(clients, cells[CONCURRENT])
+    ratio = many["requests_per_second"] / one["requests_per_second"] if one["requests_per_second"] else float("nan")
+    logger.info("server, 1 client %.3f req/s, %d clients %.3f req/s (%.2fx), %d answers differ from alone",
+                one["requests_per_second"], clients, many["requests_per_second"], ratio, len(mismatches))
+    return {
+        "endpoint": f"/v1/ask (streamed, top_k {top_k})", "corpus": "foreign_corpus (15 invented documents)",
+        "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
+        "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
+    }
+
+
+def _ask(http: Any, question: str, top_k: int, new_tokens: int) -> tuple[float, int, tuple[str, tuple[str, ...]]]:
+    """Streams `/v1/ask`: (seconds to its first token event, completion tokens, (answer, source chunk ids))."""
+    body = {"question": question, "top_k": top_k, "max_new_tokens": new_tokens, "stream": True}
+    began = time.perf_counter()
+    first = None
+    sources: tuple[str, ...] = ()
+    with http.stream("POST", "/v1/ask", json=body) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[len("data: "):])
+            kind = event.get("type")
+            if kind == "sources":
+                sources = tuple(source["chunk_id"] for source in event["sources"])
+            elif kind == "token" and first is None:
+                first = time.perf_counter() - began
+            elif kind == "done":
+                elapsed = first if first is not None else time.perf_counter() - began
+                return elapsed, int(event["usage"]["completion_tokens"]), (event["answer"], sources)
+            elif kind == "error" or "error" in event:
+                raise RuntimeError(line)
+    raise RuntimeError(f"the stream ended without a done event (status {response.status_code})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=48, help="requests per cell (split over the repeats)")
+    parser.add_argument("--seconds", type=float, default=120.0, help="wall time per cell")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None, help="write the row here")
+    options = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    row = server_clients(ThroughputConfig(clients=(1, options.clients), max_requests=options.requests,
+                                          max_seconds=options.seconds), clients=options.clients)
+    text = json.dumps(row, indent=2)
+    if options.json is not None:
+        options.json.write_text(text + "\n", encoding="utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
