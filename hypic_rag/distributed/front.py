@@ -35,8 +35,7 @@ from hypic_rag import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, RendezvousRouter, RouteDecision
 from hypic_rag.limits import question_problem
-from hypic_rag.server.config import ServerConfig
-from hypic_rag.server.middleware import BodySizeLimit
+from hypic_rag.server import ServerConfig, limit_body_size
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +296,7 @@ def create_front_app(front: Front) -> FastAPI:
     async def forward(request: Request) -> Response:
         return await front.forward(request)
 
-    app.add_middleware(BodySizeLimit, max_bytes=front.config.max_body_bytes)
+    limit_body_size(app, front.config)
     return app
 
 

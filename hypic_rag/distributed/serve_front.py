@@ -22,7 +22,7 @@ from hypic_rag.distributed.cluster import ClusterOptions, connect, disconnect_if
 from hypic_rag.distributed.front import Front, IndexRetriever, create_front_app
 from hypic_rag.distributed.serve_replicas import ReplicaOptions, deploy_replicas, remove_replicas
 from hypic_rag.errors import HypicError
-from hypic_rag.server.config import ServerConfig
+from hypic_rag.server import ServerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart, stream_asgi
-from hypic_rag.server.config import ServerConfig
+from hypic_rag.server import ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +42,12 @@ class ReplicaServer:
     """One replica: the service over the index, read-only, and its application (runs inside a Serve replica)."""
 
     def __init__(self, config: ServerConfig, replica: str) -> None:
-        from hypic_rag.server.app import create_app
-        from hypic_rag.server.backend import ServiceBackend
-        from hypic_rag.server.service import Service
+        from hypic_rag.server import create_app
 
         began = time.perf_counter()
         self.replica = replica
         config = config.for_replica(replica)  # read-only; its own cache directory when `{replica}` names one
-        self.service = Service(config, lambda: ServiceBackend.open(config))
-        self.service.start()
-        self.app = create_app(config, service=self.service)
+        self.app = create_app(config, start=True)
         logger.info("replica %s ready in %.1f s", replica, time.perf_counter() - began)
 
     async def handle(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
@@ -61,13 +57,17 @@ class ReplicaServer:
 
     def check_health(self) -> None:
         """Serve's health check: fails while the model worker is not ready (or has stopped)."""
-        if not self.service.worker.ready:
+        from hypic_rag.server import app_ready
+
+        if not app_ready(self.app):
             raise RuntimeError(f"replica {self.replica}: the model worker is not ready")
 
     def __del__(self) -> None:
-        service = getattr(self, "service", None)
-        if service is not None:
-            service.stop()
+        app = getattr(self, "app", None)
+        if app is not None:
+            from hypic_rag.server import stop_app
+
+            stop_app(app)
 
 
 @dataclass(frozen=True, slots=True)

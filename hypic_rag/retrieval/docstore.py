@@ -132,7 +132,9 @@ class DocStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._db = sqlite3.connect(str(path), isolation_level=None)
+            # one thread at a time, not always the opener's: the service's retrieval stage and model worker take
+            # turns under `ServiceBackend.index_lock`
+            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         except sqlite3.Error as error:
             raise sqlite_failure(path, error) from None
         try:

@@ -1,5 +1,8 @@
 """The hypic-rag REST service (FastAPI): `create_app(ServerConfig(index_dir=...))`, or `hypic-rag serve`.
 
+The public surface, what other packages (`hypic_rag.distributed`) build on: `ServerConfig`, `create_app` (with
+`start=True` the model loads now and start-up errors raise here; `app.state.service` is then ready, and
+`stop_app(app)` stops it) and `limit_body_size` (the server's request-size limit, for an app of one's own).
 `create_app` is imported on first use, so `ServerConfig` loads without FastAPI.
 """
 
@@ -10,14 +13,17 @@ from typing import TYPE_CHECKING, Any
 from hypic_rag.server.config import DEFAULT_SEPARATOR, ServerConfig
 
 if TYPE_CHECKING:
-    from hypic_rag.server.app import create_app
+    from hypic_rag.server.app import app_ready, create_app, limit_body_size, stop_app
 
-__all__ = ["DEFAULT_SEPARATOR", "ServerConfig", "create_app"]
+PUBLIC_FACTORY = ("create_app", "limit_body_size", "app_ready", "stop_app")
+"""The app factory's names (imported from `hypic_rag.server.app` on first use)."""
+
+__all__ = ["DEFAULT_SEPARATOR", "ServerConfig", *PUBLIC_FACTORY]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        from hypic_rag.server.app import create_app
+    if name in PUBLIC_FACTORY:
+        from hypic_rag.server import app
 
-        return create_app
+        return getattr(app, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,11 +38,15 @@ DESCRIPTION = (
 )
 
 
-def create_app(config: ServerConfig, *, service: Service | None = None) -> FastAPI:
+def create_app(config: ServerConfig, *, service: Service | None = None, start: bool = False) -> FastAPI:
     """The application for `config`; its lifespan starts (unless `service` was started already, as `serve`
-    does so that start-up errors surface before uvicorn runs) and stops the model worker."""
+    does so that start-up errors surface before uvicorn runs) and stops the model worker. start: start the
+    service now (loads the model; its errors raise here), for a caller that serves the app without its lifespan
+    (a Ray Serve replica: then `stop_app` stops it)."""
     if service is None:
         service = Service(config, lambda: ServiceBackend.open(config))
+    if start and not service.started:
+        service.start()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,11 +71,26 @@ def create_app(config: ServerConfig, *, service: Service | None = None) -> FastA
     install_error_handlers(app)
     for module in (routes_ask, routes_completions, routes_chat, routes_documents, routes_admin):
         app.include_router(module.router)
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    limit_body_size(app, config)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
     app.add_middleware(UnexpectedErrors)  # RequestMetrics counts its 500s
     app.add_middleware(RequestIds)  # outermost: every log record of a request, its 500 included, names its id
     return app
+
+
+def limit_body_size(app: FastAPI, config: ServerConfig) -> None:
+    """Refuse request bodies over `config.max_body_bytes` with the server's 413 (before they are read whole)."""
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+
+
+def app_ready(app: FastAPI) -> bool:
+    """Whether the app's model worker is ready to serve (started, not stopping)."""
+    return bool(app.state.service.worker.ready)
+
+
+def stop_app(app: FastAPI) -> None:
+    """Stop the app's service (as its lifespan's end does): running requests may finish, the cache is closed."""
+    app.state.service.stop()
 
 
 def docs_page(schema: dict[str, Any]) -> str:

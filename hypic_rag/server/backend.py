@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.pipeline import Answer, RagPipeline
+from hypic_rag.pipeline import RagPipeline
 from hypic_rag.prompt import tokenize_segment
 from hypic_rag.reuse import NO_MATCHING, MatchSettings, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
@@ -27,13 +27,13 @@ from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.scheduler import CallbackSink, Scheduler, SchedulerConfig
+from hypic_rag.server.channel import TextEvent
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.jobs import Job, JobRegistry
 from hypic_rag.server.worker import TaskContext
 from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.streaming import StrippedDeltas
 from hypic_rag.usage import usage_of
 
 logger = logging.getLogger(__name__)
@@ -124,6 +124,8 @@ class ServiceBackend:
         self.scheduler = Scheduler(pipeline.session.engine, SchedulerConfig(
             max_running=config.max_running, step_tokens=config.step_tokens, max_waiting=None,
         ))
+        self.index_lock = threading.RLock()
+        """Held by whoever uses the index: the retrieval stage's batches, the worker's control tasks and job steps."""
 
     # ------------------------------------------------------------------------------------------- opening
     @classmethod
@@ -220,55 +222,16 @@ class ServiceBackend:
         return self.cache_snapshot
 
     # ------------------------------------------------------------------------------------------- answering
-    def ask(
-        self, question: str, *, top_k: int, mode: str, params: SamplingParams, context: TaskContext,
-        policy: Any = None,
-    ) -> Deferred[Answer]:
-        """Retrieve and lay out the prompt now, emit ("sources", [Source]); the generation runs in the scheduler's
-        steps, emitting ("token", text) events (stripped as the answer is); the `Answer` arrives in the returned
-        `Deferred`. The scheduler checks the request (deadline, client gone) before every step. policy: the
-        request's recompute policy (None: the service's)."""
-        prepared = self.pipeline.prepare(question, top_k=top_k, mode=mode, policy=policy)
-        context.emit(("sources", prepared.sources))
-        stripped = StrippedDeltas()
-        answer: Deferred[Answer] = Deferred()
-
-        def on_token(_: int, delta: str) -> None:
-            piece = stripped.feed(delta)
-            if piece:  # a token ending inside a character brings no text yet
-                context.emit(("token", piece))
-
-        def on_finish(generation: Generation) -> None:
-            self.refresh_cache_snapshot()
-            answer.resolve(self.pipeline.answer_of(prepared, generation))
-
-        self.scheduler.submit(prepared.request, mode, params, sink=CallbackSink(on_token, on_finish, answer.reject),
-                              check=context.check, policy=prepared.policy)
-        return answer
-
-    def complete(
-        self, segments: Sequence[str], *, mode: str, params: SamplingParams, context: TaskContext
-    ) -> Deferred[CompletionResult]:
-        """Generate after `segments`: all but the last are cached segments, the last is the query.
-
-        Each segment is tokenized on its own; empty ones (two separators in a row) are dropped. The request is
-        checked (deadline, client gone) before every step and before each segment it encodes.
-        """
-        check_segment_count(segments, self.config.max_segments)
-        builder: PromptBuilder = lambda session: session.segmented_request(segments)  # noqa: E731
-        results = self.complete_choices([builder], n=1, mode=mode, params=params, context=context, tagged=False)
-        return results.then(lambda choices: choices[0])
-
     def complete_choices(
         self, prompts: Sequence[PromptBuilder], *, n: int, mode: str, params: SamplingParams, context: TaskContext,
-        param: str = "prompt", tagged: bool = True,
+        param: str = "prompt",
     ) -> Deferred[list[CompletionResult]]:
         """`n` completions of each prompt (choice `i * n + j` is prompt i's j-th), generated together in the
         scheduler; the list arrives in the returned `Deferred`.
 
         Each prompt's request is built here, all before any is generated (a builder's ValueError is a 400 naming
-        `param`). With a seed, choice k samples with seed + k (so the choices differ yet repeat). Events: ("choice",
-        k, text delta) when `tagged`, else ("token", text delta). A choice that fails stops the others.
+        `param`). With a seed, choice k samples with seed + k (so the choices differ yet repeat). Events:
+        `TextEvent(delta, choice=k)`. A choice that fails stops the others.
         """
         session = self.pipeline.session
         vocab = self.vocab_size
@@ -302,7 +265,7 @@ class ServiceBackend:
                 index = number * n + choice
                 seed = None if params.seed is None else (params.seed + index) % (SEED_MAX + 1)
                 result, sequence = self._generate(request, mode, dataclasses.replace(params, seed=seed), context,
-                                                  index if tagged else None, tokenized, matched)
+                                                  index, tokenized, matched)
                 choices.append(result)
                 sequences.append(sequence)
         return Deferred.gather(choices, on_reject=lambda: [sequence.cancel() for sequence in sequences])
@@ -314,14 +277,14 @@ class ServiceBackend:
         return int(getattr(getattr(config, "text_config", None) or config, "vocab_size"))
 
     def _generate(self, request: Request, mode: str, params: SamplingParams, context: TaskContext,
-                  index: int | None, tokenized: float,
+                  index: int, tokenized: float,
                   matched: SegmentedPrompt | None = None) -> tuple[Deferred[CompletionResult], Any]:
         began = time.perf_counter()
         result: Deferred[CompletionResult] = Deferred()
 
         def on_token(_: int, delta: str) -> None:
             if delta:
-                context.emit(("token", delta) if index is None else ("choice", index, delta))
+                context.emit(TextEvent(delta, index))
 
         def on_finish(generation: Generation) -> None:
             self.refresh_cache_snapshot()

@@ -19,7 +19,7 @@ from hypic_rag.server.openai_schemas import (
     HypicDetails,
     SamplingFields,
 )
-from hypic_rag.server.schemas import valid_unicode
+from hypic_rag.server.schemas import SourceOut, valid_unicode
 
 
 class TextPart(BaseModel):
@@ -74,6 +74,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: CompletionUsage
     hypic: HypicDetails | None = None
+    sources: list[SourceOut] | None = None
+    """A chat over the index (`model` = the served id + `+index`): the retrieved chunks, best first."""
 
 
 def chat_chunk(completion_id: str, created: int, model: str, index: int, delta: dict[str, Any],

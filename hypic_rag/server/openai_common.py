@@ -11,10 +11,20 @@ from hypic_rag.server.errors import BadRequestError, NotFoundError
 from hypic_rag.server.openai_schemas import CompletionUsage, HypicDetails, PromptTokensDetails, SamplingFields
 
 
-def check_model(model: str | None, served: str) -> None:
-    """404 (OpenAI's shape, `param: model`) unless `model` is absent or the served model's id."""
-    if model is not None and model != served:
-        raise NotFoundError(f"The model `{model}` does not exist; this server serves `{served}`", param="model")
+INDEX_MODEL_SUFFIX = "+index"
+"""Appended to the served model's id, the model id of a chat answered from the served index (`/v1/chat/completions`
+retrieves for the last user message, as `/v1/ask` does)."""
+
+
+def check_model(model: str | None, served: str, *, over_index: bool = True) -> bool:
+    """404 (OpenAI's shape, `param: model`) unless `model` is absent, the served model's id, or (`over_index`)
+    that id plus `INDEX_MODEL_SUFFIX`; True for the latter."""
+    if model is None or model == served:
+        return False
+    if over_index and model == served + INDEX_MODEL_SUFFIX:
+        return True
+    also = f" (or `{served}{INDEX_MODEL_SUFFIX}`, answering from the served index)" if over_index else ""
+    raise NotFoundError(f"The model `{model}` does not exist; this server serves `{served}`{also}", param="model")
 
 
 def check_at_most(name: str, value: int, limit: int) -> int:

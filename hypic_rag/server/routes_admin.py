@@ -31,7 +31,7 @@ async def healthz(service: ServiceDep) -> JSONResponse:
         read_only=service.config.read_only,
         documents=counts.documents if counts else 0,
         chunks=counts.chunks if counts else 0,
-        queue_depth=worker.queue_depth,
+        queue_depth=service.queue_depth,
         queue_capacity=worker.queue_size,
         pending_jobs=worker.pending_jobs,
         uptime_s=round(time.time() - service.started_at, 3),

@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from hypic_rag.pipeline import Answer, Source
+from hypic_rag.pipeline import Answer, Question, Source
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.server.deferred import Deferred
-from hypic_rag.server.errors import ServiceError, internal_error_body
+from hypic_rag.server.channel import Event, SourcesEvent
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
-from hypic_rag.server.service import EventStream, Service, ServiceDep
-from hypic_rag.server.request_log import log_refusal, log_unexpected
-from hypic_rag.server.sse import DONE, sse_event, sse_response
+from hypic_rag.server.service import Service, ServiceDep
+from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question, checked_recompute_policy
 from hypic_rag.server.worker import TaskContext
 
 
 ROUTE = "/v1/ask"
+INDEX_TOP_K = int(AskRequest.model_fields["top_k"].default)
+"""Chunks retrieved for a question that does not say (`/v1/ask`'s default; a chat over the index uses it)."""
 router = APIRouter(tags=["answering"])
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -85,6 +85,7 @@ async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
     With `stream: true` the answer comes as server-sent events: one `sources` event, `token` events, a `done`
     event (usage and timings), then `data: [DONE]`; an error after the stream started is an `error` event.
     """
+    received = time.perf_counter()
     config = service.config
     question = checked_question(body.question, config)
     mode = checked_mode(body.mode)
@@ -92,48 +93,38 @@ async def ask(body: AskRequest, request: Request, service: ServiceDep) -> Any:
     policy = checked_recompute_policy(body.recompute_policy, backend.entry_seams, backend.counts.longest_chunk)
     checked_at_most("top_k", body.top_k, config.max_top_k)
     checked_at_most("max_new_tokens", body.max_new_tokens, config.max_new_tokens)
-    sampling = {"max_new_tokens": body.max_new_tokens, "temperature": body.temperature, "top_p": body.top_p,
-                "seed": body.seed}
-    top_k = body.top_k
-
-    def run(backend: Any, context: TaskContext) -> Deferred[Answer]:
-        params = SamplingParams(stop_strings=(backend.pipeline.prompt_format.answer_stop,), **sampling)
-        return backend.ask(question, top_k=top_k, mode=mode, params=params, context=context, policy=policy)
-
-    timeout_s = service.timeout_for(body.timeout_s)
+    params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_p=body.top_p,
+                            seed=body.seed, stop_strings=(backend.pipeline.prompt_format.answer_stop,))
+    channel = service.ask(Question(question, body.top_k, mode, policy), params,
+                          timeout_s=service.timeout_for(body.timeout_s))
     if body.stream:
-        stream = service.open_stream(run, timeout_s=timeout_s)
-        return sse_response(_relay(stream, service, time.perf_counter()))
-    answer, context = await service.call(run, timeout_s=timeout_s, request=request)
-    response = ask_response(answer, context.queue_seconds)
+        return stream_response(channel, AskFraming(service, channel.context), received)
+    answer = await channel.result(request)
+    response = ask_response(answer, channel.context.queue_seconds)
     service.metrics.observe_generation(ROUTE, answer.usage, response.timings.time_to_first_token_ms / 1000.0)
     return response
 
 
-async def _relay(stream: EventStream, service: Service, received: float) -> AsyncIterator[str]:
-    """SSE frames of an ask: sources, tokens, done (or error), [DONE]."""
-    first_token_at: float | None = None
-    try:
-        async for kind, value in stream.events():
-            if kind == "sources":
-                yield sse_event({"type": "sources", "sources": [source_out(s).model_dump() for s in value]})
-            elif kind == "token":
-                if first_token_at is None:
-                    first_token_at = time.perf_counter()
-                yield sse_event({"type": "token", "text": value})
-        assert stream.task is not None
-        answer: Answer = stream.task.future.result()
-        response = ask_response(answer, stream.task.context.queue_seconds)
-        ttft = (first_token_at or time.perf_counter()) - received
-        response.timings.time_to_first_token_ms = round(ttft * 1000.0, 3)
-        service.metrics.observe_generation(ROUTE, answer.usage, ttft)
-        payload = response.model_dump(exclude={"sources"})
-        yield sse_event({"type": "done", **payload})
-    except ServiceError as error:
-        log_refusal(error.status, error.message)
-        yield sse_event({"type": "error", **error.body()})
-    except Exception as error:
-        log_unexpected(error, "failed in its stream")
-        yield sse_event({"type": "error", **internal_error_body(error)})
-    yield DONE
+@dataclass(frozen=True, slots=True)
+class AskFraming:
+    """`/v1/ask`'s events: `sources`, `token`s, `done` (the response without its sources) or `error`."""
 
+    service: Service
+    context: TaskContext
+
+    def opening(self) -> Frames:
+        return []
+
+    def event(self, event: Event) -> Frames:
+        if isinstance(event, SourcesEvent):
+            return [{"type": "sources", "sources": [source_out(source).model_dump() for source in event.sources]}]
+        return [{"type": "token", "text": event.text}]
+
+    def closing(self, answer: Answer, first_token_seconds: float) -> Frames:
+        response = ask_response(answer, self.context.queue_seconds)
+        response.timings.time_to_first_token_ms = round(first_token_seconds * 1000.0, 3)
+        self.service.metrics.observe_generation(ROUTE, answer.usage, first_token_seconds)
+        return [{"type": "done", **response.model_dump(exclude={"sources"})}]
+
+    def error(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "error", **body}

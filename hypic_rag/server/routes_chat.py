@@ -12,13 +12,17 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from hypic_rag.chat import ChatMessage, chat_prompt
-from hypic_rag.server.backend import CompletionResult
+from hypic_rag.pipeline import Answer, Question
+from hypic_rag.reuse import NO_MATCHING
+from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.server.backend import CompletionResult, ServiceBackend
+from hypic_rag.server.channel import Event, SourcesEvent, TextEvent
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.chat_schemas import (
     ChatChoice,
@@ -27,7 +31,7 @@ from hypic_rag.server.chat_schemas import (
     ChatMessageOut,
     chat_chunk,
 )
-from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, internal_error_body
+from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError
 from hypic_rag.server.openai_common import (
     check_at_most,
     check_model,
@@ -38,11 +42,10 @@ from hypic_rag.server.openai_common import (
     usage_payload,
 )
 from hypic_rag.server.openai_schemas import stop_strings
-from hypic_rag.server.routes_ask import ERROR_RESPONSES
-from hypic_rag.server.service import EventStream, Service, ServiceDep
-from hypic_rag.server.request_log import log_refusal, log_unexpected
-from hypic_rag.server.sse import DONE, sse_event, sse_response
-from hypic_rag.server.validation import checked_mode
+from hypic_rag.server.routes_ask import ERROR_RESPONSES, INDEX_TOP_K, source_out
+from hypic_rag.server.service import Service, ServiceDep
+from hypic_rag.server.sse import Frames, stream_response
+from hypic_rag.server.validation import checked_mode, checked_question
 from hypic_rag.server.worker import TaskContext
 
 
@@ -80,10 +83,14 @@ def chat_logprobs(items: list[dict[str, Any]] | None) -> dict[str, Any] | None:
              responses=ERROR_RESPONSES, summary="OpenAI-compatible chat completion; documents cached as segments")
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Any:
     """OpenAI's chat completions API (vLLM's parameters). hypic-rag extensions: `mode`, `separator`,
-    `match_segments`; the response adds `hypic` and `usage.encoded_tokens`."""
+    `match_segments`; the response adds `hypic` and `usage.encoded_tokens`. With `model` set to the served
+    model's id plus `+index` (listed by /v1/models), the last user message is answered from the served index as
+    `/v1/ask` answers it, and the response adds `sources`."""
+    received = time.perf_counter()
     config = service.config
-    model = service.backend.model_name
-    check_model(body.model, model)
+    served = service.backend.model_name
+    over_index = check_model(body.model, served)
+    model = body.model or served
     mode = checked_mode(body.mode)
     if body.stream and body.logprobs:
         raise BadRequestError("logprobs with stream: not supported by hypic-rag", param="logprobs")
@@ -94,29 +101,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     messages = messages_of(body, body.separator or config.separator, config.max_prompt_chars)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens=max_tokens, stops=stop_strings(body.stop), logprobs=logprobs)
-    match = config.match_segments if body.match_segments is None else body.match_segments
-
-    def run(backend: Any, context: TaskContext) -> Deferred[list[CompletionResult]]:
-        session = backend.pipeline.session
-        matcher = session.matcher if match and session.matcher.settings.enabled else None
-        try:
-            prompt = chat_prompt(session.tokenizer, messages, session.prompt_format, matcher)
-        except ValueError as error:  # an empty question, a lone surrogate: the client's input, not a bug
-            raise BadRequestError(f"messages: {error}", param="messages") from None
-        choice_params = params
-        if prompt.stop_strings:  # the product's format ends the answer at its stop string, as /v1/ask does
-            choice_params = dataclasses.replace(params, stop_strings=params.stop_strings + prompt.stop_strings)
-        return backend.complete_choices([lambda _: prompt.prompt], n=body.n, mode=mode, params=choice_params,
-                                         context=context, param="messages")
-
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    timeout_s = service.timeout_for(None)
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    if over_index:
+        return await _chat_over_index(body, request, service, messages, params, mode, model, completion_id,
+                                      created, include_usage, received)
+    match = config.match_segments if body.match_segments is None else body.match_segments
+    channel = service.submit(ChatWork(messages, body.n, mode, params, match), timeout_s=service.timeout_for(None))
     if body.stream:
-        stream = service.open_stream(run, timeout_s=timeout_s)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_relay(stream, service, completion_id, created, model, mode, body.n, include_usage))
-    results, context = await service.call(run, timeout_s=timeout_s, request=request)
+        framing = ChatFraming(service, channel.context, completion_id, created, model, mode, body.n, include_usage)
+        return stream_response(channel, framing, received)
+    results = await channel.result(request)
+    context = channel.context
     usage = total_usage(results, body.n)
     ttft = context.queue_seconds + results[0].timings.get("time_to_first_token", 0.0)
     service.metrics.observe_generation(ROUTE, usage, ttft)
@@ -130,37 +127,137 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     )
 
 
-async def _relay(
-    stream: EventStream, service: Service, completion_id: str, created: int, model: str, mode: str, n: int,
-    include_usage: bool,
-) -> AsyncIterator[str]:
+async def _chat_over_index(
+    body: ChatCompletionRequest, request: Request, service: Service, messages: list[ChatMessage],
+    params: SamplingParams, mode: str, model: str, completion_id: str, created: int, include_usage: bool,
+    received: float,
+) -> Any:
+    """The last user message answered from the served index, through the same retrieval stage and scheduler as
+    `/v1/ask` (so the same cache reuse and the same answer); earlier messages do not enter the prompt."""
+    if body.n != 1:
+        raise BadRequestError(f"n: a chat over the index ({model}) answers one choice", param="n")
+    if body.logprobs:
+        raise BadRequestError(f"logprobs: not supported for a chat over the index ({model})", param="logprobs")
+    asked = [message for message in messages if message.role == "user"]
+    if not asked:
+        raise BadRequestError("messages: a chat over the index needs a user message (the question)",
+                              param="messages")
+    question = checked_question(" ".join(part for part in asked[-1].parts if part.strip()), service.config)
+    backend = service.backend
+    params = dataclasses.replace(params, stop_strings=params.stop_strings
+                                 + (backend.pipeline.prompt_format.answer_stop,))
+    channel = service.ask(Question(question, INDEX_TOP_K, mode), params, timeout_s=service.timeout_for(None))
+    if body.stream:
+        framing = IndexChatFraming(ChatFraming(service, channel.context, completion_id, created, model, mode, 1,
+                                               include_usage))
+        return stream_response(channel, framing, received)
+    answer = await channel.result(request)
+    result = answer_result(answer)
+    usage = total_usage([result], 1)
+    service.metrics.observe_generation(ROUTE, usage, channel.context.queue_seconds + answer.timings.get(
+        "time_to_first_token", 0.0))
+    return ChatCompletionResponse(
+        id=completion_id, created=created, model=model,
+        choices=[ChatChoice(index=0, message=ChatMessageOut(content=answer.text), finish_reason=answer.finish_reason)],
+        usage=usage_model(usage),
+        hypic=hypic_details(usage, result, mode, channel.context.queue_seconds),
+        sources=[source_out(source) for source in answer.sources],
+    )
+
+
+def answer_result(answer: Answer) -> CompletionResult:
+    """An `Answer` as a completion's result (its usage with the assembly counts the OpenAI routes report: the
+    retrieved chunks and the question are the segments, none matched in text)."""
+    usage = {**answer.usage, "segments": len(answer.sources) + 1, **NO_MATCHING}
+    return CompletionResult(answer.text, answer.finish_reason, usage, dict(answer.timings))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatWork:
+    """What a chat runs on the model worker: its messages rendered (the model's chat template, else the index's
+    prompt format; documents as cached segments) and `n` choices generated."""
+
+    messages: list[ChatMessage]
+    n: int
+    mode: str
+    params: SamplingParams
+    match: bool
+
+    def __call__(self, backend: ServiceBackend, context: TaskContext) -> Deferred[list[CompletionResult]]:
+        session = backend.pipeline.session
+        matcher = session.matcher if self.match and session.matcher.settings.enabled else None
+        try:
+            prompt = chat_prompt(session.tokenizer, self.messages, session.prompt_format, matcher)
+        except ValueError as error:  # an empty question, a lone surrogate: the client's input, not a bug
+            raise BadRequestError(f"messages: {error}", param="messages") from None
+        params = self.params
+        if prompt.stop_strings:  # the product's format ends the answer at its stop string, as /v1/ask does
+            params = dataclasses.replace(params, stop_strings=params.stop_strings + prompt.stop_strings)
+        return backend.complete_choices([lambda _: prompt.prompt], n=self.n, mode=self.mode, params=params,
+                                        context=context, param="messages")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFraming:
     """`chat.completion.chunk` framing: a role chunk per choice, one chunk per text delta, a chunk with each
-    choice's finish_reason, the usage chunk when asked, then [DONE]."""
-    received = time.perf_counter()
-    first_token_at: float | None = None
-    for index in range(n):
-        yield sse_event(chat_chunk(completion_id, created, model, index, {"role": "assistant", "content": ""}, None))
-    try:
-        async for _, index, delta in stream.events():
-            if first_token_at is None:
-                first_token_at = time.perf_counter()
-            yield sse_event(chat_chunk(completion_id, created, model, index, {"content": delta}, None))
-        assert stream.task is not None
-        results: list[CompletionResult] = stream.task.future.result()
-        for index, result in enumerate(results):
-            yield sse_event(chat_chunk(completion_id, created, model, index, {}, result.finish_reason))
-        usage = total_usage(results, n)
-        service.metrics.observe_generation(ROUTE, usage, (first_token_at or time.perf_counter()) - received)
-        if include_usage:
-            final = chat_chunk(completion_id, created, model, 0, {}, None)
+    choice's finish_reason, the usage chunk when asked."""
+
+    service: Service
+    context: TaskContext
+    completion_id: str
+    created: int
+    model: str
+    mode: str
+    n: int
+    include_usage: bool
+
+    def chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        return chat_chunk(self.completion_id, self.created, self.model, index, delta, finish_reason)
+
+    def opening(self) -> Frames:
+        return [self.chunk(index, {"role": "assistant", "content": ""}, None) for index in range(self.n)]
+
+    def event(self, event: Event) -> Frames:
+        if not isinstance(event, TextEvent):
+            return []
+        return [self.chunk(event.choice, {"content": event.text}, None)]
+
+    def closing(self, results: list[CompletionResult], first_token_seconds: float) -> Frames:
+        frames = [self.chunk(index, {}, result.finish_reason) for index, result in enumerate(results)]
+        usage = total_usage(results, self.n)
+        self.service.metrics.observe_generation(ROUTE, usage, first_token_seconds)
+        if self.include_usage:
+            final = self.chunk(0, {}, None)
             final["choices"] = []
             final.update(usage_payload(usage_model(usage), hypic_details(
-                usage, results[0], mode, stream.task.context.queue_seconds)))
-            yield sse_event(final)
-    except ServiceError as error:
-        log_refusal(error.status, error.message)
-        yield sse_event(error.body())
-    except Exception as error:
-        log_unexpected(error, "failed in its stream")
-        yield sse_event(internal_error_body(error))
-    yield DONE
+                usage, results[0], self.mode, self.context.queue_seconds)))
+            frames.append(final)
+        return frames
+
+    def error(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class IndexChatFraming:
+    """A chat over the index: `ChatFraming`'s chunks, the retrieved chunks as `sources` on a chunk of their own
+    (empty `choices`) before the first text."""
+
+    chat: ChatFraming
+
+    def opening(self) -> Frames:
+        return self.chat.opening()
+
+    def event(self, event: Event) -> Frames:
+        if isinstance(event, SourcesEvent):
+            frame = self.chat.chunk(0, {}, None)
+            frame["choices"] = []
+            frame["sources"] = [source_out(source).model_dump() for source in event.sources]
+            return [frame]
+        return self.chat.event(event)
+
+    def closing(self, answer: Answer, first_token_seconds: float) -> Frames:
+        return self.chat.closing([answer_result(answer)], first_token_seconds)
+
+    def error(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,10 +19,13 @@ from fastapi import APIRouter, Request
 from hypic_rag.reuse import separated_pieces
 from hypic_rag.runtime.request import Request as HypicRequest
 from hypic_rag.segments import split_segments
-from hypic_rag.server.backend import CompletionResult, PromptBuilder, check_segment_count
+from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.server.backend import CompletionResult, PromptBuilder, ServiceBackend, check_segment_count
+from hypic_rag.server.channel import Event, TextEvent
 from hypic_rag.server.deferred import Deferred
-from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError, ServiceError, internal_error_body
+from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError
 from hypic_rag.server.openai_common import (
+    INDEX_MODEL_SUFFIX,
     check_at_most,
     check_model,
     hypic_details,
@@ -43,9 +46,8 @@ from hypic_rag.server.openai_schemas import (
     stop_strings,
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
-from hypic_rag.server.service import EventStream, Service, ServiceDep
-from hypic_rag.server.request_log import log_refusal, log_unexpected
-from hypic_rag.server.sse import DONE, sse_event, sse_response
+from hypic_rag.server.service import Service, ServiceDep
+from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_mode
 from hypic_rag.server.worker import TaskContext
 
@@ -127,9 +129,10 @@ def completion_response(
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Any:
     """OpenAI's completions API (vLLM's parameters). hypic-rag extensions: `mode`, `separator` and
     `match_segments`; the response adds `hypic` and `usage.encoded_tokens`."""
+    received = time.perf_counter()
     config = service.config
     model = service.backend.model_name
-    check_model(body.model, model)
+    check_model(body.model, model, over_index=False)
     _check_supported(body)
     mode = checked_mode(body.mode)
     check_at_most("max_tokens", body.max_tokens, config.max_new_tokens)
@@ -148,20 +151,17 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
             builders.append(lambda session, ids=prompt: HypicRequest([], [], list(ids)))
     params = sampling_params(body, max_tokens=body.max_tokens, stops=stop_strings(body.stop), logprobs=body.logprobs)
 
-    def run(backend: Any, context: TaskContext) -> Deferred[tuple[list[CompletionResult], list[str]]]:
-        results = backend.complete_choices(builders, n=body.n, mode=mode, params=params, context=context)
-        echoes = [p if isinstance(p, str) else backend.decode(p) for p in prompts] if body.echo else []
-        return results.then(lambda choices: (choices, echoes))
-
+    work = CompletionWork(builders, prompts, body.n, mode, params, body.echo)
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    timeout_s = service.timeout_for(None)
+    channel = service.submit(work, timeout_s=service.timeout_for(None))
     if body.stream:
-        stream = service.open_stream(run, timeout_s=timeout_s)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        relay = _relay(stream, service, completion_id, created, model, mode, body.n, include_usage)
-        return sse_response(relay)
-    (results, echoes), context = await service.call(run, timeout_s=timeout_s, request=request)
+        framing = CompletionFraming(service, channel.context, completion_id, created, model, mode, body.n,
+                                    include_usage)
+        return stream_response(channel, framing, received)
+    results, echoes = await channel.result(request)
+    context = channel.context
     response = completion_response(results, echoes, body.n, completion_id, created, model, mode,
                                    context.queue_seconds)
     ttft = context.queue_seconds + results[0].timings.get("time_to_first_token", 0.0)
@@ -169,47 +169,76 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     return response
 
 
-async def _relay(
-    stream: EventStream, service: Service, completion_id: str, created: int, model: str, mode: str, n: int,
-    include_usage: bool,
-) -> AsyncIterator[str]:
-    """OpenAI's stream framing: one chunk per text delta (its choice's index), a chunk with each choice's
-    finish_reason, the usage chunk when asked, then [DONE]."""
-    received = time.perf_counter()
-    first_token_at: float | None = None
-    try:
-        async for _, index, delta in stream.events():
-            if first_token_at is None:
-                first_token_at = time.perf_counter()
-            yield sse_event(chunk_payload(completion_id, created, model, delta, None, index))
-        assert stream.task is not None
-        results, _ = stream.task.future.result()
-        for index, result in enumerate(results):
-            yield sse_event(chunk_payload(completion_id, created, model, "", result.finish_reason, index))
-        usage = total_usage(results, n)
-        service.metrics.observe_generation(ROUTE, usage, (first_token_at or time.perf_counter()) - received)
-        if include_usage:
-            final = chunk_payload(completion_id, created, model, "", None)
+@dataclass(frozen=True, slots=True)
+class CompletionWork:
+    """What `/v1/completions` runs on the model worker: `n` choices of each prompt, and the prompts' text when
+    they are echoed."""
+
+    builders: list[PromptBuilder]
+    prompts: list[str | list[int]]
+    n: int
+    mode: str
+    params: SamplingParams
+    echo: bool
+
+    def __call__(self, backend: ServiceBackend,
+                 context: TaskContext) -> Deferred[tuple[list[CompletionResult], list[str]]]:
+        results = backend.complete_choices(self.builders, n=self.n, mode=self.mode, params=self.params,
+                                           context=context)
+        echoes = [p if isinstance(p, str) else backend.decode(p) for p in self.prompts] if self.echo else []
+        return results.then(lambda choices: (choices, echoes))
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionFraming:
+    """OpenAI's completion stream: one chunk per text delta (its choice's index), a chunk with each choice's
+    finish_reason, the usage chunk when asked."""
+
+    service: Service
+    context: TaskContext
+    completion_id: str
+    created: int
+    model: str
+    mode: str
+    n: int
+    include_usage: bool
+
+    def opening(self) -> Frames:
+        return []
+
+    def event(self, event: Event) -> Frames:
+        if not isinstance(event, TextEvent):
+            return []
+        return [chunk_payload(self.completion_id, self.created, self.model, event.text, None, event.choice)]
+
+    def closing(self, outcome: tuple[list[CompletionResult], list[str]], first_token_seconds: float) -> Frames:
+        results, _ = outcome
+        frames = [chunk_payload(self.completion_id, self.created, self.model, "", result.finish_reason, index)
+                  for index, result in enumerate(results)]
+        usage = total_usage(results, self.n)
+        self.service.metrics.observe_generation(ROUTE, usage, first_token_seconds)
+        if self.include_usage:
+            final = chunk_payload(self.completion_id, self.created, self.model, "", None)
             final["choices"] = []
             final.update(usage_payload(usage_model(usage), hypic_details(
-                usage, results[0], mode, stream.task.context.queue_seconds)))
-            yield sse_event(final)
-    except ServiceError as error:
-        log_refusal(error.status, error.message)
-        yield sse_event(error.body())
-    except Exception as error:
-        log_unexpected(error, "failed in its stream")
-        yield sse_event(internal_error_body(error))
-    yield DONE
+                usage, results[0], self.mode, self.context.queue_seconds)))
+            frames.append(final)
+        return frames
+
+    def error(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI-compatible)")
 async def models(service: ServiceDep) -> ModelList:
-    return ModelList(data=[ModelCard(id=service.backend.model_name, created=int(service.started_at))])
+    """The served model, and its id plus `+index`: chats with it are answered from the served index."""
+    served, created = service.backend.model_name, int(service.started_at)
+    return ModelList(data=[ModelCard(id=served, created=created),
+                           ModelCard(id=served + INDEX_MODEL_SUFFIX, created=created)])
 
 
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES,
             summary="One model (OpenAI-compatible); 404 unless it is the served one")
 async def model_card(model_id: str, service: ServiceDep) -> ModelCard:
     check_model(model_id, service.backend.model_name)
-    return ModelCard(id=service.backend.model_name, created=int(service.started_at))
+    return ModelCard(id=model_id, created=int(service.started_at))

@@ -1,99 +1,61 @@
-"""The service object behind the app: the worker, jobs and metrics, and how handlers wait on the worker.
+"""The service object behind the app: the model worker, the retrieval stage, jobs and metrics.
 
-`call` submits a task and awaits its result under the request's deadline; `open_stream` submits a task whose
-events a streaming response relays as they come. Both submit before any response starts, so a full queue is a
-plain 429.
+A route hands its work over and gets an `EventChannel` back at once (so a full queue is a plain 429 before any
+response starts): `ask` queues a question for the retrieval stage (whose batches go to the scheduler the worker
+steps), `submit` a task for the model worker. The route then awaits `channel.result()` or relays
+`channel.events()` as server-sent events (`sse.relay`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends
 from starlette.requests import Request
 
+from hypic_rag.pipeline import Answer, Question
+from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.server.backend import ServiceBackend
+from hypic_rag.server.channel import EventChannel
 from hypic_rag.server.config import ServerConfig
-from hypic_rag.server.errors import RequestTimeoutError
+from hypic_rag.server.errors import RequestCancelledError, ServiceUnavailableError
 from hypic_rag.server.jobs import JobRegistry
 from hypic_rag.server.metrics import ServiceMetrics
-from hypic_rag.server.worker import CONTROL, END_OF_EVENTS, REQUEST, ModelWorker, Task, TaskContext
+from hypic_rag.server.retrieval_stage import PendingQuestion, RetrievalStage
+from hypic_rag.server.worker import CONTROL, REQUEST, ModelWorker, TaskContext
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-DEADLINE_SLACK_S = 2.0
-"""How long past a deadline a waiter keeps waiting for the worker to report the timeout itself."""
-DISCONNECT_POLL_S = 0.25
-"""How often a waiting (non-streaming) request checks whether its client went away."""
-
-
-class EventStream:
-    """Events a streaming task pushes from the worker thread, read on the event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.task: Task[Any] | None = None
-
-    def push(self, event: Any) -> None:
-        """Called from the worker thread."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-
-    async def events(self) -> AsyncIterator[Any]:
-        """The task's events until it ends; then its result is in `task.future` (or its error is raised)."""
-        task = self.task
-        assert task is not None
-        context = task.context
-        try:
-            while True:
-                remaining = context.deadline + DEADLINE_SLACK_S - time.perf_counter()
-                try:
-                    event = await asyncio.wait_for(self._queue.get(), timeout=max(remaining, 0.001))
-                except TimeoutError:
-                    task.cancel()
-                    raise RequestTimeoutError(f"request timed out after {context.timeout_s:g} s") from None
-                if event is END_OF_EVENTS:
-                    break
-                yield event
-            task.future.result()  # raises the task's error, if any
-        finally:
-            if not task.future.done():
-                task.cancel()  # the client went away: stop generating
-
-
-async def _cancel_on_disconnect(request: Request, task: Task[Any]) -> None:
-    """Cancel `task` once the client of `request` has disconnected (polled; ends when the task does)."""
-    while not task.future.done():
-        if await request.is_disconnected():
-            logger.info("client went away: cancelling its request")
-            task.cancel()
-            return
-        await asyncio.sleep(DISCONNECT_POLL_S)
+WorkerTask = Callable[[ServiceBackend, TaskContext], Any]
+"""What a route runs on the model worker: `fn(backend, context)` returns its result, or a `Deferred` of it that
+the scheduler's steps settle."""
 
 
 class Service:
     """Owns the model worker, the job registry and the metrics of one app."""
 
-    def __init__(self, config: ServerConfig, backend_factory: Callable[[], Any]) -> None:
+    def __init__(self, config: ServerConfig, backend_factory: Callable[[], ServiceBackend]) -> None:
         self.config = config
         self.jobs = JobRegistry(keep_finished=config.finished_jobs_kept)
         self.worker = ModelWorker(
             backend_factory, queue_size=config.queue_size, jobs=self.jobs, max_pending_jobs=config.max_pending_jobs,
             on_step=lambda report: self.metrics.observe_step(report),
         )
+        self.retrieval: RetrievalStage | None = None
+        """Built once the backend is (`start`)."""
         self.metrics = ServiceMetrics(
-            queue_depth=lambda: self.worker.queue_depth,
+            queue_depth=lambda: self.queue_depth,
             queue_capacity=config.queue_size,
             cache_snapshot=self._cache_snapshot,
             job_counts=self.jobs.counts,
             running=lambda: self.worker.generating,
-            waiting=lambda: self.worker.waiting,
+            waiting=lambda: self.waiting,
         )
         self.started_at = time.time()
 
@@ -103,17 +65,37 @@ class Service:
         return self.worker.started
 
     def start(self) -> None:
-        """Build the backend in the worker thread (loads the model) and wait for it; raises the backend's error."""
+        """Build the backend in the worker thread (loads the model) and wait for it, then start the retrieval
+        stage; raises the backend's error."""
         self.worker.start(self.config.startup_timeout_s)
+        assert self.worker.backend is not None
+        self.retrieval = RetrievalStage(self.worker.backend, self.worker, queue_size=self.config.queue_size).start()
         self.started_at = time.time()
 
     def stop(self) -> None:
+        if self.retrieval is not None:
+            self.retrieval.stop()
         self.worker.shutdown(self.config.shutdown_grace_s)
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> ServiceBackend:
         """The worker's backend; read only its snapshot attributes from outside the worker thread."""
-        return self.worker.backend
+        backend = self.worker.backend
+        if backend is None:
+            raise ServiceUnavailableError("the model worker is not ready")
+        return backend
+
+    @property
+    def waiting(self) -> int:
+        """Requests not yet generating: queued for the worker or the retrieval stage, waiting for admission."""
+        stage = self.retrieval.waiting if self.retrieval is not None else 0
+        return self.worker.waiting + stage
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests held: waiting, being started, or generating."""
+        stage = self.retrieval.waiting + self.retrieval.generating if self.retrieval is not None else 0
+        return self.worker.queue_depth + stage
 
     def _cache_snapshot(self) -> dict[str, Any]:
         backend = self.worker.backend
@@ -124,46 +106,51 @@ class Service:
         limit = self.config.request_timeout_s
         return min(requested, limit) if requested is not None else limit
 
-    async def call(
-        self,
-        fn: Callable[[Any, TaskContext], T],
-        *,
-        timeout_s: float | None = None,
-        kind: str = REQUEST,
-        request: Request | None = None,
-    ) -> tuple[T, TaskContext]:
-        """Run `fn(backend, context)` on the worker; returns its result and context (for queue timing).
-
-        With `request`, a client that goes away cancels the task (skipped if queued, stopped at its next check if
-        running), as a deadline does.
-        """
+    def _channel(self, timeout_s: float | None) -> EventChannel[Any]:
         timeout_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
-        task = self.worker.submit(fn, timeout_s=timeout_s, kind=kind)
-        waiter = asyncio.wrap_future(task.future)
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, task)) if request is not None else None
-        try:
-            result = await asyncio.wait_for(asyncio.shield(waiter), timeout=timeout_s + DEADLINE_SLACK_S)
-        except TimeoutError:
-            task.cancel()
-            raise RequestTimeoutError(f"request timed out after {timeout_s:g} s") from None
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-        return result, task.context
+        now = time.perf_counter()
+        return EventChannel(asyncio.get_running_loop(), TaskContext(now, now + timeout_s, timeout_s))
 
-    async def control(self, fn: Callable[[Any, TaskContext], T]) -> T:
+    def ask(self, question: Question, params: SamplingParams, *, timeout_s: float) -> EventChannel[Answer]:
+        """Queue `question` for the retrieval stage (429 when the queue is full); its sources, text and `Answer`
+        arrive in the channel."""
+        channel: EventChannel[Answer] = self._channel(timeout_s)
+        if self.retrieval is None:
+            raise ServiceUnavailableError("the model worker is not ready")
+        self.retrieval.submit(PendingQuestion(question, params, channel))
+        return channel
+
+    def submit(self, fn: WorkerTask, *, timeout_s: float | None = None, kind: str = REQUEST) -> EventChannel[Any]:
+        """Queue `fn(backend, context)` on the model worker (429 when the queue is full); what it pushes
+        (`context.emit`) and its outcome arrive in the channel."""
+        channel: EventChannel[Any] = self._channel(timeout_s)
+        channel.context.emit_sink = channel.push
+        stage = self.retrieval.waiting if self.retrieval is not None else 0
+        task = self.worker.submit(fn, channel.context, kind=kind, waiting_elsewhere=stage)
+        task.future.add_done_callback(lambda future: _settle_from(channel, future))
+        return channel
+
+    async def call(self, fn: WorkerTask, *, timeout_s: float | None = None, kind: str = REQUEST,
+                   request: Request | None = None) -> tuple[Any, TaskContext]:
+        """`submit` and wait for the result: (result, context); with `request`, a client that goes away cancels
+        the task (skipped if queued, stopped at its next check if running), as a deadline does."""
+        channel = self.submit(fn, timeout_s=timeout_s, kind=kind)
+        return await channel.result(request), channel.context
+
+    async def control(self, fn: WorkerTask) -> Any:
         """A short task served before queued requests (stats, deletes)."""
         result, _ = await self.call(fn, kind=CONTROL)
         return result
 
-    def open_stream(self, fn: Callable[[Any, TaskContext], Any], *, timeout_s: float) -> EventStream:
-        """Submit a streaming task now (429 before any byte is sent); read it with `EventStream.events()`."""
-        stream = EventStream(asyncio.get_running_loop())
-        stream.task = self.worker.submit(fn, timeout_s=timeout_s, emit_sink=stream.push)
-        return stream
+
+def _settle_from(channel: EventChannel[Any], future: concurrent.futures.Future[Any]) -> None:
+    """Settle `channel` with a worker task's outcome (called in the thread that completed it)."""
+    if future.cancelled():
+        channel.reject(RequestCancelledError("request cancelled"))
+    elif future.exception() is not None:
+        channel.reject(future.exception())  # type: ignore[arg-type]
+    else:
+        channel.resolve(future.result())
 
 
 async def current_service(request: Request) -> Service:

@@ -4,13 +4,16 @@ The engine is not thread-safe and the index's SQLite connection belongs to the t
 backend is built inside the worker thread and never touched elsewhere. Handlers submit tasks into a bounded
 queue and await a future; streaming tasks also push events that the handler relays as they come.
 
-Generation is continuously batched: a request task retrieves and lays out its prompt, hands its generations to
-the backend's `Scheduler` and returns a `Deferred`; the worker runs the scheduler's steps (one batched forward
-for every running sequence and newly admitted prompts) and completes the task when its generations end. Order
-of service: control tasks (stats, deletes); queued request tasks (started for up to `START_BUDGET_S` between
-two steps while sequences are running); one scheduler step; and, when no request is queued or generating, one
-step of the oldest background job. The queue is bounded: requests not yet generating (queued here or waiting
-for admission to the batch) beyond `queue_size` get `QueueFullError` (the service answers 429).
+Generation is continuously batched: the worker runs the backend's `Scheduler` steps (one batched forward for
+every running sequence and newly admitted prompts). Questions over the index reach the scheduler from the
+retrieval stage's thread (`retrieval_stage.py`, which calls `wake`); a completion task lays out its prompt here,
+hands its generations to the scheduler and returns a `Deferred`, and the worker completes the task when its
+generations end. Order of service: control tasks (stats, deletes); queued request tasks (started for up to
+`START_BUDGET_S` between two steps while sequences are running); one scheduler step; and, when no request is
+queued or generating, one step of the oldest background job. Control tasks and job steps hold the backend's
+`index_lock` (the retrieval stage reads the index meanwhile). The queue is bounded: requests not yet generating
+(queued here, in the retrieval stage, or waiting for admission to the batch) beyond `queue_size` get
+`QueueFullError` (the service answers 429).
 
 Shutdown: new submissions are refused, queued requests fail with 503, generating requests may finish within the
 grace period (then they are cancelled at the next step), background jobs stop between steps (every step leaves
@@ -27,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.errors import (
@@ -39,11 +42,12 @@ from hypic_rag.server.errors import (
 )
 from hypic_rag.server.jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobRegistry
 
+if TYPE_CHECKING:
+    from hypic_rag.server.backend import ServiceBackend
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-END_OF_EVENTS = object()
-"""Pushed to a task's event sink after its function returned or raised."""
 
 CONTROL, REQUEST = "control", "request"
 START_BUDGET_S = 0.05
@@ -53,7 +57,8 @@ scheduler step, while sequences are generating."""
 
 @dataclass(slots=True)
 class TaskContext:
-    """What a running task may consult: its deadline, whether it was cancelled, and where to push events."""
+    """What a running request may consult: its deadline, whether it was cancelled, and where to push its events
+    (`channel.EventChannel.push`)."""
 
     submitted_at: float
     deadline: float
@@ -87,7 +92,7 @@ class TaskContext:
 class Task(Generic[T]):
     """A unit of work for the worker: `fn(backend, context)`; its outcome lands in `future`."""
 
-    fn: Callable[[Any, TaskContext], T]
+    fn: Callable[[ServiceBackend, TaskContext], T]
     context: TaskContext
     kind: str = REQUEST
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -101,13 +106,12 @@ class Task(Generic[T]):
             self.future.set_exception(error)
         except concurrent.futures.InvalidStateError:
             pass  # cancelled by its waiter meanwhile
-        self.context.emit(END_OF_EVENTS)
 
 
 @dataclass(slots=True)
 class _JobRun:
     job: Job
-    start: Callable[[Any], Iterator[Any]]
+    start: Callable[[ServiceBackend], Iterator[Any]]
     steps: Iterator[Any] | None = None
 
 
@@ -121,7 +125,7 @@ class ModelWorker:
 
     def __init__(
         self,
-        factory: Callable[[], Any],
+        factory: Callable[[], ServiceBackend],
         *,
         queue_size: int,
         jobs: JobRegistry,
@@ -149,7 +153,7 @@ class ModelWorker:
         self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._service_seconds = 0.5  # moving average of a request's time in the worker, for Retry-After
-        self.backend: Any | None = None
+        self.backend: ServiceBackend | None = None
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def start(self, timeout_s: float) -> None:
@@ -203,27 +207,45 @@ class ModelWorker:
     # ----------------------------------------------------------------------------------------- submission
     def submit(
         self,
-        fn: Callable[[Any, TaskContext], T],
+        fn: Callable[[ServiceBackend, TaskContext], T],
+        context: TaskContext,
         *,
-        timeout_s: float,
         kind: str = REQUEST,
-        emit_sink: Callable[[Any], None] | None = None,
+        waiting_elsewhere: int = 0,
     ) -> Task[T]:
-        """Queue `fn`; raises `QueueFullError` (with Retry-After) when the request queue is full."""
-        now = time.perf_counter()
-        task: Task[T] = Task(fn, TaskContext(now, now + timeout_s, timeout_s, emit_sink), kind)
+        """Queue `fn`; raises `QueueFullError` (with Retry-After) when the request queue is full (counting
+        `waiting_elsewhere` requests: the retrieval stage's)."""
+        task: Task[T] = Task(fn, context, kind)
         with self._condition:
-            self._check_accepting()
-            queue = self._control if kind == CONTROL else self._requests
-            if len(queue) + (self._scheduler_waiting() if kind == REQUEST else 0) >= self.queue_size:
-                retry_after = self.retry_after_seconds()
-                raise QueueFullError(
-                    f"the request queue is full ({self.queue_size} waiting); retry in {retry_after} s",
-                    headers={"Retry-After": str(retry_after)},
-                )
-            queue.append(task)
+            if kind == CONTROL:
+                self._check_accepting()
+                if len(self._control) >= self.queue_size:
+                    self._refuse()
+            else:
+                self.check_room(waiting_elsewhere)
+            (self._control if kind == CONTROL else self._requests).append(task)
             self._condition.notify()
         return task
+
+    def check_room(self, waiting_elsewhere: int = 0) -> None:
+        """Raise unless one more request may wait: 503 while not ready or stopping, `QueueFullError` when
+        `queue_size` requests wait already (queued here, waiting for admission to the batch, or
+        `waiting_elsewhere`)."""
+        self._check_accepting()
+        if len(self._requests) + self._scheduler_waiting() + waiting_elsewhere >= self.queue_size:
+            self._refuse()
+
+    def _refuse(self) -> None:
+        retry_after = self.retry_after_seconds()
+        raise QueueFullError(
+            f"the request queue is full ({self.queue_size} waiting); retry in {retry_after} s",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    def wake(self) -> None:
+        """Work arrived from another thread (the retrieval stage submitted to the scheduler)."""
+        with self._condition:
+            self._condition.notify()
 
     def submit_job(self, job: Job, start: Callable[[Any], Iterator[Any]]) -> None:
         """Queue a background job: `start(backend)` gives an iterator whose each `next` is one step of work."""
@@ -344,12 +366,17 @@ class ModelWorker:
             task.fail(error)
             return
         if not task.future.set_running_or_notify_cancel():
-            context.emit(END_OF_EVENTS)
             return  # its waiter gave up while it was queued
         context.started_at = time.perf_counter()
         self._running = task
+        backend = self.backend
+        assert backend is not None
         try:
-            result = task.fn(self.backend, context)
+            if task.kind == CONTROL:  # stats, deletes: the index is the retrieval stage's meanwhile too
+                with backend.index_lock:
+                    result = task.fn(backend, context)
+            else:
+                result = task.fn(backend, context)
         except BaseException as error:
             self._settle(task, None, error)
         else:
@@ -373,18 +400,20 @@ class ModelWorker:
                 task.future.set_result(result)
             except concurrent.futures.InvalidStateError:
                 pass  # cancelled by its waiter meanwhile
-            task.context.emit(END_OF_EVENTS)
         if task.kind == REQUEST and task.context.started_at is not None:
             elapsed = time.perf_counter() - task.context.started_at
             self._service_seconds = 0.8 * self._service_seconds + 0.2 * elapsed
 
     def _step(self, run: _JobRun) -> None:
         job = run.job
+        backend = self.backend
+        assert backend is not None
         try:
-            if run.steps is None:
-                self.jobs.start(job)
-                run.steps = run.start(self.backend)
-            next(run.steps)
+            with backend.index_lock:  # a job step writes the index the retrieval stage reads
+                if run.steps is None:
+                    self.jobs.start(job)
+                    run.steps = run.start(backend)
+                next(run.steps)
             return
         except StopIteration as done:
             self.jobs.finish(job, SUCCEEDED, result=done.value if isinstance(done.value, dict) else None)

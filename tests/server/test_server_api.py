@@ -232,10 +232,12 @@ def test_completion_stream_is_openai_framed(client: httpx.Client) -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
 
 
-def test_models_lists_the_served_model(client: httpx.Client) -> None:
+def test_models_lists_the_served_model_and_its_index_chat(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()
-    assert models["object"] == "list" and len(models["data"]) == 1
-    assert models["data"][0]["id"] == completion(client, "Hi?")["model"]
+    served = completion(client, "Hi?")["model"]
+    assert models["object"] == "list" and [card["id"] for card in models["data"]] == [served, served + "+index"]
+    assert client.get(f"/v1/models/{served}+index").json()["id"] == served + "+index"
+    assert client.get(f"/v1/models/{served}+other").status_code == 404
 
 
 # ------------------------------------------------------------------------------------------------ documents
