@@ -1,7 +1,7 @@
 """The hypic-rag REST service (FastAPI): `create_app(ServerConfig(index_dir=...))`, or `hypic-rag serve`.
 
 The public surface, what other packages (`hypic_rag.distributed`) build on: `ServerConfig`, `create_app` (with
-`start=True` the model loads now and start-up errors raise here; `app.state.service` is then ready, and
+`start=True` the model loads now and start-up errors raise here; `app_ready(app)` tells whether it serves, and
 `stop_app(app)` stops it) and `limit_body_size` (the server's request-size limit, for an app of one's own).
 `create_app` is imported on first use, so `ServerConfig` loads without FastAPI.
 """
