@@ -48,7 +48,7 @@ from hypic_rag.retrieval.errors import (
 from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndexConfig
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
-from hypic_rag.retrieval.multi_hop import hop_candidates, merge_hop_hits, rank_hop_candidates
+from hypic_rag.retrieval.multi_hop import hop_candidates, hop_shortlist, merge_hop_hits, rank_hop_candidates
 from hypic_rag.streaming import drain
 
 logger = logging.getLogger(__name__)
@@ -539,7 +539,11 @@ class CorpusIndex:
         query_vectors = self.embedder.embed(list(queries))
         direct = self._search_vectors(query_vectors, capped)
         hopping = [number for number, k in enumerate(capped) if 0 < hop_slots < k and direct[number]]
-        candidates = {number: hop_candidates(queries[number], direct[number][0].chunk.text) for number in hopping}
+        candidates = {  # only those that may be chosen are embedded (`hop_shortlist`)
+            number: hop_shortlist(queries[number], hop_candidates(queries[number], direct[number][0].chunk.text),
+                                  hop_slots)
+            for number in hopping
+        }
         hopping = [number for number in hopping if candidates[number]]
         if not hopping:
             return direct

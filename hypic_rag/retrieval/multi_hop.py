@@ -54,6 +54,14 @@ def hop_candidates(question: str, passage: str) -> list[tuple[str, str]]:
     return candidates
 
 
+def hop_shortlist(question: str, candidates: Sequence[tuple[str, str]], limit: int) -> list[tuple[str, str]]:
+    """The candidates `rank_hop_candidates` may choose among its best `limit`: all of them, or only those
+    introducing a name when there are at least `limit` of those (the others rank after every one of them). Only
+    these need embedding; ranking the shortlist gives the same `limit` follow-ups as ranking every candidate."""
+    naming = [candidate for candidate in candidates if introduces_name(candidate[0], question)]
+    return naming if len(naming) >= limit else list(candidates)
+
+
 def rank_hop_candidates(
     question: str, question_vector: np.ndarray, candidates: Sequence[tuple[str, str]], vectors: np.ndarray, limit: int
 ) -> list[tuple[str, np.ndarray]]:
@@ -82,7 +90,7 @@ def hop_queries(
     the candidates of many questions in one call.)"""
     if limit <= 0:
         return []
-    candidates = hop_candidates(question, passage)
+    candidates = hop_shortlist(question, hop_candidates(question, passage), limit)
     if not candidates:
         return []
     return rank_hop_candidates(question, question_vector, candidates, embed([follow for _, follow in candidates]),

@@ -94,3 +94,26 @@ def test_hop_raises_two_hop_recall_on_real_indexes(tmp_path) -> None:
     assert single_hop == single_direct == 1.0
     assert double_hop >= double_direct + 0.3, (double_direct, double_hop)
     assert double_hop >= 0.85, double_hop
+
+
+def test_the_shortlist_ranks_like_every_candidate() -> None:
+    """Embedding only `hop_shortlist`'s candidates chooses the same follow-ups as embedding them all (random
+    passages, names and vectors; the full ranking is the reference)."""
+    from hypic_rag.retrieval.multi_hop import hop_candidates, hop_shortlist, rank_hop_candidates
+
+    rng = np.random.default_rng(0)
+    words = ["Orvath", "Kestrel", "Works", "rowing", "bread", "Mill", "river", "Vell", "north", "1970", "glass"]
+    for _ in range(200):
+        sentences = [" ".join(["She"] + list(rng.choice(words, size=int(rng.integers(1, 5))))) + "."
+                     for _ in range(int(rng.integers(1, 7)))]
+        question = "Who " + " ".join(rng.choice(words, size=2)) + "?"
+        candidates = hop_candidates(question, " ".join(sentences))
+        vectors = {follow: rng.normal(size=4) for _, follow in candidates}
+        question_vector = rng.normal(size=4)
+        for limit in range(5):
+            every = rank_hop_candidates(question, question_vector, candidates,
+                                        np.stack([vectors[f] for _, f in candidates]) if candidates else None, limit)
+            shortlist = hop_shortlist(question, candidates, limit)
+            chosen = rank_hop_candidates(question, question_vector, shortlist,
+                                         np.stack([vectors[f] for _, f in shortlist]) if shortlist else None, limit)
+            assert [text for text, _ in chosen] == [text for text, _ in every]
