@@ -1,0 +1,136 @@
+"""The short REST path against a real uvicorn server on 127.0.0.1 (tiny model): questions waiting together are
+retrieved in one batch outside the model worker and answered exactly as when asked alone; a chat whose model is the
+served id plus `+index` is answered from the served index as `/v1/ask` answers it (streamed and not), with the
+sources, the same cache reuse, and OpenAI's shapes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hypic_rag.server import ServerConfig
+from hypic_rag.server.runner import ServerThread
+from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
+
+QUESTIONS = list(SMALL_CORPUS_QUESTIONS.values())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> ServerThread:
+    index = copy_tiny_index(tmp_path_factory.mktemp("retrieval_stage") / "index")
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", max_running=8)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> httpx.Client:
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        yield http
+
+
+def ask(client: httpx.Client, question: str) -> dict[str, Any]:
+    response = client.post("/v1/ask", json={"question": question, "top_k": 3, "max_new_tokens": 6})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_questions_waiting_together_are_retrieved_in_one_batch_and_answered_as_alone(
+    server: ServerThread, client: httpx.Client
+) -> None:
+    alone = {question: ask(client, question) for question in QUESTIONS}
+    service = server.app.state.service
+    stage = service.retrieval
+    answers: dict[str, dict[str, Any]] = {}
+    with service.backend.index_lock:  # the stage cannot retrieve until every question waits
+        batches_before = stage.batches
+        threads = [threading.Thread(target=lambda q=question: answers.__setitem__(q, ask(client, q)))
+                   for question in QUESTIONS]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while stage.waiting < len(QUESTIONS):
+            assert time.monotonic() < deadline, f"only {stage.waiting} questions reached the retrieval stage"
+            time.sleep(0.01)
+    for thread in threads:
+        thread.join(120)
+    # the first arrival may have been taken alone before the lock was noticed; the rest are one batch
+    assert stage.batches - batches_before <= 2
+    for question in QUESTIONS:
+        mine, theirs = answers[question], alone[question]
+        assert (mine["answer"], mine["finish_reason"], [s["chunk_id"] for s in mine["sources"]]) == (
+            theirs["answer"], theirs["finish_reason"], [s["chunk_id"] for s in theirs["sources"]]), question
+        assert mine["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"]
+    assert stage.waiting == 0 and stage.generating == 0
+    assert client.get("/healthz").json()["queue_depth"] == 0
+
+
+def chat_body(model: str, question: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "max_tokens": 6, "temperature": 0, "messages": [
+        {"role": "system", "content": "Answer from the documents."},
+        {"role": "user", "content": "Something earlier."},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": question},
+    ], **extra}
+
+
+def test_chat_over_the_index_answers_as_ask_with_sources_streamed_and_not(client: httpx.Client) -> None:
+    served = client.get("/v1/models").json()["data"][0]["id"]
+    model = served + "+index"
+    question = QUESTIONS[2]
+    asked = client.post("/v1/ask", json={"question": question, "max_new_tokens": 6}).json()
+
+    response = client.post("/v1/chat/completions", json=chat_body(model, question))
+    assert response.status_code == 200, response.text
+    chat = response.json()
+    assert chat["object"] == "chat.completion" and chat["model"] == model
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": asked["answer"]}
+    assert chat["choices"][0]["finish_reason"] == asked["finish_reason"]
+    assert [s["chunk_id"] for s in chat["sources"]] == [s["chunk_id"] for s in asked["sources"]]
+    assert chat["sources"][0]["document"] == asked["sources"][0]["document"] and chat["sources"][0]["text"]
+    # the same cache reuse as /v1/ask: the retrieved chunks' entries are read, not recomputed
+    assert chat["usage"]["prompt_tokens"] == asked["usage"]["prompt_tokens"]
+    assert chat["usage"]["prompt_tokens_details"]["cached_tokens"] == asked["usage"]["cached_tokens"] > 0
+    assert chat["hypic"]["segments"] == len(chat["sources"]) + 1 and chat["hypic"]["cache_hits"] > 0
+
+    body = chat_body(model, question, stream=True, stream_options={"include_usage": True})
+    with client.stream("POST", "/v1/chat/completions", json=body) as streamed:
+        assert streamed.status_code == 200
+        lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" and chunk["model"] == model for chunk in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    with_sources = [chunk for chunk in chunks if "sources" in chunk]
+    assert len(with_sources) == 1 and with_sources[0]["choices"] == []
+    assert [s["chunk_id"] for s in with_sources[0]["sources"]] == [s["chunk_id"] for s in asked["sources"]]
+    text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks if chunk["choices"])
+    assert text == asked["answer"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] == [
+        asked["finish_reason"]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == asked["usage"][
+        "completion_tokens"]
+
+
+def test_chat_over_the_index_refuses_what_it_cannot_do(client: httpx.Client) -> None:
+    model = client.get("/v1/models").json()["data"][1]["id"]
+    assert model.endswith("+index")
+    cases = [
+        (chat_body(model, QUESTIONS[0], n=2), "n"),
+        (chat_body(model, QUESTIONS[0], logprobs=True), "logprobs"),
+        ({"model": model, "messages": [{"role": "system", "content": "Hello."}]}, "messages"),
+        ({"model": model, "messages": [{"role": "user", "content": "   "}]}, "question"),
+    ]
+    for body, field in cases:
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400, (field, response.text)
+        assert field in response.text
+    unknown = client.post("/v1/chat/completions", json=chat_body(model + "x", QUESTIONS[0]))
+    assert unknown.status_code == 404 and "+index" in unknown.text
+    # a completion has no index variant
+    assert client.post("/v1/completions", json={"model": model, "prompt": "Hi?"}).status_code == 404
