@@ -94,6 +94,9 @@ def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
         if name == "families":
             lines += family_throughput_markdown(section)
             continue
+        if name == "server_clients":
+            lines += server_clients_markdown(section)
+            continue
         lines += ["", f"## {THROUGHPUT_TITLES[name].format(**section)}", ""]
         lines.append("Closed loop: each client sends its next request when its answer is complete; TTFT and latency "
                      "are measured by the client (queue wait included); each cell's runs alternate with the other "
@@ -111,6 +114,22 @@ def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
         for row in section["comparison"]:
             lines.append(f"| {row['clients']} | {_format(row['requests_per_second_ratio'])}x "
                          f"| {_format(row['ttft_p50_ratio'])}x |")
+    return lines
+
+
+def server_clients_markdown(section: dict[str, Any]) -> list[str]:
+    """One server, one client against concurrent clients (`bench/server_clients.py`): both cells and their ratio,
+    and how many concurrent answers differed from the same question asked alone."""
+    lines = ["", f"## Through the service, one client against {section['concurrent']['clients']} (bundled default "
+             f"model, {section['corpus']}, {section['endpoint']}, max_new_tokens {section['new_tokens']})", "",
+             "| clients | completed | req/s | TTFT p50 (s) | latency p50 (s) | tokens/answer |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for cell in (section["one_client"], section["concurrent"]):
+        lines.append(f"| {cell['clients']} | {cell['completed']} | {_format(cell['requests_per_second'])} "
+                     f"| {_format(cell['ttft_p50'])} | {_format(cell['latency_p50'])} "
+                     f"| {cell['mean_completion_tokens']:.1f} |")
+    lines += ["", f"Requests/s ratio: {_format(section['requests_per_second_ratio'])}x; answers differing from the same "
+              f"question asked alone: {section['mismatches']} of {section['answers_compared']}."]
     return lines
 
 

@@ -25,6 +25,7 @@ from hypic_rag.bench.batching import (
     server_throughput,
 )
 from hypic_rag.bench.floor import measure_rates
+from hypic_rag.bench.server_clients import server_clients
 from hypic_rag.bench.measure import measure_workload, seam_sweep
 from hypic_rag.bench.timing_model import TIMING_MODELS, build_timing_model
 from hypic_rag.runtime.model import wrap_model
@@ -200,7 +201,9 @@ def run_benchmark(
 def run_throughput(config: BenchConfig, model: Any, tokens: W.TokenSource, show_progress: bool) -> dict[str, Any]:
     """Continuous batching against one request at a time, closed loop (`bench/batching.py`): RAG k = 8 on the
     timing model, 16-token answers; `hypic`, `prefix` and `full` under the same load; a row per recurrent mixer kind
-    on its family's timing model; and, unless the profile turns it off, the real server with the bundled model."""
+    on its family's timing model; and, unless the profile turns it off, the real server with the bundled model (max
+    running 16 against 1; and one server's one client against `family_clients` concurrent clients on a corpus the
+    model never saw, every concurrent answer compared with the same question asked alone: `server_clients`)."""
     settings = ThroughputConfig(clients=config.batching_clients, max_requests=config.batching_requests,
                                 max_seconds=config.batching_seconds)
     workload = W.rag_qa(tokens, top_k=8, pool_size=config.pool_size, chunk_tokens=config.chunk_tokens,
@@ -224,4 +227,10 @@ def run_throughput(config: BenchConfig, model: Any, tokens: W.TokenSource, show_
     if config.batching_server:
         logger.info("throughput: server with the bundled model, %s clients", settings.clients)
         section["server"] = server_throughput(settings)
+        logger.info("throughput: one server, one client against %d clients", config.family_clients)
+        section["server_clients"] = server_clients(
+            ThroughputConfig(clients=(1, config.family_clients), max_requests=config.batching_requests,
+                             max_seconds=config.batching_seconds),
+            clients=config.family_clients,
+        )
     return section

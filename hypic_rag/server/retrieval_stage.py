@@ -7,6 +7,11 @@ generation to the backend's scheduler, whose steps the model worker runs (batche
 An `AnswerSink` relays the generation to the request's `EventChannel`: text deltas stripped as the answer is, then
 the `Answer`. So a question crosses: route -> stage (retrieval) -> scheduler -> channel -> route.
 
+Batches are gathered as the scheduler gathers admissions (`SchedulerConfig.admit_wait_s`): the clients whose
+answers ended since the last batch usually send their next questions within milliseconds, so before retrieving,
+the stage waits up to `gather_s` for as many questions as answers ended meanwhile (a lone client's next question
+is taken at once). One batch then costs one embedding call and one batched prefill instead of several.
+
 The index is shared with the model worker's document jobs and control tasks: both hold `ServiceBackend.index_lock`
 while they use it (the stage for one batch's retrieval).
 """
@@ -26,6 +31,7 @@ from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.channel import EventChannel, SourcesEvent, TextEvent
 from hypic_rag.server.errors import BadRequestError, ServiceError, ServiceUnavailableError
+from hypic_rag.scheduler.config import DEFAULT_ADMIT_WAIT_S
 from hypic_rag.server.worker import ModelWorker
 from hypic_rag.streaming import StrippedDeltas
 
@@ -74,8 +80,9 @@ class RetrievalStage:
     """One thread retrieving for the questions waiting, a batch at a time (see the module docstring)."""
 
     def __init__(self, backend: ServiceBackend, worker: ModelWorker, *, queue_size: int,
-                 name: str = "hypic-retrieval") -> None:
+                 gather_s: float = DEFAULT_ADMIT_WAIT_S, name: str = "hypic-retrieval") -> None:
         self.backend = backend
+        self.gather_s = gather_s
         self.worker = worker
         self.queue_size = queue_size
         self._tokenizer = copy.deepcopy(backend.pipeline.session.tokenizer)  # the worker's belongs to its thread
@@ -83,6 +90,7 @@ class RetrievalStage:
         self._pending: deque[PendingQuestion] = deque()
         self._retrieving = 0
         self._generating: set[EventChannel[Answer]] = set()
+        self._ended_since_batch = 0  # answers ended since the last batch was taken: their clients may come back
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.batches = 0
@@ -130,6 +138,8 @@ class RetrievalStage:
     def generated(self, channel: EventChannel[Answer]) -> None:
         """An answer ended (its sink calls this)."""
         self._generating.discard(channel)
+        with self._condition:
+            self._ended_since_batch += 1
 
     # ----------------------------------------------------------------------------------------- the thread
     def _run(self) -> None:
@@ -139,8 +149,10 @@ class RetrievalStage:
                     self._condition.wait()
                 if self._stopping:
                     return
+                self._gather()
                 batch = [self._pending.popleft() for _ in range(min(len(self._pending), MAX_BATCH))]
                 self._retrieving = len(batch)
+                self._ended_since_batch = 0
             try:
                 self._retrieve(batch)
             except Exception as error:  # a bug: these questions fail, the stage goes on serving
@@ -150,6 +162,16 @@ class RetrievalStage:
             finally:
                 with self._condition:
                     self._retrieving = 0
+
+    def _gather(self) -> None:
+        """(Holding the condition, a question pending) wait up to `gather_s` while fewer questions wait than
+        answers ended since the last batch."""
+        deadline = time.perf_counter() + self.gather_s
+        while not self._stopping and len(self._pending) < min(self._ended_since_batch, MAX_BATCH):
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._condition.wait(remaining)
 
     def _retrieve(self, batch: list[PendingQuestion]) -> None:
         live: list[PendingQuestion] = []
