@@ -134,3 +134,15 @@ def test_chat_over_the_index_refuses_what_it_cannot_do(client: httpx.Client) -> 
     assert unknown.status_code == 404 and "+index" in unknown.text
     # a completion has no index variant
     assert client.post("/v1/completions", json={"model": model, "prompt": "Hi?"}).status_code == 404
+
+
+def test_the_documented_chat_over_the_index_runs_with_the_openai_client(server: ServerThread, capsys) -> None:
+    """docs/service.md's snippet, as written but for the server's address."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text(encoding="utf-8")
+    section = text[text.index("**Chat over the served index.**"):]
+    start = section.index("```python\n") + len("```python\n")
+    snippet = section[start:section.index("\n```", start)]
+    assert 'base_url="http://127.0.0.1:8000/v1"' in snippet
+    exec(snippet.replace("http://127.0.0.1:8000", server.url), {})  # noqa: S102 - the documentation's own code
+    printed = capsys.readouterr().out
+    assert "glassblowing.md" in printed  # the question's document is among the sources
