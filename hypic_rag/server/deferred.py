@@ -1,6 +1,6 @@
 """`Deferred`: a model-worker task's result that arrives after the task's function has returned.
 
-A request task retrieves and lays out its prompt, hands its generations to the scheduler and returns a `Deferred`;
+A completion task lays out its prompt, hands its generations to the scheduler and returns a `Deferred`;
 the scheduler's sinks settle it from the model worker thread when the generations end, and the worker then
 completes the task (`worker.py`). Everything here runs in that one thread.
 """

@@ -1,8 +1,8 @@
-"""The model worker: one thread owns the model, engine, index and cache, and runs every task on them in turn.
+"""The model worker: one thread owns the model, engine and cache, and runs every task on them in turn.
 
-The engine is not thread-safe and the index's SQLite connection belongs to the thread that opened it, so the
-backend is built inside the worker thread and never touched elsewhere. Handlers submit tasks into a bounded
-queue and await a future; streaming tasks also push events that the handler relays as they come.
+The engine is not thread-safe, so the backend is built inside the worker thread and its model is never touched
+elsewhere (the retrieval stage reads the index under `ServiceBackend.index_lock`). The service submits tasks into
+a bounded queue; a task's outcome lands in its future and what it emits goes to its request's channel.
 
 Generation is continuously batched: the worker runs the backend's `Scheduler` steps (one batched forward for
 every running sequence and newly admitted prompts). Questions over the index reach the scheduler from the
@@ -44,6 +44,7 @@ from hypic_rag.server.jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobRegistry
 
 if TYPE_CHECKING:
     from hypic_rag.server.backend import ServiceBackend
+    from hypic_rag.server.channel import Event
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class TaskContext:
     submitted_at: float
     deadline: float
     timeout_s: float
-    emit_sink: Callable[[Any], None] | None = None
+    emit_sink: Callable[[Event], None] | None = None
     started_at: float | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
 
@@ -83,7 +84,7 @@ class TaskContext:
         if self.cancel_event.is_set():
             raise RequestCancelledError("request cancelled")
 
-    def emit(self, event: Any) -> None:
+    def emit(self, event: Event) -> None:
         if self.emit_sink is not None:
             self.emit_sink(event)
 
