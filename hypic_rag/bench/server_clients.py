@@ -1,6 +1,7 @@
 """Throughput where users meet it: one server, one client against `clients` concurrent clients.
 
-The real service (uvicorn on 127.0.0.1) over the bundled default model and a corpus it never saw
+The real service (`hypic-rag serve` in a process of its own, on 127.0.0.1; the clients are threads of this process)
+over the bundled default model and a corpus it never saw
 (`foreign_corpus`: 15 invented documents), `/v1/ask` streamed (top_k 4, `new_tokens` at most: the model's answers
 end at its stop string, often sooner). First every question is asked alone (the reference answers), then the
 closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
@@ -15,6 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,8 +39,7 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
     from hypic_rag.bench.foreign_corpus import questions, write_foreign_corpus
     from hypic_rag.default_model import default_model_path
     from hypic_rag.precompute import PrecomputeOptions, precompute
-    from hypic_rag.server import ServerConfig
-    from hypic_rag.server.runner import ServerThread
+    from hypic_rag.testing import free_port
 
     asked = questions()
     with tempfile.TemporaryDirectory(prefix="hypic-bench-clients-") as directory:
@@ -44,14 +47,19 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         index = Path(directory) / "index"
         precompute(PrecomputeOptions(corpus=corpus, index_dir=index, model_path=default_model_path(), device="cpu",
                                      show_progress=False))
-        server = ServerThread(ServerConfig(index_dir=index, device="cpu",
-                                           queue_size=max(64, 4 * clients))).start()
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--device", "cpu", "--port", str(port),
+             "--queue-size", str(max(64, 4 * clients)), "--log-level", "warning"],
+        )
         try:
+            _wait_ready(httpx, url, server)
             local = threading.local()
 
             def http() -> httpx.Client:
                 if not hasattr(local, "client"):
-                    local.client = httpx.Client(base_url=server.url, timeout=600)
+                    local.client = httpx.Client(base_url=url, timeout=600)
                 return local.client
 
             answers: dict[int, tuple[str, tuple[str, ...]]] = {}
@@ -75,7 +83,11 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
             mismatches = [number for number, answer in answers.items()
                           if answer != reference[number % len(asked)]]
         finally:
-            server.stop()
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                server.kill()
     one = summarize(1, cells[ONE_CLIENT])
     many = summarize(clients, cells[CONCURRENT])
     ratio = many["requests_per_second"] / one["requests_per_second"] if one["requests_per_second"] else float("nan")
@@ -86,6 +98,21 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
         "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
     }
+
+
+def _wait_ready(httpx: Any, url: str, server: subprocess.Popen, timeout_s: float = 600.0) -> None:
+    """Until the server's /healthz answers 200 (RuntimeError if its process ended first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with code {server.returncode} before it was ready")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the server was not ready within {timeout_s:g} s")
 
 
 def _ask(http: Any, question: str, top_k: int, new_tokens: int) -> tuple[float, int, tuple[str, tuple[str, ...]]]:
