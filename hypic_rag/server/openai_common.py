@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult
+from hypic_rag.server.channel import Event, TextEvent
 from hypic_rag.server.errors import BadRequestError, NotFoundError
 from hypic_rag.server.openai_schemas import CompletionUsage, HypicDetails, PromptTokensDetails, SamplingFields
+from hypic_rag.server.service import Service
+from hypic_rag.server.sse import Frames
+from hypic_rag.server.worker import TaskContext
 
 
 INDEX_MODEL_SUFFIX = "+index"
@@ -96,3 +101,45 @@ def hypic_details(usage: dict[str, int], result: CompletionResult, mode: str, qu
 def usage_payload(usage: CompletionUsage, hypic: HypicDetails) -> dict[str, Any]:
     """The usage chunk's extra fields of a stream (`stream_options.include_usage`)."""
     return {"usage": usage.model_dump(exclude_none=True), "hypic": hypic.model_dump()}
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIFraming:
+    """What OpenAI's completion and chat streams share (`sse.StreamFraming`): a chunk per text delta (its choice's
+    index), a chunk with each choice's finish_reason, then the usage chunk when asked (`choices: []`, with our
+    `hypic` details). A stream kind gives its `ROUTE` and its `chunk`."""
+
+    ROUTE: ClassVar[str] = ""
+    service: Service
+    context: TaskContext
+    completion_id: str
+    created: int
+    model: str
+    mode: str
+    n: int
+    include_usage: bool
+
+    def chunk(self, index: int, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        """The stream's chunk of choice `index`: `text` added (None: no text field), or its finish_reason."""
+        raise NotImplementedError
+
+    def opening(self) -> Frames:
+        return []
+
+    def event(self, event: Event) -> Frames:
+        return [self.chunk(event.choice, event.text, None)] if isinstance(event, TextEvent) else []
+
+    def closing(self, results: list[CompletionResult], first_token_seconds: float) -> Frames:
+        frames = [self.chunk(index, None, result.finish_reason) for index, result in enumerate(results)]
+        usage = total_usage(results, self.n)
+        self.service.metrics.observe_generation(self.ROUTE, usage, first_token_seconds)
+        if self.include_usage:
+            final = self.chunk(0, None, None)
+            final["choices"] = []
+            final.update(usage_payload(usage_model(usage), hypic_details(usage, results[0], self.mode,
+                                                                         self.context.queue_seconds)))
+            frames.append(final)
+        return frames
+
+    def error(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body

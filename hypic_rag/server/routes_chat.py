@@ -13,7 +13,7 @@ import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 
@@ -22,7 +22,7 @@ from hypic_rag.pipeline import Answer, Question
 from hypic_rag.reuse import NO_MATCHING
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult, ServiceBackend
-from hypic_rag.server.channel import Event, SourcesEvent, TextEvent
+from hypic_rag.server.channel import Event, SourcesEvent
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.chat_schemas import (
     ChatChoice,
@@ -33,13 +33,13 @@ from hypic_rag.server.chat_schemas import (
 )
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError
 from hypic_rag.server.openai_common import (
+    OpenAIFraming,
     check_at_most,
     check_model,
     hypic_details,
     sampling_params,
     total_usage,
     usage_model,
-    usage_payload,
 )
 from hypic_rag.server.openai_schemas import stop_strings
 from hypic_rag.server.routes_ask import ERROR_RESPONSES, INDEX_TOP_K, source_out
@@ -198,44 +198,18 @@ class ChatWork:
 
 
 @dataclass(frozen=True, slots=True)
-class ChatFraming:
-    """`chat.completion.chunk` framing: a role chunk per choice, one chunk per text delta, a chunk with each
-    choice's finish_reason, the usage chunk when asked."""
+class ChatFraming(OpenAIFraming):
+    """`chat.completion.chunk`s: a role chunk per choice first, then `OpenAIFraming`'s."""
 
-    service: Service
-    context: TaskContext
-    completion_id: str
-    created: int
-    model: str
-    mode: str
-    n: int
-    include_usage: bool
+    ROUTE: ClassVar[str] = ROUTE
 
-    def chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    def chunk(self, index: int, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        delta = {} if text is None else {"content": text}
         return chat_chunk(self.completion_id, self.created, self.model, index, delta, finish_reason)
 
     def opening(self) -> Frames:
-        return [self.chunk(index, {"role": "assistant", "content": ""}, None) for index in range(self.n)]
-
-    def event(self, event: Event) -> Frames:
-        if not isinstance(event, TextEvent):
-            return []
-        return [self.chunk(event.choice, {"content": event.text}, None)]
-
-    def closing(self, results: list[CompletionResult], first_token_seconds: float) -> Frames:
-        frames = [self.chunk(index, {}, result.finish_reason) for index, result in enumerate(results)]
-        usage = total_usage(results, self.n)
-        self.service.metrics.observe_generation(ROUTE, usage, first_token_seconds)
-        if self.include_usage:
-            final = self.chunk(0, {}, None)
-            final["choices"] = []
-            final.update(usage_payload(usage_model(usage), hypic_details(
-                usage, results[0], self.mode, self.context.queue_seconds)))
-            frames.append(final)
-        return frames
-
-    def error(self, body: dict[str, Any]) -> dict[str, Any]:
-        return body
+        return [chat_chunk(self.completion_id, self.created, self.model, index, {"role": "assistant", "content": ""},
+                           None) for index in range(self.n)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +224,7 @@ class IndexChatFraming:
 
     def event(self, event: Event) -> Frames:
         if isinstance(event, SourcesEvent):
-            frame = self.chat.chunk(0, {}, None)
+            frame = self.chat.chunk(0, None, None)
             frame["choices"] = []
             frame["sources"] = [source_out(source).model_dump() for source in event.sources]
             return [frame]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 
@@ -21,18 +21,17 @@ from hypic_rag.runtime.request import Request as HypicRequest
 from hypic_rag.segments import split_segments
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult, PromptBuilder, ServiceBackend, check_segment_count
-from hypic_rag.server.channel import Event, TextEvent
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.errors import BadRequestError, PayloadTooLargeError
 from hypic_rag.server.openai_common import (
     INDEX_MODEL_SUFFIX,
+    OpenAIFraming,
     check_at_most,
     check_model,
     hypic_details,
     sampling_params,
     total_usage,
     usage_model,
-    usage_payload,
 )
 from hypic_rag.server.openai_schemas import (
     MAX_CHOICES,
@@ -46,7 +45,7 @@ from hypic_rag.server.openai_schemas import (
     stop_strings,
 )
 from hypic_rag.server.routes_ask import ERROR_RESPONSES
-from hypic_rag.server.service import Service, ServiceDep
+from hypic_rag.server.service import ServiceDep
 from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_mode
 from hypic_rag.server.worker import TaskContext
@@ -190,43 +189,16 @@ class CompletionWork:
 
 
 @dataclass(frozen=True, slots=True)
-class CompletionFraming:
-    """OpenAI's completion stream: one chunk per text delta (its choice's index), a chunk with each choice's
-    finish_reason, the usage chunk when asked."""
+class CompletionFraming(OpenAIFraming):
+    """OpenAI's completion stream (`text_completion` chunks, `OpenAIFraming`'s order)."""
 
-    service: Service
-    context: TaskContext
-    completion_id: str
-    created: int
-    model: str
-    mode: str
-    n: int
-    include_usage: bool
+    ROUTE: ClassVar[str] = ROUTE
 
-    def opening(self) -> Frames:
-        return []
-
-    def event(self, event: Event) -> Frames:
-        if not isinstance(event, TextEvent):
-            return []
-        return [chunk_payload(self.completion_id, self.created, self.model, event.text, None, event.choice)]
+    def chunk(self, index: int, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        return chunk_payload(self.completion_id, self.created, self.model, text or "", finish_reason, index)
 
     def closing(self, outcome: tuple[list[CompletionResult], list[str]], first_token_seconds: float) -> Frames:
-        results, _ = outcome
-        frames = [chunk_payload(self.completion_id, self.created, self.model, "", result.finish_reason, index)
-                  for index, result in enumerate(results)]
-        usage = total_usage(results, self.n)
-        self.service.metrics.observe_generation(ROUTE, usage, first_token_seconds)
-        if self.include_usage:
-            final = chunk_payload(self.completion_id, self.created, self.model, "", None)
-            final["choices"] = []
-            final.update(usage_payload(usage_model(usage), hypic_details(
-                usage, results[0], self.mode, self.context.queue_seconds)))
-            frames.append(final)
-        return frames
-
-    def error(self, body: dict[str, Any]) -> dict[str, Any]:
-        return body
+        return OpenAIFraming.closing(self, outcome[0], first_token_seconds)
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI-compatible)")

@@ -13,7 +13,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import Depends
 from starlette.requests import Request
@@ -31,7 +31,6 @@ from hypic_rag.server.worker import CONTROL, REQUEST, ModelWorker, TaskContext
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 WorkerTask = Callable[[ServiceBackend, TaskContext], Any]
 """What a route runs on the model worker: `fn(backend, context)` returns its result, or a `Deferred` of it that
 the scheduler's steps settle."""

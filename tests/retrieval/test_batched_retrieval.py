@@ -4,8 +4,6 @@ searched together get exactly what each gets alone (chunks, order, hop queries, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
