@@ -60,6 +60,8 @@ class BenchConfig:
     batching_requests: int = 48
     batching_seconds: float = 120.0
     batching_server: bool = True
+    server_clients: int = 8
+    """The concurrent clients `server_clients` sets against one (with `batching_server`)."""
     throughput_modes: tuple[str, ...] = THROUGHPUT_MODES
     family_kinds: tuple[str, ...] = tuple(FAMILY_KINDS)
     family_clients: int = 8
@@ -77,6 +79,8 @@ class BenchConfig:
             raise ValueError("need at least one request and a pool at least as large as the largest k")
         if self.pool_size < 8:
             raise ValueError("the throughput section draws k = 8 chunks: the pool needs at least 8")
+        if self.server_clients < 2:
+            raise ValueError(f"server_clients must be at least 2 (set against one client), got {self.server_clients}")
         unknown_families = set(self.family_kinds) - set(FAMILY_KINDS)
         if unknown_families:
             raise ValueError(f"no throughput row for families {sorted(unknown_families)}")
@@ -202,7 +206,7 @@ def run_throughput(config: BenchConfig, model: Any, tokens: W.TokenSource, show_
     """Continuous batching against one request at a time, closed loop (`bench/batching.py`): RAG k = 8 on the
     timing model, 16-token answers; `hypic`, `prefix` and `full` under the same load; a row per recurrent mixer kind
     on its family's timing model; and, unless the profile turns it off, the real server with the bundled model (max
-    running 16 against 1; and one server's one client against `family_clients` concurrent clients on a corpus the
+    running 16 against 1; and one server's one client against `server_clients` concurrent clients on a corpus the
     model never saw, every concurrent answer compared with the same question asked alone: `server_clients`)."""
     settings = ThroughputConfig(clients=config.batching_clients, max_requests=config.batching_requests,
                                 max_seconds=config.batching_seconds)
@@ -227,10 +231,10 @@ def run_throughput(config: BenchConfig, model: Any, tokens: W.TokenSource, show_
     if config.batching_server:
         logger.info("throughput: server with the bundled model, %s clients", settings.clients)
         section["server"] = server_throughput(settings)
-        logger.info("throughput: one server, one client against %d clients", config.family_clients)
+        logger.info("throughput: one server, one client against %d clients", config.server_clients)
         section["server_clients"] = server_clients(
-            ThroughputConfig(clients=(1, config.family_clients), max_requests=config.batching_requests,
+            ThroughputConfig(clients=(1, config.server_clients), max_requests=config.batching_requests,
                              max_seconds=config.batching_seconds),
-            clients=config.family_clients,
+            clients=config.server_clients,
         )
     return section
