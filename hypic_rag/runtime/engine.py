@@ -9,7 +9,7 @@ Modes (the comparison ladder of docs/design.md, all through the same stack pass;
 - transition_rope: P composition, cached keys re-positioned with RoPE.
 - hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk; a recompute
   policy (`recompute_policy.py`; the engine's `recompute_policy` unless a call names one) may instead recompute
-  some chunks whole, or use another seam.
+  some chunks whole, use another seam, or read anchored entries (`anchoring.py`).
 The prefix sits at position 0 with a zero start, so its (seam-0) entry is exact in every mode; without a prefix the
 first chunk's seam is recomputed from the zero start, which is exact too.
 
@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.runtime.anchoring import EntryKey, anchor_of, anchored_key, chunk_view
 from hypic_rag.lru import ByteBudgetLRU
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment, encode_segments, plan_encode_batches
 from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
@@ -268,7 +269,7 @@ class Engine:
         *,
         check: Check | None = None,
         policy: RecomputePolicy | str | None = None,
-        provided: Mapping[tuple[int, tuple[int, ...]], Entry] | None = None,
+        provided: Mapping[EntryKey, Entry] | None = None,
     ) -> PrefillPlan:
         """What the prefill of `request` under `mode` runs through the stack: its spans (entries fetched, or encoded
         and kept, now), options and start state. `run_stack` (or a batched pass) runs it; `finish_prefill` ends it.
@@ -286,7 +287,9 @@ class Engine:
         elif mode == "prefix":
             self._plan_prefix(plan)
         else:
-            self._plan_composed(plan, spec, self.segment_seams(request, mode, seam, policy), check, provided or {})
+            seams = self.segment_seams(request, mode, seam, policy)
+            keys = self.segment_entry_keys(request, mode, seam, policy, seams=seams)
+            self._plan_composed(plan, spec, seams, keys, check, provided or {})
         return plan
 
     def finish_prefill(self, plan: PrefillPlan, result: StackOutcome) -> PrefillResult:
@@ -322,33 +325,62 @@ class Engine:
             seams[first_chunk:] = self.plan(request, seam, policy).chunk_seams
         return seams
 
+    def segment_entry_keys(
+        self, request: Request, mode: str = "hypic", seam_tokens: int | None = None,
+        policy: RecomputePolicy | str | None = None, *, seams: list[int | None] | None = None,
+    ) -> list[EntryKey | None]:
+        """Where the entry each of `request`'s segments reads under `mode` (and `policy`) is kept: (entry seam, the
+        encoded segment's token ids), None for a chunk recomputed whole. The segment and its seam
+        (`segment_seams`, or `seams` when given) unless the `hypic` policy is anchored: then a chunk's entry is that
+        of the prompt prefix's anchor followed by the chunk (`anchoring.anchored_key`)."""
+        if seams is None:
+            seams = self.segment_seams(request, mode, seam_tokens, policy)
+        chosen = as_policy(policy) or self.recompute_policy
+        anchored = mode_spec(mode).seam_repair and bool(getattr(chosen, "anchored", False))
+        anchor = anchor_of(request.prefix_ids) if anchored else []
+        first_chunk = 1 if request.prefix_ids else 0
+        keys: list[EntryKey | None] = []
+        for number, (segment, entry_seam) in enumerate(zip(request.segments, seams)):
+            if entry_seam is WHOLE:
+                keys.append(None)
+            elif anchor and number >= first_chunk:
+                keys.append(anchored_key(anchor, segment, entry_seam))
+            else:
+                keys.append((entry_seam, tuple(segment)))
+        return keys
+
     def _plan_composed(
-        self, plan: PrefillPlan, spec: ModeSpec, seams: list[int | None], check: Check | None,
-        provided: Mapping[tuple[int, tuple[int, ...]], Entry],
+        self, plan: PrefillPlan, spec: ModeSpec, seams: list[int | None], keys: list[EntryKey | None],
+        check: Check | None, provided: Mapping[EntryKey, Entry],
     ) -> None:
         request, stats = plan.request, plan.stats
         segments = request.segments
         entries: list[Entry | None] = [None] * len(segments)
-        for number, entry_seam in enumerate(seams):
-            if entry_seam is WHOLE:
+        for number, key in enumerate(keys):
+            if key is None:
                 continue
-            entry = provided.get((entry_seam, tuple(segments[number])))
+            entry = provided.get(key)
             if entry is not None:  # encoded for this request by its caller: a miss whose tokens were encoded
                 entries[number] = {name: tensor.to(self.model.device) for name, tensor in entry.items()}
                 stats.cache_misses += 1
                 stats.cache_bytes_loaded += entry_tensor_bytes(entry)
-                stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
-        for entry_seam in sorted({s for s in seams if s is not WHOLE}):
-            numbers = [number for number, s in enumerate(seams) if s == entry_seam and entries[number] is None]
+                stats.encoded_tokens += len(key[1]) - min(key[0], len(key[1]))
+        for entry_seam in sorted({key[0] for key in keys if key is not None}):
+            numbers = [n for n, key in enumerate(keys) if key is not None and key[0] == entry_seam and entries[n] is None]
             if not numbers:
                 continue
-            fetched, hits = self._fetch_entries([segments[n] for n in numbers], entry_seam, stats, check)
-            for number, entry, hit in zip(numbers, fetched, hits):
+            stored = [list(keys[n][1]) for n in numbers]  # type: ignore[index]
+            fetched, hits = self._fetch_entries(stored, entry_seam, stats, check)
+            for number, ids, entry, hit in zip(numbers, stored, fetched, hits):
                 entries[number] = entry
                 if hit:
-                    stats.segment_reused_tokens[number] = len(segments[number]) - min(entry_seam, len(segments[number]))
+                    stats.segment_reused_tokens[number] = len(ids) - min(entry_seam, len(ids))
                 else:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
-                    stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
+                    stats.encoded_tokens += len(ids) - min(entry_seam, len(ids))
+        for number, (key, entry_seam) in enumerate(zip(keys, seams)):
+            entry = entries[number]
+            if key is not None and entry is not None and entry_seam is not WHOLE and key[0] != entry_seam:
+                entries[number] = chunk_view(entry, key[0] - entry_seam, entry_seam)  # anchored: the chunk's rows
         if check is not None:  # the entries are in (and kept); a request past its deadline stops before assembly
             check()
         position = 0

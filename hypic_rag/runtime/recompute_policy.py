@@ -5,8 +5,8 @@ the question (recomputed). A policy decides, per chunk, one of
 - a seam window w: its first w tokens are recomputed in context, the rest come from its entry encoded for seam w
   (the suffix pair P, Z of tokens w..L-1, its K/V, its conv tail): what HYPIC and EPIC do;
 - whole (`WHOLE`): the chunk is recomputed in context from its first to its last token; no entry is read.
-Both are exact compositions of what the cache already stores (a whole chunk needs nothing at all), so no policy
-here adds bytes to the cache or changes the stack pass.
+Both are exact compositions of what the cache stores (a whole chunk needs nothing at all), so no policy here
+changes the stack pass.
 
 The policies (`RecomputePolicy.kind`):
 - `seam`: every chunk seam w (today's fixed seam; w = the index's seam unless the spec says another).
@@ -17,12 +17,17 @@ The policies (`RecomputePolicy.kind`):
 - `tokens`: the same with an absolute budget: at most `tokens` chunk tokens recomputed per request, seams
   included (a request whose seams alone exceed it keeps its seams).
 
+Any of them may read *anchored* entries (`+anchored`, `anchoring.py`): each chunk's entry encoded after the prompt
+prefix instead of alone, so that its cached tokens were computed with the attention sink the real prompt has. That
+changes which entries a plan reads (the segment `anchor + chunk` at seam `len(anchor) + w`), not which tokens it
+recomputes; the entries hold the anchor's K/V rows too (bytes counted in docs/recompute_policies.md).
+
 The rank of a chunk is `Request.chunk_ranks` (0 = most important; the pipeline ranks direct retrieval hits and
 the retrieval hop's hits alternately, see `pipeline.retrieval_ranks`), or prompt order when the request has none.
 
 Specs (CLI `--recompute-policy`, the service's config, the index manifest): `seam`, `seam@16`, `whole:1`,
-`whole:2@8`, `budget:2`, `budget:1.5@8`, `tokens:96@0`; `@w` sets the seam of the chunks that are not recomputed
-whole.
+`whole:2@8`, `budget:2`, `budget:1.5@8`, `tokens:96@0`, `seam@0+anchored`; `@w` sets the seam of the chunks that are
+not recomputed whole, `+anchored` makes the plan read anchored entries.
 `docs/recompute_policies.md` has the measurements that chose among them.
 """
 
@@ -41,7 +46,7 @@ WHOLE = None
 """A chunk recomputed whole: no entry, every token through the model in context."""
 
 POLICY_KINDS = ("seam", "whole", "budget", "tokens")
-SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W], tokens:N[@W]"
+SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W], tokens:N[@W], each optionally +anchored"
 """The spec forms, for help texts and error messages."""
 
 DEFAULT_KL_TARGET = 0.1
@@ -50,7 +55,12 @@ first-token KL(full || policy) of about 0.1 came within half a point of `full`'s
 fixed seam (KL 0.46) was 9 points below; on the bundled model the fixed seam already meets it
 (docs/recompute_policies.md)."""
 
-_SPEC = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<amount>[0-9]+(?:\.[0-9]+)?))?(?:@(?P<seam>[0-9]+))?$")
+ANCHORED_SUFFIX = "+anchored"
+"""The spec suffix of a policy that reads anchored entries (`anchoring.py`)."""
+
+_SPEC = re.compile(
+    r"^(?P<kind>[a-z]+)(?::(?P<amount>[0-9]+(?:\.[0-9]+)?))?(?:@(?P<seam>[0-9]+))?(?P<anchored>\+anchored)?$"
+)
 
 
 class RecomputePolicyError(HypicError, ValueError):
@@ -89,6 +99,8 @@ class RecomputePolicy:
     whole. budget: for "budget", the most chunk tokens recomputed, as a multiple (>= 1) of the seam plan's.
     tokens: for "tokens", the most chunk tokens recomputed per request.
     seam_tokens: the seam of the chunks not recomputed whole; None: the engine's (the index's) seam.
+    anchored: the chunks not recomputed whole read anchored entries (encoded after the prompt prefix,
+    `anchoring.py`) instead of standalone ones.
     """
 
     kind: str = "seam"
@@ -96,6 +108,7 @@ class RecomputePolicy:
     budget: float = 1.0
     tokens: int = 0
     seam_tokens: int | None = None
+    anchored: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
@@ -118,13 +131,15 @@ class RecomputePolicy:
             raise RecomputePolicyError(f"policy {self.kind} takes no chunk count")
         if self.kind != "budget" and self.budget != 1:
             raise RecomputePolicyError(f"policy {self.kind} takes no budget")
+        if not isinstance(self.anchored, bool):
+            raise RecomputePolicyError(f"a recompute policy's anchored flag must be a bool, got {self.anchored!r}")
         object.__setattr__(self, "budget", float(self.budget))
 
     # ------------------------------------------------------------------------------------------------ specs
     @classmethod
     def parse(cls, spec: str) -> RecomputePolicy:
-        """The policy of a spec (`seam`, `seam@16`, `whole:1`, `whole:2@8`, `budget:2`, `budget:1.5@8`);
-        `RecomputePolicyError` naming the forms for anything else."""
+        """The policy of a spec (`seam`, `seam@16`, `whole:1`, `whole:2@8`, `budget:2`, `budget:1.5@8`,
+        `seam@0+anchored`); `RecomputePolicyError` naming the forms for anything else."""
         match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
         if match is None:
             raise RecomputePolicyError(f"not a recompute policy: {spec!r}; expected one of: {SPEC_HELP}")
@@ -132,24 +147,27 @@ class RecomputePolicy:
         if kind not in POLICY_KINDS:
             raise RecomputePolicyError(f"unknown recompute policy {kind!r}; expected one of: {SPEC_HELP}")
         seam_tokens = int(seam) if seam is not None else None
+        anchored = match.group("anchored") is not None
         if kind == "seam":
             if amount is not None:
                 raise RecomputePolicyError(f"policy seam takes no amount (seam or seam@W), got {spec!r}")
-            return cls("seam", seam_tokens=seam_tokens)
+            return cls("seam", seam_tokens=seam_tokens, anchored=anchored)
         if amount is None:
             raise RecomputePolicyError(f"policy {kind} needs an amount ({kind}:N), got {spec!r}")
         if kind in ("whole", "tokens"):
             if "." in amount:
                 raise RecomputePolicyError(f"policy {kind} takes a whole number, got {spec!r}")
             if kind == "tokens":
-                return cls("tokens", tokens=int(amount), seam_tokens=seam_tokens)
-            return cls("whole", chunks=int(amount), seam_tokens=seam_tokens)
-        return cls("budget", budget=float(amount), seam_tokens=seam_tokens)
+                return cls("tokens", tokens=int(amount), seam_tokens=seam_tokens, anchored=anchored)
+            return cls("whole", chunks=int(amount), seam_tokens=seam_tokens, anchored=anchored)
+        return cls("budget", budget=float(amount), seam_tokens=seam_tokens, anchored=anchored)
 
     @property
     def spec(self) -> str:
         """The spec `parse` reads back into this policy."""
         seam = "" if self.seam_tokens is None else f"@{self.seam_tokens}"
+        if self.anchored:
+            seam += ANCHORED_SUFFIX
         if self.kind == "whole":
             return f"whole:{self.chunks}{seam}"
         if self.kind == "tokens":
@@ -192,10 +210,11 @@ class RecomputePolicy:
     def resolved(self, default_seam: int) -> RecomputePolicy:
         """This policy with its seam made explicit (`default_seam` unless it names one)."""
         return RecomputePolicy(self.kind, chunks=self.chunks, budget=self.budget, tokens=self.tokens,
-                               seam_tokens=self.chunk_seam(default_seam))
+                               seam_tokens=self.chunk_seam(default_seam), anchored=self.anchored)
 
     def entry_seams(self, default_seam: int) -> set[int]:
-        """The entry seams the plans of this policy read (what precompute must encode for it)."""
+        """The chunk seams the plans of this policy read (an anchored entry's own seam adds the anchor's length:
+        `anchoring.anchored_key`)."""
         return {self.chunk_seam(default_seam)}
 
     # ------------------------------------------------------------------------------------------------ records

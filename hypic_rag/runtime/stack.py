@@ -14,6 +14,7 @@ MLP); the block asks for its mixers' outputs and this module runs them over the 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -61,13 +62,21 @@ class Span:
         return len(self.token_ids)
 
 
+AttentionObserver = Callable[[int, AttentionMixer, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""observe(layer_index, mixer, query [Hq, R, D], keys [Hkv, N, D], query_index [R], key_index [N]): what an
+attention layer's core attends, queries and keys positioned (a probe's hook, e.g. the question's attention over
+cached chunks in `evals/recompute_policies.py`)."""
+
+
 @dataclass(slots=True)
 class StackOptions:
     """reposition_keys: rotate cached keys at their true positions (False: keep standalone positions).
-    composition: "transition" applies P h + Z per cached span; "addition" applies h + Z (the naive baseline)."""
+    composition: "transition" applies P h + Z per cached span; "addition" applies h + Z (the naive baseline).
+    observe_attention: called by every attention layer before its core (`AttentionObserver`); None: no call."""
 
     reposition_keys: bool = True
     composition: Literal["transition", "addition"] = "transition"
+    observe_attention: AttentionObserver | None = None
 
     def __post_init__(self) -> None:
         if self.composition not in ("transition", "addition"):
@@ -302,6 +311,8 @@ def _attention_mixer(
             position = at if plan.options.reposition_keys else count
             positions.place(all_keys, at, span.entry[tensor_name(layer_index, "key")][:, count:], tables, position)
             seconds += time.perf_counter() - began
+    if plan.options.observe_attention is not None:
+        plan.options.observe_attention(layer_index, mixer, query, all_keys, plan.query_index, plan.key_index)
     core = L.attention_core(mixer, query, all_keys, all_values, plan.query_index, plan.key_index)
     return mixer.output(core, projections), AttentionLayerState(all_keys, all_values), seconds
 

@@ -36,7 +36,7 @@ from hypic_rag.runtime.batch import BatchItem, BatchItemResult, batch_supported,
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationProgress, GenerationStream
 from hypic_rag.runtime.modes import mode_spec
-from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePolicy, as_policy
+from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.stack import Span, StackResult
@@ -319,12 +319,11 @@ class Scheduler:
         spec = mode_spec(sequence.mode)
         if not spec.uses_entries:
             return []
-        request = sequence.request
-        seams = self.engine.segment_seams(request, sequence.mode, sequence.seam_tokens, sequence.policy)
+        keys = self.engine.segment_entry_keys(sequence.request, sequence.mode, sequence.seam_tokens, sequence.policy)
         by_seam: dict[int, list[list[int]]] = {}
-        for segment, entry_seam in zip(request.segments, seams):
-            if entry_seam is not WHOLE:  # a chunk the policy recomputes whole reads no entry
-                by_seam.setdefault(entry_seam, []).append(segment)
+        for key in keys:
+            if key is not None:  # None: a chunk the policy recomputes whole reads no entry
+                by_seam.setdefault(key[0], []).append(list(key[1]))
         missing: dict[SegmentKey, None] = {}
         source = self.engine.segment_source
         for entry_seam, group in by_seam.items():
