@@ -590,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
                         "`hypic_rag.runtime.calibration.DEFAULT_CANDIDATES`)")
     parser.add_argument("--calibration-seed", type=int, default=CALIBRATION_SEED)
+    parser.add_argument("--calibrate-only", action="store_true", help="calibrate (--calibrate) and stop: no world "
+                        "is evaluated")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
@@ -617,6 +619,16 @@ def main(argv: list[str] | None = None) -> int:
     calibration = None
     if args.calibrate:
         calibration = calibrate_on_worlds(engine, args, stop)
+        if args.calibrate_only:
+            report = {**header, "calibration": calibration, "seconds": round(time.perf_counter() - started, 1)}
+            text = calibration_markdown(calibration)
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(report, indent=2) + "\n")
+            if args.markdown:
+                args.markdown.write_text(text)
+            print(text)
+            return 0
         for choice in calibration["choices"]:
             label = choice["chosen"]
             if label not in {variant.label for variant in variants}:
@@ -658,6 +670,22 @@ def _write_report(path: Path | None, header: dict[str, Any], worlds: list[dict[s
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def calibration_markdown(calibration: dict[str, Any]) -> str:
+    """The candidates' calibration scores (cheapest first) and the choice per KL target."""
+    choices = calibration["choices"]
+    lines = [f"Calibration on {calibration['questions']} questions of worlds {calibration['seed']}+ "
+             "(the runtime's `calibrate`, requests ranked as the pipeline ranks).", "",
+             "| candidate | recomputed tokens / request | mean KL | max KL | top-1 agreement |",
+             "| --- | --- | --- | --- | --- |"]
+    for candidate in choices[0]["candidates"] if choices else []:
+        lines.append(f"| {candidate['spec']} | {candidate['recomputed_tokens']:.1f} | {candidate['mean_kl']:.4f} | "
+                     f"{candidate['max_kl']:.4f} | {100 * candidate['top1_agreement']:.1f}% |")
+    lines += ["", "| KL target | chosen | met |", "| --- | --- | --- |"]
+    lines += [f"| {choice['kl_target']:g} | {choice['policy']} | {'yes' if choice['met'] else 'no'} |"
+              for choice in choices]
+    return "\n".join(lines) + "\n"
 
 
 def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dict[str, Any]:

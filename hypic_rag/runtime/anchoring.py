@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hypic_rag.entry import SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, is_kv_name
+from hypic_rag.entry import SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, entry_tensor_bytes, is_kv_name
 
 MAX_ANCHOR_TOKENS = 32
 """The anchor is the prompt prefix's last (at most) this many tokens: a long system prompt would otherwise be
@@ -68,9 +68,6 @@ def chunk_view(entry: Entry, anchor_length: int, seam_tokens: int) -> Entry:
 
 
 def anchored_extra_bytes(entry: Entry, anchor_length: int) -> int:
-    """Bytes an anchored entry holds beyond the chunk's own: the anchor's K/V rows (and token ids)."""
-    extra = 0
-    for name, tensor in entry.items():
-        if is_kv_name(name):
-            extra += tensor[:, :anchor_length].numel() * tensor.element_size()
-    return extra + anchor_length * entry[TOKEN_IDS].element_size()
+    """Bytes an anchored entry holds beyond the chunk's own: the anchor's K/V rows and token ids."""
+    view = chunk_view(entry, anchor_length, int(entry[SEAM_TOKENS]) - anchor_length)
+    return entry_tensor_bytes(entry) - entry_tensor_bytes(view)
