@@ -555,12 +555,13 @@ def plot_worlds(report: dict[str, Any], path: Path) -> None:
     right.set_yscale("log")
     left.set_ylabel("EM - full (points): mean over worlds, bars worst..best world")
     right.set_ylabel("mean KL(full || variant), first answer token (log)")
-    title = (f"{report['model_label']}, {len(report['worlds'])} worlds x {report['questions']} questions, "
-             f"k = {report['k']}. o: no extra cost, s: extra bytes/chunk, ^: extra pass; red: anchored entries, "
-             "purple: model-signal rules; dotted vertical: 2x seam@8 tokens")
-    left.set_title(title, fontsize=7)
+    figure.suptitle(f"{report['model_label']}, {len(report['worlds'])} worlds x {report['questions']} questions, "
+                    f"k = {report['k']}\no: no extra cost, s: extra bytes per chunk, ^: an extra pass; red: anchored "
+                    "entries, purple: model-signal rules, blue: plain entries; dotted vertical: 2x seam@8's tokens",
+                    fontsize=9)
+    left.set_title("EM - full", fontsize=8)
     right.set_title("KL against full", fontsize=8)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.92))
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
