@@ -597,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out: its worlds and its "
+                        "calibration are kept, only the worlds it lacks are evaluated (same model, questions, k)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=logging.WARNING)
@@ -617,8 +619,10 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(args.model), "model_label": args.model_label or args.model.name, "questions": args.questions,
         "k": args.k, "seam_tokens": args.seam_tokens,
     }
-    calibration = None
-    if args.calibrate:
+    calibration, world_reports = None, []
+    if args.resume:
+        calibration, world_reports = resumed_report(args.out, header)
+    if args.calibrate and calibration is None:
         calibration = calibrate_on_worlds(engine, args, stop)
         if args.calibrate_only:
             report = {**header, "calibration": calibration, "seconds": round(time.perf_counter() - started, 1)}
@@ -630,12 +634,12 @@ def main(argv: list[str] | None = None) -> int:
                 args.markdown.write_text(text)
             print(text)
             return 0
-        for choice in calibration["choices"]:
-            label = choice["chosen"]
-            if label not in {variant.label for variant in variants}:
-                variants.append(parse_variant(label, args.seam_tokens))
-    world_reports = []
-    for seed in worlds:
+    for choice in calibration["choices"] if calibration else []:
+        label = choice["chosen"]
+        if label not in {variant.label for variant in variants}:
+            variants.append(parse_variant(label, args.seam_tokens))
+    done = {world["seed"] for world in world_reports}
+    for seed in [seed for seed in worlds if seed not in done]:
         began = time.perf_counter()
         cases = load_cases(seed, args.questions, model.tokenizer, args.k)
         world = {**header, "seed": seed, "gold_recall": sum(case.gold_retrieved for case in cases) / len(cases)}
@@ -671,6 +675,20 @@ def _write_report(path: Path | None, header: dict[str, Any], worlds: list[dict[s
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def resumed_report(path: Path | None, header: dict[str, Any]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(calibration, world reports) of the report at `path` written by an earlier run with the same `header`
+    (model, questions, k, seam); (None, []) when there is none. ValueError when it was made with another header."""
+    if path is None or not path.exists():
+        return None, []
+    report = json.loads(path.read_text())
+    for name in ("model", "questions", "k", "seam_tokens"):
+        if report.get(name) != header[name]:
+            raise ValueError(f"--resume: {path} has {name} {report.get(name)!r}, this run {header[name]!r}")
+    worlds = report["worlds"] if "worlds" in report else \
+        [{name: value for name, value in report.items() if name != "calibration"}]
+    return report.get("calibration"), worlds
 
 
 def calibration_markdown(calibration: dict[str, Any]) -> str:

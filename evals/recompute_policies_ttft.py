@@ -7,8 +7,10 @@ the test bed's 8 x 34). For each variant: the median TTFT (prefill + choosing th
 the requests, its ratio to seam 8's, and the tokens recomputed. A variant is a runtime policy spec (`seam@8`,
 `budget:2`, `seam@0+anchored`, ...), a mode (`transition_rope`, `full`), or a model-signal rule of
 `evals/policy_signals.py` (`attention:N@W`: its probe pass is timed with it; `deviation:N@W`: its per-chunk
-statistic is computed beforehand, as ingestion would). Chunks are ranked in prompt order (random requests have no
-retrieval). One run; the machine may be shared (the JSON records the load).
+statistic is computed beforehand, as ingestion would). The variants are timed side by side in one process (each
+round runs every variant on every request, in rotated order), and the JSON also records each shape's entry bytes per
+chunk, plain and anchored. Chunks are ranked in prompt order (random requests have no retrieval). One run; the
+machine may be shared (the JSON records the load).
 
     OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies_ttft --shapes 8x256,16x512,8x34 \\
         --out docs/benchmarks/recompute_policies_ttft_worlds.json --markdown docs/benchmarks/recompute_policies_ttft_worlds.md
@@ -79,25 +81,52 @@ def measure(model: Any, top_k: int, chunk_tokens: int, variants: list[str], requ
     for variant in variants:  # untimed: every entry it reads encoded (precompute), the code paths warm
         for request in workload.warmup + workload.requests:
             once(variant, request)
-    rows: dict[str, dict[str, Any]] = {}
-    for variant in variants:
-        times, recomputed = [], []
-        for request in workload.requests:
-            best = min(once(variant, request) for _ in range(repeats))
-            times.append(best[0])
-            recomputed.append(best[1])
-        rows[variant] = {"ttft_median_s": statistics.median(times), "ttft_s": times,
-                         "recomputed_tokens": sum(recomputed) / len(recomputed)}
+    # timed side by side: each round runs every variant on every request, the variants' order rotated per round, so
+    # a change in the machine's load falls on all of them alike; a request's time is its best round
+    times = {variant: [float("inf")] * len(workload.requests) for variant in variants}
+    recomputed = {variant: [0] * len(workload.requests) for variant in variants}
+    for round_number in range(repeats):
+        for number, request in enumerate(workload.requests):
+            shift = (round_number + number) % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                seconds, tokens = once(variant, request)
+                times[variant][number] = min(times[variant][number], seconds)
+                recomputed[variant][number] = tokens
+    rows: dict[str, dict[str, Any]] = {
+        variant: {"ttft_median_s": statistics.median(times[variant]), "ttft_s": times[variant],
+                  "recomputed_tokens": sum(recomputed[variant]) / len(recomputed[variant])}
+        for variant in variants}
     base = rows["seam@8"]["ttft_median_s"] if "seam@8" in rows else float("nan")
     for row in rows.values():
         row["x_seam8"] = row["ttft_median_s"] / base
     prompt = sum(request.prompt_tokens for request in workload.requests) / len(workload.requests)
-    return {"chunk_tokens": chunk_tokens, "top_k": top_k, "requests": requests, "prompt_tokens": prompt, "rows": rows}
+    return {"chunk_tokens": chunk_tokens, "top_k": top_k, "requests": requests, "prompt_tokens": prompt, "rows": rows,
+            "entry_bytes": entry_bytes(engine, workload.requests[0], seam=8)}
+
+
+def entry_bytes(engine: Any, request: Any, seam: int) -> dict[str, float]:
+    """Mean bytes per chunk of `request`'s entries for seam `seam`: the plain entry, and what its anchored entry
+    holds beyond it (the anchor's K/V rows and token ids)."""
+    from hypic_rag.entry import entry_tensor_bytes
+    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key
+    from hypic_rag.runtime.engine import PrefillStats
+
+    stats = PrefillStats(mode="hypic")
+    chunks = [list(chunk) for chunk in request.chunk_ids]
+    plain = engine.fetch_entries(chunks, seam, stats)
+    anchor = anchor_of(request.prefix_ids)
+    anchored = [engine.fetch_entries([list(ids)], entry_seam, stats)[0]
+                for entry_seam, ids in (anchored_key(anchor, chunk, seam) for chunk in chunks)]
+    plain_bytes = sum(entry_tensor_bytes(entry) for entry in plain) / len(plain)
+    extra = sum(anchored_extra_bytes(entry, len(anchor)) for entry in anchored) / len(anchored)
+    return {"seam": seam, "anchor_tokens": len(anchor), "plain_bytes_per_chunk": plain_bytes,
+            "anchored_extra_bytes_per_chunk": extra, "anchored_extra_fraction": extra / plain_bytes}
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"Timing model: {result['timing_model']}; {result['machine']}. One run, best of {result['repeats']} per "
-             f"request, median over requests; load average {result['load_average_at_start'][0]:.1f} at the start, "
+    lines = [f"Timing model: {result['timing_model']}; {result['machine']}. One run, the variants side by side "
+             f"(every round runs each on each request), best of {result['repeats']} rounds per request, median over "
+             f"requests; load average {result['load_average_at_start'][0]:.1f} at the start, "
              f"{result['load_average_at_end'][0]:.1f} at the end (a shared machine: noisy).", ""]
     for case in result["cases"]:
         lines += [f"### k = {case['top_k']} x {case['chunk_tokens']}-token chunks, {case['requests']} requests "
@@ -105,6 +134,11 @@ def markdown(result: dict[str, Any]) -> str:
                   "| variant | TTFT median (s) | x seam@8 | recomputed tokens |", "| --- | --- | --- | --- |"]
         for name, row in case["rows"].items():
             lines.append(f"| {name} | {row['ttft_median_s']:.3f} | {row['x_seam8']:.2f} | {row['recomputed_tokens']:.0f} |")
+        sizes = case.get("entry_bytes")
+        if sizes:
+            lines += ["", f"Entry bytes per chunk (seam {sizes['seam']}): plain {sizes['plain_bytes_per_chunk'] / 2**20:.2f} "
+                          f"MiB; anchored +{sizes['anchored_extra_bytes_per_chunk'] / 2**10:.1f} KiB "
+                          f"(+{100 * sizes['anchored_extra_fraction']:.1f}%, a {sizes['anchor_tokens']}-token anchor)."]
         lines.append("")
     return "\n".join(lines)
 
@@ -123,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--time-limit", type=float, default=1200.0,
+                        help="seconds: no further shape is started after this (what was measured is kept)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -145,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         "cases": [],
     }
     for shape in args.shapes.split(","):
+        if time.perf_counter() - started > args.time_limit:
+            logging.warning("time limit reached: shape %s and later ones not measured", shape)
+            break
         top_k, chunk_tokens = parse_shape(shape)
         result["cases"].append(measure(model, top_k, chunk_tokens, variants, args.requests, 0, args.repeats))
         result["load_average_at_end"] = os.getloadavg()

@@ -188,3 +188,22 @@ def test_worlds_are_summarised_per_world_and_on_average(tmp_path) -> None:
     assert "**World 2**" in text
     plot_worlds(report, tmp_path / "worlds.png")
     assert (tmp_path / "worlds.png").stat().st_size > 1000
+
+
+def test_a_resumed_run_keeps_the_worlds_and_calibration_it_finds(tmp_path) -> None:
+    import json
+
+    from evals.recompute_policies import resumed_report
+
+    header = {"model": "m", "model_label": "m", "questions": 4, "k": 8, "seam_tokens": 8}
+    path = tmp_path / "report.json"
+    assert resumed_report(path, header) == (None, [])  # nothing to resume
+    single = {**header, "seed": 1, "rows": {}, "calibration": {"choices": []}}  # one world: that world's report
+    path.write_text(json.dumps(single))
+    calibration, worlds = resumed_report(path, header)
+    assert calibration == {"choices": []} and [world["seed"] for world in worlds] == [1]
+    assert "calibration" not in worlds[0]
+    path.write_text(json.dumps({**header, "worlds": [{"seed": 1}, {"seed": 2}], "summary": {}}))
+    assert [world["seed"] for world in resumed_report(path, header)[1]] == [1, 2]
+    with pytest.raises(ValueError, match="questions"):
+        resumed_report(path, {**header, "questions": 400})
