@@ -36,9 +36,9 @@ def tiny():
 
 
 def test_blocks_mixers_and_positions(tiny) -> None:
-    hf_model, engine = tiny
+    _, engine = tiny
     assert engine.model.layer_types == ("linear_attention", "linear_attention", "full_attention", "linear_attention")
-    for number, (block, layer) in enumerate(zip(engine.model.blocks, hf_model.model.layers)):
+    for number, (block, layer) in enumerate(zip(engine.model.blocks, engine.model.runtime_model.model.layers)):
         if number == 2:
             assert isinstance(block.mixer, ProjectedAttention) and isinstance(block.mixer.positions, NoPositions)
         else:

@@ -42,7 +42,7 @@ def test_blocks_follow_the_layer_pattern(tiny) -> None:
     assert hf_model.config.hybrid_override_pattern == "MEM*M-"
     assert engine.model.layer_types == ("linear_attention", "mlp", "linear_attention", "full_attention",
                                         "linear_attention", "mlp")
-    for block, layer in zip(engine.model.blocks, hf_model.model.layers):
+    for block, layer in zip(engine.model.blocks, engine.model.runtime_model.model.layers):
         if layer.block_type == "linear_attention":
             assert isinstance(block.mixer, Mamba2Mixer) and block.mixer.time_step_limit == (0.001, float("inf"))
         elif layer.block_type == "full_attention":
