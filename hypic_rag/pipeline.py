@@ -111,7 +111,10 @@ class PreparedQuestion:
 
 
 class RagPipeline:
-    """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
+    """Answers questions over an index: `RagPipeline.open(index_dir)`, then `answer(question)` (an `Answer`: text,
+    sources, usage, timings) or `stream(question)`; `close()` (or a `with` block) closes its cache and index.
+
+    index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
     model is the one the index was built for (its tokenizer made the chunks' token ids), normally with the
     index's prompt format (`ModelSession.for_index`); hop_slots: how many of the top_k places go to one retrieval
     hop from the best hit (`CorpusIndex.search`; 0 turns the hop off); max_question_chars: the longest question
@@ -205,6 +208,12 @@ class RagPipeline:
     def close(self) -> None:
         self.session.close()
         self.index.close()
+
+    def __enter__(self) -> RagPipeline:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ----------------------------------------------------------------------------------------------------------
 

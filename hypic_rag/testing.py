@@ -787,25 +787,17 @@ def build_index(
     chunk_tokens: int = 96,
     seam_tokens: int = 8,
 ) -> Path:
-    """Precompute an index of `documents` (a mapping written to `<directory>.corpus`, or a corpus path)."""
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    """Precompute an index of `documents` (a mapping written to `<directory>.corpus`, or a corpus path) on CPU,
+    quietly (`hypic_rag.build_index`); returns `directory`."""
+    from hypic_rag.precompute import build_index as build
 
     directory = Path(directory)
     if isinstance(documents, Path):
         corpus = documents
     else:
         corpus = write_corpus(directory.with_name(directory.name + ".corpus"), documents)
-    precompute(
-        PrecomputeOptions(
-            corpus=corpus,
-            index_dir=directory,
-            model_path=Path(model_path),
-            chunk_tokens=chunk_tokens,
-            seam_tokens=seam_tokens,
-            device="cpu",
-            show_progress=False,
-        )
-    )
+    build(corpus, directory, model=model_path, chunk_tokens=chunk_tokens, seam_tokens=seam_tokens, device="cpu",
+          show_progress=False)
     return directory
 
 
