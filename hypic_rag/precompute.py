@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
-from hypic_rag.paths import unusable_directory_reason
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.utils.paths import unusable_directory_reason
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
 from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,
@@ -46,7 +46,7 @@ from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
 from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.streaming import ResultStream
+from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace

@@ -1,4 +1,8 @@
-"""Tiny random hybrid models and tokenizers, for tests and benchmarks (no network, seconds to build).
+"""Test kits, for tests and benchmarks: this module (tiny random hybrid models and tokenizers, no network, seconds
+to build; corpora and indexes), `ssm` (tiny Mamba-family hybrids and published-layout stand-ins), `s3` (a local
+S3-compatible server), `mixer_checks` (the mixer interface's contract as executable checks).
+
+Tiny random hybrid models and tokenizers:
 
 `tiny_config` gives a small transformers config of a supported hybrid family; `build_tiny_model` instantiates it
 with seeded random weights, optionally with slow linear-attention decays (so composition bugs cannot hide behind
@@ -30,7 +34,7 @@ from typing import Any
 import torch
 
 from hypic_rag.entry import entry_tensor_bytes
-from hypic_rag.testing_ssm import SSM_TINY_TYPES, adjust_ssm_model, ssm_tiny_config
+from hypic_rag.testing.ssm import SSM_TINY_TYPES, adjust_ssm_model, ssm_tiny_config
 
 LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid", "minimax")
 """Families beyond Gated DeltaNet whose tiny configs `linear_family_config` writes (docs/families_linear.md)."""
