@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
 from hypic_rag.prompting.matching import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
+from hypic_rag.runtime.anchoring import anchor_of, anchored_key
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.get_or_encode import (
     COMMIT_BYTES,
@@ -345,9 +346,14 @@ class ModelSession:
     ) -> list[SegmentPlan]:
         """The entries `mode` requests over these chunk segments compose (`plan_segments`), with the prompt
         prefix's when `include_prefix`; in `hypic` the chunks' entries are for the recompute policy's seam (the
-        chunks a policy recomputes whole read none, but which ones depends on the request)."""
+        chunks a policy recomputes whole read none, but which ones depends on the request), and an anchored policy's
+        are those of the prompt prefix's anchor followed by each chunk (`runtime.anchoring`)."""
         prefix = self._prefix_ids if include_prefix else ()
         seam = self.recompute_policy.chunk_seam(self.seam_tokens) if mode == "hypic" else self.seam_tokens
+        if mode == "hypic" and self.recompute_policy.anchored and self._prefix_ids:
+            anchor = anchor_of(self._prefix_ids)
+            chunk_segments = [list(anchored_key(anchor, ids, seam)[1]) for ids in chunk_segments]
+            seam += len(anchor)
         plans = plan_segments(prefix, chunk_segments, seam, mode, distinct=distinct)
         return [plan for plan in plans if plan.segments]
 

@@ -63,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--kl-target", type=number_in(KL_TARGET), default=DEFAULT_KL_TARGET, metavar="X",
-                        help="largest mean KL(full || policy) of the next-token distribution accepted (0.1)")
+                        help="largest mean KL(full || policy) of the next-token distribution accepted "
+                             f"({DEFAULT_KL_TARGET:g})")
     parser.add_argument("--questions", metavar="FILE",
                         help="questions, one per line or JSON lines with \"question\" (default: probes from the index)")
     parser.add_argument("--requests", type=int_in(1, 10_000), default=32, metavar="N",
