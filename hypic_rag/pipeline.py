@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
-from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
-from hypic_rag.prompt import PromptFormat
+from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
+from hypic_rag.prompting.format import PromptFormat
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream
@@ -28,7 +28,7 @@ from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.streaming import ResultStream, StrippedDeltas
+from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -111,11 +111,14 @@ class PreparedQuestion:
 
 
 class RagPipeline:
-    """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
+    """Answers questions over an index: `RagPipeline.open(index_dir)`, then `answer(question)` (an `Answer`: text,
+    sources, usage, timings) or `stream(question)`; `close()` (or a `with` block) closes its cache and index.
+
+    index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
     model is the one the index was built for (its tokenizer made the chunks' token ids), normally with the
     index's prompt format (`ModelSession.for_index`); hop_slots: how many of the top_k places go to one retrieval
     hop from the best hit (`CorpusIndex.search`; 0 turns the hop off); max_question_chars: the longest question
-    answered (`hypic_rag.limits.MAX_QUESTION_CHARS`, as on every surface; a server passes its own)."""
+    answered (`hypic_rag.utils.limits.MAX_QUESTION_CHARS`, as on every surface; a server passes its own)."""
 
     def __init__(self, index: Any, session: ModelSession, *, hop_slots: int = 2,
                  max_question_chars: int = MAX_QUESTION_CHARS) -> None:
@@ -205,6 +208,12 @@ class RagPipeline:
     def close(self) -> None:
         self.session.close()
         self.index.close()
+
+    def __enter__(self) -> RagPipeline:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ----------------------------------------------------------------------------------------------------------
 

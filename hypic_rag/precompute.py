@@ -4,6 +4,7 @@ It builds an index (`retrieval`) and fills the cache of the `session.ModelSessio
 above both, as `pipeline.py` does (the retrieval package never imports the session).
 
     summary = precompute(PrecomputeOptions(corpus="docs/", index_dir="index/", model_path="model/"))
+    summary = build_index("docs/", "index/")   # the same from Python, on the bundled model unless `model=...`
 
 Resumable at every step: documents are committed one by one (an unchanged document is skipped by its content
 digest), and the encode phase asks the cache which segments it already holds and encodes only the others,
@@ -26,8 +27,8 @@ from tqdm import tqdm
 
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
-from hypic_rag.paths import unusable_directory_reason
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.utils.paths import unusable_directory_reason
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
 from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,
@@ -45,7 +46,7 @@ from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
 from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.streaming import ResultStream
+from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace
@@ -60,6 +61,7 @@ __all__ = [
     "PrecomputeSummary",
     "ScaleOut",
     "SegmentPlan",
+    "build_index",
     "cache_bytes_of",
     "distinct_segments",
     "encode_plans",
@@ -371,6 +373,32 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             rebuilt_from=rebuilt_from,
             removed_entries=removed,
         )
+
+
+def build_index(
+    corpus: str | Path,
+    index_dir: str | Path,
+    *,
+    model: str | Path | None = None,
+    **options: Any,
+) -> PrecomputeSummary:
+    """Build the index of `corpus` in `index_dir`, or bring it up to date: load, chunk, embed and index the documents
+    and encode every chunk into the segment cache once (`precompute`, what `hypic-rag precompute` runs).
+
+    corpus: a folder (or one file) of .txt, .md, .jsonl, .pdf, .html and .docx documents. index_dir: created if
+    absent. model: a local checkpoint directory (None: the bundled default model). options: any other field of
+    `PrecomputeOptions` (chunk_tokens=256, seam_tokens=8, workers, device, dtype, cache_dir, cache_format,
+    remote_cache, show_progress, ...). Rerun on an unchanged corpus it embeds and encodes nothing; on a changed one,
+    only what changed. Returns the run's `PrecomputeSummary` (documents, chunks, tokens, what was encoded, bytes,
+    seconds); open the index with `RagPipeline.open(index_dir)`. Bad paths and options raise before anything is
+    created (`HypicError`s, `ValueError`, `TypeError` for an unknown option).
+    """
+    from hypic_rag.default_model import resolve_model_path
+
+    return precompute(PrecomputeOptions(
+        corpus=Path(corpus).expanduser(), index_dir=Path(index_dir).expanduser(), model_path=resolve_model_path(model),
+        **options,
+    ))
 
 
 def drop_format_entries(cache: SegmentCache, old_format: str, plans: Sequence[SegmentPlan]) -> int:

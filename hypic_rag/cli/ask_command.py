@@ -27,7 +27,7 @@ from hypic_rag.cli.common import (
     number_in,
     remote_cache_config,
 )
-from hypic_rag.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, TOP_K, question_problem
+from hypic_rag.utils.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, TOP_K, question_problem
 from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:

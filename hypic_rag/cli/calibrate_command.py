@@ -35,7 +35,7 @@ from hypic_rag.cli.common import (
     number_in,
     recompute_policy_spec,
 )
-from hypic_rag.limits import HOP_SLOTS, TOP_K, NumberRange
+from hypic_rag.utils.limits import HOP_SLOTS, TOP_K, NumberRange
 from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET
 
 KL_TARGET = NumberRange(0, 1_000, integer=False)

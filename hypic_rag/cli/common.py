@@ -1,7 +1,7 @@
 """What the commands share: exit codes, `CliError`, argument types and the options several commands take.
 
 Every numeric option has a stated range (`int_in`, `number_in`, `seconds_in`; the shared ones in
-`hypic_rag.limits`) and is refused outside it, as a usage error naming the option and the range (exit 2).
+`hypic_rag.utils.limits`) and is refused outside it, as a usage error naming the option and the range (exit 2).
 
 Imports nothing heavy (torch only inside `device_name`, when `--device` is given), so `hypic-rag --help` stays fast.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, HypicError, MissingPathError
-from hypic_rag.limits import NumberRange
+from hypic_rag.utils.limits import NumberRange
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig

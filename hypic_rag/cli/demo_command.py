@@ -22,7 +22,7 @@ from hypic_rag.cli.common import (
     number_in,
     resolve_model_path,
 )
-from hypic_rag.limits import HOP_SLOTS, TOP_K
+from hypic_rag.utils.limits import HOP_SLOTS, TOP_K
 
 
 def user_cache_dir() -> Path:

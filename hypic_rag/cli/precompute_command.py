@@ -30,7 +30,7 @@ from hypic_rag.cli.common import (
     resolve_model_path,
     worker_count,
 )
-from hypic_rag.limits import CHUNK_TOKENS, SEAM_TOKENS
+from hypic_rag.utils.limits import CHUNK_TOKENS, SEAM_TOKENS
 
 if TYPE_CHECKING:
     from hypic_rag.precompute import PrecomputeSummary
@@ -130,7 +130,7 @@ def run_precompute(args: argparse.Namespace) -> int:
     if args.ray_actors is not None and args.ray is None:
         raise CliError("--ray-actors needs --ray")
     if args.workers > 1 or args.ray is not None:  # the processes this run starts end with it, however it ends
-        from hypic_rag.reaper import reap_on_exit
+        from hypic_rag.utils.reaper import reap_on_exit
 
         reap_on_exit()
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created

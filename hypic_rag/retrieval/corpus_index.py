@@ -33,8 +33,8 @@ from tqdm import tqdm
 from hypic_rag.cache.errors import free_space_note
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
-from hypic_rag.paths import unusable_directory_reason
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.utils.paths import unusable_directory_reason
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
@@ -49,7 +49,7 @@ from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndex
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.retrieval.multi_hop import hop_queries, merge_hop_hits
-from hypic_rag.streaming import drain
+from hypic_rag.utils.streaming import drain
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import torch
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.entry_storage.formats import decompress_entries
 from hypic_rag.runtime.anchoring import EntryKey, anchor_of, anchored_key, chunk_view
-from hypic_rag.lru import ByteBudgetLRU
+from hypic_rag.utils.lru import ByteBudgetLRU
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_generator, token_logprobs
-from hypic_rag.streaming import ResultStream
+from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.runtime.sampling import TokenLogprob

@@ -28,7 +28,7 @@ the retrieval hop's hits alternately, see `pipeline.retrieval_ranks`), or prompt
 Specs (CLI `--recompute-policy`, the service's config, the index manifest): `seam`, `seam@16`, `whole:1`,
 `whole:2@8`, `budget:2`, `budget:1.5@8`, `tokens:96@0`, `seam@0+anchored`; `@w` sets the seam of the chunks that are
 not recomputed whole, `+anchored` makes the plan read anchored entries. Every number of a spec is checked against
-its range (`hypic_rag.limits`) when the spec is parsed, whatever its kind: W in 0..65536, whole:N in 1..4096,
+its range (`hypic_rag.utils.limits`) when the spec is parsed, whatever its kind: W in 0..65536, whole:N in 1..4096,
 budget:X in 1..10000, tokens:N in 1..16777216; the error names the number and the range.
 `docs/recompute_policies.md` has the measurements that chose among them.
 """
@@ -42,7 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
-from hypic_rag.limits import POLICY_BUDGET, POLICY_CHUNKS, POLICY_TOKENS, SEAM_TOKENS, NumberRange
+from hypic_rag.utils.limits import POLICY_BUDGET, POLICY_CHUNKS, POLICY_TOKENS, SEAM_TOKENS, NumberRange
 
 WHOLE = None
 """A chunk recomputed whole: no entry, every token through the model in context."""

@@ -6,9 +6,7 @@ The modes a request is assembled under are `modes.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
 
 
 @dataclass(slots=True)
@@ -43,21 +41,3 @@ class Request:
 
     def all_ids(self) -> list[int]:
         return [token for segment in self.segments for token in segment] + list(self.question_ids)
-
-    @classmethod
-    def from_text(
-        cls,
-        tokenizer: Any,
-        chunks: list[str],
-        question: str,
-        prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
-    ) -> Request:
-        """Tokenize each segment on its own (`prompt.tokenize_segment`) with `prompt_format`'s templates.
-
-        The product builds its requests with `hypic_rag.session.ModelSession.request`, which also strips the
-        question and drops empty chunks; this is the same layout for a bare tokenizer."""
-        return cls(
-            prefix_ids=tokenize_segment(tokenizer, prompt_format.prefix),
-            chunk_ids=[tokenize_segment(tokenizer, prompt_format.chunk(text)) for text in chunks],
-            question_ids=tokenize_segment(tokenizer, prompt_format.question(question), "the question"),
-        )

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.pipeline import Answer, RagPipeline
-from hypic_rag.prompt import tokenize_segment
-from hypic_rag.reuse import NO_MATCHING, MatchSettings, SegmentedPrompt
+from hypic_rag.prompting.format import tokenize_segment
+from hypic_rag.prompting.matching import NO_MATCHING, MatchSettings, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request
@@ -33,7 +33,7 @@ from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.jobs import Job, JobRegistry
 from hypic_rag.server.worker import TaskContext
 from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.streaming import StrippedDeltas
+from hypic_rag.utils.streaming import StrippedDeltas
 from hypic_rag.usage import usage_of
 
 logger = logging.getLogger(__name__)

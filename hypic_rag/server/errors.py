@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypic_rag.errors import HypicError
-from hypic_rag.limits import NumberRange
+from hypic_rag.utils.limits import NumberRange
 from hypic_rag.server.request_log import current_request_id, log_refusal
 
 logger = logging.getLogger(__name__)

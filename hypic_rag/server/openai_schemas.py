@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hypic_rag.limits import MAX_NEW_TOKENS
+from hypic_rag.utils.limits import MAX_NEW_TOKENS
 from hypic_rag.server.schemas import SEED_DESCRIPTION, SEED_MAX, valid_unicode
 
 STRICT_IGNORING_EXTRA = ConfigDict(extra="ignore", strict=True)

@@ -1,9 +1,9 @@
 """OpenAI-compatible `POST /v1/chat/completions`, streaming and not.
 
 Messages are rendered with the model's chat template when its tokenizer has one, else with the index's prompt
-format (`hypic_rag.chat`); documents (content parts, or text cut at the separator) are cached segments, so a
+format (`hypic_rag.prompting.chat`); documents (content parts, or text cut at the separator) are cached segments, so a
 repeated request with the same documents reuses their entries (`usage.prompt_tokens_details.cached_tokens`). The
-rest of the rendered prompt is cut around the indexed chunks and seen segments it contains (`hypic_rag.reuse`), so
+rest of the rendered prompt is cut around the indexed chunks and seen segments it contains (`hypic_rag.prompting.matching`), so
 documents pasted into a message without separators are reused too.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from hypic_rag.chat import ChatMessage, chat_prompt
+from hypic_rag.prompting.chat import ChatMessage, chat_prompt
 from hypic_rag.server.backend import CompletionResult
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.chat_schemas import (

@@ -2,7 +2,7 @@
 
 Validation here names the field: a field of the wrong type is a 400 (types are strict: `"no"` is not a boolean,
 `"3"` not an integer, as OpenAI's and vLLM's servers answer), a value out of its stated range a 422 (text holding a
-lone surrogate such as `"\\ud800"` included: no tokenizer takes it); every number has a range (`hypic_rag.limits`).
+lone surrogate such as `"\\ud800"` included: no tokenizer takes it); every number has a range (`hypic_rag.utils.limits`).
 Checks that need the server's settings (sizes: 413; mode, recompute policy and empty question: 400) are made by the
 handlers.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hypic_rag.limits import MAX_NEW_TOKENS, TOP_K
+from hypic_rag.utils.limits import MAX_NEW_TOKENS, TOP_K
 from hypic_rag.runtime.sampling import SEED_MAX
-from hypic_rag.text import unencodable_message
+from hypic_rag.utils.text import unencodable_message
 
 SEED_DESCRIPTION = (
     "Makes sampling reproducible: an unsigned 64-bit integer, 0 to 2**64 - 1 (422 outside). Without one, every "

@@ -16,7 +16,7 @@ from hypic_rag.runtime.generation import Generation, GenerationStream
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams, sampling_probabilities
-from hypic_rag.streaming import ResultStream, StrippedDeltas, drain
+from hypic_rag.utils.streaming import ResultStream, StrippedDeltas, drain
 
 TEMPERATURES = [5e-324, 1e-45, 1e-30, 1e-6, 0.01, 0.7, 1.0, 5.0, 1e6, 1e300]
 TOP_PS = [1e-12, 0.1, 0.5, 0.999, 1.0]

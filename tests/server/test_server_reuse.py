@@ -14,7 +14,7 @@ import pytest
 from hypic_rag.cli.main import build_parser
 from hypic_rag.retrieval.corpus_index import DOCSTORE_FILE
 from hypic_rag.retrieval.docstore import DocStore
-from hypic_rag.segments import DEFAULT_SEPARATOR as SEP
+from hypic_rag.prompting.segments import DEFAULT_SEPARATOR as SEP
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS, build_index, templated_checkpoint

@@ -50,7 +50,7 @@ from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.streaming import StrippedDeltas
+from hypic_rag.utils.streaming import StrippedDeltas
 from hypic_rag.usage import usage_of
 
 __all__ = ["SUPPORTED_RESPONSE_MODES", "HypicSynthesizer", "check_response_mode", "hypic_llm"]

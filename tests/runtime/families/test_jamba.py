@@ -19,7 +19,7 @@ from ssm_checks import (
     random_request,
 )
 
-from hypic_rag.mixer_checks import check_recurrent_mixer
+from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.mixers.attention import ProjectedAttention
@@ -27,7 +27,7 @@ from hypic_rag.runtime.mixers.base import NoPositions
 from hypic_rag.runtime.mixers.mamba1 import Mamba1Mixer
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
-from hypic_rag.testing_ssm import save_published_ssm_checkpoint
+from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def tiny():
 
 
 def test_blocks_mixers_and_positions(tiny) -> None:
-    hf_model, engine = tiny
+    _, engine = tiny
     assert engine.model.layer_types == ("linear_attention", "linear_attention", "full_attention", "linear_attention")
-    for number, (block, layer) in enumerate(zip(engine.model.blocks, hf_model.model.layers)):
+    for number, (block, layer) in enumerate(zip(engine.model.blocks, engine.model.runtime_model.model.layers)):
         if number == 2:
             assert isinstance(block.mixer, ProjectedAttention) and isinstance(block.mixer.positions, NoPositions)
         else:

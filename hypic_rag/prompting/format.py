@@ -8,10 +8,12 @@ the prefix decides the prefix segment's cache entry.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypic_rag.text import unencodable_message
+from hypic_rag.runtime.request import Request
+from hypic_rag.utils.text import unencodable_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,17 @@ class PromptFormat:
 
     def question(self, question: str) -> str:
         return self.question_template.format(question=question)
+
+    def request(self, tokenizer: Any, chunks: Sequence[str], question: str) -> Request:
+        """The request of `question` over `chunks` (texts) in this format: the prefix, one formatted segment per
+        chunk, the formatted question, each tokenized on its own (`tokenize_segment`). The product builds its
+        requests with `hypic_rag.session.ModelSession.request`, which also strips the question and drops empty
+        chunks; this is the same layout for a bare tokenizer."""
+        return Request(
+            prefix_ids=tokenize_segment(tokenizer, self.prefix),
+            chunk_ids=[tokenize_segment(tokenizer, self.chunk(text)) for text in chunks],
+            question_ids=tokenize_segment(tokenizer, self.question(question), "the question"),
+        )
 
     def to_dict(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in self.__slots__}

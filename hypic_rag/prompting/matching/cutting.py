@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypic_rag.prompt import tokenize_segment
-from hypic_rag.reuse.matcher import Match, SegmentMatcher
+from hypic_rag.prompting.format import tokenize_segment
+from hypic_rag.prompting.matching.matcher import Match, SegmentMatcher
 from hypic_rag.runtime.request import Request
 
 logger = logging.getLogger(__name__)
