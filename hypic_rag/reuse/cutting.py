@@ -110,11 +110,12 @@ class SegmentedPrompt:
         return separator.join(self.texts)
 
     def matching_usage(self, segment_cached_tokens: Sequence[int]) -> dict[str, int]:
-        """matched_segments, matched_tokens and matched_cached_tokens (the matched segments' tokens that came from
-        entries held before the request), given the prefill's tokens reused per segment."""
+        """segments (the request's, the query included), matched_segments, matched_tokens and
+        matched_cached_tokens (the matched segments' tokens that came from entries held before the request), given
+        the prefill's tokens reused per segment (`vocabulary.MATCHING_FIELDS`)."""
         cached = sum(tokens for tokens, hit in zip(segment_cached_tokens, self.matched) if hit)
-        return {"matched_segments": self.matched_segments, "matched_tokens": self.matched_tokens,
-                "matched_cached_tokens": cached}
+        return {"segments": len(self.request.segments) + 1, "matched_segments": self.matched_segments,
+                "matched_tokens": self.matched_tokens, "matched_cached_tokens": cached}
 
 
 NO_MATCHING = {"matched_segments": 0, "matched_tokens": 0, "matched_cached_tokens": 0}

@@ -270,7 +270,7 @@ def test_server_sources_carry_page_and_section(built: dict[str, Path], precomput
         for question, (document, location) in list(QUESTIONS.items())[:2]:
             response = client.post("/v1/ask", json={"question": question, "top_k": 2, "max_new_tokens": 2})
             assert response.status_code == 200, response.text
-            sources = [s for s in response.json()["sources"] if s["document"] == document]
+            sources = [s for s in response.json()["sources"] if s["doc_id"] == document]
             assert sources and location.items() <= sources[0]["metadata"].items(), response.json()["sources"]
             assert all(s["hop_query"] is None for s in response.json()["sources"])  # top_k 2: no hop places
 
