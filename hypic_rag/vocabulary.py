@@ -22,10 +22,7 @@ milliseconds named `<stage>_ms` in REST responses.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from hypic_rag.pipeline import Source
+from typing import Any
 
 __all__ = ["LOCATION_FIELDS", "MATCHING_FIELDS", "SOURCE_FIELDS", "TIMING_STAGES", "USAGE_FIELDS", "source_record"]
 
@@ -43,8 +40,9 @@ prompt's text, their tokens, and those of their tokens reused from entries held 
 TIMING_STAGES = ("retrieval", "cache_load", "encode", "compose", "prefill", "time_to_first_token", "total")
 
 
-def source_record(source: Source, rank: int) -> dict[str, Any]:
-    """One source as every surface writes it (`SOURCE_FIELDS`, in that order); `rank` 1 for the best."""
+def source_record(source: Any, rank: int) -> dict[str, Any]:
+    """One source (a `hypic_rag.pipeline.Source`; this leaf module imports nothing) as every surface writes it
+    (`SOURCE_FIELDS`, in that order); `rank` 1 for the best."""
     return {
         "rank": rank,
         "doc_id": source.doc_id,

@@ -180,7 +180,7 @@ class JobOut(BaseModel):
 
 
 class DeletedDocument(BaseModel):
-    document: str
+    doc_id: str
     deleted: bool
     chunks_removed: int
 

@@ -275,7 +275,7 @@ def test_add_then_query_then_delete_a_document(client: httpx.Client) -> None:
 
     deleted = client.delete(f"/v1/documents/{doc_id}")
     assert deleted.status_code == 200, deleted.text
-    assert deleted.json() == {"document": doc_id, "deleted": True, "chunks_removed": job["progress"]["chunks_total"]}
+    assert deleted.json() == {"doc_id": doc_id, "deleted": True, "chunks_removed": job["progress"]["chunks_total"]}
     assert doc_id not in [s["doc_id"] for s in ask(client, question, top_k=3)["sources"]]
     again = client.delete(f"/v1/documents/{doc_id}")
     assert again.status_code == 404 and doc_id in again.json()["error"]["message"]
