@@ -87,12 +87,11 @@ def main() -> int:
             segments = [DEFAULT_PROMPT_FORMAT.prefix] + [DEFAULT_PROMPT_FORMAT.chunk(text) for text in order]
             segments.append(DEFAULT_PROMPT_FORMAT.question(question.text))
             result = complete(base_url, model_id, DEFAULT_SEPARATOR.join(segments))
-            hypic, usage = result.get("hypic") or {}, result["usage"]
+            usage, timings = result["usage"], (result.get("hypic") or {}).get("timings", {})
             print(f"request {attempt + 1}: {result['choices'][0]['text'].strip()!r}; prompt {usage['prompt_tokens']} "
-                  f"tokens, {usage['prompt_tokens_details']['cached_tokens']} from cache, "
-                  f"{hypic.get('encoded_tokens')} newly encoded; segments "
-                  f"{hypic.get('cache_hits')} hit / {hypic.get('cache_misses')} encoded; time to first token "
-                  f"{hypic.get('timings', {}).get('time_to_first_token_ms', float('nan')):.0f} ms")
+                  f"tokens, {usage['cached_tokens']} from cache, {usage.get('encoded_tokens')} newly encoded; "
+                  f"segments {usage.get('cache_hits')} hit / {usage.get('cache_misses')} encoded; time to first "
+                  f"token {timings.get('time_to_first_token_ms', float('nan')):.0f} ms")
     return 0
 
 

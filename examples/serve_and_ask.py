@@ -31,7 +31,7 @@ NEW_DOCUMENT = {
 def print_answer(answer: dict) -> None:
     print(f"  answer: {answer['answer']!r}  ({answer['finish_reason']})")
     for source in answer["sources"][:3]:
-        print(f"    source {source['document']} #{source['position']} score {source['score']:.3f}")
+        print(f"    source {source['doc_id']} #{source['position']} score {source['score']:.3f}")
     usage, timings = answer["usage"], answer["timings"]
     print(f"  tokens: {usage['prompt_tokens']} prompt, {usage['cached_tokens']} from cache, "
           f"{usage['encoded_tokens']} newly encoded, {usage['recomputed_tokens']} recomputed; "

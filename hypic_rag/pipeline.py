@@ -29,6 +29,7 @@ from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
+from hypic_rag.vocabulary import source_record
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -49,7 +50,7 @@ class Source:
 
     score: cosine similarity to the question. metadata: the document's fields and the chunk's location (`page`,
     `page_end`, `section`). hop_query: for a chunk found by the retrieval hop, the follow-up query that found it
-    (None for a direct hit), and hop_score its similarity to that query.
+    (None for a direct hit), and hop_score its similarity to that query. As JSON: `vocabulary.source_record`.
     """
 
     doc_id: str
@@ -61,9 +62,6 @@ class Source:
     metadata: dict[str, Any] = field(default_factory=dict)
     hop_query: str | None = None
     hop_score: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 @dataclass(slots=True)
@@ -82,7 +80,7 @@ class Answer:
     def as_dict(self) -> dict[str, Any]:
         return {
             "answer": self.text,
-            "sources": [source.as_dict() for source in self.sources],
+            "sources": [source_record(source, rank) for rank, source in enumerate(self.sources, start=1)],
             "mode": self.mode,
             "recompute_policy": self.recompute_policy,
             "finish_reason": self.finish_reason,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hypic_rag.entry import check_seam_tokens
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
 from hypic_rag.prompting.matching import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.anchoring import anchor_of, anchored_key
 from hypic_rag.runtime.engine import Engine
@@ -311,10 +311,12 @@ class ModelSession:
         question = question.strip()
         if not question:
             raise ValueError("the question is empty")
+        question_ids, answer_lead = tokenize_query(self.tokenizer, self.prompt_format.question(question))
         return Request(
             prefix_ids=list(self._prefix_ids),
             chunk_ids=[list(ids) for ids in chunk_ids if len(ids)],
-            question_ids=self.tokenize_segment(self.prompt_format.question(question), "the question"),
+            question_ids=question_ids,
+            answer_lead=answer_lead,
         )
 
     def segmented_request(self, segments: Sequence[str]) -> Request:

@@ -111,14 +111,9 @@ def print_answer(answer: Answer) -> None:
 
 
 def answer_json(question: str, answer: Answer) -> dict[str, Any]:
-    """The `--json` object: question, answer, mode, finish reason, sources best first (each with its rank, a
-    `hop` flag, and the Source fields), usage and timings (seconds)."""
-    data = {"question": question, **answer.as_dict()}
-    data["sources"] = [
-        {"rank": rank, "hop": source.hop_query is not None, **source.as_dict()}
-        for rank, source in enumerate(answer.sources, start=1)
-    ]
-    return data
+    """The `--json` object: question, answer, mode, finish reason, sources best first (the fields every surface
+    writes, `hypic_rag.vocabulary.SOURCE_FIELDS`), usage and timings (seconds)."""
+    return {"question": question, **answer.as_dict()}
 
 
 def read_question(given: str) -> str:

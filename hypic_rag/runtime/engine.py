@@ -461,9 +461,10 @@ class Engine:
         if generation.progress is None:
             assert generation.plan is not None
             generation.stats = self.finish_prefill(generation.plan, result).stats
+            answer_lead = generation.plan.request.answer_lead
             generation.plan = None
             generation.progress = GenerationProgress(
-                generation.params, self.model.eos_token_ids, self.model.tokenizer, generation.began
+                generation.params, self.model.eos_token_ids, self.model.tokenizer, generation.began, answer_lead
             )
         generation.state = result.state
         return generation.progress.advance(result.logits)

@@ -14,13 +14,16 @@ class Request:
     """prefix_ids: instruction at position 0 (may be empty); chunk_ids: one token list per retrieved chunk;
     question_ids: the final segment (non-empty: its last token's logits start generation); chunk_ranks: how
     much each chunk matters, 0 = most (e.g. its retrieval rank), read by recompute policies that recompute some
-    chunks whole (`recompute_policy.py`); empty: prompt order."""
+    chunks whole (`recompute_policy.py`); empty: prompt order. answer_lead: whitespace taken off the end of the
+    prompt's text (`prompt.split_trailing_space`): the model writes it as its answer's first character, and the
+    generation's text leaves it out there."""
 
     prefix_ids: list[int]
     chunk_ids: list[list[int]]
     question_ids: list[int]
     chunk_labels: list[str] = field(default_factory=list)
     chunk_ranks: list[int] = field(default_factory=list)
+    answer_lead: str = ""
 
     def __post_init__(self) -> None:
         if not self.question_ids:

@@ -18,6 +18,7 @@ from hypic_rag.server.request_log import log_refusal, log_unexpected
 from hypic_rag.server.sse import DONE, sse_event, sse_response
 from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question, checked_recompute_policy
 from hypic_rag.server.worker import TaskContext
+from hypic_rag.vocabulary import source_record
 
 
 ROUTE = "/v1/ask"
@@ -33,17 +34,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def source_out(source: Source) -> SourceOut:
-    return SourceOut(
-        document=source.doc_id,
-        chunk_id=source.chunk_id,
-        score=source.score,
-        text=source.text,
-        position=source.position,
-        source=source.source,
-        metadata=source.metadata,
-        hop_query=source.hop_query,
-    )
+def source_out(source: Source, rank: int) -> SourceOut:
+    return SourceOut(**source_record(source, rank))
 
 
 def ask_timings(answer: Answer, queue_seconds: float) -> AskTimings:
@@ -69,7 +61,7 @@ def ask_timings(answer: Answer, queue_seconds: float) -> AskTimings:
 def ask_response(answer: Answer, queue_seconds: float) -> AskResponse:
     return AskResponse(
         answer=answer.text,
-        sources=[source_out(source) for source in answer.sources],
+        sources=[source_out(source, rank) for rank, source in enumerate(answer.sources, start=1)],
         mode=answer.mode,
         recompute_policy=answer.recompute_policy,
         finish_reason=answer.finish_reason,
@@ -116,7 +108,8 @@ async def _relay(stream: EventStream, service: Service, received: float) -> Asyn
     try:
         async for kind, value in stream.events():
             if kind == "sources":
-                yield sse_event({"type": "sources", "sources": [source_out(s).model_dump() for s in value]})
+                yield sse_event({"type": "sources", "sources": [
+                    source_out(source, rank).model_dump() for rank, source in enumerate(value, start=1)]})
             elif kind == "token":
                 if first_token_at is None:
                     first_token_at = time.perf_counter()

@@ -84,20 +84,25 @@ class AskRequest(_Strict):
 
 
 class SourceOut(BaseModel):
-    document: str = Field(description="Id of the document the chunk comes from.")
+    """One source of the answer, best first, with the fields every surface writes (`hypic_rag.vocabulary`)."""
+
+    rank: int = Field(description="1 for the best; sources are listed by score.")
+    doc_id: str = Field(description="Id of the document the chunk comes from.")
     chunk_id: str
     score: float = Field(description="Cosine similarity of the chunk to the question.")
     text: str = Field(description="The chunk's text span.")
+    source: str = Field("", description="Where the document was read from, relative to the corpus root.")
     position: int = Field(description="The chunk's order within its document.")
-    source: str = ""
     metadata: dict[str, Any] = Field(
         default_factory=dict,
         description="The document's fields and where the chunk lies in it: page / page_end (PDF), section (HTML, "
-                    "DOCX, Markdown).",
+                    "DOCX, Markdown), title.",
     )
+    hop: bool = Field(False, description="Whether the retrieval hop found the chunk.")
     hop_query: str | None = Field(
         None, description="Set when the retrieval hop found the chunk: the follow-up query that found it."
     )
+    hop_score: float | None = Field(None, description="The chunk's similarity to hop_query.")
 
 
 class Usage(BaseModel):
@@ -175,7 +180,7 @@ class JobOut(BaseModel):
 
 
 class DeletedDocument(BaseModel):
-    document: str
+    doc_id: str
     deleted: bool
     chunks_removed: int
 

@@ -71,7 +71,7 @@ def test_twenty_concurrent_asks_are_all_answered_correctly(server: ServerThread)
     wrong = []
     for question, response in zip(questions, responses):
         answer = response.json()
-        documents = [source["document"] for source in answer["sources"]]
+        documents = [source["doc_id"] for source in answer["sources"]]
         assert f"{question.gold_doc_ids[0]}.md" in documents, f"gold document not retrieved for {question.text!r}"
         if normalised(answer["answer"]) != normalised(question.answer):
             wrong.append((question.text, question.answer, answer["answer"]))
@@ -112,4 +112,4 @@ def test_openai_completion_over_separated_documents_is_right(client: httpx.Clien
     assert response.status_code == 200, response.text
     result = response.json()
     assert normalised(result["choices"][0]["text"]) == normalised(question.answer)
-    assert result["hypic"]["segments"] == len(segments)
+    assert result["usage"]["segments"] == len(segments)
