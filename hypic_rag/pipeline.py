@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hypic_rag.demo_world import DEMO_MODEL_NOTE, WorldCheck, is_bundled_model
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.prompt import PromptFormat
@@ -68,7 +69,9 @@ class Source:
 
 @dataclass(slots=True)
 class Answer:
-    """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes)."""
+    """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes). note: a
+    line the reader should see beside the answer, else None: `hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled
+    demo model answered over chunks outside its synthetic world."""
 
     text: str
     sources: list[Source]
@@ -78,6 +81,7 @@ class Answer:
     timings: dict[str, float]
     token_ids: list[int] = field(default_factory=list)
     recompute_policy: str = ""
+    note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class Answer:
             "finish_reason": self.finish_reason,
             "usage": dict(self.usage),
             "timings": dict(self.timings),
+            "note": self.note,
         }
 
 
@@ -135,6 +140,18 @@ class RagPipeline:
         self.max_question_chars = max_question_chars
         self.scheduler = Scheduler(session.engine, SchedulerConfig(max_waiting=None), name="hypic-pipeline-scheduler")
         """Generates the answers of `stream` (not started: stepped by the stream's consumer)."""
+        self.world_check = WorldCheck(session.tokenizer) if is_bundled_model(session.model_path) else None
+        """For the bundled demo model: tells chunks outside its synthetic world (`note_for`); None otherwise."""
+
+    def note_for(self, sources: Sequence[Source]) -> str | None:
+        """`DEMO_MODEL_NOTE` when the bundled demo model answers over this index and the index (as precompute
+        measured it) or one of `sources` (documents added later) lies outside its world; else None."""
+        if self.world_check is None:
+            return None
+        fit = self.index.manifest.corpus_fit
+        if fit is not None and not fit.in_world:
+            return DEMO_MODEL_NOTE
+        return DEMO_MODEL_NOTE if any(self.world_check.is_foreign(source.text) for source in sources) else None
 
     @property
     def engine(self) -> Engine:
@@ -289,7 +306,7 @@ class RagPipeline:
         timings["total"] = time.perf_counter() - prepared.began
         label = _policy_label(prepared.policy, self.session.seam_tokens) if prepared.mode == "hypic" else ""
         return Answer(generation.text.strip(), prepared.sources, prepared.mode, generation.finish_reason,
-                      generation.usage(), timings, generation.token_ids, label)
+                      generation.usage(), timings, generation.token_ids, label, self.note_for(prepared.sources))
 
     def answer(
         self,

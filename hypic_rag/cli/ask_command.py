@@ -76,6 +76,8 @@ def location_label(metadata: dict[str, Any]) -> str:
 
 def print_answer(answer: Answer) -> None:
     print(f"Answer: {answer.text}")
+    if answer.note:
+        print(answer.note)
     print("Sources (by similarity to the question):")
     for rank, source in enumerate(answer.sources, start=1):
         snippet = " ".join(source.text.split())

@@ -102,6 +102,8 @@ def print_summary(summary: PrecomputeSummary) -> None:
     print(f"elapsed: {summary.elapsed_seconds:.2f} s ({overall:.0f} corpus tokens/s)")
     if not summary.did_work:
         print("index is up to date: nothing embedded, indexed or encoded")
+    if summary.note:
+        print(summary.note)
 
 
 def remote_summary_line(remote: dict[str, Any]) -> str:
