@@ -140,6 +140,9 @@ class RagPipeline:
         self.max_question_chars = max_question_chars
         self.scheduler = Scheduler(session.engine, SchedulerConfig(max_waiting=None), name="hypic-pipeline-scheduler")
         """Generates the answers of `stream` (not started: stepped by the stream's consumer)."""
+        self.open_timings: dict[str, float] = {}
+        """Seconds `open` took to load the model (`model_load`), open the index (`index_open`) and load the
+        embedder (`embedder_load`); empty for a pipeline built from an opened index and session."""
         self.world_check = WorldCheck(session.tokenizer) if is_bundled_model(session.model_path) else None
         """For the bundled demo model: tells chunks outside its synthetic world (`note_for`); None otherwise."""
 
@@ -202,18 +205,26 @@ class RagPipeline:
         # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
         cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes,
                              remote=remote_cache, cache_format=cache_format)
+        began = time.perf_counter()
         session = ModelSession.for_index(
             manifest, index_dir, model_path=model_path, device=device, dtype=dtype, seam_tokens=seam_tokens,
             cache=cache, recompute_policy=policy,
         )
+        timings = {"model_load": time.perf_counter() - began}
         try:
+            began = time.perf_counter()
             index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
+            timings["index_open"] = time.perf_counter() - began
         except BaseException:
             session.close()
             raise
         try:
+            began = time.perf_counter()
             index.embedder.load()
-            return cls(index, session, hop_slots=hop_slots)
+            timings["embedder_load"] = time.perf_counter() - began
+            pipeline = cls(index, session, hop_slots=hop_slots)
+            pipeline.open_timings = timings
+            return pipeline
         except BaseException:
             session.close()
             index.close()

@@ -5,6 +5,7 @@ corpus nothing is said."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -78,11 +79,18 @@ def test_precompute_and_ask_say_it_once_for_a_foreign_corpus(tmp_path: Path, for
     assert precomputed.stdout.splitlines().count(DEMO_MODEL_NOTE) == 1
     manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
     assert manifest["bundled_model_fit"]["foreign_chunks"] == manifest["bundled_model_fit"]["chunks"] > 0
-    asked = run_cli("ask", "--index", index, QUESTION)
+    asked = run_cli("ask", "--index", index, QUESTION, "--timings")
     lines = asked.stdout.splitlines()
     assert lines.count(DEMO_MODEL_NOTE) == 1 and lines[0].startswith("Answer: ") and lines[1] == DEMO_MODEL_NOTE
+    # --timings: where the whole run went, in one line
+    assert re.fullmatch(r"Run: start-up [\d.]+ s \| imports [\d.]+ s \| model load [\d.]+ s \| index open [\d.]+ s \| "
+                        r"embedder load [\d.]+ s \| answer [\d.]+ s \| total [\d.]+ s", lines[-1]), lines[-1]
     as_json = json.loads(run_cli("ask", "--index", index, QUESTION, "--json").stdout)
     assert as_json["note"] == DEMO_MODEL_NOTE
+    timings = as_json["timings"]
+    phases = ("startup", "imports", "model_load", "index_open", "embedder_load", "answer")
+    assert all(timings[phase] >= 0 for phase in phases) and timings["time_to_first_token"] <= timings["answer"]
+    assert sum(timings[phase] for phase in phases) <= timings["run_total"] + 0.05  # /proc's 10 ms ticks, rounding
 
 
 def test_v1_ask_carries_the_note_over_a_foreign_index(tmp_path: Path, foreign_corpus: Path) -> None:
