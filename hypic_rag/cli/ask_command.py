@@ -42,7 +42,7 @@ STDIN_QUESTION = "-"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ask", help="answer a question over a precomputed index", description=__doc__)
+    parser = subparsers.add_parser("ask", help="answer one question from an index (for many, use serve)", description=__doc__)
     parser.add_argument("question", metavar="QUESTION", help='the question; "-" reads it from standard input')
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--top-k", type=number_in(TOP_K), default=4, metavar="K",

@@ -41,7 +41,7 @@ def user_cache_dir() -> Path:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="build the example index and answer questions (full vs hypic)", description=__doc__)
+    parser = subparsers.add_parser("demo", help="try it: index the bundled example and answer a few questions (full vs hypic)", description=__doc__)
     parser.add_argument("--index", metavar="DIR", help="index directory (default: <user cache>/demo-index)")
     parser.add_argument("--questions", type=int_in(1, 1_000), default=6, metavar="N",
                         help="questions answered (6; 1..1000)")
