@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hypic_rag.demo_world import DEMO_MODEL_NOTE, WorldCheck, is_bundled_model
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.prompting.format import PromptFormat
@@ -66,7 +67,9 @@ class Source:
 
 @dataclass(slots=True)
 class Answer:
-    """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes)."""
+    """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes). note: a
+    line the reader should see beside the answer, else None: `hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled
+    demo model answered over chunks outside its synthetic world."""
 
     text: str
     sources: list[Source]
@@ -76,6 +79,7 @@ class Answer:
     timings: dict[str, float]
     token_ids: list[int] = field(default_factory=list)
     recompute_policy: str = ""
+    note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +90,7 @@ class Answer:
             "finish_reason": self.finish_reason,
             "usage": dict(self.usage),
             "timings": dict(self.timings),
+            "note": self.note,
         }
 
 
@@ -136,6 +141,21 @@ class RagPipeline:
         self.max_question_chars = max_question_chars
         self.scheduler = Scheduler(session.engine, SchedulerConfig(max_waiting=None), name="hypic-pipeline-scheduler")
         """Generates the answers of `stream` (not started: stepped by the stream's consumer)."""
+        self.open_timings: dict[str, float] = {}
+        """Seconds `open` took to load the model (`model_load`), open the index (`index_open`) and load the
+        embedder (`embedder_load`); empty for a pipeline built from an opened index and session."""
+        self.world_check = WorldCheck(session.tokenizer) if is_bundled_model(session.model_path) else None
+        """For the bundled demo model: tells chunks outside its synthetic world (`note_for`); None otherwise."""
+
+    def note_for(self, sources: Sequence[Source]) -> str | None:
+        """`DEMO_MODEL_NOTE` when the bundled demo model answers over this index and the index (as precompute
+        measured it) or one of `sources` (documents added later) lies outside its world; else None."""
+        if self.world_check is None:
+            return None
+        fit = self.index.manifest.corpus_fit
+        if fit is not None and not fit.in_world:
+            return DEMO_MODEL_NOTE
+        return DEMO_MODEL_NOTE if any(self.world_check.is_foreign(source.text) for source in sources) else None
 
     @property
     def engine(self) -> Engine:
@@ -186,18 +206,26 @@ class RagPipeline:
         # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
         cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes,
                              remote=remote_cache, cache_format=cache_format)
+        began = time.perf_counter()
         session = ModelSession.for_index(
             manifest, index_dir, model_path=model_path, device=device, dtype=dtype, seam_tokens=seam_tokens,
             cache=cache, recompute_policy=policy,
         )
+        timings = {"model_load": time.perf_counter() - began}
         try:
+            began = time.perf_counter()
             index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
+            timings["index_open"] = time.perf_counter() - began
         except BaseException:
             session.close()
             raise
         try:
+            began = time.perf_counter()
             index.embedder.load()
-            return cls(index, session, hop_slots=hop_slots)
+            timings["embedder_load"] = time.perf_counter() - began
+            pipeline = cls(index, session, hop_slots=hop_slots)
+            pipeline.open_timings = timings
+            return pipeline
         except BaseException:
             session.close()
             index.close()
@@ -296,7 +324,7 @@ class RagPipeline:
         timings["total"] = time.perf_counter() - prepared.began
         label = _policy_label(prepared.policy, self.session.seam_tokens) if prepared.mode == "hypic" else ""
         return Answer(generation.text.strip(), prepared.sources, prepared.mode, generation.finish_reason,
-                      generation.usage(), timings, generation.token_ids, label)
+                      generation.usage(), timings, generation.token_ids, label, self.note_for(prepared.sources))
 
     def answer(
         self,

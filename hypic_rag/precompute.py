@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
+from hypic_rag.demo_world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bundled_model
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
@@ -62,6 +63,7 @@ __all__ = [
     "ScaleOut",
     "SegmentPlan",
     "build_index",
+    "bundled_model_fit",
     "cache_bytes_of",
     "distinct_segments",
     "encode_plans",
@@ -193,6 +195,8 @@ class PrecomputeSummary:
     """The format the cache was rebuilt from (`--cache-format` naming another than the index's), else None."""
     removed_entries: int = 0
     """Entries of the old format removed after a rebuild."""
+    note: str | None = None
+    """`hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled demo model indexed chunks outside its world."""
 
     @property
     def did_work(self) -> bool:
@@ -337,6 +341,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
         hooks = {} if scale_out is None else scale_out.ingest_hooks(index, corpus, chunker)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
+        fit = bundled_model_fit(options.model_path, model.tokenizer, index)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
         cache = session.segment_source
         if scale_out is not None:  # with a remote tier, the actors write their entries there themselves
@@ -372,6 +377,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             cache_format=chosen_format,
             rebuilt_from=rebuilt_from,
             removed_entries=removed,
+            note=None if fit is None or fit.in_world else DEMO_MODEL_NOTE,
         )
 
 
@@ -399,6 +405,19 @@ def build_index(
         corpus=Path(corpus).expanduser(), index_dir=Path(index_dir).expanduser(), model_path=resolve_model_path(model),
         **options,
     ))
+
+
+def bundled_model_fit(model_path: Path, tokenizer: Any, index: CorpusIndex) -> CorpusFit | None:
+    """For the bundled demo model, how the index's chunks fit its synthetic world, recorded in the manifest (None,
+    and nothing recorded, for any other model); `hypic_rag.demo_world`."""
+    fit = None
+    if is_bundled_model(model_path):
+        fit = WorldCheck(tokenizer).fit(chunk.text for chunk in index.docstore.iter_chunks())
+        if not fit.in_world:
+            logger.info("%d of %d chunks lie outside the bundled model's synthetic world (%.0f%% single-token words)",
+                        fit.foreign_chunks, fit.chunks, 100 * fit.single_token_word_share)
+    index.record_bundled_model_fit(fit)
+    return fit
 
 
 def drop_format_entries(cache: SegmentCache, old_format: str, plans: Sequence[SegmentPlan]) -> int:

@@ -15,7 +15,8 @@ DEFAULT_OUTPUT = "hypic-rag-bench"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, deviation)")
+    parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, deviation)",
+                                   description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the small profile (the default): a few minutes on 2 CPU cores")
     parser.add_argument("--profile", choices=("quick", "standard", "full", "test"), default=None,
                         help="explicit profile (overrides --quick; default quick)")

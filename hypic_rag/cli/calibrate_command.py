@@ -58,7 +58,7 @@ def _formats(text: str) -> list[str]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "calibrate", help="choose the recompute policy of an index (KL target) and record it", description=__doc__,
+        "calibrate", help="choose what hypic recomputes and the cache format for an index (KL target), and record them", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")

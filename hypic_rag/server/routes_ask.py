@@ -67,6 +67,7 @@ def ask_response(answer: Answer, queue_seconds: float) -> AskResponse:
         finish_reason=answer.finish_reason,
         usage=Usage(**answer.usage),
         timings=ask_timings(answer, queue_seconds),
+        note=answer.note,
     )
 
 

@@ -144,6 +144,8 @@ class AskResponse(BaseModel):
     finish_reason: str
     usage: Usage
     timings: AskTimings
+    note: str | None = Field(None, description="A line to show beside the answer, else null: that the bundled demo "
+                                               "model answered over documents outside its synthetic world.")
 
 
 class DocumentIn(_Strict):

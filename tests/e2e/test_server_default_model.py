@@ -76,6 +76,7 @@ def test_twenty_concurrent_asks_are_all_answered_correctly(server: ServerThread)
         if normalised(answer["answer"]) != normalised(question.answer):
             wrong.append((question.text, question.answer, answer["answer"]))
         assert answer["usage"]["recomputed_tokens"] < answer["usage"]["prompt_tokens"]
+        assert answer["note"] is None  # the example corpus is the bundled model's own world (tests/e2e/test_demo_model_note.py)
     assert not wrong, f"wrong answers: {wrong}"
     ttfts = sorted(r.json()["timings"]["time_to_first_token_ms"] for r in responses)
     print(f"\ndefault model, {CONCURRENT} concurrent asks: {seconds:.2f} s wall; "
