@@ -8,20 +8,22 @@ export OMP_WAIT_POLICY := PASSIVE
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+TORCH_VERSION := 2.13.0
 
 .PHONY: setup demo test bench-quick
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,llamaindex,bench]"
-	touch $@
+	@echo "setting up $(VENV) (once): torch $(TORCH_VERSION) CPU and the other packages, about 3 GB installed"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	@$(PY) -m pip install -q -e ".[test,llamaindex,bench]"
+	@touch $@
 
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/hypic-rag demo
+	@$(VENV)/bin/hypic-rag demo
 
 test: setup
 	$(PY) -m pytest -q -x --durations=15 tests --ignore=tests/kernels; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

@@ -1,27 +1,34 @@
-"""Recompute policies on a model never trained for composition: quality against recomputed tokens (issue 20).
+"""Recompute policies on a model never trained for composition: quality against recomputed tokens, over worlds.
 
-The test bed: the bundled model's stage-3 checkpoint (`evals/stage3_model/`, trained only on fully attended
-contexts), the held-out questions (worlds 900,000,000+) with the real retriever's top k = 8 chunks
-(`training/heldout_retrieval.py`, as `evals/eval_default_model.py`), and for every variant: exact match,
-agreement of the greedy answer with `full`'s, mean KL(full || variant) of the first answer token's distribution,
-and the tokens it recomputes per request (the budget: seams, whole chunks and the question; the prefix is exact
-from its entry). JSON (`--out`), a markdown Pareto table (`--markdown`) and a plot (`--plot`).
+The test bed (issues 20 and 29): the bundled model's stage-3 checkpoint (`evals/stage3_model/`, trained only on fully
+attended contexts), held-out questions with the real retriever's top k = 8 chunks (`training/heldout_retrieval.py`,
+as `evals/eval_default_model.py`), and for every variant: exact match, agreement of the greedy answer with `full`'s,
+mean KL(full || variant) of the first answer token's distribution, the tokens it recomputes per request (seams,
+whole chunks, the question, and a probe pass's tokens), the passes it runs and the bytes it stores per chunk beyond
+a plain entry. JSON (`--out`), markdown tables (`--markdown`) and a plot (`--plot`).
+
+Worlds: `--worlds S1,S2,...` evaluates `--questions` questions of each world seed S (the held-out benchmark's
+layout: 50 questions per generated world, worlds S, S+1, ...), reports each world with paired 95% intervals of
+EM - full, and their mean (`summarize_worlds`). Worlds used to develop or calibrate a policy must not be the worlds
+of the table that judges it (docs/recompute_policies.md names which were which).
 
 A variant is `POLICY` or `POLICY|RANKING`:
-- POLICY: a runtime policy spec (`hypic_rag.runtime.recompute_policy`: `seam@8`, `whole:1`, `budget:2`, ...), a
-  mode (`full`, `transition_rope`, `transition`, `addition`), or a study-only rule of this file that needs more
-  than the runtime's plans: `ends:E@W` (seam W at each chunk's start and its last E tokens recomputed, from an
-  extra entry of the chunk without its last E tokens) and `wide:N:V@W` (the N top-ranked chunks at seam V, the
-  rest at seam W: an extra entry per chunk at seam V).
+- POLICY: a runtime policy spec (`hypic_rag.runtime.recompute_policy`: `seam@8`, `whole:1`, `budget:2`,
+  `seam@0+anchored`, ...), a mode (`full`, `transition_rope`, `transition`, `addition`), a rule decided by the
+  model's own signals (`evals/policy_signals.py`: `attention:N@W`, `deviation:N@W`), or a study-only rule of this
+  file that needs more than the runtime's plans: `ends:E@W` (seam W at each chunk's start and its last E tokens
+  recomputed, from an extra entry of the chunk without its last E tokens) and `wide:N:V@W` (the N top-ranked chunks
+  at seam V, the rest at seam W: an extra entry per chunk at seam V).
 - RANKING (which chunks matter most, for `whole` / `budget` / `wide`): `prompt` (retrieval order: direct hits
   best first, then the hop's), `alternate` (direct and hop hits alternately, as the pipeline ranks them),
   `score` (similarity to the question), `nearest` (closest to the question first), `oracle` (the gold
   documents first: an upper bound no product can use).
 
-    OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies --questions 200 \\
-        --out docs/benchmarks/recompute_policies_stage3.json --markdown docs/benchmarks/recompute_policies_stage3.md \\
-        --plot docs/benchmarks/recompute_policies_stage3.png
+    OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies --worlds 930000000,935000000 --questions 200 \\
+        --out docs/benchmarks/recompute_policies_dev.json --markdown docs/benchmarks/recompute_policies_dev.md \\
+        --plot docs/benchmarks/recompute_policies_dev.png
 """
+
 
 from __future__ import annotations
 
@@ -55,6 +62,12 @@ DEFAULT_VARIANTS = (
     "whole:3|alternate,whole:4|alternate,budget:1.5|alternate,budget:2|alternate,budget:3|alternate,"
     "wide:2:16@8|alternate,wide:2:32@8|alternate,ends:8@8,ends:16@8"
 )
+WORLD_VARIANTS = (
+    "full,seam@8,seam@0,whole:1|alternate,whole:2@0|alternate,budget:2|alternate,budget:3|alternate,"
+    "attention:2@0,deviation:2@0,seam@0+anchored,seam@8+anchored,budget:2+anchored|alternate"
+)
+"""The multi-world table's variants (issue 29): the fixed seam, the rank-based policies, the model-signal rules and
+the anchored entries."""
 MODES = ("full", "transition_rope", "transition", "addition")
 
 
@@ -106,10 +119,12 @@ class WideSeams:
 
 @dataclass(slots=True)
 class Variant:
-    """One row of the study: a label, how to prefill a request, and what it costs in extra cache bytes."""
+    """One row of the study: a label, how to prefill a request, and what it costs beyond a plain entry and pass:
+    extra entries per chunk, extra passes per request (a probe), and what it stores per chunk besides
+    (`extra_bytes_note`; anchored entries' bytes are measured per request, see `run_variant`)."""
 
     label: str
-    kind: str  # "mode", "policy", "ends"
+    kind: str  # "mode", "policy", "ends", "attention", "deviation"
     spec: str
     ranking: str | None = None
     policy: Any = None
@@ -117,6 +132,9 @@ class Variant:
     seam: int = 8
     extra_entries_per_chunk: int = 0
     notes: str = ""
+    chunks: int = 0
+    extra_passes: int = 0
+    extra_bytes_per_chunk: int = 0
 
 
 def parse_variant(text: str, default_seam: int) -> Variant:
@@ -129,6 +147,16 @@ def parse_variant(text: str, default_seam: int) -> Variant:
         raise ValueError(f"unknown ranking {ranking!r} in {text!r}")
     if spec in MODES:
         return Variant(spec, "mode", spec)
+    from evals.policy_signals import SIGNAL_RULE
+
+    signal = SIGNAL_RULE.fullmatch(spec)
+    if signal:
+        kind, chunks, seam = signal.group("signal"), int(signal.group("chunks")), int(signal.group("seam"))
+        if kind == "attention":
+            return Variant(spec, kind, spec, seam=seam, chunks=chunks, extra_passes=1,
+                           notes="model signal: question attention in a probe pass (+1 pass)")
+        return Variant(spec, kind, spec, seam=seam, chunks=chunks, extra_bytes_per_chunk=4,
+                       notes="model signal: K/V deviation stored at encoding (+4 B/chunk, +1 encoding)")
     ends = re.fullmatch(r"ends:(\d+)@(\d+)", spec)
     if ends:
         return Variant(spec, "ends", spec, end_tokens=int(ends.group(1)), seam=int(ends.group(2)),
@@ -191,6 +219,10 @@ def greedy_decode(engine: Any, logits: torch.Tensor, state: Any, stop: str, max_
     return tokenizer.decode(generated, skip_special_tokens=True).split(stop)[0].strip()
 
 
+_DEVIATIONS: dict[int, Any] = {}
+"""Per engine (by id), the `policy_signals.DeviationIndex` of its chunks (a statistic kept per chunk)."""
+
+
 def run_variant(engine: Any, variant: Variant, request: Any) -> tuple[torch.Tensor, Any, int]:
     """(first-token logits [vocab], decode state, tokens recomputed) of `request` under `variant`."""
     if variant.kind == "mode":
@@ -199,8 +231,29 @@ def run_variant(engine: Any, variant: Variant, request: Any) -> tuple[torch.Tens
     if variant.kind == "ends":
         result = prefill_ends(engine, request, variant.seam, variant.end_tokens)
         return result.logits, result.state, result.recomputed_tokens
+    if variant.kind == "attention":
+        from evals.policy_signals import prefill_by_attention
+
+        return prefill_by_attention(engine, request, variant.chunks, variant.seam)[:3]
+    if variant.kind == "deviation":
+        from evals.policy_signals import DeviationIndex, prefill_by_deviation
+
+        deviations = _DEVIATIONS.setdefault(id(engine), DeviationIndex(engine))
+        return prefill_by_deviation(engine, deviations, request, variant.chunks, variant.seam)[:3]
     result = engine.prefill(request, "hypic", policy=variant.policy)
     return result.logits, result.state, result.stats.recomputed_tokens
+
+
+def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int) -> float:
+    """Mean bytes a chunk's anchored entry (seam `seam`) holds beyond its plain one: the anchor's K/V rows."""
+    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key
+    from hypic_rag.runtime.engine import PrefillStats
+
+    anchor = anchor_of(request.prefix_ids)
+    keys = [anchored_key(anchor, chunk, seam) for chunk in request.chunk_ids]
+    stats = PrefillStats(mode="hypic")
+    entries = [engine.fetch_entries([list(ids)], entry_seam, stats)[0] for entry_seam, ids in keys]
+    return sum(anchored_extra_bytes(entry, len(anchor)) for entry in entries) / max(1, len(entries))
 
 
 @dataclass(slots=True)
@@ -210,6 +263,7 @@ class Tally:
     answers: list[str] = field(default_factory=list)
     kl: list[float] = field(default_factory=list)
     recomputed: list[int] = field(default_factory=list)
+    extra_bytes: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -245,6 +299,9 @@ def evaluate(engine: Any, cases: Sequence[Any], variants: Sequence[Variant], sto
             tally.seconds += time.perf_counter() - began
             tally.kl.append(kl_divergence(full_logits, logits))
             tally.recomputed.append(recomputed)
+            policy = variant.policy
+            tally.extra_bytes.append(anchored_bytes_per_chunk(engine, request, variant.seam)
+                                     if getattr(policy, "anchored", False) else variant.extra_bytes_per_chunk)
     prompt_tokens = sum(request.prompt_tokens for request in requests) / len(requests)
     question_tokens = sum(len(request.question_ids) for request in requests) / len(requests)
     rows = {variant.label: row_of(variant, tallies[variant.label], cases, full_answers) for variant in variants}
@@ -276,6 +333,8 @@ def row_of(variant: Variant, tally: Tally, cases: Sequence[Any], full_answers: S
         "kind": variant.kind,
         "notes": variant.notes,
         "extra_entries_per_chunk": variant.extra_entries_per_chunk,
+        "extra_passes": variant.extra_passes,
+        "extra_bytes_per_chunk": sum(tally.extra_bytes) / count if tally.extra_bytes else 0.0,
         **summary,
         "agreement": sum(a == b for a, b in zip(tally.answers, full_answers)) / count,
         "kl": sum(tally.kl) / count,
@@ -376,6 +435,137 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
+# ============================================================================================== worlds
+def summarize_worlds(worlds: Sequence[dict[str, Any]], reference: str = "seam@8") -> dict[str, dict[str, Any]]:
+    """Per variant over the world reports: mean EM and EM - full, the worst and best world's EM - full, the paired
+    95% interval of EM - full over all their questions, mean recomputed tokens (and their ratio to `reference`'s),
+    mean KL and agreement, and the variant's costs."""
+    summary: dict[str, dict[str, Any]] = {}
+    labels = [label for label in worlds[0]["rows"] if all(label in world["rows"] for world in worlds)]
+    base = sum(world["rows"][reference]["recomputed_tokens"] for world in worlds) / len(worlds) \
+        if all(reference in world["rows"] for world in worlds) else float("nan")
+    for label in labels:
+        rows = [world["rows"][label] for world in worlds]
+        fulls = [world["rows"]["full"] for world in worlds]
+        gaps = [row["exact_match"] - full["exact_match"] for row, full in zip(rows, fulls)]
+        flags = [flag == "1" for row in rows for flag in row["exact_flags"]]
+        full_flags = [flag == "1" for full in fulls for flag in full["exact_flags"]]
+        tokens = sum(row["recomputed_tokens"] for row in rows) / len(rows)
+        summary[label] = {
+            "variant": label, "kind": rows[0]["kind"], "spec": rows[0]["spec"], "notes": rows[0]["notes"],
+            "worlds": len(rows), "questions": len(flags),
+            "exact_match": sum(row["exact_match"] for row in rows) / len(rows),
+            "em_minus_full_by_world": gaps,
+            "em_minus_full_mean": sum(gaps) / len(gaps), "em_minus_full_worst": min(gaps),
+            "em_minus_full_best": max(gaps),
+            "em_minus_full_ci95_pooled": paired_difference(flags, full_flags)["em_minus_full_ci95"],
+            "recomputed_tokens": tokens, "x_reference": tokens / base, "reference": reference,
+            "kl": sum(row["kl"] for row in rows) / len(rows),
+            "agreement": sum(row["agreement"] for row in rows) / len(rows),
+            "extra_passes": rows[0].get("extra_passes", 0),
+            "extra_bytes_per_chunk": sum(row.get("extra_bytes_per_chunk", 0.0) for row in rows) / len(rows),
+            "extra_entries_per_chunk": rows[0].get("extra_entries_per_chunk", 0),
+        }
+    return summary
+
+
+def _cost(row: dict[str, Any]) -> str:
+    parts = []
+    if row.get("extra_passes"):
+        parts.append(f"+{row['extra_passes']} pass")
+    if row.get("extra_bytes_per_chunk"):
+        parts.append(f"+{row['extra_bytes_per_chunk'] / 1024:.1f} KiB/chunk" if row["extra_bytes_per_chunk"] >= 1024
+                     else f"+{row['extra_bytes_per_chunk']:.0f} B/chunk")
+    if row.get("extra_entries_per_chunk"):
+        parts.append(f"+{row['extra_entries_per_chunk']} entry/chunk")
+    return ", ".join(parts)
+
+
+def worlds_markdown(report: dict[str, Any]) -> str:
+    """The multi-world report: the mean table (one line per variant, by recomputed tokens), EM - full per world,
+    then each world's own table."""
+    worlds = report["worlds"]
+    summary = sorted(report["summary"].values(), key=lambda row: (row["recomputed_tokens"], -row["exact_match"]))
+    seeds = [world["seed"] for world in worlds]
+    lines = [
+        f"{len(worlds)} worlds ({', '.join(str(seed) for seed in seeds)}), {report['questions']} held-out questions "
+        f"each, k = {report['k']}, model `{report['model_label']}`. Recomputed tokens per request count seams, whole "
+        "chunks, the question and any probe pass; cost = what a variant needs beyond a plain entry and one pass.",
+        "",
+        "**Mean over the worlds**",
+        "",
+        "| variant | recomputed tokens / request | x seam@8 | EM | EM - full: mean [pooled 95% paired] | worst world "
+        "| agreement with full | KL(full ‖ variant) | cost |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in summary:
+        low, high = row["em_minus_full_ci95_pooled"]
+        lines.append(
+            f"| {row['variant']} | {row['recomputed_tokens']:.1f} | {row['x_reference']:.2f} | "
+            f"{100 * row['exact_match']:.1f}% | {100 * row['em_minus_full_mean']:+.1f} [{100 * low:+.1f}, "
+            f"{100 * high:+.1f}] | {100 * row['em_minus_full_worst']:+.1f} | {100 * row['agreement']:.1f}% | "
+            f"{row['kl']:.4f} | {_cost(row)} |")
+    lines += ["", "**EM - full (points) per world** (`full`'s EM in the header)", "",
+              "| variant | " + " | ".join(f"{seed} ({100 * world['rows']['full']['exact_match']:.1f}%)"
+                                        for seed, world in zip(seeds, worlds)) + " |",
+              "| --- |" + " --- |" * len(worlds)]
+    for row in summary:
+        cells = []
+        for world in worlds:
+            item = world["rows"][row["variant"]]
+            cells.append(f"{100 * (item['exact_match'] - world['rows']['full']['exact_match']):+.1f}"
+                         f"{_interval(item)}")
+        lines.append(f"| {row['variant']} | " + " | ".join(cells) + " |")
+    for world in worlds:
+        lines += ["", f"**World {world['seed']}**", "", markdown_table(world)]
+    return "\n".join(lines) + "\n"
+
+
+def plot_worlds(report: dict[str, Any], path: Path) -> None:
+    """EM - full (mean over worlds; bars: worst to best world) and mean KL against recomputed tokens per request
+    (probe passes included), one point per variant; markers say what a variant costs beyond its tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(report["summary"].values())
+    figure, (left, right) = plt.subplots(1, 2, figsize=(15, 6.5))
+    for row in rows:
+        marker = "^" if row["extra_passes"] else ("s" if row["extra_bytes_per_chunk"] else "o")
+        colour = "tab:red" if "anchored" in row["variant"] else ("tab:purple" if row["kind"] in (
+            "attention", "deviation") else ("tab:gray" if row["kind"] == "mode" else "tab:blue"))
+        x = row["recomputed_tokens"]
+        mean = 100 * row["em_minus_full_mean"]
+        left.errorbar([x], [mean], yerr=[[mean - 100 * row["em_minus_full_worst"]],
+                                         [100 * row["em_minus_full_best"] - mean]],
+                      fmt=marker, color=colour, markersize=6, capsize=2, linewidth=0.8)
+        right.scatter([x], [max(row["kl"], 1e-4)], marker=marker, color=colour, s=30)
+        label = row["variant"] + (f" ({_cost(row)})" if _cost(row) else "")
+        for axis, y in ((left, mean), (right, max(row["kl"], 1e-4))):
+            axis.annotate(label, (x, y), fontsize=6, xytext=(4, 2), textcoords="offset points")
+    seam8 = report["summary"].get("seam@8")
+    for axis in (left, right):
+        axis.set_xscale("log")
+        axis.set_xlabel("recomputed tokens per request, probe passes included (log)")
+        if seam8 is not None:
+            axis.axvline(2 * seam8["recomputed_tokens"], color="tab:red", linestyle=":", linewidth=1)
+    for level, style in ((0, "-"), (-1, ":"), (-2, "--")):
+        left.axhline(level, color="tab:gray", linestyle=style, linewidth=0.8)
+    right.set_yscale("log")
+    left.set_ylabel("EM - full (points): mean over worlds, bars worst..best world")
+    right.set_ylabel("mean KL(full || variant), first answer token (log)")
+    figure.suptitle(f"{report['model_label']}, {len(report['worlds'])} worlds x {report['questions']} questions, "
+                    f"k = {report['k']}\no: no extra cost, s: extra bytes per chunk, ^: an extra pass; red: anchored "
+                    "entries, purple: model-signal rules, blue: plain entries; dotted vertical: 2x seam@8's tokens",
+                    fontsize=9)
+    left.set_title("EM - full", fontsize=8)
+    right.set_title("KL against full", fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1, 0.92))
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 # ============================================================================================== main
 def load_cases(seed: int, count: int, tokenizer: Any, k: int, progress: bool = True) -> list[Any]:
     from training.heldout_retrieval import retrieved_cases
@@ -388,21 +578,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=STAGE3_MODEL)
     parser.add_argument("--model-label", default=None, help="name in the table (default: the directory's)")
-    parser.add_argument("--questions", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
+    parser.add_argument("--questions", type=int, default=200, help="questions per world")
+    parser.add_argument("--seed", type=int, default=HELDOUT_SEED, help="the world when --worlds is not given")
+    parser.add_argument("--worlds", default="", help="world seeds, comma-separated (each: --questions questions)")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--seam-tokens", type=int, default=8, help="the engine's (index's) seam")
-    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma-separated POLICY[|RANKING]")
+    parser.add_argument("--variants", default=None, help="comma-separated POLICY[|RANKING] (default: the issue-20 "
+                        "list for one world, `WORLD_VARIANTS` with --worlds)")
     parser.add_argument("--calibrate", default="", help="KL targets (comma-separated): calibrate on --calibration-"
                         "questions of worlds --calibration-seed with `hypic_rag.runtime.calibration`, record the choice")
     parser.add_argument("--calibration-questions", type=int, default=50)
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
                         "`hypic_rag.runtime.calibration.DEFAULT_CANDIDATES`)")
     parser.add_argument("--calibration-seed", type=int, default=CALIBRATION_SEED)
+    parser.add_argument("--calibrate-only", action="store_true", help="calibrate (--calibrate) and stop: no world "
+                        "is evaluated")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out: its worlds and its "
+                        "calibration are kept, only the worlds it lacks are evaluated (same model, questions, k)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=logging.WARNING)
@@ -412,36 +608,103 @@ def main(argv: list[str] | None = None) -> int:
     from hypic_rag.runtime.model import load_model
     from training.packing import SegmentEncoder
 
+    worlds = [int(seed) for seed in args.worlds.split(",") if seed.strip()] or [args.seed]
     model = load_model(args.model, device="cpu")
     engine = Engine(model, seam_tokens=args.seam_tokens, memory_cache_bytes=4 << 30)
     stop = SegmentEncoder(model.tokenizer).prompt_format.answer_stop
-    variants = [parse_variant(text, args.seam_tokens) for text in args.variants.split(",") if text.strip()]
+    listed = args.variants or (WORLD_VARIANTS if args.worlds else DEFAULT_VARIANTS)
+    variants = [parse_variant(text, args.seam_tokens) for text in listed.split(",") if text.strip()]
     started = time.perf_counter()
-    report: dict[str, Any] = {
+    header: dict[str, Any] = {
         "model": str(args.model), "model_label": args.model_label or args.model.name, "questions": args.questions,
-        "seed": args.seed, "k": args.k, "seam_tokens": args.seam_tokens,
+        "k": args.k, "seam_tokens": args.seam_tokens,
     }
-    if args.calibrate:
-        report["calibration"] = calibrate_on_worlds(engine, args, stop)
-        for choice in report["calibration"]["choices"]:
-            label = choice["chosen"]
-            if label not in {variant.label for variant in variants}:
-                variants.append(parse_variant(label, args.seam_tokens))
-    cases = load_cases(args.seed, args.questions, model.tokenizer, args.k)
-    report["gold_recall"] = sum(case.gold_retrieved for case in cases) / len(cases)
-    report.update(evaluate(engine, cases, variants, stop))
-    del report["full_answers"]  # not kept (the rows hold the summaries)
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    calibration, world_reports = None, []
+    if args.resume:
+        calibration, world_reports = resumed_report(args.out, header)
+    if args.calibrate and calibration is None:
+        calibration = calibrate_on_worlds(engine, args, stop)
+        if args.calibrate_only:
+            report = {**header, "calibration": calibration, "seconds": round(time.perf_counter() - started, 1)}
+            text = calibration_markdown(calibration)
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(report, indent=2) + "\n")
+            if args.markdown:
+                args.markdown.write_text(text)
+            print(text)
+            return 0
+    for choice in calibration["choices"] if calibration else []:
+        label = choice["chosen"]
+        if label not in {variant.label for variant in variants}:
+            variants.append(parse_variant(label, args.seam_tokens))
+    done = {world["seed"] for world in world_reports}
+    for seed in [seed for seed in worlds if seed not in done]:
+        began = time.perf_counter()
+        cases = load_cases(seed, args.questions, model.tokenizer, args.k)
+        world = {**header, "seed": seed, "gold_recall": sum(case.gold_retrieved for case in cases) / len(cases)}
+        world.update(evaluate(engine, cases, variants, stop))
+        del world["full_answers"]  # not kept (the rows hold the summaries)
+        world["seconds"] = round(time.perf_counter() - began, 1)
+        world_reports.append(world)
+        if args.out:  # after every world: a long run stopped early keeps what it measured
+            _write_report(args.out, header, world_reports, calibration, started)
+    report = _write_report(args.out, header, world_reports, calibration, started)
+    text = markdown_table(world_reports[0]) if len(world_reports) == 1 else worlds_markdown(report)
     if args.markdown:
-        args.markdown.write_text(markdown_table(report))
+        args.markdown.write_text(text)
     if args.plot:
-        plot(report, args.plot)
-    print(markdown_table(report))
+        (plot if len(world_reports) == 1 else plot_worlds)(world_reports[0] if len(world_reports) == 1 else report,
+                                                            args.plot)
+    print(text)
     return 0
+
+
+def _write_report(path: Path | None, header: dict[str, Any], worlds: list[dict[str, Any]],
+                  calibration: dict[str, Any] | None, started: float) -> dict[str, Any]:
+    """The report so far (one world: that world's report, as issue 20's files; several: `worlds` and `summary`),
+    written to `path` when given."""
+    if len(worlds) == 1:
+        report = dict(worlds[0])
+    else:
+        report = {**header, "worlds": worlds, "summary": summarize_worlds(worlds)}
+    if calibration is not None:
+        report["calibration"] = calibration
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def resumed_report(path: Path | None, header: dict[str, Any]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(calibration, world reports) of the report at `path` written by an earlier run with the same `header`
+    (model, questions, k, seam); (None, []) when there is none. ValueError when it was made with another header."""
+    if path is None or not path.exists():
+        return None, []
+    report = json.loads(path.read_text())
+    for name in ("model", "questions", "k", "seam_tokens"):
+        if report.get(name) != header[name]:
+            raise ValueError(f"--resume: {path} has {name} {report.get(name)!r}, this run {header[name]!r}")
+    worlds = report["worlds"] if "worlds" in report else \
+        [{name: value for name, value in report.items() if name != "calibration"}]
+    return report.get("calibration"), worlds
+
+
+def calibration_markdown(calibration: dict[str, Any]) -> str:
+    """The candidates' calibration scores (cheapest first) and the choice per KL target."""
+    choices = calibration["choices"]
+    lines = [f"Calibration on {calibration['questions']} questions of worlds {calibration['seed']}+ "
+             "(the runtime's `calibrate`, requests ranked as the pipeline ranks).", "",
+             "| candidate | recomputed tokens / request | mean KL | max KL | top-1 agreement |",
+             "| --- | --- | --- | --- | --- |"]
+    for candidate in choices[0]["candidates"] if choices else []:
+        lines.append(f"| {candidate['spec']} | {candidate['recomputed_tokens']:.1f} | {candidate['mean_kl']:.4f} | "
+                     f"{candidate['max_kl']:.4f} | {100 * candidate['top1_agreement']:.1f}% |")
+    lines += ["", "| KL target | chosen | met |", "| --- | --- | --- |"]
+    lines += [f"| {choice['kl_target']:g} | {choice['policy']} | {'yes' if choice['met'] else 'no'} |"
+              for choice in choices]
+    return "\n".join(lines) + "\n"
 
 
 def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dict[str, Any]:

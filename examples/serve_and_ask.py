@@ -20,11 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from hypic_rag.example_corpus import read_questions
-from hypic_rag.default_model import default_model_path, example_corpus_path
-from hypic_rag.server import ServerConfig
-from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import build_index
+from hypic_rag import ServerConfig, ServerThread, build_index, default_model_path, example_corpus_path, read_questions
 
 NEW_DOCUMENT = {
     "id": "added/fenwick-observatory.md",
@@ -35,7 +31,7 @@ NEW_DOCUMENT = {
 def print_answer(answer: dict) -> None:
     print(f"  answer: {answer['answer']!r}  ({answer['finish_reason']})")
     for source in answer["sources"][:3]:
-        print(f"    source {source['document']} #{source['position']} score {source['score']:.3f}")
+        print(f"    source {source['doc_id']} #{source['position']} score {source['score']:.3f}")
     usage, timings = answer["usage"], answer["timings"]
     print(f"  tokens: {usage['prompt_tokens']} prompt, {usage['cached_tokens']} from cache, "
           f"{usage['encoded_tokens']} newly encoded, {usage['recomputed_tokens']} recomputed; "
@@ -74,7 +70,7 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hypic-serve-"))
     index = workdir / "index"
     print(f"precomputing {example_corpus_path() / 'documents'} into {index} ...")
-    build_index(index, model, example_corpus_path() / "documents", chunk_tokens=256)
+    build_index(example_corpus_path() / "documents", index, model=model, chunk_tokens=256)
 
     questions = read_questions(example_corpus_path() / "questions.jsonl")
     server = ServerThread(ServerConfig(index_dir=index))

@@ -24,7 +24,7 @@ from typing import Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, FormatChoice, calibrate_format
-from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
+from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.retrieval.multi_hop import sentences_of
 from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, Calibration, calibrate
 from hypic_rag.runtime.recompute_policy import RecomputePolicy

@@ -115,7 +115,7 @@ def entry_tensor_bytes(entry: Mapping[str, Any]) -> int:
 
 MAX_SEAM_TOKENS = 65_536
 """The widest seam window accepted anywhere (a seam at least as long as a segment recomputes it whole, so a wider one
-adds nothing; `hypic_rag.limits.SEAM_TOKENS` is this range)."""
+adds nothing; `hypic_rag.utils.limits.SEAM_TOKENS` is this range)."""
 
 
 def check_seam_tokens(value: object, name: str = "seam_tokens") -> int:

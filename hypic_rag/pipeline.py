@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hypic_rag.demo_world import DEMO_MODEL_NOTE, WorldCheck, is_bundled_model
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
-from hypic_rag.limits import MAX_QUESTION_CHARS, question_problem
-from hypic_rag.prompt import PromptFormat
+from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
+from hypic_rag.prompting.format import PromptFormat
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream
@@ -28,7 +29,8 @@ from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.streaming import ResultStream, StrippedDeltas
+from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
+from hypic_rag.vocabulary import source_record
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -49,7 +51,7 @@ class Source:
 
     score: cosine similarity to the question. metadata: the document's fields and the chunk's location (`page`,
     `page_end`, `section`). hop_query: for a chunk found by the retrieval hop, the follow-up query that found it
-    (None for a direct hit), and hop_score its similarity to that query.
+    (None for a direct hit), and hop_score its similarity to that query. As JSON: `vocabulary.source_record`.
     """
 
     doc_id: str
@@ -62,13 +64,12 @@ class Source:
     hop_query: str | None = None
     hop_score: float | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
 
 @dataclass(slots=True)
 class Answer:
-    """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes)."""
+    """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes). note: a
+    line the reader should see beside the answer, else None: `hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled
+    demo model answered over chunks outside its synthetic world."""
 
     text: str
     sources: list[Source]
@@ -78,16 +79,18 @@ class Answer:
     timings: dict[str, float]
     token_ids: list[int] = field(default_factory=list)
     recompute_policy: str = ""
+    note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "answer": self.text,
-            "sources": [source.as_dict() for source in self.sources],
+            "sources": [source_record(source, rank) for rank, source in enumerate(self.sources, start=1)],
             "mode": self.mode,
             "recompute_policy": self.recompute_policy,
             "finish_reason": self.finish_reason,
             "usage": dict(self.usage),
             "timings": dict(self.timings),
+            "note": self.note,
         }
 
 
@@ -122,11 +125,14 @@ class PreparedQuestion:
 
 
 class RagPipeline:
-    """index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
+    """Answers questions over an index: `RagPipeline.open(index_dir)`, then `answer(question)` (an `Answer`: text,
+    sources, usage, timings) or `stream(question)`; `close()` (or a `with` block) closes its cache and index.
+
+    index: a `hypic_rag.retrieval.corpus_index.CorpusIndex` opened for search; session: a `ModelSession` whose
     model is the one the index was built for (its tokenizer made the chunks' token ids), normally with the
     index's prompt format (`ModelSession.for_index`); hop_slots: how many of the top_k places go to one retrieval
     hop from the best hit (`CorpusIndex.search`; 0 turns the hop off); max_question_chars: the longest question
-    answered (`hypic_rag.limits.MAX_QUESTION_CHARS`, as on every surface; a server passes its own)."""
+    answered (`hypic_rag.utils.limits.MAX_QUESTION_CHARS`, as on every surface; a server passes its own)."""
 
     def __init__(self, index: Any, session: ModelSession, *, hop_slots: int = 2,
                  max_question_chars: int = MAX_QUESTION_CHARS) -> None:
@@ -146,6 +152,21 @@ class RagPipeline:
         self.max_question_chars = max_question_chars
         self.scheduler = Scheduler(session.engine, SchedulerConfig(max_waiting=None), name="hypic-pipeline-scheduler")
         """Generates the answers of `stream` (not started: stepped by the stream's consumer)."""
+        self.open_timings: dict[str, float] = {}
+        """Seconds `open` took to load the model (`model_load`), open the index (`index_open`) and load the
+        embedder (`embedder_load`); empty for a pipeline built from an opened index and session."""
+        self.world_check = WorldCheck(session.tokenizer) if is_bundled_model(session.model_path) else None
+        """For the bundled demo model: tells chunks outside its synthetic world (`note_for`); None otherwise."""
+
+    def note_for(self, sources: Sequence[Source]) -> str | None:
+        """`DEMO_MODEL_NOTE` when the bundled demo model answers over this index and the index (as precompute
+        measured it) or one of `sources` (documents added later) lies outside its world; else None."""
+        if self.world_check is None:
+            return None
+        fit = self.index.manifest.corpus_fit
+        if fit is not None and not fit.in_world:
+            return DEMO_MODEL_NOTE
+        return DEMO_MODEL_NOTE if any(self.world_check.is_foreign(source.text) for source in sources) else None
 
     @property
     def engine(self) -> Engine:
@@ -196,18 +217,26 @@ class RagPipeline:
         # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
         cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes,
                              remote=remote_cache, cache_format=cache_format)
+        began = time.perf_counter()
         session = ModelSession.for_index(
             manifest, index_dir, model_path=model_path, device=device, dtype=dtype, seam_tokens=seam_tokens,
             cache=cache, recompute_policy=policy,
         )
+        timings = {"model_load": time.perf_counter() - began}
         try:
+            began = time.perf_counter()
             index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
+            timings["index_open"] = time.perf_counter() - began
         except BaseException:
             session.close()
             raise
         try:
+            began = time.perf_counter()
             index.embedder.load()
-            return cls(index, session, hop_slots=hop_slots)
+            timings["embedder_load"] = time.perf_counter() - began
+            pipeline = cls(index, session, hop_slots=hop_slots)
+            pipeline.open_timings = timings
+            return pipeline
         except BaseException:
             session.close()
             index.close()
@@ -216,6 +245,12 @@ class RagPipeline:
     def close(self) -> None:
         self.session.close()
         self.index.close()
+
+    def __enter__(self) -> RagPipeline:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ----------------------------------------------------------------------------------------------------------
 
@@ -336,7 +371,7 @@ class RagPipeline:
         timings["total"] = time.perf_counter() - prepared.began
         label = _policy_label(prepared.policy, self.session.seam_tokens) if prepared.mode == "hypic" else ""
         return Answer(generation.text.strip(), prepared.sources, prepared.mode, generation.finish_reason,
-                      generation.usage(), timings, generation.token_ids, label)
+                      generation.usage(), timings, generation.token_ids, label, self.note_for(prepared.sources))
 
     def answer(
         self,

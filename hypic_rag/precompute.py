@@ -4,6 +4,7 @@ It builds an index (`retrieval`) and fills the cache of the `session.ModelSessio
 above both, as `pipeline.py` does (the retrieval package never imports the session).
 
     summary = precompute(PrecomputeOptions(corpus="docs/", index_dir="index/", model_path="model/"))
+    summary = build_index("docs/", "index/")   # the same from Python, on the bundled model unless `model=...`
 
 Resumable at every step: documents are committed one by one (an unchanged document is skipped by its content
 digest), and the encode phase asks the cache which segments it already holds and encodes only the others,
@@ -24,10 +25,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
+from hypic_rag.demo_world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bundled_model
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
-from hypic_rag.paths import unusable_directory_reason
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.utils.paths import unusable_directory_reason
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
 from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,
@@ -45,7 +47,7 @@ from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
 from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.streaming import ResultStream
+from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.cache.keys import CacheNamespace
@@ -60,6 +62,8 @@ __all__ = [
     "PrecomputeSummary",
     "ScaleOut",
     "SegmentPlan",
+    "build_index",
+    "bundled_model_fit",
     "cache_bytes_of",
     "distinct_segments",
     "encode_plans",
@@ -191,6 +195,8 @@ class PrecomputeSummary:
     """The format the cache was rebuilt from (`--cache-format` naming another than the index's), else None."""
     removed_entries: int = 0
     """Entries of the old format removed after a rebuild."""
+    note: str | None = None
+    """`hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled demo model indexed chunks outside its world."""
 
     @property
     def did_work(self) -> bool:
@@ -335,6 +341,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         chunker = Chunker(model.tokenizer, settings.chunker, options.prompt_format)
         hooks = {} if scale_out is None else scale_out.ingest_hooks(index, corpus, chunker)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
+        fit = bundled_model_fit(options.model_path, model.tokenizer, index)
         plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
         cache = session.segment_source
         if scale_out is not None:  # with a remote tier, the actors write their entries there themselves
@@ -370,7 +377,47 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
             cache_format=chosen_format,
             rebuilt_from=rebuilt_from,
             removed_entries=removed,
+            note=None if fit is None or fit.in_world else DEMO_MODEL_NOTE,
         )
+
+
+def build_index(
+    corpus: str | Path,
+    index_dir: str | Path,
+    *,
+    model: str | Path | None = None,
+    **options: Any,
+) -> PrecomputeSummary:
+    """Build the index of `corpus` in `index_dir`, or bring it up to date: load, chunk, embed and index the documents
+    and encode every chunk into the segment cache once (`precompute`, what `hypic-rag precompute` runs).
+
+    corpus: a folder (or one file) of .txt, .md, .jsonl, .pdf, .html and .docx documents. index_dir: created if
+    absent. model: a local checkpoint directory (None: the bundled default model). options: any other field of
+    `PrecomputeOptions` (chunk_tokens=256, seam_tokens=8, workers, device, dtype, cache_dir, cache_format,
+    remote_cache, show_progress, ...). Rerun on an unchanged corpus it embeds and encodes nothing; on a changed one,
+    only what changed. Returns the run's `PrecomputeSummary` (documents, chunks, tokens, what was encoded, bytes,
+    seconds); open the index with `RagPipeline.open(index_dir)`. Bad paths and options raise before anything is
+    created (`HypicError`s, `ValueError`, `TypeError` for an unknown option).
+    """
+    from hypic_rag.default_model import resolve_model_path
+
+    return precompute(PrecomputeOptions(
+        corpus=Path(corpus).expanduser(), index_dir=Path(index_dir).expanduser(), model_path=resolve_model_path(model),
+        **options,
+    ))
+
+
+def bundled_model_fit(model_path: Path, tokenizer: Any, index: CorpusIndex) -> CorpusFit | None:
+    """For the bundled demo model, how the index's chunks fit its synthetic world, recorded in the manifest (None,
+    and nothing recorded, for any other model); `hypic_rag.demo_world`."""
+    fit = None
+    if is_bundled_model(model_path):
+        fit = WorldCheck(tokenizer).fit(chunk.text for chunk in index.docstore.iter_chunks())
+        if not fit.in_world:
+            logger.info("%d of %d chunks lie outside the bundled model's synthetic world (%.0f%% single-token words)",
+                        fit.foreign_chunks, fit.chunks, 100 * fit.single_token_word_share)
+    index.record_bundled_model_fit(fit)
+    return fit
 
 
 def drop_format_entries(cache: SegmentCache, old_format: str, plans: Sequence[SegmentPlan]) -> int:

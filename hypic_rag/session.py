@@ -18,7 +18,7 @@ all built on a session and never build a model, an engine, a cache or a prompt l
 
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
-prompts, `segmented_prompt` for prompts cut around the known chunks its `matcher` finds, `hypic_rag.reuse`;
+prompts, `segmented_prompt` for prompts cut around the known chunks its `matcher` finds, `hypic_rag.prompting.matching`;
 `know_chunks` tells the matcher an index's chunks), and what to fill the cache with (`plan`: the entries a mode
 composes over chunk segments, the prompt prefix's included); the fill itself (`fill_steps` / `fill_cache`) is the
 engine's get-or-encode home's (`runtime.get_or_encode.SegmentEntries`).
@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hypic_rag.entry import check_seam_tokens
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
-from hypic_rag.reuse import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
+from hypic_rag.prompting.matching import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
+from hypic_rag.runtime.anchoring import anchor_of, anchored_key
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.get_or_encode import (
     COMMIT_BYTES,
@@ -50,9 +51,9 @@ from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_source import SegmentSource
-from hypic_rag.segments import segmented_request
-from hypic_rag.streaming import drain
-from hypic_rag.text import unencodable_message
+from hypic_rag.prompting.segments import segmented_request
+from hypic_rag.utils.streaming import drain
+from hypic_rag.utils.text import unencodable_message
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -143,7 +144,7 @@ class ModelSession:
         self.model_path = str(model_path)
         self._prefix_ids = tuple(self.tokenize_segment(prompt_format.prefix, "the prompt prefix"))
         self.matcher = SegmentMatcher()
-        """The chunks and seen segments prompts without separators are matched against (`hypic_rag.reuse`)."""
+        """The chunks and seen segments prompts without separators are matched against (`hypic_rag.prompting.matching`)."""
 
     @classmethod
     def open(
@@ -283,7 +284,7 @@ class ModelSession:
 
     # ------------------------------------------------------------------------------------------- tokens
     def tokenize_segment(self, text: str, what: str = "the text") -> list[int]:
-        """Token ids of `text` as one segment, tokenized on its own without special tokens (`prompt.tokenize_segment`);
+        """Token ids of `text` as one segment, tokenized on its own without special tokens (`prompting.format.tokenize_segment`);
         ValueError naming `what` when it holds a lone surrogate."""
         return tokenize_segment(self.tokenizer, text, what)
 
@@ -311,21 +312,22 @@ class ModelSession:
         question = question.strip()
         if not question:
             raise ValueError("the question is empty")
+        question_ids, answer_lead = tokenize_query(tokenizer or self.tokenizer, self.prompt_format.question(question))
         return Request(
             prefix_ids=list(self._prefix_ids),
             chunk_ids=[list(ids) for ids in chunk_ids if len(ids)],
-            question_ids=tokenize_segment(tokenizer or self.tokenizer, self.prompt_format.question(question),
-                                          "the question"),
+            question_ids=question_ids,
+            answer_lead=answer_lead,
         )
 
     def segmented_request(self, segments: Sequence[str]) -> Request:
-        """A separated prompt's request (`segments.segmented_request`): every segment but the last cached, the
+        """A separated prompt's request (`prompting.segments.segmented_request`): every segment but the last cached, the
         last the query; a first segment equal to the prompt prefix is the prefix segment. ValueError for an empty
         query or a lone surrogate."""
         return segmented_request(self.tokenizer, segments, self.prompt_format.prefix)
 
     def segmented_prompt(self, pieces: Sequence[Piece], *, match: bool = True) -> SegmentedPrompt:
-        """The request of `pieces` (`hypic_rag.reuse.segment_prompt`): explicit pieces kept whole, searchable ones
+        """The request of `pieces` (`hypic_rag.prompting.matching.segment_prompt`): explicit pieces kept whole, searchable ones
         cut around the indexed chunks and seen segments `matcher` finds (when `match` and the matcher is on), the
         prompt prefix recognised. ValueError for an empty query or a lone surrogate."""
         matcher = self.matcher if match and self.matcher.settings.enabled else None
@@ -347,9 +349,14 @@ class ModelSession:
     ) -> list[SegmentPlan]:
         """The entries `mode` requests over these chunk segments compose (`plan_segments`), with the prompt
         prefix's when `include_prefix`; in `hypic` the chunks' entries are for the recompute policy's seam (the
-        chunks a policy recomputes whole read none, but which ones depends on the request)."""
+        chunks a policy recomputes whole read none, but which ones depends on the request), and an anchored policy's
+        are those of the prompt prefix's anchor followed by each chunk (`runtime.anchoring`)."""
         prefix = self._prefix_ids if include_prefix else ()
         seam = self.recompute_policy.chunk_seam(self.seam_tokens) if mode == "hypic" else self.seam_tokens
+        if mode == "hypic" and self.recompute_policy.anchored and self._prefix_ids:
+            anchor = anchor_of(self._prefix_ids)
+            chunk_segments = [list(anchored_key(anchor, ids, seam)[1]) for ids in chunk_segments]
+            seam += len(anchor)
         plans = plan_segments(prefix, chunk_segments, seam, mode, distinct=distinct)
         return [plan for plan in plans if plan.segments]
 

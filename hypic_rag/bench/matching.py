@@ -1,4 +1,4 @@
-"""How long finding known chunks in a prompt takes (`hypic_rag.reuse.SegmentMatcher.find`), as JSON.
+"""How long finding known chunks in a prompt takes (`hypic_rag.prompting.matching.SegmentMatcher.find`), as JSON.
 
     python -m hypic_rag.bench.matching [--output matching.json]
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.reuse import SegmentMatcher
+from hypic_rag.prompting.matching import SegmentMatcher
 
 
 def measure(known_counts: tuple[int, ...] = (1_000, 10_000, 50_000), pasted: tuple[int, ...] = (4, 16, 64),

@@ -17,7 +17,6 @@ from hypic_rag.bench.workloads import Workload
 from hypic_rag.entry import entry_bytes
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine, PrefillStats
-from hypic_rag.runtime.fast_linear import stock_linears
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import MODES, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
@@ -68,7 +67,7 @@ def timed_transformers_forward(model: HybridModel, request: Request) -> tuple[fl
     """Time to first token of transformers' own forward over the whole prompt (no cache of any kind)."""
     ids = torch.tensor([request.all_ids()], device=model.device)
     began = time.perf_counter()
-    with torch.no_grad(), stock_linears(model.hf_model):  # the stock forward, not with our oneDNN linears
+    with torch.no_grad():  # `hf_model` is the stock model (the runtime's oneDNN linears are on its view)
         logits = model.hf_model(ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
     int(torch.argmax(logits))
     return time.perf_counter() - began, logits
@@ -112,7 +111,7 @@ def encoding_throughput(model: HybridModel, segments: Sequence[list[int]], seam_
     ids = torch.zeros(len(segments), longest, dtype=torch.long, device=model.device)
     for row, segment in enumerate(segments):
         ids[row, : len(segment)] = torch.tensor(segment)
-    with torch.no_grad(), stock_linears(model.hf_model):
+    with torch.no_grad():
         began = time.perf_counter()
         model.hf_model(ids, use_cache=False, logits_to_keep=1)
         theirs = time.perf_counter() - began

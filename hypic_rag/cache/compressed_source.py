@@ -12,7 +12,7 @@ import torch
 
 from hypic_rag.entry import Entry, entry_tensor_bytes
 from hypic_rag.entry_storage.formats import CacheFormat, cache_format
-from hypic_rag.lru import ByteBudgetLRU
+from hypic_rag.utils.lru import ByteBudgetLRU
 
 
 class CompressedSource:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 
 from hypic_rag.entry import Entry, entry_tensor_bytes
-from hypic_rag.lru import ByteBudgetLRU
+from hypic_rag.utils.lru import ByteBudgetLRU
 
 
 class HotTier(ByteBudgetLRU[Entry]):

@@ -1,11 +1,13 @@
-"""`hypic-rag ask --index DIR "question"`: retrieve, compose cached chunk states, generate.
+"""`hypic-rag ask --index DIR "question"`: answer one question from an index made by precompute.
 
 Prints the answer, its sources in order of similarity to the question (document, chunk, similarity, page or
 section, opening words; a chunk found by the retrieval hop is marked `hop`, with a line saying which follow-up
 query found it) and timings: retrieval, cache load, compose, prefill and time to first token (measured from the
-question, retrieval included). `--json` prints one JSON object instead. `ask -` reads the question from standard
-input. Exit codes: 0 answered; 2 bad input (no index, empty question, missing model); 3 the index was built with
-another embedder or model; 1 any other failure.
+question, retrieval included); `--timings` adds where the whole run went (start-up, imports, model load, index
+open, embedder load, answer, total). `--json` prints one JSON object instead, all of these timings in it.
+`ask -` reads the question from standard input. Each `ask` loads the model once for one question; for many
+questions run `hypic-rag serve` and ask it over HTTP. Exit codes: 0 answered; 2 bad input (no index, empty
+question, missing model); 3 the index was built with another embedder or model; 1 any other failure.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.cli.common import (
@@ -25,9 +28,10 @@ from hypic_rag.cli.common import (
     add_recompute_policy_argument,
     device_name,
     number_in,
+    process_seconds,
     remote_cache_config,
 )
-from hypic_rag.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, TOP_K, question_problem
+from hypic_rag.utils.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, TOP_K, question_problem
 from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:
@@ -38,7 +42,7 @@ STDIN_QUESTION = "-"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ask", help="answer a question over a precomputed index", description=__doc__)
+    parser = subparsers.add_parser("ask", help="answer one question from an index (for many, use serve)", description=__doc__)
     parser.add_argument("question", metavar="QUESTION", help='the question; "-" reads it from standard input')
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--top-k", type=number_in(TOP_K), default=4, metavar="K",
@@ -56,7 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_cache_format_argument(parser, "default: the index's; naming another fails in one line")
     add_remote_cache_arguments(parser)
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object: question, answer, sources (by score), usage, timings (seconds)")
+                        help="print one JSON object: question, answer, sources (by score), usage, timings (seconds, "
+                             "the whole run's included), note")
+    parser.add_argument("--timings", action="store_true",
+                        help="also print where the whole run's time went: start-up, imports, model load, index and "
+                             "embedder, answer")
     parser.set_defaults(func=run_ask)
 
 
@@ -76,6 +84,8 @@ def location_label(metadata: dict[str, Any]) -> str:
 
 def print_answer(answer: Answer) -> None:
     print(f"Answer: {answer.text}")
+    if answer.note:
+        print(answer.note)
     print("Sources (by similarity to the question):")
     for rank, source in enumerate(answer.sources, start=1):
         snippet = " ".join(source.text.split())
@@ -111,14 +121,9 @@ def print_answer(answer: Answer) -> None:
 
 
 def answer_json(question: str, answer: Answer) -> dict[str, Any]:
-    """The `--json` object: question, answer, mode, finish reason, sources best first (each with its rank, a
-    `hop` flag, and the Source fields), usage and timings (seconds)."""
-    data = {"question": question, **answer.as_dict()}
-    data["sources"] = [
-        {"rank": rank, "hop": source.hop_query is not None, **source.as_dict()}
-        for rank, source in enumerate(answer.sources, start=1)
-    ]
-    return data
+    """The `--json` object: question, answer, mode, finish reason, sources best first (the fields every surface
+    writes, `hypic_rag.vocabulary.SOURCE_FIELDS`), usage and timings (seconds)."""
+    return {"question": question, **answer.as_dict()}
 
 
 def read_question(given: str) -> str:
@@ -160,17 +165,47 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
 def run_ask(args: argparse.Namespace) -> int:
     """Errors of the index, model, cache or pipeline reach `hypic_rag.cli.main` as they are (each carries its
     exit code)."""
+    run_timings = {"startup": process_seconds()}  # the interpreter and the command line, up to here
+    question = read_question(args.question)
+    began = time.perf_counter()
+    import hypic_rag.pipeline  # noqa: F401  (torch and the runtime; transformers' model code loads with the model)
     from hypic_rag.runtime.sampling import SamplingParams
 
-    question = read_question(args.question)
+    run_timings["imports"] = time.perf_counter() - began
     pipeline = open_pipeline(args)
+    run_timings.update(pipeline.open_timings)
     try:
+        began = time.perf_counter()
         params = SamplingParams(max_new_tokens=args.max_new_tokens, stop_strings=(pipeline.prompt_format.answer_stop,))
         answer = pipeline.answer(question, top_k=args.top_k, mode=args.mode, params=params)
+        run_timings["answer"] = time.perf_counter() - began
     finally:
         pipeline.close()
+    run_timings["run_total"] = process_seconds()
+    run_timings = {name: seconds for name, seconds in run_timings.items() if seconds is not None}
     if args.json:
-        print(json.dumps(answer_json(question, answer), ensure_ascii=False))
+        data = answer_json(question, answer)
+        data["timings"].update(run_timings)
+        print(json.dumps(data, ensure_ascii=False))
     else:
         print_answer(answer)
+        if args.timings:
+            print(run_timings_line(run_timings))
     return EXIT_OK
+
+
+RUN_PHASES = (
+    ("start-up", "startup"),
+    ("imports", "imports"),
+    ("model load", "model_load"),
+    ("index open", "index_open"),
+    ("embedder load", "embedder_load"),
+    ("answer", "answer"),
+    ("total", "run_total"),
+)
+"""The whole run's phases `--timings` prints (label, key in the `--json` timings)."""
+
+
+def run_timings_line(run_timings: dict[str, float]) -> str:
+    """'Run: start-up 0.21 s | imports 1.02 s | ... | total 3.10 s' (phases measured only)."""
+    return "Run: " + " | ".join(f"{label} {run_timings[key]:.2f} s" for label, key in RUN_PHASES if key in run_timings)

@@ -15,7 +15,8 @@ DEFAULT_OUTPUT = "hypic-rag-bench"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, deviation)")
+    parser = subparsers.add_parser("bench", help="benchmark the six modes side by side (TTFT, throughput, deviation)",
+                                   description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the small profile (the default): a few minutes on 2 CPU cores")
     parser.add_argument("--profile", choices=("quick", "standard", "full", "test"), default=None,
                         help="explicit profile (overrides --quick; default quick)")
@@ -58,14 +59,14 @@ def _sections(text: str) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from hypic_rag.bench.report import markdown, write_report
     from hypic_rag.bench.run import PROFILES, run_benchmark
-    from hypic_rag.paths import unusable_directory_reason
+    from hypic_rag.utils.paths import unusable_directory_reason
 
     output = Path(args.output)
     reason = unusable_directory_reason(output)  # before the benchmark runs, not after
     if reason is not None:
         raise CliError(f"--output unusable: {reason}")
     if args.ray_scaling:  # a private Ray instance: it ends with this command, however it ends
-        from hypic_rag.reaper import reap_on_exit
+        from hypic_rag.utils.reaper import reap_on_exit
 
         reap_on_exit()
         return run_ray_scaling(args, output)

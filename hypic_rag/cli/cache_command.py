@@ -46,7 +46,7 @@ def parse_size(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("cache", help="inspect and maintain a segment cache", description=__doc__)
+    parser = subparsers.add_parser("cache", help="inspect and maintain a segment cache (stats, verify, gc, clear, formats)", description=__doc__)
     actions = parser.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache", required=True, metavar="DIR", help="cache directory (holds data.mdb)")

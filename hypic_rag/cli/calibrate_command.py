@@ -35,7 +35,7 @@ from hypic_rag.cli.common import (
     number_in,
     recompute_policy_spec,
 )
-from hypic_rag.limits import HOP_SLOTS, TOP_K, NumberRange
+from hypic_rag.utils.limits import HOP_SLOTS, TOP_K, NumberRange
 from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET
 
 KL_TARGET = NumberRange(0, 1_000, integer=False)
@@ -58,12 +58,13 @@ def _formats(text: str) -> list[str]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "calibrate", help="choose the recompute policy of an index (KL target) and record it", description=__doc__,
+        "calibrate", help="choose what hypic recomputes and the cache format for an index (KL target), and record them", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--kl-target", type=number_in(KL_TARGET), default=DEFAULT_KL_TARGET, metavar="X",
-                        help="largest mean KL(full || policy) of the next-token distribution accepted (0.1)")
+                        help="largest mean KL(full || policy) of the next-token distribution accepted "
+                             f"({DEFAULT_KL_TARGET:g})")
     parser.add_argument("--questions", metavar="FILE",
                         help="questions, one per line or JSON lines with \"question\" (default: probes from the index)")
     parser.add_argument("--requests", type=int_in(1, 10_000), default=32, metavar="N",

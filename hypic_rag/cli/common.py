@@ -1,7 +1,7 @@
 """What the commands share: exit codes, `CliError`, argument types and the options several commands take.
 
 Every numeric option has a stated range (`int_in`, `number_in`, `seconds_in`; the shared ones in
-`hypic_rag.limits`) and is refused outside it, as a usage error naming the option and the range (exit 2).
+`hypic_rag.utils.limits`) and is refused outside it, as a usage error naming the option and the range (exit 2).
 
 Imports nothing heavy (torch only inside `device_name`, when `--device` is given), so `hypic-rag --help` stays fast.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_MISMATCH, EXIT_OK, HypicError, MissingPathError
-from hypic_rag.limits import NumberRange
+from hypic_rag.utils.limits import NumberRange
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -35,6 +35,7 @@ __all__ = [
     "device_name",
     "int_in",
     "number_in",
+    "process_seconds",
     "recompute_policy_spec",
     "remote_cache_config",
     "resolve_model_path",
@@ -65,6 +66,19 @@ class CliError(HypicError):
 
 NumberType = Callable[[str], "int | float"]
 """An argparse `type` for a number: parses the text and checks it against its range (`.allowed`)."""
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (the interpreter's own start-up included), from Linux's /proc at its
+    10 ms resolution; None where that is not available."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        with open("/proc/uptime", encoding="ascii") as uptime:
+            now = float(uptime.read().split()[0])
+        return max(0.0, now - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22, starttime, in clock ticks
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def number_in(allowed: NumberRange) -> NumberType:

@@ -1,8 +1,10 @@
-"""`hypic-rag demo`: the main job on the bundled default model.
+"""`hypic-rag demo`: see it work in a minute, on the bundled demo model and example corpus.
 
-Builds the bundled example corpus into an index and segment cache under the user cache directory (once, with
-progress), then answers a handful of the corpus's questions, printing each answer with its sources and the time to
-first token under `full` and `hypic` side by side.
+Indexes the bundled example corpus (short documents about invented people, places and companies) into an index and
+segment cache under the user cache directory (once, with progress), then answers a handful of the corpus's
+questions, printing each answer with its sources and the time to first token under `full` (the whole prompt
+recomputed) and `hypic` (cached chunk states composed) side by side. The bundled model is a small demo that knows
+only this synthetic world; for your own documents use `precompute` and `ask` with `--model PATH`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from hypic_rag.cli.common import (
     number_in,
     resolve_model_path,
 )
-from hypic_rag.limits import HOP_SLOTS, TOP_K
+from hypic_rag.utils.limits import HOP_SLOTS, TOP_K
+
+
+DEMO_INTRODUCTION = (
+    "hypic-rag demo: indexes the bundled example corpus ({documents} documents about invented people and places) "
+    "with the bundled demo model, then answers {questions} of its questions twice, `full` (whole prompt recomputed) "
+    "and `hypic` (cached chunk states composed), with sources and time to first token."
+)
+"""The demo's first line: what it does."""
 
 
 def user_cache_dir() -> Path:
@@ -31,7 +41,7 @@ def user_cache_dir() -> Path:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="build the example index and answer questions (full vs hypic)", description=__doc__)
+    parser = subparsers.add_parser("demo", help="try it: index the bundled example and answer a few questions (full vs hypic)", description=__doc__)
     parser.add_argument("--index", metavar="DIR", help="index directory (default: <user cache>/demo-index)")
     parser.add_argument("--questions", type=int_in(1, 1_000), default=6, metavar="N",
                         help="questions answered (6; 1..1000)")
@@ -54,18 +64,21 @@ def run_demo(args: argparse.Namespace) -> int:
     """Errors of the index, model, cache or pipeline reach `hypic_rag.cli.main` as they are (each carries its exit
     code: 2 bad input, 3 a mismatched index, 1 otherwise)."""
     from hypic_rag.default_model import example_corpus_path
-    from hypic_rag.pipeline import RagPipeline
-    from hypic_rag.retrieval.errors import IndexMismatchError
-    from hypic_rag.precompute import PrecomputeOptions, precompute
-    from hypic_rag.runtime.sampling import SamplingParams
 
     model_path = resolve_model_path(args.model)
     corpus = example_corpus_path()
     if not (corpus / "documents").is_dir():
         raise CliError(f"the bundled example corpus is missing at {corpus}; reinstall hypic-rag", EXIT_BAD_INPUT)
     index_dir = Path(args.index).expanduser() if args.index else user_cache_dir() / "demo-index"
-    print(f"hypic-rag demo: model {model_path}")
-    print(f"index and segment cache: {index_dir} (built once; delete it to rebuild)")
+    documents = sum(1 for _ in (corpus / "documents").glob("*.md"))
+    print(DEMO_INTRODUCTION.format(documents=documents, questions=args.questions))
+    print(f"model: {model_path}")
+    print(f"index and segment cache: {index_dir} (built once; delete it to rebuild)", flush=True)
+    # the heavy imports (torch, transformers) after the introduction, which shows at once
+    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.retrieval.errors import IndexMismatchError
+    from hypic_rag.runtime.sampling import SamplingParams
     options = PrecomputeOptions(corpus=corpus / "documents", index_dir=index_dir, model_path=model_path)
     try:
         summary = precompute(options)

@@ -1,4 +1,8 @@
-"""`hypic-rag precompute CORPUS --index DIR`: load, chunk, embed, index, and encode every chunk into the cache.
+"""`hypic-rag precompute CORPUS --index DIR [--model PATH]`: index your documents for `ask` and `serve`.
+
+Reads every document (.txt, .md, .jsonl, .pdf, .html, .docx), cuts it into chunks, embeds them for retrieval (FAISS)
+and encodes every chunk once with the model into the segment cache. Without --model it uses the bundled demo model,
+which knows only a synthetic world: it says so in one line when your documents are not that world.
 
 Resumable: interrupted and rerun, it finishes what is left; rerun on an unchanged corpus it does nothing.
 With --ray the corpus is loaded, chunked and embedded by Ray tasks and encoded on Ray actors, longest batches
@@ -30,7 +34,8 @@ from hypic_rag.cli.common import (
     resolve_model_path,
     worker_count,
 )
-from hypic_rag.limits import CHUNK_TOKENS, SEAM_TOKENS
+from hypic_rag.retrieval.loading import FORMATS_NOTE
+from hypic_rag.utils.limits import CHUNK_TOKENS, SEAM_TOKENS
 
 if TYPE_CHECKING:
     from hypic_rag.precompute import PrecomputeSummary
@@ -40,9 +45,13 @@ VECTOR_INDEX_KINDS = ("flat", "hnsw", "ivf")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "precompute", help="index a corpus and encode every chunk into the segment cache", description=__doc__
+        "precompute", help="index your documents and encode every chunk into the cache (once per corpus)",
+        description=__doc__
     )
-    parser.add_argument("corpus", metavar="CORPUS", help="directory (searched recursively) or file: .txt, .md, .jsonl")
+    parser.add_argument("corpus", metavar="CORPUS",
+                        help=f"a directory, searched recursively for {FORMATS_NOTE} files (others and hidden ones "
+                             f"are ignored), or one file (another suffix is read as plain text); a file that cannot "
+                             f"be read is named in a warning and in the summary")
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory (created if absent)")
     parser.add_argument("--model", metavar="PATH", help="local model checkpoint (default: the bundled default model)")
     parser.add_argument("--chunk-tokens", type=number_in(CHUNK_TOKENS), default=256, metavar="N",
@@ -102,6 +111,8 @@ def print_summary(summary: PrecomputeSummary) -> None:
     print(f"elapsed: {summary.elapsed_seconds:.2f} s ({overall:.0f} corpus tokens/s)")
     if not summary.did_work:
         print("index is up to date: nothing embedded, indexed or encoded")
+    if summary.note:
+        print(summary.note)
 
 
 def remote_summary_line(remote: dict[str, Any]) -> str:
@@ -130,7 +141,7 @@ def run_precompute(args: argparse.Namespace) -> int:
     if args.ray_actors is not None and args.ray is None:
         raise CliError("--ray-actors needs --ray")
     if args.workers > 1 or args.ray is not None:  # the processes this run starts end with it, however it ends
-        from hypic_rag.reaper import reap_on_exit
+        from hypic_rag.utils.reaper import reap_on_exit
 
         reap_on_exit()
     check_locations(Path(args.index), Path(args.cache) if args.cache else None)  # before anything is created

@@ -37,7 +37,7 @@ from hypic_rag.cli.common import (
     seconds_in,
 )
 from hypic_rag.errors import HypicError
-from hypic_rag.limits import HOP_SLOTS, NumberRange
+from hypic_rag.utils.limits import HOP_SLOTS, NumberRange
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _check_docstore(index_dir: Path) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from hypic_rag.paths import unusable_directory_reason
+    from hypic_rag.utils.paths import unusable_directory_reason
     from hypic_rag.retrieval.corpus_index import check_not_locked
     from hypic_rag.retrieval.errors import IndexLockedError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest
@@ -127,7 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     _check_scale_out_options(args)
     if args.replicas > 1 or args.encode_actors:  # Ray's processes end with this one, however it ends
-        from hypic_rag.reaper import reap_on_exit
+        from hypic_rag.utils.reaper import reap_on_exit
 
         reap_on_exit()
     index_dir = Path(args.index).expanduser()
@@ -219,7 +219,7 @@ def _check_scale_out_options(args: argparse.Namespace) -> None:
 
 def _cache_dir(args: argparse.Namespace) -> Path | None:
     """`--cache DIR`, checked: a directory that can be written (each replica's, with `{replica}`: its parent)."""
-    from hypic_rag.paths import unusable_directory_reason
+    from hypic_rag.utils.paths import unusable_directory_reason
     from hypic_rag.server.config import REPLICA_PLACEHOLDER
 
     if args.cache is None:

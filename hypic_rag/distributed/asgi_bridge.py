@@ -67,7 +67,7 @@ def _scope(request: ForwardedRequest) -> dict[str, Any]:
 
 def internal_error(message: str) -> tuple[ResponseStart, bytes]:
     """The service's 500 shape, for an application that failed before it could answer."""
-    body = json.dumps({"error": {"message": message, "type": "internal_error", "param": None, "code": None}})
+    body = json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}})
     return ResponseStart(500, [(b"content-type", b"application/json")]), body.encode()
 
 

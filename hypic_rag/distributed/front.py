@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hypic_rag import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, RendezvousRouter, RouteDecision
-from hypic_rag.limits import question_problem
+from hypic_rag.utils.limits import question_problem
 from hypic_rag.server import ServerConfig, limit_body_size
 
 logger = logging.getLogger(__name__)

@@ -31,10 +31,11 @@ import numpy as np
 from tqdm import tqdm
 
 from hypic_rag.cache.errors import free_space_note
+from hypic_rag.demo_world import CorpusFit
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
-from hypic_rag.paths import unusable_directory_reason
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.utils.paths import unusable_directory_reason
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
@@ -49,7 +50,7 @@ from hypic_rag.retrieval.faiss_index import SyncResult, VectorIndex, VectorIndex
 from hypic_rag.retrieval.loading import Document, LoadedCorpus, SkippedInput
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.retrieval.multi_hop import hop_candidates, hop_shortlist, merge_hop_hits, rank_hop_candidates
-from hypic_rag.streaming import drain
+from hypic_rag.utils.streaming import drain
 
 logger = logging.getLogger(__name__)
 
@@ -498,6 +499,15 @@ class CorpusIndex:
         cache_format(name)
         self.manifest.cache_format = name
         self.manifest.save(self.directory)
+
+    def record_bundled_model_fit(self, fit: CorpusFit | None) -> None:
+        """Record how the chunks fit the bundled demo model's world (`hypic_rag.demo_world`; None: not measured,
+        another model); the manifest saved when it changed."""
+        self._require_writer()
+        record = None if fit is None else fit.to_dict()
+        if record != self.manifest.bundled_model_fit:
+            self.manifest.bundled_model_fit = record
+            self.manifest.save(self.directory)
 
     def _require_writer(self) -> None:
         if self._lock is None:

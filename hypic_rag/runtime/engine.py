@@ -9,7 +9,7 @@ Modes (the comparison ladder of docs/design.md, all through the same stack pass;
 - transition_rope: P composition, cached keys re-positioned with RoPE.
 - hypic: transition_rope plus a recomputed seam window of `seam_tokens` at the start of every chunk; a recompute
   policy (`recompute_policy.py`; the engine's `recompute_policy` unless the request's assembly names one) may
-  instead recompute some chunks whole, or use another seam.
+  instead recompute some chunks whole, use another seam, or read anchored entries (`anchoring.py`).
 The prefix sits at position 0 with a zero start, so its (seam-0) entry is exact in every mode; without a prefix the
 first chunk's seam is recomputed from the zero start, which is exact too.
 
@@ -36,7 +36,8 @@ import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.entry_storage.formats import decompress_entries
-from hypic_rag.lru import ByteBudgetLRU
+from hypic_rag.runtime.anchoring import EntryKey, anchor_of, anchored_key, chunk_view
+from hypic_rag.utils.lru import ByteBudgetLRU
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segment
@@ -270,7 +271,7 @@ class Engine:
         seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
         check: Check | None = None,
-        provided: Mapping[tuple[int, tuple[int, ...]], Entry] | None = None,
+        provided: Mapping[EntryKey, Entry] | None = None,
     ) -> PrefillPlan:
         """What the prefill of `request` runs through the stack: its spans (entries fetched, or encoded and kept,
         now), assembly and start state. A stack pass runs it (`plan.item()`); `finish_prefill` ends it.
@@ -286,7 +287,8 @@ class Engine:
         elif chosen.mode == "prefix":
             self._plan_prefix(plan)
         else:
-            self._plan_composed(plan, self.segment_seams(request, chosen), check, provided or {})
+            seams = self.segment_seams(request, chosen)
+            self._plan_composed(plan, seams, self.segment_entry_keys(request, chosen, seams=seams), check, provided or {})
         return plan
 
     def finish_prefill(self, plan: PrefillPlan, result: StackItemResult) -> PrefillResult:
@@ -322,37 +324,63 @@ class Engine:
             seams[first_chunk:] = self.plan(request, chosen).chunk_seams
         return seams
 
+    def segment_entry_keys(
+        self, request: Request, mode: AssemblyLike = "hypic", *, seam_tokens: int | None = None,
+        policy: RecomputePolicy | str | None = None, seams: list[int | None] | None = None,
+    ) -> list[EntryKey | None]:
+        """Where the entry each of `request`'s segments reads under the assembly is kept: (entry seam, the encoded
+        segment's token ids), None for a chunk recomputed whole. The segment and its seam (`segment_seams`, or
+        `seams` when given) unless the `hypic` policy is anchored: then a chunk's entry is that of the prompt
+        prefix's anchor followed by the chunk (`anchoring.anchored_key`)."""
+        chosen = self.assembly(mode, seam_tokens=seam_tokens, policy=policy)
+        if seams is None:
+            seams = self.segment_seams(request, chosen)
+        anchored = chosen.spec.seam_repair and bool(getattr(chosen.policy, "anchored", False))  # a plan-like rule: no
+        anchor = anchor_of(request.prefix_ids) if anchored else []
+        first_chunk = 1 if request.prefix_ids else 0
+        keys: list[EntryKey | None] = []
+        for number, (segment, entry_seam) in enumerate(zip(request.segments, seams)):
+            if entry_seam is WHOLE:
+                keys.append(None)
+            elif anchor and number >= first_chunk:
+                keys.append(anchored_key(anchor, segment, entry_seam))
+            else:
+                keys.append((entry_seam, tuple(segment)))
+        return keys
+
     def _plan_composed(
-        self, plan: PrefillPlan, seams: list[int | None], check: Check | None,
-        provided: Mapping[tuple[int, tuple[int, ...]], Entry],
+        self, plan: PrefillPlan, seams: list[int | None], keys: list[EntryKey | None], check: Check | None,
+        provided: Mapping[EntryKey, Entry],
     ) -> None:
         request, stats = plan.request, plan.stats
         segments = request.segments
         entries: list[Entry | None] = [None] * len(segments)
-        for entry_seam in sorted({s for s in seams if s is not WHOLE}):
-            numbers = [number for number, s in enumerate(seams) if s == entry_seam]
-            looked_up = []
-            for number in numbers:
-                entry = provided.get((entry_seam, tuple(segments[number])))
-                if entry is None:
-                    looked_up.append(number)
-                    continue
-                # encoded for this request by its caller (and kept by it): a miss whose tokens were encoded
+        for number, key in enumerate(keys):
+            if key is None:
+                continue
+            entry = provided.get(key)
+            if entry is not None:  # encoded for this request by its caller (and kept by it): a miss whose tokens were encoded
                 entries[number] = self.decoded([entry])[0]
                 stats.cache_misses += 1
                 stats.cache_bytes_loaded += entry_tensor_bytes(entry)
-                stats.encoded_tokens += len(segments[number]) - min(entry_seam, len(segments[number]))
-            if not looked_up:
+                stats.encoded_tokens += len(key[1]) - min(key[0], len(key[1]))
+        for entry_seam in sorted({key[0] for key in keys if key is not None}):
+            numbers = [n for n, key in enumerate(keys) if key is not None and key[0] == entry_seam and entries[n] is None]
+            if not numbers:
                 continue
-            found = self.entries.get_or_encode([segments[n] for n in looked_up], entry_seam, check=check)
+            stored = [list(keys[n][1]) for n in numbers]  # type: ignore[index]
+            found = self.entries.get_or_encode(stored, entry_seam, check=check)
             _count_lookup(stats, found)
-            for number, entry, hit in zip(looked_up, found.entries, found.hits):
+            for number, ids, entry, hit in zip(numbers, stored, found.entries, found.hits):
                 entries[number] = entry
-                served = len(segments[number]) - min(entry_seam, len(segments[number]))
                 if hit:
-                    stats.segment_reused_tokens[number] = served
+                    stats.segment_reused_tokens[number] = len(ids) - min(entry_seam, len(ids))
                 else:  # what this segment's entry serves (all but its recomputed seam) was encoded just now
-                    stats.encoded_tokens += served
+                    stats.encoded_tokens += len(ids) - min(entry_seam, len(ids))
+        for number, (key, entry_seam) in enumerate(zip(keys, seams)):
+            entry = entries[number]
+            if key is not None and entry is not None and entry_seam is not WHOLE and key[0] != entry_seam:
+                entries[number] = chunk_view(entry, key[0] - entry_seam, entry_seam)  # anchored: the chunk's rows
         if check is not None:  # the entries are in (and kept); a request past its deadline stops before assembly
             check()
         position = 0
@@ -433,9 +461,10 @@ class Engine:
         if generation.progress is None:
             assert generation.plan is not None
             generation.stats = self.finish_prefill(generation.plan, result).stats
+            answer_lead = generation.plan.request.answer_lead
             generation.plan = None
             generation.progress = GenerationProgress(
-                generation.params, self.model.eos_token_ids, self.model.tokenizer, generation.began
+                generation.params, self.model.eos_token_ids, self.model.tokenizer, generation.began, answer_lead
             )
         generation.state = result.state
         return generation.progress.advance(result.logits)

@@ -1,4 +1,4 @@
-"""Linear layers through oneDNN on CPU: `onednn_linear`, `FastLinear`, `use_fast_linears`.
+"""Linear layers through oneDNN on CPU: `onednn_linear`, `FastLinear`, `fast_view`.
 
 On CPU, `torch.nn.functional.linear` in float32 goes to the BLAS library's sgemm, which is slow for a few rows: a
 batched decode step (one row per running sequence) multiplies [8, 768] by [768, 3104] about 4x slower than 8
@@ -8,9 +8,11 @@ what inductor calls) reads the same dense weight, so the fast path costs no memo
 `F.linear`, and a row's result alone with the same row among others, to float32 round-off (it may choose another
 kernel for one row than for eight; tests/runtime/test_fast_linear.py).
 
-`use_fast_linears(module)` makes every plain `nn.Linear` below `module` a `FastLinear` (same parameters, same
-state dict), whose forward takes the oneDNN path for CPU float32 inputs without autograd and `F.linear` otherwise
-(GPU, other dtypes, gradients, or a torch without oneDNN). For a few rows at a time (2..`PACKED_MAX_ROWS`: a
+`fast_view(module)` is the module tree the runtime drives: a structural copy of `module` whose submodules are new
+objects holding the very same parameters and buffers (shared, never copied), with every plain `nn.Linear` a
+`FastLinear`, whose forward takes the oneDNN path for CPU float32 inputs without autograd and `F.linear` otherwise
+(GPU, other dtypes, gradients, or a torch without oneDNN). The module it was made from is left as it was: its own
+forward is still transformers' stock forward, and the packed weights below live beside it, on the view's linears. For a few rows at a time (2..`PACKED_MAX_ROWS`: a
 batched decode step) it multiplies by a copy of the weight in oneDNN's blocked layout, made on first use and
 remade when the weight changes: the 8-row products of a 174M-parameter model's decode step then take about as long
 as the 1-row ones (the weights' memory traffic), against twice as long from the dense weight. The copies cost the
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 import weakref
 
 import torch
@@ -108,7 +108,7 @@ def _worth_widening(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 class FastLinear(nn.Linear):
     """An `nn.Linear` whose forward is `onednn_linear`, through a packed weight copy for 2..`PACKED_MAX_ROWS` rows
-    (made by `use_fast_linears`, never constructed directly)."""
+    (made by `fast_view` over a plain `nn.Linear`'s parameters, never constructed directly)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
         threads = wide_threads()  # inside a serial section: a large product wants every thread, a small one not
@@ -140,28 +140,30 @@ class FastLinear(nn.Linear):
         return cached[2]
 
 
-def use_fast_linears(module: nn.Module) -> int:
-    """Turn every plain `nn.Linear` below `module` into a `FastLinear` in place (subclasses of `nn.Linear`, which
-    may compute something else, are left alone). Returns how many changed; idempotent; a no-op without oneDNN."""
-    if not ONEDNN:
-        return 0
-    changed = 0
-    for child in module.modules():
-        if type(child) is nn.Linear:
-            child.__class__ = FastLinear
-            changed += 1
-    return changed
+def fast_view(module: nn.Module) -> nn.Module:
+    """A structural copy of `module` for the runtime to drive; `module` itself is left exactly as it was.
 
+    Every submodule below `module` (itself included) becomes a new object of the same class whose `__dict__` is a
+    shallow copy of the original's: the same parameter and buffer tensors (shared: nothing is copied, an in-place
+    weight update shows in both), the same config and hooks, its own training flag and its own child table. A
+    module reached along several paths (tied or shared blocks) has one copy. Plain `nn.Linear` layers become
+    `FastLinear` in the copy (subclasses of `nn.Linear`, which may compute something else, keep their class; without
+    oneDNN every class is kept). Costs one Python object per module, never the weights' memory.
+    """
+    copies: dict[int, nn.Module] = {}
 
-@contextmanager
-def stock_linears(module: nn.Module) -> Iterator[None]:
-    """Every `FastLinear` below `module` back to a plain `nn.Linear` inside the block, restored after it: what the
-    benchmarks' transformers row runs, so that "transformers' own forward" is the stock one, not ours."""
-    swapped = [child for child in module.modules() if type(child) is FastLinear]
-    for child in swapped:
-        child.__class__ = nn.Linear
-    try:
-        yield
-    finally:
-        for child in swapped:
-            child.__class__ = FastLinear
+    def view(original: nn.Module) -> nn.Module:
+        found = copies.get(id(original))
+        if found is not None:
+            return found
+        copy = object.__new__(FastLinear if ONEDNN and type(original) is nn.Linear else type(original))
+        copies[id(original)] = copy
+        state = {name: (value.copy() if isinstance(value, (dict, set)) and name.startswith("_") else value)
+                 for name, value in original.__dict__.items()}  # module bookkeeping tables: the copy's own
+        state["_modules"] = {name: None if child is None else view(child) for name, child in original._modules.items()}
+        state.pop("_packed", None)  # a packed weight belongs to the linear that made it
+        object.__setattr__(copy, "__dict__", state)
+        return copy
+
+    return view(module)
+

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_generator, token_logprobs
-from hypic_rag.streaming import ResultStream
+from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:
     from hypic_rag.runtime.sampling import TokenLogprob
@@ -113,6 +113,15 @@ def settled_length(text: str, emitted: int, stop_strings: tuple[str, ...]) -> in
     return max(end, emitted)
 
 
+def without_lead(decoded: str, lead: str) -> str:
+    """The text of `decoded` (the generated tokens' text so far) with `lead` (the whitespace taken off the prompt's
+    end, `Request.answer_lead`) left out of its start: "" while `decoded` may still grow into `lead`; `decoded`
+    itself once it does not start with it (what is settled stays settled as tokens are added)."""
+    if not lead or decoded.startswith(lead):
+        return decoded[len(lead):]
+    return "" if lead.startswith(decoded) else decoded
+
+
 def first_stop(text: str, stop_strings: tuple[str, ...]) -> int | None:
     """Where the earliest stop string starts in `text`, or None."""
     positions = [text.find(stop) for stop in stop_strings if stop and stop in text]
@@ -128,8 +137,12 @@ class GenerationProgress:
     whether generation ended. The deltas add up exactly to the final text (see `Engine.stream`).
     """
 
-    def __init__(self, params: SamplingParams, eos_token_ids: Collection[int], tokenizer: Any, began: float) -> None:
+    def __init__(
+        self, params: SamplingParams, eos_token_ids: Collection[int], tokenizer: Any, began: float,
+        answer_lead: str = "",
+    ) -> None:
         self.params = params
+        self.answer_lead = answer_lead
         self.began = began
         self.tokenizer = tokenizer
         self.stop_ids = set(params.stop_token_ids) | set(eos_token_ids)
@@ -163,7 +176,8 @@ class GenerationProgress:
         if self.logprobs is not None:
             self.logprobs.append(token_logprobs(logits, token, params.logprobs or 0))
         tokenizer = self.tokenizer
-        self.decoded = tokenizer.decode(self.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
+        decoded = tokenizer.decode(self.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
+        self.decoded = without_lead(decoded, self.answer_lead)
         hit = first_stop(self.decoded, params.stop_strings)
         if hit is not None:
             delta = self.decoded[len(self.text) : hit]  # text was held back from where a stop string may start

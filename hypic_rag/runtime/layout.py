@@ -8,7 +8,9 @@ recomputed tokens end to end (the flat token rows every token-wise op runs over)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,6 +49,12 @@ class Span:
         return self.length - self.recompute if self.entry is not None else 0
 
 
+AttentionObserver = Callable[[int, Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""observe(layer_index, mixer, query [Hq, R, D], keys [Hkv, N, D], query_index [R], key_index [N]): what an
+attention layer's core attends for one item, queries and keys positioned (a probe's hook, e.g. the question's
+attention over cached chunks in `evals/policy_signals.py`)."""
+
+
 @dataclass(slots=True)
 class StackItem:
     """One sequence of a pass: `spans` (contiguous) after `state`.
@@ -55,7 +63,8 @@ class StackItem:
     written) or a running sequence's `SequenceState` (advanced in place). assembly: how the request is assembled
     (the stack reads whether cached keys are re-positioned and how cached states compose). want_checkpoints:
     decode states at each span end (prefix mode). reserve: room for this many more tokens in the attention buffers
-    of a new state (the tokens the sequence will decode).
+    of a new state (the tokens the sequence will decode). observe_attention: called by every attention layer
+    before its core, with this item's queries and keys (`AttentionObserver`: a probe's hook); None: no call.
     """
 
     spans: list[Span]
@@ -63,6 +72,7 @@ class StackItem:
     assembly: Assembly = field(default_factory=Assembly)
     want_checkpoints: bool = False
     reserve: int = 0
+    observe_attention: AttentionObserver | None = None
 
 
 def merge_recomputed_spans(spans: list[Span]) -> list[Span]:

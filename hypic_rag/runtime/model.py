@@ -21,7 +21,7 @@ from torch import nn
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.runtime.blocks import Block
 from hypic_rag.runtime.families import Family, family_for, supported_model_types, text_backbone
-from hypic_rag.runtime.fast_linear import use_fast_linears
+from hypic_rag.runtime.fast_linear import fast_view
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,17 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 class HybridModel:
     """A loaded hybrid causal LM and the handles the runtime needs.
 
-    blocks[i]: decoder layer i as a `Block` (its mixers over the model's own modules), built by `family`;
+    hf_model: the transformers model as it was given (or as `load_model` loaded it), never changed by the runtime:
+    its own forward is transformers' stock forward. runtime_model: what the runtime drives, `fast_view(hf_model)`:
+    the same parameters and buffers (shared, not copied), its plain linear layers `FastLinear`, in eval mode.
+    blocks[i]: decoder layer i as a `Block` (its mixers over runtime_model's modules), built by `family`;
     layer_types[i]: its kind ("linear_attention", "full_attention", both joined by "+", or "mlp").
     fingerprint: sha256 over the config and a digest of the weights (cache keys use it).
     tokenizer_fingerprint: sha256 of the tokenizer's serialised form ("none" without a tokenizer).
     """
 
     hf_model: nn.Module
+    runtime_model: nn.Module
     config: Any
     tokenizer: Any | None
     layer_types: tuple[str, ...]
@@ -88,8 +92,9 @@ class HybridModel:
 
     @property
     def backbone(self) -> nn.Module:
-        """The decoder stack (embeddings, layers, final norm); the language model of a multimodal model."""
-        return self.family.backbone(self.hf_model)
+        """The decoder stack the runtime drives (embeddings, layers, final norm); the language model of a multimodal
+        model."""
+        return self.family.backbone(self.runtime_model)
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -124,11 +129,11 @@ class HybridModel:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings as the family computes them: ids [...] -> [..., hidden]."""
-        return self.family.embed(self.hf_model, ids)
+        return self.family.embed(self.runtime_model, ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden [T, hidden] -> logits [T, vocab] (float32)."""
-        return self.family.logits(self.hf_model, hidden)
+        return self.family.logits(self.runtime_model, hidden)
 
 
 def text_stack_tensors(hf_model: nn.Module) -> dict[str, torch.Tensor]:
@@ -219,7 +224,8 @@ def _check_supported(config: Any, family: Family | None = None) -> Family:
 
 
 def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, *, family: Family | None = None) -> HybridModel:
-    """Wrap an already-built transformers causal LM (eval mode is set).
+    """Wrap an already-built transformers causal LM, leaving it as it was (its classes, modules, training flag and
+    weights): the runtime drives `fast_view(hf_model)`, in eval mode, over the same parameter tensors.
 
     hf_model: a text model (`Qwen3_5ForCausalLM`, ...) or a multimodal one (`Qwen3_5ForConditionalGeneration`,
     ...), whose text stack (`model.language_model`, `lm_head`) the runtime drives. The fingerprint covers the text
@@ -231,10 +237,11 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, *, family: Fam
     problem = family.structure_problem(hf_model)
     if problem is not None:
         raise UnsupportedModelError(problem)
-    hf_model.eval()
-    use_fast_linears(hf_model)  # oneDNN for CPU float32 linears: many times faster for a few rows (batched decode)
+    # oneDNN for CPU float32 linears (many times faster for a few rows: batched decode), on a view: the caller's
+    # object keeps its own nn.Linear layers, so its forward stays transformers' own
+    runtime_model = fast_view(hf_model).eval()
     try:
-        blocks = family.build_blocks(hf_model)
+        blocks = family.build_blocks(runtime_model)
     except ValueError as error:
         raise UnsupportedModelError(f"cannot drive {type(hf_model).__name__}: {error}") from error
     layer_types = tuple(block.layer_type for block in blocks)
@@ -244,6 +251,7 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, *, family: Fam
     fingerprint = hashlib.sha256((config_digest(config) + weights).encode()).hexdigest()
     return HybridModel(
         hf_model=hf_model,
+        runtime_model=runtime_model,
         config=config,
         tokenizer=tokenizer,
         layer_types=layer_types,
@@ -320,6 +328,11 @@ def load_model(
     device: defaults to CUDA when available, else CPU. dtype: a torch dtype or a name of `DTYPES`; defaults to
     float32 on CPU, bfloat16 on CUDA. require_tokenizer: a directory without tokenizer files is an error (else it
     loads with `tokenizer=None`). A directory that cannot be loaded raises `ModelLoadError` (one line).
+
+    A transformers model object is used where it is, as it is: it is never moved, converted or modified (its
+    modules keep their classes, its forward stays transformers' own; the runtime drives a view over the same
+    weights, `wrap_model`), and nothing is copied. Its device and dtype are the defaults; naming another device or
+    dtype than the object's raises `ModelLoadError` (convert it first: ``model.to(device, dtype)``).
     """
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -327,6 +340,8 @@ def load_model(
 
     transformers_logging.disable_progress_bar()  # loading is quick for our sizes; keep CLI output clean
 
+    if isinstance(source, nn.Module):
+        return wrap_model(_as_given(source, device, resolve_dtype(dtype)), tokenizer=tokenizer)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -334,9 +349,7 @@ def load_model(
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
-    if isinstance(source, nn.Module):
-        model = source
-    elif isinstance(source, PretrainedConfig):
+    if isinstance(source, PretrainedConfig):
         _check_supported(_text_config(source))
         model = AutoModelForCausalLM.from_config(source, dtype=dtype)
     else:
@@ -360,3 +373,22 @@ def load_model(
             logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
     model = model.to(device=device, dtype=dtype)
     return wrap_model(model, tokenizer=tokenizer)
+
+
+def _as_given(model: nn.Module, device: str | torch.device | None, dtype: torch.dtype | None) -> nn.Module:
+    """`model` itself when `device` and `dtype` (None: any) are where and what its weights are; else
+    `ModelLoadError` saying to convert it first (loading never moves or converts a caller's object)."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if embeddings is None:  # not a transformers model: `wrap_model` says what is wrong with it
+        return model
+    weight = embeddings().weight
+    wanted_device = torch.device(device) if device is not None else weight.device
+    if wanted_device.type == weight.device.type and wanted_device.index in (None, weight.device.index):
+        wanted_device = weight.device
+    if wanted_device != weight.device or (dtype is not None and dtype != weight.dtype):
+        wanted = f"{wanted_device} {dtype_name(dtype or weight.dtype)}"
+        raise ModelLoadError(
+            f"the model given is {weight.device} {dtype_name(weight.dtype)}, not {wanted}; load_model uses a model "
+            f"object as it is: convert it first (model.to(device, dtype)) or pass the device and dtype it has"
+        )
+    return model

@@ -6,9 +6,7 @@ The modes a request is assembled under are `modes.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
 
 
 @dataclass(slots=True)
@@ -16,13 +14,16 @@ class Request:
     """prefix_ids: instruction at position 0 (may be empty); chunk_ids: one token list per retrieved chunk;
     question_ids: the final segment (non-empty: its last token's logits start generation); chunk_ranks: how
     much each chunk matters, 0 = most (e.g. its retrieval rank), read by recompute policies that recompute some
-    chunks whole (`recompute_policy.py`); empty: prompt order."""
+    chunks whole (`recompute_policy.py`); empty: prompt order. answer_lead: whitespace taken off the end of the
+    prompt's text (`prompt.split_trailing_space`): the model writes it as its answer's first character, and the
+    generation's text leaves it out there."""
 
     prefix_ids: list[int]
     chunk_ids: list[list[int]]
     question_ids: list[int]
     chunk_labels: list[str] = field(default_factory=list)
     chunk_ranks: list[int] = field(default_factory=list)
+    answer_lead: str = ""
 
     def __post_init__(self) -> None:
         if not self.question_ids:
@@ -43,21 +44,3 @@ class Request:
 
     def all_ids(self) -> list[int]:
         return [token for segment in self.segments for token in segment] + list(self.question_ids)
-
-    @classmethod
-    def from_text(
-        cls,
-        tokenizer: Any,
-        chunks: list[str],
-        question: str,
-        prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
-    ) -> Request:
-        """Tokenize each segment on its own (`prompt.tokenize_segment`) with `prompt_format`'s templates.
-
-        The product builds its requests with `hypic_rag.session.ModelSession.request`, which also strips the
-        question and drops empty chunks; this is the same layout for a bare tokenizer."""
-        return cls(
-            prefix_ids=tokenize_segment(tokenizer, prompt_format.prefix),
-            chunk_ids=[tokenize_segment(tokenizer, prompt_format.chunk(text)) for text in chunks],
-            question_ids=tokenize_segment(tokenizer, prompt_format.question(question), "the question"),
-        )

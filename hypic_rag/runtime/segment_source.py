@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from hypic_rag.entry import Entry, entry_tensor_bytes
-from hypic_rag.lru import ByteBudgetLRU
+from hypic_rag.utils.lru import ByteBudgetLRU
 
 EncodeMany = Callable[[list[list[int]]], Sequence[Mapping[str, torch.Tensor]]]
 """Encodes segments (token id lists) into their entries, one per segment, in order."""

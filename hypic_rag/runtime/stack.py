@@ -32,7 +32,7 @@ from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.blocks import BlockContext
-from hypic_rag.runtime.layout import Layout, Span, StackItem, lay_out
+from hypic_rag.runtime.layout import AttentionObserver, Layout, Span, StackItem, lay_out
 from hypic_rag.runtime.mixers.base import AttentionMixer, Mixer, Positioner, RecurrentMixer
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.recurrent_pass import recurrent_layer
@@ -175,10 +175,13 @@ def run_stack(
     *,
     want_checkpoints: bool = False,
     want_all_logits: bool = False,
+    observe_attention: AttentionObserver | None = None,
 ) -> StackResult:
     """One sequence through `run_batch` (spans contiguous, starting at `initial.length` or 0): its next-token
-    logits, and the state after it as a `DecodeState` (`initial`, if given, is read, never written)."""
-    item = StackItem(list(spans), initial, assembly or Assembly(), want_checkpoints)
+    logits, and the state after it as a `DecodeState` (`initial`, if given, is read, never written).
+    observe_attention: a probe's hook, called by every attention layer (`layout.AttentionObserver`)."""
+    item = StackItem(list(spans), initial, assembly or Assembly(), want_checkpoints,
+                     observe_attention=observe_attention)
     [result] = run_batch(model, [item], want_all_logits=want_all_logits)
     return StackResult(
         logits=result.logits, state=result.state.to_decode_state(), recomputed_tokens=result.recomputed_tokens,
@@ -253,6 +256,9 @@ def _attention_layer(mixer: AttentionMixer, layer_index: int, x: torch.Tensor, p
                 layout.compose_seconds += time.perf_counter() - began
         rows = layout.rows
         seen_keys, seen_values = keys[:, : layout.total], values[:, : layout.total]
+        if layout.item.observe_attention is not None:
+            layout.item.observe_attention(layer_index, mixer, query[:, rows], seen_keys, layout.positions,
+                                          torch.arange(layout.total, device=x.device))
         if layout.recomputed <= SMALL_QUERY_TOKENS:  # seams + question, a decode token: two small matmuls
             core[rows] = grouped_attention(mixer.scaling, query[:, rows], seen_keys, seen_values, layout.positions)
         else:

@@ -320,12 +320,11 @@ class Scheduler:
         """The (entry seam, token ids) of the request's segment entries the segment source lacks, each once."""
         if not sequence.assembly.spec.uses_entries:
             return []
-        request = sequence.request
-        seams = self.engine.segment_seams(request, sequence.assembly)
+        keys = self.engine.segment_entry_keys(sequence.request, sequence.assembly)
         by_seam: dict[int, list[list[int]]] = {}
-        for segment, entry_seam in zip(request.segments, seams):
-            if entry_seam is not WHOLE:  # a chunk the policy recomputes whole reads no entry
-                by_seam.setdefault(entry_seam, []).append(segment)
+        for key in keys:
+            if key is not None:  # None: a chunk the policy recomputes whole reads no entry
+                by_seam.setdefault(key[0], []).append(list(key[1]))
         missing: dict[SegmentKey, None] = {}
         for entry_seam, group in by_seam.items():
             for segment in self.engine.entries.missing(group, entry_seam):

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.pipeline import RagPipeline
-from hypic_rag.prompt import tokenize_segment
-from hypic_rag.reuse import NO_MATCHING, MatchSettings, SegmentedPrompt
+from hypic_rag.prompting.format import tokenize_segment
+from hypic_rag.prompting.matching import NO_MATCHING, MatchSettings, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request

@@ -1,7 +1,7 @@
 """OpenAI-compatible bodies of `POST /v1/chat/completions`.
 
 Messages take a string content (cut at the separator into parts) or a list of text parts; in a message of
-several parts every part but the last is a document, cached as a segment (`hypic_rag.chat`). Sampling fields are
+several parts every part but the last is a document, cached as a segment (`hypic_rag.prompting.chat`). Sampling fields are
 the completions route's (`openai_schemas.SamplingFields`).
 """
 
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from hypic_rag.limits import MAX_NEW_TOKENS
+from hypic_rag.utils.limits import MAX_NEW_TOKENS
 from hypic_rag.server.openai_schemas import (
     MAX_LOGPROBS,
     STRICT_IGNORING_EXTRA,

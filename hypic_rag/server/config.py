@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hypic_rag.cache.remote_config import RemoteTierConfig
-from hypic_rag.limits import MAX_QUESTION_CHARS
-from hypic_rag.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
+from hypic_rag.utils.limits import MAX_QUESTION_CHARS
+from hypic_rag.prompting.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
 
 
 REPLICA_PLACEHOLDER = "{replica}"
@@ -37,7 +37,7 @@ class ServerConfig:
     request_timeout_s: default deadline of a request, queue wait included (a request may ask for less).
     separator: what splits an OpenAI-style completion prompt into cached segments.
     match_segments: cut completion and chat prompts around the indexed chunks and seen segments they contain
-    (`hypic_rag.reuse`), so text pasted without separators reuses its cached entries (a request may turn it off).
+    (`hypic_rag.prompting.matching`), so text pasted without separators reuses its cached entries (a request may turn it off).
     max_body_bytes / max_question_chars / max_prompt_chars / max_prompt_tokens / max_segments (separated parts of
     one completion prompt, the query included) / max_documents / max_document_chars / max_document_tokens (of one
     document's text): sizes above these are refused with 413. max_pending_jobs: document jobs waiting before

@@ -1,9 +1,14 @@
 """Errors the service answers with, and the handlers that turn every failure into one JSON shape.
 
-Every error body is OpenAI-style: ``{"error": {"message": ..., "type": ..., "param": ..., "code": <status>}}``;
-validation errors also list each bad field under ``error.fields``. A field of the wrong type is a 400 on every
-route (as OpenAI's and vLLM's servers answer); any other invalid field is a 422 on hypic-rag's own routes and a 400
-on OpenAI's. A number out of its range is answered with the range: "top_k: must be an integer in 1..256, got 0".
+Every error body is OpenAI's: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``. `type` is
+the class of error as OpenAI names it (`invalid_request_error` for anything wrong with the request, whatever its
+status; `rate_limit_error` when the queue is full; `server_error` for the server's own failures), `code` a string
+naming the error (`model_not_found`, `not_found`, `invalid_type`, `invalid_value`, `payload_too_large`,
+`queue_full`, `timeout`, ...; `ERROR_CODES`), `param` the field at fault or null; the HTTP status is the
+response's. Validation errors also list each bad field under ``error.fields``. A field of the wrong type is a 400
+on every route (as OpenAI's and vLLM's servers answer); any other invalid field is a 422 on hypic-rag's own routes
+and a 400 on OpenAI's. A number out of its range is answered with the range: "top_k: must be an integer in
+1..256, got 0".
 """
 
 from __future__ import annotations
@@ -19,18 +24,24 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hypic_rag.errors import HypicError
-from hypic_rag.limits import NumberRange
+from hypic_rag.utils.limits import NumberRange
 from hypic_rag.server.request_log import current_request_id, log_refusal
 
 logger = logging.getLogger(__name__)
 
 
+INVALID_REQUEST = "invalid_request_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER_ERROR = "server_error"
+
+
 class ServiceError(HypicError):
-    """A request the service refuses or cannot finish; `status` is the HTTP status code (answered as JSON by the
-    handlers below; it never reaches the command line)."""
+    """A request the service refuses or cannot finish; `status` is the HTTP status code, `error_type` and `code`
+    the body's `type` and `code` (answered as JSON by the handlers below; it never reaches the command line)."""
 
     status = 500
-    kind = "internal_error"
+    error_type = SERVER_ERROR
+    code = "internal_error"
 
     def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -39,56 +50,82 @@ class ServiceError(HypicError):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.kind, self.status, self.param)
+        return error_body(self.message, self.error_type, self.code, self.param)
 
 
 class BadRequestError(ServiceError):
-    status, kind = 400, "invalid_request_error"
+    status, error_type, code = 400, INVALID_REQUEST, "invalid_value"
 
 
 class NotFoundError(ServiceError):
-    status, kind = 404, "not_found"
+    status, error_type, code = 404, INVALID_REQUEST, "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    """A `model` other than the served one (OpenAI's and vLLM's 404)."""
+
+    code = "model_not_found"
 
 
 class ConflictError(ServiceError):
-    status, kind = 409, "conflict"
+    status, error_type, code = 409, INVALID_REQUEST, "conflict"
 
 
 class PayloadTooLargeError(ServiceError):
-    status, kind = 413, "payload_too_large"
+    status, error_type, code = 413, INVALID_REQUEST, "payload_too_large"
 
 
 class QueueFullError(ServiceError):
-    status, kind = 429, "queue_full"
+    status, error_type, code = 429, RATE_LIMIT, "queue_full"
 
 
 class ServiceUnavailableError(ServiceError):
-    status, kind = 503, "unavailable"
+    status, error_type, code = 503, SERVER_ERROR, "unavailable"
 
 
 class RequestTimeoutError(ServiceError):
-    status, kind = 504, "timeout"
+    status, error_type, code = 504, SERVER_ERROR, "timeout"
 
 
 class UnprocessableError(ServiceError):
     """A field is out of the range this server accepts (the bound depends on its settings)."""
 
-    status, kind = 422, "validation_error"
+    status, error_type, code = 422, INVALID_REQUEST, "invalid_value"
 
 
 class RequestCancelledError(ServiceError):
     """The request was cancelled (its client went away) before the worker finished it."""
 
-    status, kind = 499, "cancelled"
+    status, error_type, code = 499, INVALID_REQUEST, "cancelled"
 
 
-def error_body(message: str, kind: str, status: int, param: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": status, **extra}}
+ERROR_CODES = {
+    "invalid_type": "a field of the wrong JSON type (400)",
+    "invalid_value": "a field with a value it cannot take: empty, unknown, out of range (400 or 422)",
+    "invalid_json": "a body that is not UTF-8 JSON (400)",
+    "model_not_found": "a model other than the served one (404)",
+    "not_found": "an unknown job, document or path (404)",
+    "method_not_allowed": "a method the path does not take (405)",
+    "conflict": "a document change on a read-only server (409)",
+    "payload_too_large": "a body, question, prompt or document over the server's limits (413)",
+    "cancelled": "the client went away first (499)",
+    "queue_full": "the request queue is full (429)",
+    "unavailable": "starting or shutting down (503)",
+    "timeout": "the request's deadline passed (504)",
+    "internal_error": "a bug (500)",
+}
+"""Every `code` an error body carries, and when."""
+
+
+def error_body(message: str, error_type: str, code: str | None, param: str | None = None,
+               **extra: Any) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code, **extra}}
 
 
 def internal_error_body(error: BaseException) -> dict[str, Any]:
     """The body of a 500: the exception's type and the request id (the traceback goes to the log, under that id)."""
-    return error_body(f"internal error: {type(error).__name__} (request {current_request_id()})", "internal_error", 500)
+    return error_body(f"internal error: {type(error).__name__} (request {current_request_id()})", SERVER_ERROR,
+                      "internal_error")
 
 
 def error_response(error: ServiceError) -> JSONResponse:
@@ -188,9 +225,12 @@ def validation_response(error: RequestValidationError, status: int = 422, body_m
     fields = [_field_error(item, body_model) for item in items]
     message = "; ".join(f"{item['field']}: {item['message']}" for item in fields) or "invalid request"
     param = fields[0]["field"] if fields else None
-    kind = "invalid_request_error" if status == 400 else "validation_error"
+    if any(item.get("type") == "json_invalid" for item in items):
+        code = "invalid_json"
+    else:
+        code = "invalid_type" if any(is_type_error(item) for item in items) else "invalid_value"
     log_refusal(status, message)
-    return JSONResponse(error_body(message, kind, status, param, fields=fields), status_code=status)
+    return JSONResponse(error_body(message, INVALID_REQUEST, code, param, fields=fields), status_code=status)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -208,16 +248,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return validation_response(error, 400 if request.url.path in OPENAI_PATHS else 422, _body_model(request))
 
     async def on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        error_type = SERVER_ERROR if error.status_code >= 500 else INVALID_REQUEST
         if error.status_code == 400 and isinstance(error.__cause__, ValueError):
             # FastAPI could not read the body as JSON: not UTF-8 (UnicodeDecodeError), a number of thousands of digits
             reason = " ".join(str(error.__cause__).split())[:200]
             message = f"body: not readable as UTF-8 JSON ({reason})"
             log_refusal(400, message)
-            return JSONResponse(error_body(message, "invalid_request_error", 400, "body"), status_code=400)
+            return JSONResponse(error_body(message, INVALID_REQUEST, "invalid_json", "body"), status_code=400)
         log_refusal(error.status_code, str(error.detail))
         return JSONResponse(
-            error_body(str(error.detail), kind, error.status_code),
+            error_body(str(error.detail), error_type, code),
             status_code=error.status_code,
             headers=getattr(error, "headers", None),
         )

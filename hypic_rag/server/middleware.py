@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from hypic_rag.server.errors import error_body, internal_error_body
+from hypic_rag.server.errors import PayloadTooLargeError, internal_error_body
 from hypic_rag.server.metrics import ServiceMetrics
 from hypic_rag.server.request_log import log_refusal, log_unexpected
 
@@ -39,7 +39,7 @@ class BodySizeLimit:
     async def _refuse(self, send: Any) -> None:
         message = f"request body exceeds {self.max_bytes} bytes"
         log_refusal(413, message)
-        body = error_body(message, "payload_too_large", 413, "body")
+        body = PayloadTooLargeError(message, param="body").body()
         await _send_json(send, 413, body)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:

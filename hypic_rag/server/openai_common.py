@@ -9,12 +9,12 @@ from typing import Any, ClassVar
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult
 from hypic_rag.server.channel import Event, TextEvent
-from hypic_rag.server.errors import BadRequestError, NotFoundError
+from hypic_rag.server.errors import BadRequestError, ModelNotFoundError
 from hypic_rag.server.openai_schemas import CompletionUsage, HypicDetails, PromptTokensDetails, SamplingFields
 from hypic_rag.server.service import Service
 from hypic_rag.server.sse import Frames
 from hypic_rag.server.worker import TaskContext
-
+from hypic_rag.vocabulary import MATCHING_FIELDS, USAGE_FIELDS
 
 INDEX_MODEL_SUFFIX = "+index"
 """Appended to the served model's id, the model id of a chat answered from the served index (`/v1/chat/completions`
@@ -22,14 +22,15 @@ retrieves for the last user message, as `/v1/ask` does)."""
 
 
 def check_model(model: str | None, served: str, *, over_index: bool = True) -> bool:
-    """404 (OpenAI's shape, `param: model`) unless `model` is absent, the served model's id, or (`over_index`)
-    that id plus `INDEX_MODEL_SUFFIX`; True for the latter."""
+    """404 (OpenAI's body: `invalid_request_error`, code `model_not_found`, `param: model`) unless `model` is
+    absent, the served model's id, or (`over_index`) that id plus `INDEX_MODEL_SUFFIX`; True for the latter."""
     if model is None or model == served:
         return False
     if over_index and model == served + INDEX_MODEL_SUFFIX:
         return True
     also = f" (or `{served}{INDEX_MODEL_SUFFIX}`, answering from the served index)" if over_index else ""
-    raise NotFoundError(f"The model `{model}` does not exist; this server serves `{served}`{also}", param="model")
+    raise ModelNotFoundError(f"The model `{model}` does not exist; this server serves `{served}`{also}",
+                             param="model")
 
 
 def check_at_most(name: str, value: int, limit: int) -> int:
@@ -60,37 +61,25 @@ def total_usage(results: Sequence[CompletionResult], n: int) -> dict[str, int]:
     """Usage of `n` choices per prompt: each prompt's prompt-side counts once (its first choice's), completion
     tokens of every choice."""
     first = results[::n]
-    keys = ("prompt_tokens", "cached_tokens", "encoded_tokens", "recomputed_tokens", "cache_hits", "cache_misses",
-            "segments", "matched_segments", "matched_tokens", "matched_cached_tokens")
+    keys = [key for key in USAGE_FIELDS + MATCHING_FIELDS if key != "completion_tokens"]
     usage = {key: sum(result.usage[key] for result in first) for key in keys}
     usage["completion_tokens"] = sum(result.usage["completion_tokens"] for result in results)
     return usage
 
 
 def usage_model(usage: dict[str, int]) -> CompletionUsage:
-    """OpenAI's usage object, with `prompt_tokens_details.cached_tokens` and our `encoded_tokens`."""
+    """OpenAI's usage object (`prompt_tokens_details.cached_tokens` included) with hypic-rag's counters."""
     return CompletionUsage(
-        prompt_tokens=usage["prompt_tokens"],
-        completion_tokens=usage["completion_tokens"],
         total_tokens=usage["prompt_tokens"] + usage["completion_tokens"],
         prompt_tokens_details=PromptTokensDetails(cached_tokens=usage["cached_tokens"]),
-        encoded_tokens=usage["encoded_tokens"],
+        **{name: usage[name] for name in USAGE_FIELDS + MATCHING_FIELDS},
     )
 
 
 def hypic_details(usage: dict[str, int], result: CompletionResult, mode: str, queue_s: float) -> HypicDetails:
-    """The `hypic` extension object: assembly counts (segments of every prompt, the query included; those the
-    matcher found) and the first choice's timings (ms)."""
+    """The `hypic` extension object: the assembly mode and the first choice's timings (ms)."""
     return HypicDetails(
         mode=mode,
-        segments=usage["segments"],
-        matched_segments=usage["matched_segments"],
-        matched_tokens=usage["matched_tokens"],
-        matched_cached_tokens=usage["matched_cached_tokens"],
-        encoded_tokens=usage["encoded_tokens"],
-        recomputed_tokens=usage["recomputed_tokens"],
-        cache_hits=usage["cache_hits"],
-        cache_misses=usage["cache_misses"],
         timings={
             "queue_ms": round(queue_s * 1000.0, 3),
             **{f"{name}_ms": round(seconds * 1000.0, 3) for name, seconds in result.timings.items()},

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hypic_rag.limits import MAX_NEW_TOKENS
+from hypic_rag.utils.limits import MAX_NEW_TOKENS
 from hypic_rag.server.schemas import SEED_DESCRIPTION, SEED_MAX, valid_unicode
 
 STRICT_IGNORING_EXTRA = ConfigDict(extra="ignore", strict=True)
@@ -114,29 +114,35 @@ class PromptTokensDetails(BaseModel):
 
 
 class CompletionUsage(BaseModel):
+    """OpenAI's usage, with hypic-rag's counters under the names every surface uses (`hypic_rag.vocabulary`):
+    cached + encoded + recomputed = prompt tokens."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
-    encoded_tokens: int | None = Field(
-        None, description="hypic-rag extension: prompt tokens from segment entries encoded during this request."
+    cached_tokens: int = Field(description="hypic-rag extension: prompt tokens reused from before this request "
+                                           "(as in prompt_tokens_details, where OpenAI's clients read it).")
+    encoded_tokens: int = Field(
+        description="hypic-rag extension: prompt tokens from segment entries encoded during this request."
     )
+    recomputed_tokens: int = Field(description="hypic-rag extension: prompt tokens run through the model while "
+                                               "assembling (seams, the query).")
+    cache_hits: int = Field(description="hypic-rag extension: segments found in the cache.")
+    cache_misses: int = Field(description="hypic-rag extension: segments encoded for this request (and stored).")
+    segments: int = Field(description="hypic-rag extension: segments the prompt was cut into, the query included.")
+    matched_segments: int = Field(description="hypic-rag extension: segments found by matching the prompt's text "
+                                              "against indexed chunks and seen segments.")
+    matched_tokens: int = Field(description="hypic-rag extension: prompt tokens inside matched segments.")
+    matched_cached_tokens: int = Field(description="hypic-rag extension: of matched_tokens, those reused from "
+                                                   "entries held before this request (seams excluded).")
 
 
 class HypicDetails(BaseModel):
-    """hypic-rag extension: how the prompt was assembled and where the time went (milliseconds)."""
+    """hypic-rag extension: the assembly mode and where the time went (milliseconds); the token and segment
+    counts are in `usage`."""
 
     mode: str
-    segments: int = Field(description="Segments the prompt was cut into, the query included.")
-    matched_segments: int = Field(
-        0, description="Segments found by matching the prompt's text against indexed chunks and seen segments.")
-    matched_tokens: int = Field(0, description="Prompt tokens inside matched segments.")
-    matched_cached_tokens: int = Field(
-        0, description="Of matched_tokens, those reused from entries held before this request (seams excluded).")
-    encoded_tokens: int = Field(description="Prompt tokens from segment entries encoded during this request.")
-    recomputed_tokens: int = Field(description="Prompt tokens run through the model while assembling.")
-    cache_hits: int
-    cache_misses: int
     timings: dict[str, float]
 
 

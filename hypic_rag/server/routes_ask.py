@@ -16,6 +16,7 @@ from hypic_rag.server.service import Service, ServiceDep
 from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question, checked_recompute_policy
 from hypic_rag.server.worker import TaskContext
+from hypic_rag.vocabulary import source_record
 
 
 ROUTE = "/v1/ask"
@@ -33,17 +34,13 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def source_out(source: Source) -> SourceOut:
-    return SourceOut(
-        document=source.doc_id,
-        chunk_id=source.chunk_id,
-        score=source.score,
-        text=source.text,
-        position=source.position,
-        source=source.source,
-        metadata=source.metadata,
-        hop_query=source.hop_query,
-    )
+def source_out(source: Source, rank: int) -> SourceOut:
+    return SourceOut(**source_record(source, rank))
+
+
+def sources_out(sources: list[Source]) -> list[dict[str, Any]]:
+    """The sources as JSON, ranked from 1 (best first)."""
+    return [source_out(source, rank).model_dump() for rank, source in enumerate(sources, start=1)]
 
 
 def ask_timings(answer: Answer, queue_seconds: float) -> AskTimings:
@@ -69,12 +66,13 @@ def ask_timings(answer: Answer, queue_seconds: float) -> AskTimings:
 def ask_response(answer: Answer, queue_seconds: float) -> AskResponse:
     return AskResponse(
         answer=answer.text,
-        sources=[source_out(source) for source in answer.sources],
+        sources=[source_out(source, rank) for rank, source in enumerate(answer.sources, start=1)],
         mode=answer.mode,
         recompute_policy=answer.recompute_policy,
         finish_reason=answer.finish_reason,
         usage=Usage(**answer.usage),
         timings=ask_timings(answer, queue_seconds),
+        note=answer.note,
     )
 
 
@@ -117,7 +115,7 @@ class AskFraming:
 
     def event(self, event: Event) -> Frames:
         if isinstance(event, SourcesEvent):
-            return [{"type": "sources", "sources": [source_out(source).model_dump() for source in event.sources]}]
+            return [{"type": "sources", "sources": sources_out(event.sources)}]
         return [{"type": "token", "text": event.text}]
 
     def closing(self, answer: Answer, first_token_seconds: float) -> Frames:

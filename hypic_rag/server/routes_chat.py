@@ -1,9 +1,9 @@
 """OpenAI-compatible `POST /v1/chat/completions`, streaming and not.
 
 Messages are rendered with the model's chat template when its tokenizer has one, else with the index's prompt
-format (`hypic_rag.chat`); documents (content parts, or text cut at the separator) are cached segments, so a
+format (`hypic_rag.prompting.chat`); documents (content parts, or text cut at the separator) are cached segments, so a
 repeated request with the same documents reuses their entries (`usage.prompt_tokens_details.cached_tokens`). The
-rest of the rendered prompt is cut around the indexed chunks and seen segments it contains (`hypic_rag.reuse`), so
+rest of the rendered prompt is cut around the indexed chunks and seen segments it contains (`hypic_rag.prompting.matching`), so
 documents pasted into a message without separators are reused too.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 
-from hypic_rag.chat import ChatMessage, chat_prompt
 from hypic_rag.pipeline import Answer, Question
-from hypic_rag.reuse import NO_MATCHING
+from hypic_rag.prompting.chat import ChatMessage, chat_prompt
+from hypic_rag.prompting.matching import NO_MATCHING
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult, ServiceBackend
 from hypic_rag.server.channel import Event, SourcesEvent
@@ -42,7 +42,7 @@ from hypic_rag.server.openai_common import (
     usage_model,
 )
 from hypic_rag.server.openai_schemas import stop_strings
-from hypic_rag.server.routes_ask import ERROR_RESPONSES, INDEX_TOP_K, source_out
+from hypic_rag.server.routes_ask import ERROR_RESPONSES, INDEX_TOP_K, source_out, sources_out
 from hypic_rag.server.service import Service, ServiceDep
 from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_mode, checked_question
@@ -161,14 +161,14 @@ async def _chat_over_index(
         choices=[ChatChoice(index=0, message=ChatMessageOut(content=answer.text), finish_reason=answer.finish_reason)],
         usage=usage_model(usage),
         hypic=hypic_details(usage, result, mode, channel.context.queue_seconds),
-        sources=[source_out(source) for source in answer.sources],
+        sources=[source_out(source, rank) for rank, source in enumerate(answer.sources, start=1)],
     )
 
 
 def answer_result(answer: Answer) -> CompletionResult:
     """An `Answer` as a completion's result (its usage with the assembly counts the OpenAI routes report: the
     retrieved chunks and the question are the segments, none matched in text)."""
-    usage = {**answer.usage, "segments": len(answer.sources) + 1, **NO_MATCHING}
+    usage = {**answer.usage, **NO_MATCHING, "segments": len(answer.sources) + 1}
     return CompletionResult(answer.text, answer.finish_reason, usage, dict(answer.timings))
 
 
@@ -226,7 +226,7 @@ class IndexChatFraming:
         if isinstance(event, SourcesEvent):
             frame = self.chat.chunk(0, None, None)
             frame["choices"] = []
-            frame["sources"] = [source_out(source).model_dump() for source in event.sources]
+            frame["sources"] = sources_out(event.sources)
             return [frame]
         return self.chat.event(event)
 

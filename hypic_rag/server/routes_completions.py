@@ -3,7 +3,7 @@
 The prompt is split at the separator (default `<<PIC_SEP>>`): every part but the last is a segment whose cached
 entry is reused wherever it lands (encoded and stored on first sight), the last part is the query. An existing
 OpenAI client thus gets position-independent reuse without the retriever. The query part (the whole prompt when
-it has no separator) is cut around the indexed chunks and previously seen segments it contains (`hypic_rag.reuse`),
+it has no separator) is cut around the indexed chunks and previously seen segments it contains (`hypic_rag.prompting.matching`),
 so text pasted without separators reuses its cached entries too; what no match covers is recomputed as before.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 
-from hypic_rag.reuse import separated_pieces
+from hypic_rag.prompting.matching import separated_pieces
 from hypic_rag.runtime.request import Request as HypicRequest
-from hypic_rag.segments import split_segments
+from hypic_rag.prompting.segments import split_segments
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult, PromptBuilder, ServiceBackend, check_segment_count
 from hypic_rag.server.deferred import Deferred

@@ -130,4 +130,4 @@ async def delete_document(doc_id: str, service: ServiceDep) -> DeletedDocument:
         return backend.delete_document(doc_id)
 
     removed = await service.control(run)
-    return DeletedDocument(document=doc_id, deleted=True, chunks_removed=removed)
+    return DeletedDocument(doc_id=doc_id, deleted=True, chunks_removed=removed)

@@ -2,7 +2,7 @@
 
 Validation here names the field: a field of the wrong type is a 400 (types are strict: `"no"` is not a boolean,
 `"3"` not an integer, as OpenAI's and vLLM's servers answer), a value out of its stated range a 422 (text holding a
-lone surrogate such as `"\\ud800"` included: no tokenizer takes it); every number has a range (`hypic_rag.limits`).
+lone surrogate such as `"\\ud800"` included: no tokenizer takes it); every number has a range (`hypic_rag.utils.limits`).
 Checks that need the server's settings (sizes: 413; mode, recompute policy and empty question: 400) are made by the
 handlers.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hypic_rag.limits import MAX_NEW_TOKENS, TOP_K
+from hypic_rag.utils.limits import MAX_NEW_TOKENS, TOP_K
 from hypic_rag.runtime.sampling import SEED_MAX
-from hypic_rag.text import unencodable_message
+from hypic_rag.utils.text import unencodable_message
 
 SEED_DESCRIPTION = (
     "Makes sampling reproducible: an unsigned 64-bit integer, 0 to 2**64 - 1 (422 outside). Without one, every "
@@ -84,20 +84,25 @@ class AskRequest(_Strict):
 
 
 class SourceOut(BaseModel):
-    document: str = Field(description="Id of the document the chunk comes from.")
+    """One source of the answer, best first, with the fields every surface writes (`hypic_rag.vocabulary`)."""
+
+    rank: int = Field(description="1 for the best; sources are listed by score.")
+    doc_id: str = Field(description="Id of the document the chunk comes from.")
     chunk_id: str
     score: float = Field(description="Cosine similarity of the chunk to the question.")
     text: str = Field(description="The chunk's text span.")
+    source: str = Field("", description="Where the document was read from, relative to the corpus root.")
     position: int = Field(description="The chunk's order within its document.")
-    source: str = ""
     metadata: dict[str, Any] = Field(
         default_factory=dict,
         description="The document's fields and where the chunk lies in it: page / page_end (PDF), section (HTML, "
-                    "DOCX, Markdown).",
+                    "DOCX, Markdown), title.",
     )
+    hop: bool = Field(False, description="Whether the retrieval hop found the chunk.")
     hop_query: str | None = Field(
         None, description="Set when the retrieval hop found the chunk: the follow-up query that found it."
     )
+    hop_score: float | None = Field(None, description="The chunk's similarity to hop_query.")
 
 
 class Usage(BaseModel):
@@ -139,6 +144,8 @@ class AskResponse(BaseModel):
     finish_reason: str
     usage: Usage
     timings: AskTimings
+    note: str | None = Field(None, description="A line to show beside the answer, else null: that the bundled demo "
+                                               "model answered over documents outside its synthetic world.")
 
 
 class DocumentIn(_Strict):
@@ -175,7 +182,7 @@ class JobOut(BaseModel):
 
 
 class DeletedDocument(BaseModel):
-    document: str
+    doc_id: str
     deleted: bool
     chunks_removed: int
 

@@ -50,8 +50,8 @@ from hypic_rag.precompute import PrecomputeOptions, precompute  # noqa: E402
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM  # noqa: E402
 from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port  # noqa: E402
-from hypic_rag.testing_s3 import TEST_AWS_ENV as AWS_ENV  # noqa: E402
-from hypic_rag.testing_s3 import LocalS3 as MotoServer  # noqa: E402  (moto's server on 127.0.0.1)
+from hypic_rag.testing.s3 import TEST_AWS_ENV as AWS_ENV  # noqa: E402
+from hypic_rag.testing.s3 import LocalS3 as MotoServer  # noqa: E402  (moto's server on 127.0.0.1)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NS = CacheNamespace(model_fingerprint="m", tokenizer_fingerprint="t", seam_tokens=8)

@@ -248,7 +248,7 @@ def test_serve_starts_with_the_cache_disabled(index_copy: Path) -> None:
         assert "is truncated" in stats["disabled"] and stats["entries"] == 0
         answered = httpx.post(f"{url}/v1/ask", json={"question": QUESTION, "max_new_tokens": 4}, timeout=120)
         assert answered.status_code == 200, answered.text
-        assert answered.json()["sources"][0]["document"] == "glassblowing.md"
+        assert answered.json()["sources"][0]["doc_id"] == "glassblowing.md"
     finally:
         server.send_signal(signal.SIGTERM)
         _, stderr = server.communicate(timeout=120)

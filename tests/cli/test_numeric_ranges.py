@@ -17,7 +17,7 @@ import pytest
 from hypic_rag.cli import main as cli_main
 from hypic_rag.cli.cache_command import parse_size
 from hypic_rag.errors import EXIT_BAD_INPUT
-from hypic_rag.limits import NumberRange
+from hypic_rag.utils.limits import NumberRange
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_UTF8 = os.fsdecode(b"\xff\xfe")

@@ -16,7 +16,7 @@ import pytest
 
 from hypic_rag.cli import main as cli_main
 from hypic_rag.errors import EXIT_BAD_INPUT
-from hypic_rag.limits import MAX_QUESTION_CHARS
+from hypic_rag.utils.limits import MAX_QUESTION_CHARS
 
 
 @pytest.fixture(scope="module")

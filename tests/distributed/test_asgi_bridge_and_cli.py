@@ -91,7 +91,7 @@ def test_an_application_error_is_a_500() -> None:
 
     parts = collect(raises_before_answering, ForwardedRequest("GET", "/"))  # type: ignore[arg-type]
     assert isinstance(parts[0], ResponseStart) and parts[0].status == 500
-    assert b'"type": "internal_error"' in b"".join(part for part in parts[1:] if isinstance(part, bytes))
+    assert b'"code": "internal_error"' in b"".join(part for part in parts[1:] if isinstance(part, bytes))
 
 
 def test_affinity_keys_of_completions_and_chats() -> None:

@@ -2,7 +2,7 @@
 resource tracker and two workers) and of `serve --replicas 2` on a private Ray instance (GCS, raylet, Ray's
 DashboardAgent and RuntimeEnvAgent, the Serve controller and replicas), real processes: the process tree is listed
 while the command runs, the command is killed, and within a few seconds none of those processes runs any more
-(they ran on for minutes: `hypic_rag.reaper`). Linux only (/proc)."""
+(they ran on for minutes: `hypic_rag.utils.reaper`). Linux only (/proc)."""
 
 from __future__ import annotations
 

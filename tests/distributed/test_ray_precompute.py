@@ -139,7 +139,7 @@ def test_distributed_precompute_writes_the_local_entries_to_the_remote_tier_from
     from hypic_rag.cache.remote_config import RemoteTierConfig
     from hypic_rag.cli.main import main
     from hypic_rag.cli.precompute_command import remote_summary_line
-    from hypic_rag.testing_s3 import aws_test_environment
+    from hypic_rag.testing.s3 import aws_test_environment
 
     bucket = local_s3.new_bucket()
     remote = RemoteTierConfig.from_url(f"s3://{bucket}/segments", endpoint_url=local_s3.url)

@@ -27,7 +27,7 @@ from hypic_rag.distributed.rendezvous import RendezvousRouter, owner
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port
-from hypic_rag.testing_s3 import TEST_AWS_ENV
+from hypic_rag.testing.s3 import TEST_AWS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hypic_rag.chat import ChatMessage, chat_prompt
+from hypic_rag.prompting.chat import ChatMessage, chat_prompt
 from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.testing import (
@@ -41,7 +41,7 @@ from hypic_rag.testing import (
     train_tiny_tokenizer,
     write_corpus,
 )
-from hypic_rag.testing_ssm import save_published_ssm_checkpoint
+from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
 pytestmark = pytest.mark.slow  # 14 processes in all: about 2.5 minutes on 2 shared cores, 115 CPU-seconds
 

@@ -71,11 +71,12 @@ def test_twenty_concurrent_asks_are_all_answered_correctly(server: ServerThread)
     wrong = []
     for question, response in zip(questions, responses):
         answer = response.json()
-        documents = [source["document"] for source in answer["sources"]]
+        documents = [source["doc_id"] for source in answer["sources"]]
         assert f"{question.gold_doc_ids[0]}.md" in documents, f"gold document not retrieved for {question.text!r}"
         if normalised(answer["answer"]) != normalised(question.answer):
             wrong.append((question.text, question.answer, answer["answer"]))
         assert answer["usage"]["recomputed_tokens"] < answer["usage"]["prompt_tokens"]
+        assert answer["note"] is None  # the example corpus is the bundled model's own world (tests/e2e/test_demo_model_note.py)
     assert not wrong, f"wrong answers: {wrong}"
     ttfts = sorted(r.json()["timings"]["time_to_first_token_ms"] for r in responses)
     print(f"\ndefault model, {CONCURRENT} concurrent asks: {seconds:.2f} s wall; "
@@ -98,7 +99,7 @@ def test_streamed_answer_is_right(client: httpx.Client) -> None:
 
 def test_openai_completion_over_separated_documents_is_right(client: httpx.Client) -> None:
     """The client lays out the prompt itself: prefix, documents, question, each its own segment."""
-    from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT
+    from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT
 
     question = single_hop_questions()[1]
     documents = sorted((example_corpus_path() / "documents").glob("*.md"))
@@ -112,4 +113,4 @@ def test_openai_completion_over_separated_documents_is_right(client: httpx.Clien
     assert response.status_code == 200, response.text
     result = response.json()
     assert normalised(result["choices"][0]["text"]) == normalised(question.answer)
-    assert result["hypic"]["segments"] == len(segments)
+    assert result["usage"]["segments"] == len(segments)

@@ -106,3 +106,104 @@ def test_paired_difference_counts_discordant_questions() -> None:
     assert (result["only_variant_right"], result["only_full_right"]) == (1, 1)
     low, high = result["em_minus_full_ci95"]
     assert low < 0 < high
+
+
+# ------------------------------------------------------------------------------------------------ model signals
+def test_the_attention_hook_sees_every_attention_layer_and_changes_nothing(engine: Engine) -> None:
+    from evals.policy_signals import QuestionAttention, chunk_spans
+    from hypic_rag.runtime.stack import run_batch
+
+    request = request_of(3, [12, 9, 15])
+    plan = engine.plan_prefill(request, "hypic")
+    [plain] = run_batch(engine.model, [plan.item()])
+    observer = QuestionAttention(len(request.question_ids))
+    item = plan.item()
+    item.observe_attention = observer
+    [observed] = run_batch(engine.model, [item])
+    plain, observed = plain.logits, observed.logits
+    torch.testing.assert_close(observed, plain, atol=0, rtol=0)
+    attention_layers = [i for i, block in enumerate(engine.model.blocks) if block.attention is not None]
+    assert sorted(observer.mass) == attention_layers
+    for mass in observer.mass.values():  # a distribution over the prompt's positions
+        assert mass.shape == (request.prompt_tokens,)
+        torch.testing.assert_close(mass.sum(), torch.tensor(1.0), atol=1e-5, rtol=0)
+    assert chunk_spans(request) == [(5, 17), (17, 26), (26, 41)]
+
+
+def test_the_attention_rule_recomputes_the_chunks_the_question_reads_and_counts_its_probe(engine: Engine) -> None:
+    from evals.policy_signals import prefill_by_attention
+
+    request = request_of(4, [12, 9, 15, 10])
+    logits, _, recomputed, chosen = prefill_by_attention(engine, request, 2, 0)
+    assert len(chosen) == 2
+    question = len(request.question_ids)
+    lengths = [len(chunk) for chunk in request.chunk_ids]
+    assert recomputed == question + sum(lengths[n] for n in chosen) + question  # the probe, then the final pass
+    # every chunk chosen: the final pass is `full`
+    logits, _, _, chosen = prefill_by_attention(engine, request, 4, 0)
+    assert chosen == {0, 1, 2, 3}
+    torch.testing.assert_close(logits, engine.prefill(request, "full").logits, atol=1e-5, rtol=1e-5)
+
+
+def test_the_deviation_rule_reads_a_per_chunk_statistic(engine: Engine) -> None:
+    from evals.policy_signals import DeviationIndex, prefill_by_deviation
+
+    deviations = DeviationIndex(engine)
+    request = request_of(5, [12, 9, 15])
+    values = [deviations.deviation(request.prefix_ids, chunk) for chunk in request.chunk_ids]
+    assert all(value > 0 for value in values)  # anchoring moves every chunk's keys and values
+    assert deviations.deviation([], request.chunk_ids[0]) == 0.0  # no anchor: the plain entry itself
+    _, _, recomputed, chosen = prefill_by_deviation(engine, deviations, request, 1, 0)
+    assert chosen == {max(range(3), key=values.__getitem__)}
+    assert recomputed == len(request.chunk_ids[next(iter(chosen))]) + len(request.question_ids)
+    variant = parse_variant("deviation:1@0", 4)
+    assert variant.kind == "deviation" and variant.extra_bytes_per_chunk == 4
+    assert parse_variant("attention:2@8", 4).extra_passes == 1
+
+
+def test_worlds_are_summarised_per_world_and_on_average(tmp_path) -> None:
+    from evals.recompute_policies import plot_worlds, summarize_worlds, worlds_markdown
+
+    def row(label: str, flags: str, tokens: float, kind: str = "policy", **extra) -> dict:
+        return {"variant": label, "spec": label, "kind": kind, "notes": "", "exact_match": flags.count("1") / len(flags),
+                "exact_flags": flags, "recomputed_tokens": tokens, "kl": 0.1, "kl_median": 0.0, "agreement": 0.9,
+                **extra, **paired_difference([f == "1" for f in flags], [True] * len(flags))}
+
+    worlds = []
+    for seed, seam_flags in ((1, "1101"), (2, "1111")):
+        rows = {"full": row("full", "1111", 100.0, "mode"), "seam@8": row("seam@8", seam_flags, 20.0),
+                "seam@0+anchored": row("seam@0+anchored", "1111", 5.0, extra_bytes_per_chunk=2048.0)}
+        worlds.append({"seed": seed, "questions": 4, "k": 8, "model_label": "m", "prompt_tokens": 100.0,
+                       "question_tokens": 5.0, "rows": rows})
+    summary = summarize_worlds(worlds)
+    seam = summary["seam@8"]
+    assert seam["em_minus_full_by_world"] == [-0.25, 0.0]
+    assert seam["em_minus_full_mean"] == -0.125 and seam["em_minus_full_worst"] == -0.25
+    assert seam["questions"] == 8 and seam["x_reference"] == 1.0
+    assert summary["seam@0+anchored"]["x_reference"] == 0.25
+    report = {"questions": 4, "k": 8, "model_label": "m", "worlds": worlds, "summary": summary}
+    text = worlds_markdown(report)
+    assert "| seam@0+anchored | 5.0 | 0.25 | 100.0% | +0.0" in text and "+2.0 KiB/chunk" in text
+    assert "| seam@8 | -25.0 [" in text  # the per-world matrix
+    assert "**World 2**" in text
+    plot_worlds(report, tmp_path / "worlds.png")
+    assert (tmp_path / "worlds.png").stat().st_size > 1000
+
+
+def test_a_resumed_run_keeps_the_worlds_and_calibration_it_finds(tmp_path) -> None:
+    import json
+
+    from evals.recompute_policies import resumed_report
+
+    header = {"model": "m", "model_label": "m", "questions": 4, "k": 8, "seam_tokens": 8}
+    path = tmp_path / "report.json"
+    assert resumed_report(path, header) == (None, [])  # nothing to resume
+    single = {**header, "seed": 1, "rows": {}, "calibration": {"choices": []}}  # one world: that world's report
+    path.write_text(json.dumps(single))
+    calibration, worlds = resumed_report(path, header)
+    assert calibration == {"choices": []} and [world["seed"] for world in worlds] == [1]
+    assert "calibration" not in worlds[0]
+    path.write_text(json.dumps({**header, "worlds": [{"seed": 1}, {"seed": 2}], "summary": {}}))
+    assert [world["seed"] for world in resumed_report(path, header)[1]] == [1, 2]
+    with pytest.raises(ValueError, match="questions"):
+        resumed_report(path, {**header, "questions": 400})

@@ -270,7 +270,7 @@ def test_server_sources_carry_page_and_section(built: dict[str, Path], precomput
         for question, (document, location) in list(QUESTIONS.items())[:2]:
             response = client.post("/v1/ask", json={"question": question, "top_k": 2, "max_new_tokens": 2})
             assert response.status_code == 200, response.text
-            sources = [s for s in response.json()["sources"] if s["document"] == document]
+            sources = [s for s in response.json()["sources"] if s["doc_id"] == document]
             assert sources and location.items() <= sources[0]["metadata"].items(), response.json()["sources"]
             assert all(s["hop_query"] is None for s in response.json()["sources"])  # top_k 2: no hop places
 
@@ -291,6 +291,35 @@ def test_llama_index_source_nodes_carry_page_and_section(built: dict[str, Path])
         (node,) = retriever.retrieve(question)
         assert node.node.metadata["doc_id"] == document and location.items() <= node.node.metadata.items(), question
         assert FACTS[document] in node.node.get_content()
+
+
+def test_simple_directory_reader_reads_each_format_through_the_file_extractors(built: dict[str, Path]) -> None:
+    """LlamaIndex's own walker with `file_extractors()`: PDF text (not its bytes), HTML without markup or script,
+    DOCX; LlamaIndex's `file_name` / `file_path` with the page or section in every document; unreadable files are
+    skipped (LlamaIndex prints their names) and everything else is read."""
+    pytest.importorskip("llama_index.core")
+    from llama_index.core import SimpleDirectoryReader
+    from llama_index.core.schema import MetadataMode
+
+    from hypic_rag.integrations.llama_index_reader import file_extractors
+
+    documents = SimpleDirectoryReader(str(built["corpus"]), file_extractor=file_extractors()).load_data()
+    by_file: dict[str, list] = {}
+    for document in documents:
+        by_file.setdefault(document.metadata["file_name"], []).append(document)
+        assert Path(document.metadata["file_path"]).name == document.metadata["file_name"]
+        assert Path(document.metadata["file_path"]).is_file()
+        for marker in ("SCRIPTMARKER", "COMMENTMARKER", "<p>", "%PDF", " Tj", "display: none"):
+            assert marker not in document.text, (marker, document.metadata["file_name"])
+        assert "doc_id" not in document.get_content(MetadataMode.LLM)
+        assert f"file_path: {document.metadata['file_path']}" in document.get_content(MetadataMode.LLM)
+    assert sorted(by_file) == sorted(FACTS)
+    for question, (name, location) in QUESTIONS.items():
+        holding = [d for d in by_file[name] if FACTS[name] in d.text]
+        assert holding and location.items() <= holding[0].metadata.items(), (question, holding)
+    assert {d.metadata["page"] for d in by_file["report.pdf"]} == {1, 2}
+    assert {d.metadata["page_label"] for d in by_file["report.pdf"]} == {"1", "2"}
+    assert len({document.id_ for document in documents}) == len(documents)
 
 
 def test_a_docstore_made_before_chunk_metadata_opens_and_gains_it(tmp_path: Path) -> None:

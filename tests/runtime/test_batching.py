@@ -329,7 +329,7 @@ def test_the_scheduler_applies_each_requests_recompute_policy(qwen35, engine_pol
     policy recomputes whole get no entry encoded."""
     requests = random_requests(11, 6, pool_size=5)
     requests = [request for request in requests if len(request.chunk_ids) >= 2] or requests[:1]
-    policies = [None, "seam@2", "whole:1", "whole:9", "budget:2"]
+    policies = [None, "seam@2", "whole:1", "whole:9", "budget:2", "seam@0+anchored", "whole:1+anchored"]
     jobs = [(request, policy) for request in requests for policy in policies]
     params = SamplingParams(max_new_tokens=4, logprobs=2)
     reference = Engine(qwen35, seam_tokens=4, recompute_policy=engine_policy)

@@ -1,6 +1,7 @@
 """The oneDNN linear (`runtime/fast_linear.py`) agrees with `F.linear` to float32 round-off, its rows do not depend
-on the rows beside them beyond round-off, it falls back where it must (gradients, other dtypes), and `use_fast_linears` swaps plain
-`nn.Linear` modules only, keeping parameters and the state dict."""
+on the rows beside them beyond round-off, it falls back where it must (gradients, other dtypes), and `fast_view` makes
+plain `nn.Linear` modules `FastLinear` in a view that shares the parameters, leaving the module it was made from as it
+was."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.runtime import fast_linear
-from hypic_rag.runtime.fast_linear import FastLinear, onednn_eligible, onednn_linear, use_fast_linears
+from hypic_rag.runtime.fast_linear import FastLinear, fast_view, onednn_eligible, onednn_linear
 
 needs_onednn = pytest.mark.skipif(not fast_linear.ONEDNN, reason="this torch has no oneDNN linear")
 
@@ -66,18 +67,32 @@ class _Scaled(nn.Linear):
 
 
 @needs_onednn
-def test_use_fast_linears_swaps_plain_linears_only() -> None:
+def test_fast_view_makes_plain_linears_fast_over_the_same_parameters_and_leaves_the_module_as_it_was() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), _Scaled(16, 16), nn.Linear(16, 4, bias=False))
+    shared = nn.Linear(16, 16)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), _Scaled(16, 16), shared, shared, nn.Linear(16, 4, bias=False))
+    model.train()
     x = torch.randn(5, 8)
     with torch.no_grad():
         before = model(x)
-        state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-        assert use_fast_linears(model) == 2
-        assert use_fast_linears(model) == 0  # idempotent
-        assert type(model[0]) is FastLinear and type(model[2]) is _Scaled and type(model[3]) is FastLinear
-        torch.testing.assert_close(model(x), before, atol=1e-5, rtol=1e-5)
-    assert model.state_dict().keys() == state.keys()
+    modules = list(model.modules())
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+    view = fast_view(model).eval()
+    assert [type(child) for child in view] == [FastLinear, nn.ReLU, _Scaled, FastLinear, FastLinear, FastLinear]
+    assert view[3] is view[4] and view[3] is not shared  # one copy of a module reached twice
+    assert all(view_param is param for view_param, param in zip(view.parameters(), model.parameters()))
+    assert view.state_dict().keys() == state.keys()
+    # the module it was made from: same objects, same classes, same training flag, same weights, same output
+    assert list(model.modules()) == modules and all(type(child) is not FastLinear for child in model.modules())
+    assert model.training and all(child.training for child in model.modules())
+    assert not any(child.training for child in view.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(view(x), before, atol=1e-5, rtol=1e-5)
+        assert torch.equal(model(x), before)
+        model[0].weight.mul_(2.0)  # shared tensors: an in-place update shows in the view
+        torch.testing.assert_close(view(x), model(x), atol=1e-5, rtol=1e-5)
+        model[0].weight.div_(2.0)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, state[name])
 
@@ -88,8 +103,7 @@ def test_fast_linear_with_its_packed_weight_matches_and_follows_weight_changes(r
     """2..PACKED_MAX_ROWS rows go through the packed copy of the weight; it is remade when the weight is written in
     place (load_state_dict) or replaced; HYPIC_RAG_PACKED_LINEARS=0 keeps to the dense weight."""
     torch.manual_seed(rows)
-    layer = nn.Linear(48, 80)
-    use_fast_linears(layer)
+    layer = fast_view(nn.Linear(48, 80))
     x = torch.randn(rows, 48)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
@@ -101,22 +115,3 @@ def test_fast_linear_with_its_packed_weight_matches_and_follows_weight_changes(r
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
     packs = "_packed" in layer.__dict__
     assert packs == (2 <= rows <= fast_linear.PACKED_MAX_ROWS)
-
-
-@needs_onednn
-def test_stock_linears_gives_the_benchmarks_transformers_row_plain_linears_and_restores_ours() -> None:
-    from hypic_rag.runtime.fast_linear import stock_linears
-    from hypic_rag.runtime.model import wrap_model
-    from hypic_rag.testing import build_tiny_model
-
-    model = wrap_model(build_tiny_model("qwen3_5", seed=3))
-    ours = sum(type(child) is FastLinear for child in model.hf_model.modules())
-    assert ours > 0
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    with torch.no_grad():
-        fast = model.hf_model(ids).logits
-        with stock_linears(model.hf_model):
-            assert not any(type(child) is FastLinear for child in model.hf_model.modules())
-            stock = model.hf_model(ids).logits
-    assert sum(type(child) is FastLinear for child in model.hf_model.modules()) == ours
-    torch.testing.assert_close(fast, stock, atol=1e-5, rtol=1e-5)

@@ -40,16 +40,16 @@ def relative(actual: torch.Tensor, expected: torch.Tensor, scale: float) -> floa
 @pytest.fixture(scope="module", params=MIXER_KINDS)
 def models(request):
     """(float32 transformers model on CUDA: the truth, the same weights as a bf16 transformers model, our engine
-    over a bf16 copy as `load_model` makes it by default on CUDA)."""
+    over that bf16 model, as `load_model` loads a checkpoint by default on CUDA; a model object is used as it is)."""
     reference = build_gpu_model(request.param, "test", torch.device("cuda"), torch.float32, seed=3)
     hf_bf16 = copy.deepcopy(reference).to(torch.bfloat16)
-    model = load_model(copy.deepcopy(reference))  # defaults on CUDA: device cuda, bfloat16 weights
+    model = load_model(hf_bf16)  # on CUDA, bf16 weights; hf_bf16 itself is left as it was
     yield reference, hf_bf16, Engine(model, seam_tokens=4)
     del reference, hf_bf16, model
     torch.cuda.empty_cache()
 
 
-def test_load_model_defaults_to_bf16_weights_and_float32_states(models) -> None:
+def test_bf16_weights_run_with_float32_states(models) -> None:
     _, _, engine = models
     assert engine.model.device.type == "cuda" and engine.model.dtype == torch.bfloat16
     result = engine.prefill(random_request(0, [20, 12]), "hypic")

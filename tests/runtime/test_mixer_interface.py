@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from hypic_rag.mixer_checks import check_recurrent_mixer
+from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.blocks import ResidualBlock
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.families import family_for, register_family, supported_model_types

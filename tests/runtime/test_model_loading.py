@@ -73,6 +73,54 @@ def test_any_changed_weight_changes_the_fingerprint() -> None:
     assert load_model(model, device="cpu").fingerprint != before
 
 
+# ---------------------------------------------------------------------------------------------- the caller's object
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "granitemoehybrid"])
+def test_loading_a_model_object_leaves_it_as_it_was(model_type: str) -> None:
+    """`load_model(obj)` changes nothing in `obj` (the same module objects of the same classes, its training flag,
+    its weights) and its own forward gives the very logits it gave before (it used to run our oneDNN linears
+    afterwards: every "transformers' forward" baseline measured after loading ran them); the runtime drives a view
+    over the same weights and still equals transformers' forward."""
+    from hypic_rag.runtime.fast_linear import ONEDNN, FastLinear
+
+    hf_model = build_tiny_model(model_type, seed=2).train()
+    modules = [(name, module, type(module)) for name, module in hf_model.named_modules()]
+    weights = {name: tensor.clone() for name, tensor in hf_model.state_dict().items()}
+    ids = torch.randint(3, 200, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = hf_model.eval()(ids, use_cache=False).logits[0]
+    hf_model.train()
+
+    model = load_model(hf_model, device="cpu")
+    assert model.hf_model is hf_model and model.runtime_model is not hf_model
+    assert [(name, module, type(module)) for name, module in hf_model.named_modules()] == modules
+    assert all(module.training for module in hf_model.modules())
+    assert not any(module.training for module in model.runtime_model.modules())
+    assert (sum(type(module) is FastLinear for module in model.runtime_model.modules()) > 0) == ONEDNN
+    assert {name: id(tensor) for name, tensor in model.runtime_model.state_dict(keep_vars=True).items()} == {
+        name: id(tensor) for name, tensor in hf_model.state_dict(keep_vars=True).items()}  # shared, not copied
+    with torch.no_grad():
+        after = hf_model.eval()(ids, use_cache=False).logits[0]
+    assert torch.equal(after, before)
+    for name, tensor in hf_model.state_dict().items():
+        assert torch.equal(tensor, weights[name])
+    request = Request([], [], ids[0].tolist())
+    full = Engine(model).prefill(request, "full").logits
+    torch.testing.assert_close(full, before[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_loading_a_model_object_in_another_dtype_or_device_is_refused_not_converted() -> None:
+    hf_model = build_tiny_model("qwen3_5", seed=2)
+    with pytest.raises(ModelLoadError, match=r"cpu float32, not cpu bfloat16.*model\.to\(device, dtype\)"):
+        load_model(hf_model, dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="not meta float32"):
+        load_model(hf_model, device="meta")
+    assert all(parameter.dtype == torch.float32 and parameter.device.type == "cpu"
+               for parameter in hf_model.parameters())
+    assert load_model(hf_model, device="cpu", dtype=torch.float32).hf_model is hf_model
+
+
 # ------------------------------------------------------------------------------------------------ published checkpoints
 
 

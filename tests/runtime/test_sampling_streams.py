@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from hypic_rag.prompting.format import split_trailing_space
+from hypic_rag.prompting.matching import Piece, segment_prompt
 from hypic_rag.runtime.engine import Engine
-from hypic_rag.runtime.generation import Generation, GenerationStream
+from hypic_rag.runtime.generation import Generation, GenerationStream, without_lead
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams, sampling_probabilities
-from hypic_rag.streaming import ResultStream, StrippedDeltas, drain
+from hypic_rag.utils.streaming import ResultStream, StrippedDeltas, drain
 
 TEMPERATURES = [5e-324, 1e-45, 1e-30, 1e-6, 0.01, 0.7, 1.0, 5.0, 1e6, 1e300]
 TOP_PS = [1e-12, 0.1, 0.5, 0.999, 1.0]
@@ -215,3 +217,40 @@ def test_drain_runs_a_stream_object_or_a_bare_generator() -> None:
     assert drain(steps(), seen.append) == "done" and seen == [1, 2]
     stream = ResultStream(steps())
     assert drain(stream) == "done" and stream.result == "done"
+
+
+# ------------------------------------------------------------------------------------------------ prompt's end
+def test_without_lead_settles_once_and_never_changes_what_it_gave() -> None:
+    """The answer's text as tokens arrive after a prompt whose trailing space was taken off: the space is left out
+    when the model writes it, nothing is left out when it does not, and text once given is never taken back."""
+    assert [without_lead(text, " ") for text in ("", " ", " di", " diving")] == ["", "", "di", "diving"]
+    assert [without_lead(text, " ") for text in ("\n", "\nx")] == ["\n", "\nx"]
+    assert [without_lead(text, " \t") for text in (" ", " \t", " \tx", " x")] == ["", "", "x", " x"]
+    assert without_lead(" x", "") == " x"
+    assert split_trailing_space("Answer: ") == ("Answer:", " ")
+    assert split_trailing_space("Answer:\n") == ("Answer:\n", "")
+    assert split_trailing_space(" \t") == (" \t", "")  # nothing else: kept as it is
+
+
+def test_a_prompt_ending_in_a_space_is_answered_as_the_prompt_without_it(engine: Engine) -> None:
+    """A query ending in a space (LlamaIndex's QA template ends in "Answer: ") is the request of the query without
+    it, and the answer leaves out the space the model then writes first, so prompt + answer reads as sent;
+    streamed deltas add up to the same text. When the model's first token does not start with the space nothing is
+    left out."""
+    tokenizer = engine.model.tokenizer
+    chunk, prompt = Piece("The champion is Ada.\n", explicit=True), "Who is the champion of the chess club?\nAnswer:"
+    spaced = segment_prompt(tokenizer, [chunk, Piece(prompt + " ")]).request
+    plain = segment_prompt(tokenizer, [chunk, Piece(prompt)]).request
+    assert (spaced.question_ids, spaced.chunk_ids, spaced.answer_lead) == (plain.question_ids, plain.chunk_ids, " ")
+    assert plain.answer_lead == ""
+    texts = {token: tokenizer.decode([token]) for token in range(len(tokenizer))}
+    space_word = next(token for token, text in texts.items() if text.startswith(" ") and text[1:].isalpha())
+    word = next(token for token, text in texts.items() if text.isalpha())
+    params = SamplingParams(max_new_tokens=3, logit_bias={space_word: 100.0})
+    as_written = engine.generate(plain, "hypic", params).text
+    assert as_written == texts[space_word] * 3
+    assert engine.generate(spaced, "hypic", params).text == as_written[1:]
+    deltas, generation = streamed(engine, spaced, params)
+    assert "".join(deltas) == generation.text == as_written[1:] and deltas[0] == texts[space_word][1:]
+    params = SamplingParams(max_new_tokens=3, logit_bias={word: 100.0})
+    assert engine.generate(spaced, "hypic", params).text == engine.generate(plain, "hypic", params).text == texts[word] * 3

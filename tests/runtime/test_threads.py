@@ -12,7 +12,7 @@ from torch import nn
 
 from hypic_rag.runtime import threads
 from hypic_rag.runtime.engine import Engine
-from hypic_rag.runtime.fast_linear import use_fast_linears
+from hypic_rag.runtime.fast_linear import fast_view
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
@@ -73,8 +73,7 @@ def test_a_section_belongs_to_its_thread(two_threads) -> None:
 
 def test_fast_linear_inside_a_section_matches_and_keeps_the_section(two_threads) -> None:
     torch.manual_seed(0)
-    layer = nn.Linear(64, 96)
-    use_fast_linears(layer)
+    layer = fast_view(nn.Linear(64, 96))
     x = torch.randn(40, 64)
     with torch.no_grad():
         outside = layer(x)
@@ -143,9 +142,7 @@ def test_linears_widen_by_size_inside_a_section(two_threads, monkeypatch) -> Non
     product = FastLinear._product
     monkeypatch.setattr(FastLinear, "_product", lambda self, x: (seen.append(torch.get_num_threads()), product(self, x))[1])
     torch.manual_seed(0)
-    small, large = nn.Linear(32, 48), nn.Linear(1024, WIDE_MIN_WEIGHT // 1024)
-    use_fast_linears(small)
-    use_fast_linears(large)
+    small, large = fast_view(nn.Linear(32, 48)), fast_view(nn.Linear(1024, WIDE_MIN_WEIGHT // 1024))
     x_small, x_large = torch.randn(4, 32), torch.randn(2, 1024)
     with torch.no_grad():
         expected = small(x_small), large(x_large)

@@ -80,7 +80,7 @@ def test_ask_returns_sources_usage_and_timings(client: httpx.Client, document: s
     answer = ask(client, SMALL_CORPUS_QUESTIONS[document], top_k=3)
     sources = answer["sources"]
     assert len(sources) == 3
-    assert sources[0]["document"] == document
+    assert sources[0]["doc_id"] == document
     assert sources[0]["text"].strip() == SMALL_CORPUS[document].strip()
     assert [s["score"] for s in sources] == sorted((s["score"] for s in sources), reverse=True)
     usage = answer["usage"]
@@ -120,7 +120,7 @@ def test_stream_frames_sources_tokens_done(client: httpx.Client) -> None:
     assert payloads[-1] == "[DONE]"
     events = [json.loads(p) for p in payloads[:-1]]
     assert events[0]["type"] == "sources"
-    assert [s["document"] for s in events[0]["sources"]] == [s["document"] for s in plain["sources"]]
+    assert [s["doc_id"] for s in events[0]["sources"]] == [s["doc_id"] for s in plain["sources"]]
     tokens = [e["text"] for e in events[1:-1]]
     assert all(e["type"] == "token" for e in events[1:-1]) and tokens
     done = events[-1]
@@ -162,7 +162,7 @@ def test_twenty_concurrent_asks_match_sequential_answers(client: httpx.Client, s
     for number, response in enumerate(responses):
         document = documents[number % len(documents)]
         answer = response.json()
-        assert answer["sources"][0]["document"] == document
+        assert answer["sources"][0]["doc_id"] == document
         assert answer["answer"] == sequential[document]["answer"], "a concurrent request got another's state"
         assert answer["usage"] == sequential[document]["usage"]
     waits = sorted(r.json()["timings"]["queue_ms"] for r in responses)
@@ -183,34 +183,34 @@ def test_completions_reuse_separated_segments_in_any_order(client: httpx.Client)
     cold = completion(client, DEFAULT_SEPARATOR.join([first_doc, second_doc, query]))
     assert cold["object"] == "text_completion" and cold["id"].startswith("cmpl-")
     assert cold["choices"][0]["finish_reason"] in ("length", "stop")
-    assert cold["hypic"]["segments"] == 3
-    assert cold["hypic"]["cache_misses"] == 2 and cold["hypic"]["cache_hits"] == 0
+    assert cold["usage"]["segments"] == 3
+    assert cold["usage"]["cache_misses"] == 2 and cold["usage"]["cache_hits"] == 0
     warm = completion(client, DEFAULT_SEPARATOR.join([first_doc, second_doc, query]))
-    assert warm["hypic"]["cache_hits"] == 2 and warm["hypic"]["cache_misses"] == 0
+    assert warm["usage"]["cache_hits"] == 2 and warm["usage"]["cache_misses"] == 0
     assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
     swapped = completion(client, DEFAULT_SEPARATOR.join([second_doc, first_doc, query]))
-    assert swapped["hypic"]["cache_hits"] == 2 and swapped["hypic"]["cache_misses"] == 0  # position independent
+    assert swapped["usage"]["cache_hits"] == 2 and swapped["usage"]["cache_misses"] == 0  # position independent
     usage = warm["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert usage["prompt_tokens_details"]["cached_tokens"] > 0
-    assert warm["hypic"]["recomputed_tokens"] < usage["prompt_tokens"]
+    assert warm["usage"]["recomputed_tokens"] < usage["prompt_tokens"]
 
 
 def test_completion_without_separator_is_one_recomputed_query(client: httpx.Client) -> None:
     result = completion(client, "Kestrel Bay has a lighthouse. Who keeps it?")
-    assert result["hypic"]["segments"] == 1
-    assert result["hypic"]["recomputed_tokens"] == result["usage"]["prompt_tokens"]
+    assert result["usage"]["segments"] == 1
+    assert result["usage"]["recomputed_tokens"] == result["usage"]["prompt_tokens"]
     assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 def test_completion_separator_is_configurable_per_request(client: httpx.Client) -> None:
     result = completion(client, "Segment one is about the harbour of Kestrel Bay.|||Segment two is about its old "
                                 "lighthouse and who keeps it.|||Query?", separator="|||")
-    assert result["hypic"]["segments"] == 3
-    assert result["hypic"]["cache_hits"] + result["hypic"]["cache_misses"] == 2
+    assert result["usage"]["segments"] == 3
+    assert result["usage"]["cache_hits"] + result["usage"]["cache_misses"] == 2
     short = completion(client, "One.|||Two.|||Query?", separator="|||")  # segments shorter than the seam (8)
-    assert short["hypic"]["segments"] == 3
-    assert short["hypic"]["cache_hits"] + short["hypic"]["cache_misses"] == 0  # recomputed whole: no entry
+    assert short["usage"]["segments"] == 3
+    assert short["usage"]["cache_hits"] + short["usage"]["cache_misses"] == 0  # recomputed whole: no entry
 
 
 def test_completion_stream_is_openai_framed(client: httpx.Client) -> None:
@@ -271,14 +271,14 @@ def test_add_then_query_then_delete_a_document(client: httpx.Client) -> None:
     assert stats_after["index"]["documents"] == stats_before["index"]["documents"] + 1
 
     answer = ask(client, question, top_k=2)
-    assert answer["sources"][0]["document"] == doc_id
+    assert answer["sources"][0]["doc_id"] == doc_id
     assert answer["sources"][0]["metadata"] == {"topic": "pottery"}
     assert answer["usage"]["cache_misses"] == 0  # the job encoded the new chunks ahead of the query
 
     deleted = client.delete(f"/v1/documents/{doc_id}")
     assert deleted.status_code == 200, deleted.text
-    assert deleted.json() == {"document": doc_id, "deleted": True, "chunks_removed": job["progress"]["chunks_total"]}
-    assert doc_id not in [s["document"] for s in ask(client, question, top_k=3)["sources"]]
+    assert deleted.json() == {"doc_id": doc_id, "deleted": True, "chunks_removed": job["progress"]["chunks_total"]}
+    assert doc_id not in [s["doc_id"] for s in ask(client, question, top_k=3)["sources"]]
     again = client.delete(f"/v1/documents/{doc_id}")
     assert again.status_code == 404 and doc_id in again.json()["error"]["message"]
     assert client.get("/healthz").json()["documents"] == len(SMALL_CORPUS)

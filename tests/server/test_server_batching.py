@@ -126,7 +126,7 @@ def test_a_full_waiting_queue_is_429_and_a_stream_that_goes_away_frees_its_place
             refused = client.post("/v1/ask", json=short)
             assert refused.status_code == 429, refused.text
             error = refused.json()["error"]
-            assert error["type"] == "queue_full" and "queue is full" in error["message"]
+            assert error["code"] == "queue_full" and "queue is full" in error["message"]
             assert int(refused.headers["retry-after"]) >= 1
             assert waiting == [], "a waiting request was answered while the long one held the only place"
         began = time.monotonic()  # the long stream's client went away: its place goes to the waiting requests

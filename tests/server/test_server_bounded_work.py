@@ -96,7 +96,7 @@ def test_a_huge_document_is_indexed_in_steps_while_asks_are_answered(tmp_path: P
             for document in ("volcano.md", "chess.md"):
                 response, elapsed = timed_ask(client, document)
                 assert response.status_code == 200, response.text
-                assert response.json()["sources"][0]["document"] == document
+                assert response.json()["sources"][0]["doc_id"] == document
                 assert elapsed < PROMPT_ASK_S, f"an ask waited {elapsed:.1f} s behind the document job"
             job = client.get(job_url).json()
             assert job["status"] == "running", job  # the asks were answered in the middle of the job
@@ -130,7 +130,7 @@ def test_a_completion_past_its_deadline_stops_encoding_segments(client: httpx.Cl
     response = client.post("/v1/completions", json={"prompt": many_segments_prompt(segments, seed=1, words=75),
                                                     "max_tokens": 4, "temperature": 0})
     assert response.status_code == 504, response.text
-    assert response.json()["error"]["type"] == "timeout"
+    assert response.json()["error"]["code"] == "timeout"
     assert time.perf_counter() - began < REQUEST_TIMEOUT_S + 3
     after, elapsed = timed_ask(client, "lavender.md")
     assert after.status_code == 200, after.text

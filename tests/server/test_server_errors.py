@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.server import ServerConfig
+from hypic_rag.server.errors import ERROR_CODES
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
 
@@ -46,7 +47,9 @@ def assert_error(response: httpx.Response, status: int, param: str | None, *frag
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
     error = response.json()["error"]
-    assert error["code"] == status
+    assert error["type"] == ("rate_limit_error" if status == 429 else "server_error" if status >= 500
+                             else "invalid_request_error"), error  # OpenAI's classes of error
+    assert error["code"] in ERROR_CODES, error
     assert error["param"] == param, error
     for fragment in fragments:
         assert fragment in error["message"], error["message"]
@@ -71,7 +74,7 @@ def test_ask_validation_errors_name_the_field(client: httpx.Client, body: dict, 
                                               fragment: str) -> None:
     """A value of the wrong JSON type is a 400 (types are strict), a value out of its range a 422 stating it."""
     error = assert_error(client.post("/v1/ask", json=body), status, field, f"{field}: ", fragment)
-    assert error["type"] == ("validation_error" if status == 422 else "invalid_request_error")
+    assert error["code"] == ("invalid_value" if status == 422 else "invalid_type")
     assert error["fields"][0]["field"] == field
 
 
@@ -202,7 +205,7 @@ def test_full_queue_gives_429_with_retry_after(server: ServerThread, client: htt
     assert statuses.count(200) >= 1
     for response in refused:
         error = assert_error(response, 429, None, "queue is full")
-        assert error["type"] == "queue_full"
+        assert error["code"] == "queue_full"
         assert int(response.headers["retry-after"]) >= 1
     metrics = client.get("/metrics").text
     rejections = [s.value for f in text_string_to_metric_families(metrics) for s in f.samples
@@ -215,12 +218,12 @@ def test_deadline_passed_is_504_and_the_server_carries_on(client: httpx.Client) 
     question = SMALL_CORPUS_QUESTIONS["chess.md"]
     response = client.post("/v1/ask", json={"question": question, "max_new_tokens": 32, "timeout_s": 0.001})
     error = assert_error(response, 504, None, "timed out")
-    assert error["type"] == "timeout"
+    assert error["code"] == "timeout"
     with client.stream("POST", "/v1/ask", json={"question": question, "stream": True, "timeout_s": 0.001}) as stream:
         assert stream.status_code == 200
         frames = stream.read().decode().strip().split("\n\n")
     assert frames[-1] == "data: [DONE]"
     last = json.loads(frames[-2][len("data: "):])
-    assert last["type"] == "error" and last["error"]["code"] == 504
+    assert last["type"] == "error" and last["error"]["code"] == "timeout"
     after = client.post("/v1/ask", json={"question": question, "max_new_tokens": 4})
-    assert after.status_code == 200 and after.json()["sources"][0]["document"] == "chess.md"
+    assert after.status_code == 200 and after.json()["sources"][0]["doc_id"] == "chess.md"

@@ -114,10 +114,10 @@ def test_sigterm_finishes_in_flight_requests_and_leaves_the_cache_consistent(ind
     assert outcome["pending_at_signal"] >= 2, "too few requests were in flight at the signal to test anything"
     responses: list[httpx.Response] = outcome["responses"]  # type: ignore[assignment]
     assert [r.status_code for r in responses] == [200] * len(responses), [r.text[:200] for r in responses]
-    assert responses[0].json()["sources"][0]["document"] == "astronomy.md"
+    assert responses[0].json()["sources"][0]["doc_id"] == "astronomy.md"
     assert responses[1].text.rstrip().endswith("data: [DONE]") and '"type":"done"' in responses[1].text
     for response in responses[2:]:
-        assert response.json()["hypic"]["cache_misses"] == 1
+        assert response.json()["usage"]["cache_misses"] == 1
     # the cache is closed cleanly and whole: every entry verifies, the ones written in flight are there
     store = LmdbSegmentStore.open(cache_dir, readonly=True)
     try:
@@ -136,7 +136,7 @@ def test_read_only_server_answers_but_refuses_document_changes(index: Path) -> N
             assert client.get("/healthz").json()["read_only"] is True
             answer = client.post("/v1/ask", json={"question": SMALL_CORPUS_QUESTIONS["lavender.md"],
                                                   "max_new_tokens": 3})
-            assert answer.status_code == 200 and answer.json()["sources"][0]["document"] == "lavender.md"
+            assert answer.status_code == 200 and answer.json()["sources"][0]["doc_id"] == "lavender.md"
             added = client.post("/v1/documents", json={"documents": [{"id": "x", "text": "Some text."}]})
             assert added.status_code == 409 and "read-only" in added.json()["error"]["message"]
             assert client.delete("/v1/documents/lavender.md").status_code == 409

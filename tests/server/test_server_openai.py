@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from hypic_rag.chat import ChatMessage, chat_prompt
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, tokenize_segment
+from hypic_rag.prompting.chat import ChatMessage, chat_prompt
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, tokenize_segment
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS, build_index
@@ -111,7 +111,7 @@ def test_chat_reuses_documents_sent_as_content_parts(client: openai.OpenAI, mode
     assert first.usage.model_extra["encoded_tokens"] > 0  # our extension, as on /v1/completions
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached > first.usage.prompt_tokens_details.cached_tokens and cached > 0
-    assert second.model_extra["hypic"]["cache_misses"] == 0
+    assert second.usage.model_extra["cache_misses"] == 0
 
 
 def test_chat_reuses_documents_in_separated_text(client: openai.OpenAI, model_id: str) -> None:
@@ -213,6 +213,8 @@ def test_unknown_model_is_404_and_models_by_id(client: openai.OpenAI, model_id: 
     with pytest.raises(openai.NotFoundError) as raised:
         client.chat.completions.create(model="gpt-4o", messages=chat_messages(), max_tokens=2)
     assert raised.value.body["param"] == "model"
+    # OpenAI's own body for it (what its clients and vLLM's users check)
+    assert (raised.value.body["type"], raised.value.code) == ("invalid_request_error", "model_not_found")
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4o", prompt="Hi?", max_tokens=2)
     assert client.models.retrieve(model_id).id == model_id

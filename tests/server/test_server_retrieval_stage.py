@@ -92,11 +92,12 @@ def test_chat_over_the_index_answers_as_ask_with_sources_streamed_and_not(client
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": asked["answer"]}
     assert chat["choices"][0]["finish_reason"] == asked["finish_reason"]
     assert [s["chunk_id"] for s in chat["sources"]] == [s["chunk_id"] for s in asked["sources"]]
-    assert chat["sources"][0]["document"] == asked["sources"][0]["document"] and chat["sources"][0]["text"]
+    assert chat["sources"][0]["doc_id"] == asked["sources"][0]["doc_id"] and chat["sources"][0]["text"]
+    assert [s["rank"] for s in chat["sources"]] == list(range(1, len(chat["sources"]) + 1))
     # the same cache reuse as /v1/ask: the retrieved chunks' entries are read, not recomputed
     assert chat["usage"]["prompt_tokens"] == asked["usage"]["prompt_tokens"]
     assert chat["usage"]["prompt_tokens_details"]["cached_tokens"] == asked["usage"]["cached_tokens"] > 0
-    assert chat["hypic"]["segments"] == len(chat["sources"]) + 1 and chat["hypic"]["cache_hits"] > 0
+    assert chat["usage"]["segments"] == len(chat["sources"]) + 1 and chat["usage"]["cache_hits"] > 0
 
     body = chat_body(model, question, stream=True, stream_options={"include_usage": True})
     with client.stream("POST", "/v1/chat/completions", json=body) as streamed:

@@ -14,7 +14,7 @@ import pytest
 from hypic_rag.cli.main import build_parser
 from hypic_rag.retrieval.corpus_index import DOCSTORE_FILE
 from hypic_rag.retrieval.docstore import DocStore
-from hypic_rag.segments import DEFAULT_SEPARATOR as SEP
+from hypic_rag.prompting.segments import DEFAULT_SEPARATOR as SEP
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS, build_index, templated_checkpoint
@@ -55,8 +55,9 @@ def complete(client: openai.OpenAI, prompt: str, **extra):
                                      extra_body=extra or None)
 
 
-def hypic(response) -> dict:
-    return response.model_extra["hypic"]
+def counts(response) -> dict:
+    """The response's usage: OpenAI's fields and hypic-rag's counters (`hypic_rag.vocabulary`)."""
+    return response.usage.model_dump()
 
 
 def segment_tokens(client: openai.OpenAI, text: str) -> int:
@@ -71,7 +72,7 @@ def test_completion_reuses_pasted_chunks_and_answers_as_with_separators(client, 
     first, second = complete(client, pasted), complete(client, pasted)
     assert second.usage.prompt_tokens_details.cached_tokens > 0
     assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens_details.cached_tokens
-    details = hypic(second)
+    details = counts(second)
     assert details["matched_segments"] == 2 and details["segments"] == 4 and details["cache_misses"] == 0
     context = segment_tokens(client, chess) + segment_tokens(client, bikes)
     assert details["matched_tokens"] == context and details["matched_cached_tokens"] == context - 2 * SEAM
@@ -83,7 +84,7 @@ def test_completion_reuses_pasted_chunks_and_answers_as_with_separators(client, 
     streamed = list(client.completions.create(model=model_of(client), prompt=pasted, max_tokens=5, temperature=0,
                                               stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == second.choices[0].text
-    assert streamed[-1].model_extra["hypic"]["matched_segments"] == 2
+    assert streamed[-1].usage.model_dump()["matched_segments"] == 2
 
 
 def test_chat_reuses_chunks_pasted_into_a_message_as_content_parts_would(client, chunks) -> None:
@@ -96,7 +97,7 @@ def test_chat_reuses_chunks_pasted_into_a_message_as_content_parts_would(client,
     first = client.chat.completions.create(messages=pasted, model=model_of(client), max_tokens=5, temperature=0)
     second = client.chat.completions.create(messages=pasted, model=model_of(client), max_tokens=5, temperature=0)
     by_parts = client.chat.completions.create(messages=parts, model=model_of(client), max_tokens=5, temperature=0)
-    assert second.usage.prompt_tokens_details.cached_tokens > 0 and hypic(second)["matched_segments"] == 2
+    assert second.usage.prompt_tokens_details.cached_tokens > 0 and counts(second)["matched_segments"] == 2
     assert second.choices[0].message.content == first.choices[0].message.content
     assert second.choices[0].message.content == by_parts.choices[0].message.content  # the same segments
     assert second.usage.prompt_tokens == by_parts.usage.prompt_tokens
@@ -107,16 +108,16 @@ def test_a_document_sent_as_a_part_is_found_later_without_separators(client) -> 
     parts = [{"type": "text", "text": NEW_DOCUMENT}, {"type": "text", "text": "Who paints tiles?"}]
     client.chat.completions.create(messages=[{"role": "user", "content": parts}], model=model_of(client), max_tokens=2)
     later = complete(client, f"Notes: {NEW_DOCUMENT}\nWhere does she fire them?")
-    assert hypic(later)["matched_segments"] == 1 and hypic(later)["matched_cached_tokens"] > 0
+    assert counts(later)["matched_segments"] == 1 and counts(later)["matched_cached_tokens"] > 0
     # the only new text, "Notes: ", is shorter than the seam: recomputed whole, no entry read or stored for it
-    assert hypic(later)["cache_misses"] == 0
+    assert counts(later)["cache_misses"] == 0
 
 
 def test_a_prompt_without_known_text_is_answered_as_without_matching(client, chunks) -> None:
     partial = chunks["astronomy.md"][: len(chunks["astronomy.md"]) // 2]
     prompt = f"Some notes: {partial}\nWhich comet was found?"
     matched, unmatched = complete(client, prompt), complete(client, prompt, match_segments=False)
-    assert hypic(matched)["matched_segments"] == 0 and hypic(matched)["segments"] == 1
+    assert counts(matched)["matched_segments"] == 0 and counts(matched)["segments"] == 1
     assert matched.choices[0].text == unmatched.choices[0].text
     assert matched.usage.model_dump() == unmatched.usage.model_dump()
 
@@ -124,7 +125,7 @@ def test_a_prompt_without_known_text_is_answered_as_without_matching(client, chu
 def test_a_request_can_turn_matching_off(client, chunks) -> None:
     prompt = f"Documents:\n{chunks['chess.md']}\nWho won?"
     off = complete(client, prompt, match_segments=False)
-    assert hypic(off)["matched_segments"] == 0 and off.usage.prompt_tokens_details.cached_tokens == 0
+    assert counts(off)["matched_segments"] == 0 and off.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_the_server_can_be_started_without_matching(tiny_model: Path, tmp_path: Path, chunks) -> None:
@@ -135,4 +136,4 @@ def test_the_server_can_be_started_without_matching(tiny_model: Path, tmp_path: 
     with ServerThread(ServerConfig(index_dir=index, device="cpu", match_segments=False)) as running:
         client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=120)
         response = complete(client, f"Documents:\n{chunks['chess.md']}\nWho won?", match_segments=True)
-    assert hypic(response)["matched_segments"] == 0 and response.usage.prompt_tokens_details.cached_tokens == 0
+    assert counts(response)["matched_segments"] == 0 and response.usage.prompt_tokens_details.cached_tokens == 0

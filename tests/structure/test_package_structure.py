@@ -163,7 +163,7 @@ def test_nothing_outside_the_cache_reaches_into_a_cache_store() -> None:
 
 
 def test_the_integrations_import_nothing_from_the_server() -> None:
-    """The LlamaIndex integration shares helpers with the service through neutral modules (`hypic_rag.segments`,
+    """The LlamaIndex integration shares helpers with the service through neutral modules (`hypic_rag.prompting.segments`,
     `hypic_rag.usage`), never by importing `hypic_rag.server`."""
     offenders = {
         module: sorted(imported for imported in imported_modules(module, path)

@@ -1,5 +1,6 @@
-"""What the installed package contains: the kernels under `hypic_rag.kernels`, no training or synthetic-data code,
-and nothing installed under the import name `kernels` (Hugging Face's kernels library owns it)."""
+"""What the installed package contains: the kernels under `hypic_rag.kernels`, the bundled model and example corpus,
+no training or synthetic-data code, and nothing installed under the import name `kernels` (Hugging Face's kernels
+library owns it); and the build says nothing about our configuration (no deprecation or packaging warnings)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The wheel built from a copy of the tree, and what the build printed (pip -q: warnings and errors only)."""
     out = tmp_path_factory.mktemp("wheel")
     source = tmp_path_factory.mktemp("source")  # setuptools writes build/ into the tree it builds: use a copy
     for name in ("pyproject.toml", "README.md"):
@@ -28,7 +30,18 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     if completed.returncode != 0:
         pytest.skip(f"cannot build a wheel here: {completed.stderr.strip().splitlines()[-1:]}")
-    return next(out.glob("hypic_rag-*.whl"))
+    return next(out.glob("hypic_rag-*.whl")), completed.stdout + completed.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_build: tuple[Path, str]) -> Path:
+    return wheel_build[0]
+
+
+def test_the_build_prints_no_warnings(wheel_build: tuple[Path, str]) -> None:
+    """setuptools warned about a TOML-table license and about asset folders missing from `packages` (issue 31)."""
+    output = wheel_build[1]
+    assert not [line for line in output.splitlines() if "warning" in line.lower() or "deprecat" in line.lower()], output
 
 
 def test_wheel_holds_the_product_only(wheel: Path) -> None:
@@ -37,19 +50,28 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
     assert top_levels == {"hypic_rag"}, top_levels
     assert "hypic_rag/kernels/gated_delta_rule.py" in names
     assert "hypic_rag/runtime/ops/gated_delta_rule/dispatch.py" in names
-    assert "hypic_rag/assets/default_model/model.safetensors" in names
+    for asset in ("default_model/model.safetensors", "default_model/tokenizer.json", "default_model/config.json",
+                  "default_model/MODEL_CARD.md", "example_corpus/questions.jsonl",
+                  "example_corpus/documents/s777000000-person-8.md"):
+        assert f"hypic_rag/assets/{asset}" in names, asset
+    shipped = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag" / "assets").rglob("*") if path.is_file()}
+    assert shipped <= set(names), sorted(shipped - set(names))  # every asset file is installed
     assert not [name for name in names if "/training/" in name or "synthetic_qa" in name or "/data/" in name]
 
 
 def test_every_source_package_is_listed_for_the_wheel() -> None:
-    """pyproject lists packages explicitly (for the kernels mapping): a new subpackage must be added there."""
+    """pyproject lists packages explicitly (for the kernels mapping): a new subpackage, or a new folder of bundled
+    data under hypic_rag/assets (a data package), must be added there."""
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {
         ".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "hypic_rag").rglob("__init__.py")
     } | {"hypic_rag.kernels"}
-    assert on_disk == listed
+    assets = ROOT / "hypic_rag" / "assets"
+    data_packages = {".".join(path.relative_to(ROOT).parts) for path in [assets, *assets.rglob("*")]
+                     if path.is_dir() and path.name != "__pycache__"}
+    assert on_disk | data_packages == listed
 
 
 def test_kernels_import_name_is_not_ours() -> None:

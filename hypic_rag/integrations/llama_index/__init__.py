@@ -22,14 +22,14 @@ One class kind per module:
 - `llm.HypicLLM` is a LlamaIndex LLM for `Settings.llm`: plain completion (a prompt whose segments are separated
   by `<<PIC_SEP>>` reuses each segment's cache entry; the last segment is the query) and chat (each earlier
   message is its own cached segment); text no separator marks is cut around the nodes the runtime knows
-  (`hypic_rag.reuse`), so LlamaIndex's own engines (`index.as_query_engine()`, chat engines) reuse them too.
+  (`hypic_rag.prompting.matching`), so LlamaIndex's own engines (`index.as_query_engine()`, chat engines) reuse them too.
 - `ingestion.HypicCacheTransformation` is an ingestion step that encodes every node's segment-cache entry ahead
   of queries.
 - `embedding.HypicEmbedding` wraps the shipped all-MiniLM-L6-v2 sentence-transformers model (offline).
 - `runtime.HypicRuntime` is the `hypic_rag.session.ModelSession` (model, engine, segment cache, prompt format)
   they share, one per model and cache directory, with one scheduler (continuous batching) that runs every
   generation of the LLM, the synthesizer and the query engine, so concurrent calls batch.
-The integration imports nothing from `hypic_rag.server`: separated segments are `hypic_rag.segments`, token
+The integration imports nothing from `hypic_rag.server`: separated segments are `hypic_rag.prompting.segments`, token
 accounting `hypic_rag.usage`.
 """
 

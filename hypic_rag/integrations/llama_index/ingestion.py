@@ -24,7 +24,7 @@ class HypicCacheTransformation(TransformComponent):
     Place it after the node parser. Each node's text (metadata left out) is formatted as a retrieved-chunk
     segment, exactly as `HypicQueryEngine` lays it out, so queries find its entry; the prompt prefix is encoded
     too. Each node's text becomes a known chunk of the runtime, so a `HypicLLM` finds it in the plain prompts
-    LlamaIndex's own engines send and reuses its entry (`hypic_rag.reuse`). Nodes pass through unchanged
+    LlamaIndex's own engines send and reuses its entry (`hypic_rag.prompting.matching`). Nodes pass through unchanged
     but for `metadata[metadata_key]` (the segment's token count), hidden from embeddings and the LLM.
     """
 

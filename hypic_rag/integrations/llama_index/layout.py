@@ -22,7 +22,7 @@ from llama_index.core.prompts import BasePromptTemplate, ChatPromptTemplate, Pro
 from llama_index.core.prompts.prompt_type import PromptType
 
 from hypic_rag.integrations.llama_index.llm import segmented_messages_to_prompt
-from hypic_rag.prompt import PromptFormat
+from hypic_rag.prompting.format import PromptFormat, tokenize_query
 from hypic_rag.runtime.request import Request
 from hypic_rag.session import ModelSession
 
@@ -107,8 +107,9 @@ def segmented_request(
     prefix = session.tokenize_segment(head[0], "the prompt prefix") if head else []
     middle = [*head[1:], *chunks, *tail[:-1]]
     segments = [session.tokenize_segment(text, "a prompt segment") for text in middle]
-    question = session.tokenize_segment(tail[-1], "the question")
-    return Request(prefix_ids=prefix, chunk_ids=[ids for ids in segments if ids], question_ids=question)
+    question, answer_lead = tokenize_query(session.tokenizer, tail[-1], "the question")
+    return Request(prefix_ids=prefix, chunk_ids=[ids for ids in segments if ids], question_ids=question,
+                   answer_lead=answer_lead)
 
 
 def prompt_text(head: Sequence[str], chunks: Sequence[str], tail: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
 """`HypicLLM`: a LlamaIndex LLM whose separated prompt segments (and chat messages) are cached segments, and whose
-prompts are cut around the chunks its runtime knows (`hypic_rag.reuse`), so LlamaIndex's own engines reuse them."""
+prompts are cut around the chunks its runtime knows (`hypic_rag.prompting.matching`), so LlamaIndex's own engines reuse them."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from llama_index.core.llms.custom import CustomLLM
 
 from hypic_rag.integrations.llama_index.aio import in_thread, relay_stream
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
-from hypic_rag.reuse import Piece, SegmentedPrompt
+from hypic_rag.prompting.matching import Piece, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
-from hypic_rag.segments import DEFAULT_SEPARATOR, split_segments
+from hypic_rag.prompting.segments import DEFAULT_SEPARATOR, split_segments
 from hypic_rag.usage import usage_of
 
 __all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "segmented_messages_to_prompt"]

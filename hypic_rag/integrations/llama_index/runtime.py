@@ -10,14 +10,14 @@ import threading
 from collections.abc import AsyncGenerator, Generator, Sequence
 from pathlib import Path
 
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import AsyncQueueSink, Scheduler, SchedulerConfig
 from hypic_rag.session import DEFAULT_SEAM_TOKENS, ModelSession
-from hypic_rag.streaming import ResultStream
+from hypic_rag.utils.streaming import ResultStream
 
 __all__ = ["DEFAULT_SEAM_TOKENS", "HypicRuntime", "runtime_for"]
 

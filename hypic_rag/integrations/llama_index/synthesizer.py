@@ -50,8 +50,9 @@ from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.streaming import StrippedDeltas
+from hypic_rag.utils.streaming import StrippedDeltas
 from hypic_rag.usage import usage_of
+from hypic_rag.vocabulary import USAGE_FIELDS
 
 __all__ = ["SUPPORTED_RESPONSE_MODES", "HypicSynthesizer", "check_response_mode", "hypic_llm"]
 
@@ -63,11 +64,6 @@ SUPPORTED_RESPONSE_MODES = ("compact", "simple_summarize", "accumulate", "no_tex
 few calls as the context window allows: with segments, all of them fit one call); accumulate: one call per node,
 the answers joined as LlamaIndex's Accumulate joins them; no_text: retrieve only, no call."""
 ACCUMULATE_SEPARATOR = "\n---------------------\n"
-USAGE_KEYS = (
-    "prompt_tokens", "cached_tokens", "encoded_tokens", "recomputed_tokens", "completion_tokens", "cache_hits",
-    "cache_misses",
-)
-"""The keys of `hypic_rag.usage.usage_of` (all 0 when no call was made)."""
 OPTIONS = (
     "llm", "response_mode", "text_qa_template", "mode", "max_new_tokens", "streaming", "metadata_mode",
     "empty_response", "callback_manager",
@@ -301,7 +297,7 @@ class HypicSynthesizer(BaseSynthesizer):
     def _call_metadata(self, generations: Sequence[Generation], began: float) -> dict[str, Any]:
         """Usage (summed over the calls), timings (summed; time to first token: the first call's, from the
         start of synthesis; total), finish reason (the last call's) and the number of calls."""
-        usage = dict.fromkeys(USAGE_KEYS, 0)
+        usage = dict.fromkeys(USAGE_FIELDS, 0)  # all 0 when no call was made
         timings: dict[str, float] = {}
         for generation in generations:
             for key, value in usage_of(generation).items():

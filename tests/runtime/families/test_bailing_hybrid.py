@@ -13,7 +13,7 @@ from family_modes import (
     random_request,
 )
 
-from hypic_rag.mixer_checks import check_recurrent_mixer
+from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.families import family_for
 from hypic_rag.runtime.families.bailing_hybrid import BailingHybrid

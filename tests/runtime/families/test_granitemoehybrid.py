@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hypic_rag.entry import tensor_name
-from hypic_rag.mixer_checks import check_recurrent_mixer
+from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.mixers.attention import RotaryPositions
 from hypic_rag.runtime.mixers.base import NoPositions

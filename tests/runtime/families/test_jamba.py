@@ -19,14 +19,15 @@ from ssm_checks import (
     random_request,
 )
 
-from hypic_rag.mixer_checks import check_recurrent_mixer
+from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
+from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.mixers.attention import ProjectedAttention
 from hypic_rag.runtime.mixers.base import NoPositions
 from hypic_rag.runtime.mixers.mamba1 import Mamba1Mixer
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
-from hypic_rag.testing_ssm import save_published_ssm_checkpoint
+from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +37,9 @@ def tiny():
 
 
 def test_blocks_mixers_and_positions(tiny) -> None:
-    hf_model, engine = tiny
+    _, engine = tiny
     assert engine.model.layer_types == ("linear_attention", "linear_attention", "full_attention", "linear_attention")
-    for number, (block, layer) in enumerate(zip(engine.model.blocks, hf_model.model.layers)):
+    for number, (block, layer) in enumerate(zip(engine.model.blocks, engine.model.runtime_model.model.layers)):
         if number == 2:
             assert isinstance(block.mixer, ProjectedAttention) and isinstance(block.mixer.positions, NoPositions)
         else:
@@ -112,6 +113,7 @@ def test_entries_round_trip_through_the_segment_cache(tiny, tmp_path, cache_form
     request = random_request(torch.Generator().manual_seed(7), [19, 26, 11])
     expected = engine.prefill(request, "hypic").logits
     namespace = CacheNamespace.for_model(engine.model, 4, cache_format=cache_format)
+    served = {}
     for attempt in ("encode", "hit"):
         cache = SegmentCache.open(tmp_path / "cache", namespace=namespace)
         try:
@@ -119,8 +121,15 @@ def test_entries_round_trip_through_the_segment_cache(tiny, tmp_path, cache_form
         finally:
             cache.close()
         assert (result.stats.cache_misses == 0) == (attempt == "hit")
-        tolerance = 1e-5 if cache_format == "float32" else 2e-2  # 8-bit groups: ~2-3 digits
-        torch.testing.assert_close(result.logits, expected, atol=tolerance, rtol=tolerance)
+        served[attempt] = result.logits
+        if cache_format == "float32":
+            torch.testing.assert_close(result.logits, expected, atol=1e-5, rtol=1e-5)
+        else:  # 8-bit groups (conv tails grouped along their 128 channels): the format's promise, KL <= 1e-3 and
+            # the same next token; elementwise logits move ~1.5% of their scale on this random model
+            assert kl_divergence(expected, result.logits) < 1e-3
+            assert int(result.logits.argmax()) == int(expected.argmax())
+    # a miss composes the entries as stored, so the first request gets what every later hit gets
+    torch.testing.assert_close(served["encode"], served["hit"], atol=1e-6, rtol=1e-6)
 
 
 @pytest.fixture(scope="module")

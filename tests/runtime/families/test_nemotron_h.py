@@ -21,14 +21,14 @@ from ssm_checks import (
 )
 
 from hypic_rag.entry import tensor_name
-from hypic_rag.mixer_checks import check_recurrent_mixer
+from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.mixers.attention import ProjectedAttention
 from hypic_rag.runtime.mixers.base import NoPositions
 from hypic_rag.runtime.mixers.ssd import Mamba2Mixer
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
-from hypic_rag.testing_ssm import save_published_ssm_checkpoint
+from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_blocks_follow_the_layer_pattern(tiny) -> None:
     assert hf_model.config.hybrid_override_pattern == "MEM*M-"
     assert engine.model.layer_types == ("linear_attention", "mlp", "linear_attention", "full_attention",
                                         "linear_attention", "mlp")
-    for block, layer in zip(engine.model.blocks, hf_model.model.layers):
+    for block, layer in zip(engine.model.blocks, engine.model.runtime_model.model.layers):
         if layer.block_type == "linear_attention":
             assert isinstance(block.mixer, Mamba2Mixer) and block.mixer.time_step_limit == (0.001, float("inf"))
         elif layer.block_type == "full_attention":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from ssm_checks import check_precompute_and_ask, corpus_tokenizer
 
-from hypic_rag.testing_ssm import save_published_ssm_checkpoint
+from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
 
 @pytest.mark.slow

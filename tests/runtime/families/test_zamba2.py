@@ -21,7 +21,7 @@ from ssm_checks import (
 )
 
 from hypic_rag.entry import tensor_name
-from hypic_rag.mixer_checks import check_recurrent_mixer
+from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.families.zamba2 import HybridBlock
 from hypic_rag.runtime.mixers.attention import RotaryPositions
@@ -29,7 +29,7 @@ from hypic_rag.runtime.mixers.base import NoPositions
 from hypic_rag.runtime.mixers.ssd import Mamba2Mixer
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
-from hypic_rag.testing_ssm import save_published_ssm_checkpoint
+from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
 
 @pytest.fixture(scope="module", params=["nope", "rope"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hypic_rag.reuse.normalise import collapse_whitespace
+from hypic_rag.prompting.matching.normalise import collapse_whitespace
 
 Origin = Literal["index", "seen"]
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hypic_rag.reuse.known import KnownSegment, Origin
-from hypic_rag.reuse.normalise import NormalisedText
-from hypic_rag.reuse.rolling import text_codes, window_hashes
+from hypic_rag.prompting.matching.known import KnownSegment, Origin
+from hypic_rag.prompting.matching.normalise import NormalisedText
+from hypic_rag.prompting.matching.rolling import text_codes, window_hashes
 
 DEFAULT_MIN_CHARS = 64
 """Known cores shorter than this (whitespace collapsed) are not matched: too little to be worth a segment's seam,

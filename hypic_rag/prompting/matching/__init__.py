@@ -9,7 +9,7 @@ exactly as the separated path does, so each chunk's cached entry is reused and t
 segment of its own. Explicit separators are honoured first: matching only cuts the text the client left unmarked.
 """
 
-from hypic_rag.reuse.cutting import (
+from hypic_rag.prompting.matching.cutting import (
     NO_MATCHING,
     Piece,
     PromptSegment,
@@ -18,8 +18,8 @@ from hypic_rag.reuse.cutting import (
     segment_prompt,
     separated_pieces,
 )
-from hypic_rag.reuse.known import KnownSegment
-from hypic_rag.reuse.matcher import Match, MatchSettings, Occurrence, SegmentMatcher, select_occurrences
+from hypic_rag.prompting.matching.known import KnownSegment
+from hypic_rag.prompting.matching.matcher import Match, MatchSettings, Occurrence, SegmentMatcher, select_occurrences
 
 __all__ = [
     "NO_MATCHING",

@@ -6,7 +6,7 @@ refuse the same values with the same words: the field's name, the range, the val
 refused before it is used (never clamped, never wrapped), so a huge value is one line, not a traceback from deep
 inside (an overflowing tensor, a 7 GB allocation).
 
-Imports nothing of the project but two leaf modules (the entry format, `hypic_rag.text`), so every part may use it.
+Imports nothing of the project but two leaf modules (the entry format, `hypic_rag.utils.text`), so every part may use it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from hypic_rag.entry import MAX_SEAM_TOKENS
-from hypic_rag.text import unencodable_at
+from hypic_rag.utils.text import unencodable_at
 
 __all__ = [
     "CHUNK_TOKENS",

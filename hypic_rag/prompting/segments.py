@@ -5,7 +5,7 @@ always recomputed. Segments are tokenized separately, never as one string, so a 
 key) do not depend on what surrounds it. A first part that is exactly the prompt format's prefix (when one is
 given) is the request's prefix segment, composed from its exact seam-0 entry as `/v1/ask` does. Used by the
 service and the integrations alike (neither imports the other); prompts without separators are cut around the
-chunks they contain by `hypic_rag.reuse`.
+chunks they contain by `hypic_rag.prompting.matching`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hypic_rag.reuse.cutting import segment_prompt, separated_pieces
+from hypic_rag.prompting.matching.cutting import segment_prompt, separated_pieces
 from hypic_rag.runtime.request import Request
 
 DEFAULT_SEPARATOR = "<<PIC_SEP>>"

@@ -18,7 +18,8 @@ the known one (so its cached entry is used), and the prompt's whitespace inside 
 The last segment is the query, always recomputed: a match with nothing after it is left in the query. When at
 least one match was found, or the first explicit part is exactly the prompt format's prefix, a prompt beginning
 with that prefix gets it as the request's prefix segment (position 0, its exact seam-0 entry, as `/v1/ask` and
-`HypicQueryEngine` compose it). A prompt with no match is cut only at its separators, as before.
+`HypicQueryEngine` compose it). A prompt with no match is cut only at its separators, as before. The query's
+trailing spaces are taken off and left out of the answer's start (`prompt.split_trailing_space`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypic_rag.prompt import tokenize_segment
-from hypic_rag.reuse.matcher import Match, SegmentMatcher
+from hypic_rag.prompting.format import tokenize_query, tokenize_segment
+from hypic_rag.prompting.matching.matcher import Match, SegmentMatcher
 from hypic_rag.runtime.request import Request
 
 logger = logging.getLogger(__name__)
@@ -109,11 +110,12 @@ class SegmentedPrompt:
         return separator.join(self.texts)
 
     def matching_usage(self, segment_cached_tokens: Sequence[int]) -> dict[str, int]:
-        """matched_segments, matched_tokens and matched_cached_tokens (the matched segments' tokens that came from
-        entries held before the request), given the prefill's tokens reused per segment."""
+        """segments (the request's, the query included), matched_segments, matched_tokens and
+        matched_cached_tokens (the matched segments' tokens that came from entries held before the request), given
+        the prefill's tokens reused per segment (`vocabulary.MATCHING_FIELDS`)."""
         cached = sum(tokens for tokens, hit in zip(segment_cached_tokens, self.matched) if hit)
-        return {"matched_segments": self.matched_segments, "matched_tokens": self.matched_tokens,
-                "matched_cached_tokens": cached}
+        return {"segments": len(self.request.segments) + 1, "matched_segments": self.matched_segments,
+                "matched_tokens": self.matched_tokens, "matched_cached_tokens": cached}
 
 
 NO_MATCHING = {"matched_segments": 0, "matched_tokens": 0, "matched_cached_tokens": 0}
@@ -156,9 +158,9 @@ def segment_prompt(
         elif found and not pieces[0].explicit and first.startswith(prefix):
             cut[0:1] = [PromptSegment(prefix), PromptSegment(first[len(prefix) :])]
             with_prefix = True
-    segments = [(tokenize_segment(tokenizer, item.text, f"segment {number}"), item)
-                for number, item in enumerate(cut)]
-    *cached, (query_ids, query) = segments
+    *before, query = cut
+    cached = [(tokenize_segment(tokenizer, item.text, f"segment {number}"), item) for number, item in enumerate(before)]
+    query_ids, answer_lead = tokenize_query(tokenizer, query.text, f"segment {len(before)}")
     if not query_ids:
         raise ValueError("the last segment (the query) is empty")
     prefix_ids = cached.pop(0)[0] if with_prefix else []
@@ -167,7 +169,8 @@ def segment_prompt(
         for piece in pieces[:-1]:
             if piece.explicit:
                 matcher.add_seen(piece.text)
-    request = Request(prefix_ids=prefix_ids, chunk_ids=[ids for ids, _ in cached], question_ids=query_ids)
+    request = Request(prefix_ids=prefix_ids, chunk_ids=[ids for ids, _ in cached], question_ids=query_ids,
+                      answer_lead=answer_lead)
     texts = ([prefix] if with_prefix else []) + [item.text for _, item in cached] + [query.text]
     matched = ([False] if with_prefix else []) + [item.match is not None for _, item in cached]
     return SegmentedPrompt(request, tuple(texts), tuple(matched))

@@ -16,7 +16,7 @@ product's prompt format is used: its prefix, one segment per document, then the 
 format's `answer_stop` as `/v1/ask` does.
 
 Given a `SegmentMatcher`, the text that is not a document (the rendered text around documents, the query) is cut
-around the indexed chunks and seen segments it contains (`hypic_rag.reuse`), so documents pasted into a message
+around the indexed chunks and seen segments it contains (`hypic_rag.prompting.matching`), so documents pasted into a message
 without separators reuse their entries as well; documents sent as parts are remembered as seen segments.
 """
 
@@ -26,10 +26,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hypic_rag.prompt import PromptFormat
-from hypic_rag.reuse import Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
+from hypic_rag.prompting.format import PromptFormat
+from hypic_rag.prompting.matching import Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.request import Request
-from hypic_rag.segments import split_segments
+from hypic_rag.prompting.segments import split_segments
 
 logger = logging.getLogger(__name__)
 

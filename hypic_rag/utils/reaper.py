@@ -1,6 +1,6 @@
 """Whatever a command starts goes when it goes, however it ends (exit, crash, Ctrl-C, SIGKILL).
 
-    from hypic_rag.reaper import reap_on_exit
+    from hypic_rag.utils.reaper import reap_on_exit
     reap_on_exit()   # first thing in a command that starts processes
 
 `reap_on_exit` starts a watchdog, a small process of its own session (so a terminal's Ctrl-C leaves it to do its
@@ -45,7 +45,7 @@ def reap_on_exit() -> subprocess.Popen[bytes] | None:
     if _started is not None or not (PROC / str(os.getpid()) / "stat").exists():
         return _started
     _started = subprocess.Popen(
-        [sys.executable, "-m", "hypic_rag.reaper", str(os.getpid())],
+        [sys.executable, "-m", "hypic_rag.utils.reaper", str(os.getpid())],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hypic_rag.reuse.matcher import Occurrence, inside_word
+from hypic_rag.prompting.matching.matcher import Occurrence, inside_word
 
 
 def occurrences_naive(text: str, keys: Iterable[str]) -> list[Occurrence]:

@@ -8,10 +8,12 @@ the prefix decides the prefix segment's cache entry.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypic_rag.text import unencodable_message
+from hypic_rag.runtime.request import Request
+from hypic_rag.utils.text import unencodable_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,17 @@ class PromptFormat:
     def question(self, question: str) -> str:
         return self.question_template.format(question=question)
 
+    def request(self, tokenizer: Any, chunks: Sequence[str], question: str) -> Request:
+        """The request of `question` over `chunks` (texts) in this format: the prefix, one formatted segment per
+        chunk, the formatted question, each tokenized on its own (`tokenize_segment`). The product builds its
+        requests with `hypic_rag.session.ModelSession.request`, which also strips the question and drops empty
+        chunks; this is the same layout for a bare tokenizer."""
+        return Request(
+            prefix_ids=tokenize_segment(tokenizer, self.prefix),
+            chunk_ids=[tokenize_segment(tokenizer, self.chunk(text)) for text in chunks],
+            question_ids=tokenize_segment(tokenizer, self.question(question), "the question"),
+        )
+
     def to_dict(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in self.__slots__}
 
@@ -52,6 +65,23 @@ class PromptFormat:
 
 DEFAULT_PROMPT_FORMAT = PromptFormat()
 
+TRAILING_SPACE = " \t"
+"""What `split_trailing_space` moves from the end of a prompt into the answer."""
+
+
+def split_trailing_space(query: str) -> tuple[str, str]:
+    """`query` without its trailing spaces and tabs, and those characters ("" when there are none, or when nothing
+    else is left).
+
+    BPE and SentencePiece tokenizers attach a word's leading space to the word (`" diving"` is one token), so a
+    prompt ending in a space ends in a token that never precedes an answer in training: the bundled model, trained
+    on `"Answer:"` followed by `" diving"`, writes a newline after `"Answer: "` and stops there. The space is taken
+    off the prompt and the generation leaves it out of the answer's start (`Request.answer_lead`), so the text of
+    prompt + answer reads as it was sent. Newlines are kept: they end a line the template meant to end.
+    """
+    stripped = query.rstrip(TRAILING_SPACE)
+    return (stripped, query[len(stripped):]) if stripped else (query, "")
+
 
 def tokenize_segment(tokenizer: Any, text: str, what: str = "the text") -> list[int]:
     """Token ids of one prompt segment, tokenized on its own without special tokens ([] for empty text).
@@ -62,3 +92,10 @@ def tokenize_segment(tokenizer: Any, text: str, what: str = "the text") -> list[
     if message is not None:
         raise ValueError(message)
     return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]) if text else []
+
+
+def tokenize_query(tokenizer: Any, text: str, what: str = "the question") -> tuple[list[int], str]:
+    """Token ids of a prompt's last segment (the query, after which the answer comes), its trailing spaces taken
+    off (`split_trailing_space`), and the whitespace taken off (the request's `answer_lead`)."""
+    query, lead = split_trailing_space(text)
+    return tokenize_segment(tokenizer, query, what), lead

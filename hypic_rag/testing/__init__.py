@@ -1,4 +1,8 @@
-"""Tiny random hybrid models and tokenizers, for tests and benchmarks (no network, seconds to build).
+"""Test kits, for tests and benchmarks: this module (tiny random hybrid models and tokenizers, no network, seconds
+to build; corpora and indexes), `ssm` (tiny Mamba-family hybrids and published-layout stand-ins), `s3` (a local
+S3-compatible server), `mixer_checks` (the mixer interface's contract as executable checks).
+
+Tiny random hybrid models and tokenizers:
 
 `tiny_config` gives a small transformers config of a supported hybrid family; `build_tiny_model` instantiates it
 with seeded random weights, optionally with slow linear-attention decays (so composition bugs cannot hide behind
@@ -30,7 +34,7 @@ from typing import Any
 import torch
 
 from hypic_rag.entry import entry_tensor_bytes
-from hypic_rag.testing_ssm import SSM_TINY_TYPES, adjust_ssm_model, ssm_tiny_config
+from hypic_rag.testing.ssm import SSM_TINY_TYPES, adjust_ssm_model, ssm_tiny_config
 
 LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid", "minimax")
 """Families beyond Gated DeltaNet whose tiny configs `linear_family_config` writes (docs/families_linear.md)."""
@@ -787,25 +791,17 @@ def build_index(
     chunk_tokens: int = 96,
     seam_tokens: int = 8,
 ) -> Path:
-    """Precompute an index of `documents` (a mapping written to `<directory>.corpus`, or a corpus path)."""
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    """Precompute an index of `documents` (a mapping written to `<directory>.corpus`, or a corpus path) on CPU,
+    quietly (`hypic_rag.build_index`); returns `directory`."""
+    from hypic_rag.precompute import build_index as build
 
     directory = Path(directory)
     if isinstance(documents, Path):
         corpus = documents
     else:
         corpus = write_corpus(directory.with_name(directory.name + ".corpus"), documents)
-    precompute(
-        PrecomputeOptions(
-            corpus=corpus,
-            index_dir=directory,
-            model_path=Path(model_path),
-            chunk_tokens=chunk_tokens,
-            seam_tokens=seam_tokens,
-            device="cpu",
-            show_progress=False,
-        )
-    )
+    build(corpus, directory, model=model_path, chunk_tokens=chunk_tokens, seam_tokens=seam_tokens, device="cpu",
+          show_progress=False)
     return directory
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hypic_rag.prompt import DEFAULT_PROMPT_FORMAT, tokenize_segment
-from hypic_rag.reuse import (
+from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, tokenize_segment
+from hypic_rag.prompting.matching import (
     MatchSettings,
     Occurrence,
     Piece,
@@ -21,10 +21,10 @@ from hypic_rag.reuse import (
     select_occurrences,
     separated_pieces,
 )
-from hypic_rag.reuse.naive import occurrences_naive
-from hypic_rag.reuse.normalise import NormalisedText, collapse_whitespace
-from hypic_rag.reuse.rolling import text_codes, window_hash, window_hashes
-from hypic_rag.segments import segmented_request
+from hypic_rag.prompting.matching.naive import occurrences_naive
+from hypic_rag.prompting.matching.normalise import NormalisedText, collapse_whitespace
+from hypic_rag.prompting.matching.rolling import text_codes, window_hash, window_hashes
+from hypic_rag.prompting.segments import segmented_request
 
 FMT = DEFAULT_PROMPT_FORMAT
 CHESS = ("The Westbrook Chess Club meets every Thursday in the old library. Its champion, Elena Ruiz, has won "

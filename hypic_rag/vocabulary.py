@@ -1,0 +1,58 @@
+"""The field names every surface gives the same things: `hypic-rag ask --json`, `/v1/ask` (its JSON and its
+stream's events), the OpenAI routes' extensions, LlamaIndex's node and response metadata, and the docs
+(`docs/CONTRACTS.md` "Field names"). A test compares the surfaces against these tuples
+(`tests/server/test_field_names.py`).
+
+A source (one retrieved chunk the answer drew on), best first:
+    rank        1 for the best; sources are listed by `score`
+    doc_id      the document's id (its path in the corpus, a `.jsonl` record's id, `POST /v1/documents`' `id`)
+    chunk_id    the chunk's id; position: its order in the document; text: its text
+    score       cosine similarity of the chunk to the question
+    source      where the document was read from (relative to the corpus root)
+    metadata    the document's fields and where the chunk lies in it (`LOCATION_FIELDS`)
+    hop         whether the retrieval hop found it; hop_query: the follow-up query that did (None for a direct
+                hit); hop_score: its similarity to that query
+Usage (token and segment accounting of one answer or completion): `USAGE_FIELDS`, plus `MATCHING_FIELDS` where a
+prompt is cut around known chunks (the OpenAI routes, `HypicLLM`). On the OpenAI routes they sit in `usage`
+beside OpenAI's own fields (`total_tokens`, `prompt_tokens_details.cached_tokens`, where OpenAI's clients read the
+cached count); the `hypic` object holds only the assembly `mode` and the `timings`.
+Timings: the stages `TIMING_STAGES`, in seconds under these names in Python objects and `ask --json`, in
+milliseconds named `<stage>_ms` in REST responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LOCATION_FIELDS", "MATCHING_FIELDS", "SOURCE_FIELDS", "TIMING_STAGES", "USAGE_FIELDS", "source_record"]
+
+SOURCE_FIELDS = ("rank", "doc_id", "chunk_id", "score", "text", "source", "position", "metadata", "hop",
+                 "hop_query", "hop_score")
+LOCATION_FIELDS = ("page", "page_end", "section", "title")
+"""Where a chunk lies, in a source's `metadata` (a LlamaIndex node's metadata holds them directly, with `doc_id`,
+`source` and LlamaIndex's own `file_name` / `file_path`)."""
+USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "encoded_tokens", "recomputed_tokens",
+                "cache_hits", "cache_misses")
+"""cached + encoded + recomputed = prompt tokens; cache_hits / cache_misses count segments (`Generation.usage`)."""
+MATCHING_FIELDS = ("segments", "matched_segments", "matched_tokens", "matched_cached_tokens")
+"""segments: the request's segments, the query included; matched_*: those found by matching known chunks in the
+prompt's text, their tokens, and those of their tokens reused from entries held before the request."""
+TIMING_STAGES = ("retrieval", "cache_load", "encode", "compose", "prefill", "time_to_first_token", "total")
+
+
+def source_record(source: Any, rank: int) -> dict[str, Any]:
+    """One source (a `hypic_rag.pipeline.Source`; this leaf module imports nothing) as every surface writes it
+    (`SOURCE_FIELDS`, in that order); `rank` 1 for the best."""
+    return {
+        "rank": rank,
+        "doc_id": source.doc_id,
+        "chunk_id": source.chunk_id,
+        "score": source.score,
+        "text": source.text,
+        "source": source.source,
+        "position": source.position,
+        "metadata": dict(source.metadata),
+        "hop": source.hop_query is not None,
+        "hop_query": source.hop_query,
+        "hop_score": source.hop_score,
+    }
