@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -12,11 +13,16 @@ from pathlib import Path
 
 def run_cli_here(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`main(ARGV)` in this process (optionally from directory CWD), as a CompletedProcess: its exit code (argparse's
-    usage errors exit through SystemExit) and what it wrote to stdout and stderr."""
+    usage errors exit through SystemExit) and what it wrote to stdout and stderr, log records included (the root
+    logger's handlers are set aside meanwhile, so that `main`'s `logging.basicConfig` writes to this stderr as it
+    does in a fresh process)."""
     from hypic_rag.cli.main import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     previous = Path.cwd()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = []
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -28,5 +34,8 @@ def run_cli_here(*argv: str, cwd: Path | None = None) -> subprocess.CompletedPro
                 if not isinstance(exit_.code, (int, type(None))):
                     print(exit_.code, file=stderr)
     finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers, root.level = handlers, level
         os.chdir(previous)
     return subprocess.CompletedProcess(list(argv), code, stdout.getvalue(), stderr.getvalue())
