@@ -12,7 +12,6 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,9 +21,8 @@ import pytest
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.testing import SMALL_CORPUS, write_corpus
-from hypic_rag.testing.cli import run_cli_here
+from hypic_rag.testing.cli import run_cli_here, run_cli_in_one_child
 
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 
@@ -42,26 +40,13 @@ def hypic(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_cli_here(*argv, cwd=cwd)
 
 
-AS_USER_SCRIPT = """
-import json, sys
-from hypic_rag.testing.cli import run_cli_here
-done = [run_cli_here(*argv) for argv in json.loads(sys.stdin.read())]
-print(json.dumps([[result.returncode, result.stdout, result.stderr] for result in done]))
-"""
-
-
 def as_user(*commands: Sequence[str], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
     """Each of COMMANDS (`hypic-rag` argv) from directory CWD without root's bypass of file modes: one real process,
     its permission-bypass capabilities dropped before exec, that runs the CLI's `main` on each in turn."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     preexec: Callable[[], None] | None = _drop_dac_override if os.geteuid() == 0 else None
-    done = subprocess.run([sys.executable, "-c", AS_USER_SCRIPT], input=json.dumps([list(argv) for argv in commands]),
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=preexec,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    return [subprocess.CompletedProcess(list(argv), code, out, err)
-            for argv, (code, out, err) in zip(commands, json.loads(done.stdout.strip().splitlines()[-1]))]
+    child, done = run_cli_in_one_child(*commands, cwd=cwd, timeout=TIMEOUT_S, preexec_fn=preexec)
+    assert child.returncode == 0, child.stderr
+    return done
 
 
 def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
