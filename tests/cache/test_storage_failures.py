@@ -10,7 +10,9 @@ and the data stored before intact.
   line, exit 1; what was stored before is intact and readable.
 - Output cut short by its reader (`cache stats --json | head`): a quiet exit (141).
 
-Commands run as real subprocesses (`python -m hypic_rag` with this checkout first on the path) on real files.
+Commands run on real files in child processes (`python -m hypic_rag`, or several commands through the CLI's `main`
+in one child: a signal death must not take the test runner with it), or in this process where the store is
+intact.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -45,6 +46,7 @@ from hypic_rag.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import (
     SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
 )
+from hypic_rag.testing.cli import run_cli_here, run_cli_in_one_child
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIGBUS_EXITS = (-signal.SIGBUS, 128 + signal.SIGBUS)
@@ -60,6 +62,15 @@ def hypic_rag(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, "-m", "hypic_rag", *argv], capture_output=True, text=True, timeout=timeout, env=child_env(),
     )
+
+
+def in_one_child(*commands: Sequence[str]) -> list[subprocess.CompletedProcess[str]]:
+    """`hypic-rag ARGV` for each of COMMANDS in turn, all in one child process running this checkout; it must not
+    die of a signal (SIGBUS from a cut-short LMDB file)."""
+    child, done = run_cli_in_one_child(*commands, timeout=240)
+    assert child.returncode not in SIGBUS_EXITS, "killed by SIGBUS"
+    assert child.returncode == 0, child.stderr
+    return done
 
 
 def child_env() -> dict[str, str]:
@@ -161,14 +172,20 @@ def test_every_cut_of_data_mdb_is_one_line_not_sigbus(tmp_path: Path) -> None:
     whole = data_file.read_bytes()
     page = 4096
     aligned = [len(whole) // 2 // page * page, len(whole) * 3 // 4 // page * page]  # found by the B-tree walk
+    cut_copies = []
     for size in (100, page, 2 * page + 1, len(whole) // 2, len(whole) - 1, *aligned):
-        data_file.write_bytes(whole[:size])
-        line = assert_one_line(hypic_rag("cache", "stats", "--cache", str(directory)), 1, str(data_file))
-        assert "is truncated" in line and "cache clear" in line
+        copy = Path(shutil.copytree(directory, tmp_path / f"cut_{size}"))
+        (copy / "data.mdb").write_bytes(whole[:size])
         with pytest.raises(CacheDamagedError):
-            LmdbSegmentStore.open(directory, readonly=True)
-    data_file.write_bytes(whole)
-    assert json.loads(hypic_rag("cache", "stats", "--cache", str(directory), "--json").stdout)["entries"] == 5
+            LmdbSegmentStore.open(copy, readonly=True)
+        cut_copies.append(copy)
+    # one child process runs every command (a SIGBUS kills it, not the test runner)
+    *cut_stats, whole_stats = in_one_child(*(("cache", "stats", "--cache", str(copy)) for copy in cut_copies),
+                                           ("cache", "stats", "--cache", str(directory), "--json"))
+    for copy, stats in zip(cut_copies, cut_stats):
+        line = assert_one_line(stats, 1, str(copy / "data.mdb"))
+        assert "is truncated" in line and "cache clear" in line
+    assert json.loads(whole_stats.stdout)["entries"] == 5
 
 
 def test_cache_commands_on_a_truncated_store_and_clear_recovers(tmp_path: Path) -> None:
@@ -176,10 +193,6 @@ def test_cache_commands_on_a_truncated_store_and_clear_recovers(tmp_path: Path) 
     populate(directory)
     data_file = directory / "data.mdb"
     cut(data_file, data_file.stat().st_size // 2)
-    for action in (["stats"], ["stats", "--json"], ["verify"], ["gc"]):
-        completed = hypic_rag("cache", *action, "--cache", str(directory))
-        assert_one_line(completed, 1, f"{data_file} is truncated")
-        assert completed.stdout == ""
     # while another process has a store open, clear refuses and removes nothing
     size_before = data_file.stat().st_size
     held = tmp_path / "held"
@@ -194,15 +207,23 @@ def test_cache_commands_on_a_truncated_store_and_clear_recovers(tmp_path: Path) 
         assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
         cut(held / "data.mdb", (held / "data.mdb").stat().st_size // 2)
         held_size = (held / "data.mdb").stat().st_size
-        assert_one_line(hypic_rag("cache", "clear", "--cache", str(held)), 2, "open in another process")
+        *actions, clear_held = in_one_child(
+            *(("cache", *action, "--cache", str(directory)) for action in (["stats"], ["stats", "--json"],
+                                                                             ["verify"], ["gc"])),
+            ("cache", "clear", "--cache", str(held)))
+        for completed in actions:
+            assert_one_line(completed, 1, f"{data_file} is truncated")
+            assert completed.stdout == ""
+        assert_one_line(clear_held, 2, "open in another process")
         assert (held / "data.mdb").stat().st_size == held_size
     finally:
         holder.communicate("")
     assert data_file.stat().st_size == size_before
-    cleared = hypic_rag("cache", "clear", "--cache", str(directory))
+    cleared, stats = in_one_child(("cache", "clear", "--cache", str(directory)),
+                                  ("cache", "stats", "--cache", str(directory), "--json"))
     assert cleared.returncode == 0 and cleared.stderr == "", cleared.stderr
     assert "removed the damaged store" in cleared.stdout
-    assert json.loads(hypic_rag("cache", "stats", "--cache", str(directory), "--json").stdout)["entries"] == 0
+    assert json.loads(stats.stdout)["entries"] == 0
     with LmdbSegmentStore.open(directory) as store:  # a working cache again
         assert verify_store(store).checked == 0 and store.counters().entries == 0
 
@@ -212,11 +233,9 @@ def test_ask_answers_with_the_cache_disabled_and_precompute_refuses(index_copy: 
     data_file = index_copy / "segment_cache" / "data.mdb"
     cut_size = data_file.stat().st_size // 2
     cut(data_file, cut_size)
-    with ThreadPoolExecutor(2) as pool:  # independent commands: run them side by side
-        asking = pool.submit(hypic_rag, "ask", QUESTION, "--index", str(index_copy), "--max-new-tokens", "4")
-        refusing = pool.submit(hypic_rag, "precompute", str(corpora[1]), "--index", str(index_copy), "--model",
-                               str(model), "--chunk-tokens", str(CHUNK_TOKENS), "--no-progress")
-        asked, refused = asking.result(), refusing.result()
+    asked, refused = in_one_child(("ask", QUESTION, "--index", str(index_copy), "--max-new-tokens", "4"),
+                                  ("precompute", str(corpora[1]), "--index", str(index_copy), "--model", str(model),
+                                   "--chunk-tokens", str(CHUNK_TOKENS), "--no-progress"))
     assert asked.returncode == 0, asked.stderr
     assert "Answer:" in asked.stdout and "glassblowing.md" in asked.stdout
     warnings = asked.stderr.strip().splitlines()
@@ -262,13 +281,13 @@ def test_clear_and_gc_refuse_a_read_only_directory_and_delete_nothing(tmp_path: 
     keys = populate(directory)
     directory.chmod(0o555)  # the files stay writable: only the directory is read-only (root ignores it otherwise)
     try:
-        for action in ("clear", "gc"):
-            assert_one_line(hypic_rag("cache", action, "--cache", str(directory)), 2,
+        for action in ("clear", "gc"):  # an intact store: no signal to fear, the CLI's `main` in this process
+            assert_one_line(run_cli_here("cache", action, "--cache", str(directory)), 2,
                             f"cannot write to {directory}", "read-only")
     finally:
         directory.chmod(0o755)
     (directory / "data.mdb").chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    assert_one_line(hypic_rag("cache", "clear", "--cache", str(directory)), 2, "data.mdb: it is read-only")
+    assert_one_line(run_cli_here("cache", "clear", "--cache", str(directory)), 2, "data.mdb: it is read-only")
     (directory / "data.mdb").chmod(0o644)
     with LmdbSegmentStore.open(directory, readonly=True) as store:
         assert sorted(store.keys()) == keys and not verify_store(store).problems

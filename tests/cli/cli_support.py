@@ -6,15 +6,10 @@ import subprocess
 
 import pytest
 
-from hypic_rag.cli.main import main
+from hypic_rag.testing.cli import run_cli_here
 
 
 def run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
     """`main(ARGV)` in this process, as a CompletedProcess (argparse's usage errors exit through SystemExit)."""
     capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
+    return run_cli_here(*argv)

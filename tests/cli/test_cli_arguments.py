@@ -1,5 +1,5 @@
-"""Bad arguments to every command, given the way a new user would give them: real subprocesses of
-`python -m hypic_rag`, a real tiny model, index (SQLite, FAISS) and LMDB segment cache. Each gets exactly one line
+"""Bad arguments to every command, given the way a new user would give them: the CLI's `main` in this process (the
+checks without root's bypass of file modes in one real process that drops it), a real tiny model, index (SQLite, FAISS) and LMDB segment cache. Each gets exactly one line
 on stderr, `hypic-rag <command>: error: ...`, and the documented exit code; arguments are checked before anything
 is created, and `--top-k` is capped at the chunks the index holds."""
 
@@ -12,7 +12,6 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,8 +21,8 @@ import pytest
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.testing import SMALL_CORPUS, write_corpus
+from hypic_rag.testing.cli import run_cli_here, run_cli_in_one_child
 
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 
@@ -35,13 +34,19 @@ def _drop_dac_override() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
 
 
-def hypic(*argv: str, cwd: Path, as_user: bool = False) -> subprocess.CompletedProcess[str]:
-    """`python -m hypic_rag ARGV` with this checkout first on the path; as_user: without root's bypass of modes."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    preexec: Callable[[], None] | None = _drop_dac_override if as_user and os.geteuid() == 0 else None
-    return subprocess.run([sys.executable, "-m", "hypic_rag", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, preexec_fn=preexec, check=False)
+def hypic(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`hypic-rag ARGV` from directory CWD: the CLI's `main` in this process (the real `python -m hypic_rag` entry
+    point runs in tests/cli/test_cli_errors.py and in as_user below)."""
+    return run_cli_here(*argv, cwd=cwd)
+
+
+def as_user(*commands: Sequence[str], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
+    """Each of COMMANDS (`hypic-rag` argv) from directory CWD without root's bypass of file modes: one real process,
+    its permission-bypass capabilities dropped before exec, that runs the CLI's `main` on each in turn."""
+    preexec: Callable[[], None] | None = _drop_dac_override if os.geteuid() == 0 else None
+    child, done = run_cli_in_one_child(*commands, cwd=cwd, timeout=TIMEOUT_S, preexec_fn=preexec)
+    assert child.returncode == 0, child.stderr
+    return done
 
 
 def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
@@ -131,23 +136,21 @@ def test_unwritable_places_get_one_line_and_nothing_is_created(work: dict, tmp_p
     root, common = work["root"], work["common"]
     try:
         try:
-            hypic("cache", "stats", "--cache", str(locked / "x"), cwd=root, as_user=True)
+            new, cache, ask, serve, hidden = as_user(
+                ("precompute", "corpus", "--index", str(locked / "index"), *common),
+                ("precompute", "corpus", "--index", str(tmp_path / "index"), "--cache", str(locked / "cache"), *common),
+                ("ask", "--index", str(read_only_index), "Who grows lavender?"),
+                ("serve", "--index", str(read_only_index), "--port", "0"),
+                ("precompute", str(hidden_corpus), "--index", str(tmp_path / "hidden_index"), *common), cwd=root)
         except subprocess.SubprocessError as error:
             pytest.skip(f"cannot drop root's permission bypass here: {error}")
-        new = assert_one_line(hypic("precompute", "corpus", "--index", str(locked / "index"), *common, cwd=root,
-                                    as_user=True), 2, "index directory unusable", "is not writable")
-        assert str(locked) in new
-        assert_one_line(hypic("precompute", "corpus", "--index", str(tmp_path / "index"), "--cache",
-                              str(locked / "cache"), *common, cwd=root, as_user=True),
-                        2, "segment cache directory unusable", "is not writable")
-        assert not (tmp_path / "index").exists() and list(locked.iterdir()) == []
-        assert_one_line(hypic("ask", "--index", str(read_only_index), "Who grows lavender?", cwd=root,
-                              as_user=True), 2, "is not writable")
-        assert_one_line(hypic("serve", "--index", str(read_only_index), "--port", "0", cwd=root, as_user=True),
-                        2, "is not writable")
-        assert_one_line(hypic("precompute", str(hidden_corpus), "--index", str(tmp_path / "index"), *common,
-                              cwd=root, as_user=True), 2, "holds no", "./: unreadable directory")  # named, not silent
-        assert not (tmp_path / "index").exists()
+        assert str(locked) in assert_one_line(new, 2, "index directory unusable", "is not writable")
+        assert_one_line(cache, 2, "segment cache directory unusable", "is not writable")
+        assert list(locked.iterdir()) == []
+        assert_one_line(ask, 2, "is not writable")
+        assert_one_line(serve, 2, "is not writable")
+        assert_one_line(hidden, 2, "holds no", "./: unreadable directory")  # named, not silent
+        assert not (tmp_path / "index").exists() and not (tmp_path / "hidden_index").exists()
     finally:
         for directory in directories:
             directory.chmod(stat.S_IRWXU)

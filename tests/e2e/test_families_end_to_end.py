@@ -1,13 +1,16 @@
 """precompute, ask, serve and the LlamaIndex integration unchanged on every family beyond Qwen, through stand-ins of
 their hub checkpoints in the published layout (tiny random weights, a trained BPE tokenizer).
 
-- One family per mixer kind (SSD, Mamba1, KDA, lightning, a delta-rule variant, short conv) goes through real
-  `python -m hypic_rag precompute` and `ask --json` processes; the answer (text, sources, finish reason) equals the
-  in-process pipeline's (`RagPipeline`, greedy) on the same index, and every chunk came from the cache.
+- One family per mixer kind (SSD, Mamba1, KDA, lightning, a delta-rule variant, short conv) goes through
+  `hypic-rag precompute` and `ask --json`: KDA + MLA in real `python -m hypic_rag` processes (the one end-to-end
+  process test of this path), the others through the CLI's `main` in this process (the same argv); the answer
+  (text, sources, finish reason) equals the in-process pipeline's (`RagPipeline`, greedy) on the same index, and
+  every chunk came from the cache.
 - The other families (Granite 4.0-H, Bamba, Nemotron-H, Zamba2, Ling) load with `load_model` and answer through an
   index built by the library's precompute, all chunks cached: the same code without the process boundary.
-- `serve` (a real process on 127.0.0.1) answers `/v1/ask` and `/v1/chat/completions` on two of the indices
-  (KDA + MLA and Mamba1 + NoPE), equal to the in-process pipeline and session.
+- `serve` answers `/v1/ask` and `/v1/chat/completions` on two of the indices, equal to the in-process pipeline and
+  session: KDA + MLA through a real `serve` process on 127.0.0.1, Mamba1 + NoPE through the same uvicorn server in
+  a thread of this process (`ServerThread`).
 - LlamaIndex's `HypicQueryEngine` answers over a Zamba2 stand-in, equal to the runtime generating over the same
   nodes.
 """
@@ -30,6 +33,8 @@ import pytest
 from hypic_rag.prompting.chat import ChatMessage, chat_prompt
 from hypic_rag.pipeline import Answer, RagPipeline
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.server import ServerConfig
+from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import (
     SMALL_CORPUS,
     SMALL_CORPUS_QUESTIONS,
@@ -41,16 +46,17 @@ from hypic_rag.testing import (
     train_tiny_tokenizer,
     write_corpus,
 )
+from hypic_rag.testing.cli import run_cli_here
 from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
-pytestmark = pytest.mark.slow  # 14 processes in all: about 2.5 minutes on 2 shared cores, 115 CPU-seconds
+pytestmark = pytest.mark.slow  # 3 processes (KDA + MLA); the other families run the CLI in this process
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = (list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())) * 4
 QUESTION = SMALL_CORPUS_QUESTIONS["volcano.md"]
 TOP_K, NEW_TOKENS, CHUNK_TOKENS = 3, 6, 48
 
-CLI_FAMILIES = {  # one family per mixer kind: real precompute and ask processes
+CLI_FAMILIES = {  # one family per mixer kind: precompute and ask (real processes for PROCESS_FAMILY)
     "falcon_h1": "SSD (parallel with RoPE attention)",
     "jamba": "Mamba1 (vector transition)",
     "kimi_linear": "KDA (matrix) + MLA",
@@ -59,7 +65,8 @@ CLI_FAMILIES = {  # one family per mixer kind: real precompute and ask processes
     "lfm2": "short conv (no state)",
 }
 IN_PROCESS_FAMILIES = ("granitemoehybrid", "bamba", "nemotron_h", "zamba2", "bailing_hybrid")
-SERVED = ("kimi_linear", "jamba")
+PROCESS_FAMILY = "kimi_linear"
+SERVED = ("kimi_linear", "jamba")  # kimi_linear by a real `serve` process, jamba by a server thread here
 
 
 def stand_in(family: str, directory: Path) -> Path:
@@ -106,23 +113,26 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cli_indices(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """Per CLI family: its index (written by a `precompute` process) and `ask --json`'s answer (another process).
-    Two families at a time (each process spends most of its time importing and loading, one core each)."""
+    """Per CLI family: its index (written by `precompute`) and `ask --json`'s answer; real processes for
+    PROCESS_FAMILY (in a thread, while the others run the CLI's `main` in this process)."""
     work = tmp_path_factory.mktemp("families_cli")
 
     def run_family(family: str) -> tuple[Path, dict[str, Any]]:
+        run = hypic if family == PROCESS_FAMILY else run_cli_here
         model = stand_in(family, work / family / "model")
         index = work / family / "index"
-        built = hypic("precompute", str(corpus), "--index", str(index), "--model", str(model), "--chunk-tokens",
+        built = run("precompute", str(corpus), "--index", str(index), "--model", str(model), "--chunk-tokens",
                       str(CHUNK_TOKENS), "--device", "cpu", "--no-progress")
         assert built.returncode == 0, f"{family}: {built.stderr[-2000:]}"
-        asked = hypic("ask", QUESTION, "--index", str(index), "--top-k", str(TOP_K), "--max-new-tokens",
+        asked = run("ask", QUESTION, "--index", str(index), "--top-k", str(TOP_K), "--max-new-tokens",
                       str(NEW_TOKENS), "--device", "cpu", "--json")
         assert asked.returncode == 0, f"{family}: {asked.stderr[-2000:]}"
         return index, json.loads(asked.stdout)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(CLI_FAMILIES, pool.map(run_family, CLI_FAMILIES)))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        in_processes = pool.submit(run_family, PROCESS_FAMILY)
+        done = {family: run_family(family) for family in CLI_FAMILIES if family != PROCESS_FAMILY}
+        done[PROCESS_FAMILY] = in_processes.result()
     return done
 
 
@@ -204,26 +214,36 @@ def test_serve_answers_ask_and_chat_as_in_process(cli_indices: dict[str, tuple[P
     documents = [SMALL_CORPUS["chess.md"], SMALL_CORPUS["volcano.md"]]
     question = SMALL_CORPUS_QUESTIONS["chess.md"]
     expected_chat = in_process_chat(index, documents, question)
+    if family != PROCESS_FAMILY:
+        with ServerThread(ServerConfig(index_dir=index, device="cpu")) as running:
+            check_served_answers(running.url, asked, documents, question, expected_chat)
+        return
     server, url = serving(index)
     try:
-        with httpx.Client(base_url=url, timeout=120) as client:
-            answered = client.post("/v1/ask", json={"question": QUESTION, "top_k": TOP_K,
-                                                    "max_new_tokens": NEW_TOKENS})
-            assert answered.status_code == 200, answered.text
-            answer = answered.json()
-            assert answer["answer"] == asked["answer"] and sources_of(answer) == sources_of(asked)
-            assert answer["usage"]["encoded_tokens"] == 0
-            content = [{"type": "text", "text": text} for text in (*documents, question)]
-            chatted = client.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": content}], "max_tokens": NEW_TOKENS, "temperature": 0,
-                "match_segments": False})
-            assert chatted.status_code == 200, chatted.text
-            reply = chatted.json()
-            assert reply["choices"][0]["message"]["content"] == expected_chat
-            assert reply["usage"]["completion_tokens"] >= 1
+        check_served_answers(url, asked, documents, question, expected_chat)
     finally:
         stderr = stopped(server)
     assert "Traceback" not in stderr, stderr
+
+
+def check_served_answers(url: str, asked: dict[str, Any], documents: list[str], question: str,
+                         expected_chat: str) -> None:
+    """`/v1/ask` answers as `ask --json` did; `/v1/chat/completions` as the in-process session."""
+    with httpx.Client(base_url=url, timeout=120) as client:
+        answered = client.post("/v1/ask", json={"question": QUESTION, "top_k": TOP_K,
+                                                "max_new_tokens": NEW_TOKENS})
+        assert answered.status_code == 200, answered.text
+        answer = answered.json()
+        assert answer["answer"] == asked["answer"] and sources_of(answer) == sources_of(asked)
+        assert answer["usage"]["encoded_tokens"] == 0
+        content = [{"type": "text", "text": text} for text in (*documents, question)]
+        chatted = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": content}], "max_tokens": NEW_TOKENS, "temperature": 0,
+            "match_segments": False})
+        assert chatted.status_code == 200, chatted.text
+        reply = chatted.json()
+        assert reply["choices"][0]["message"]["content"] == expected_chat
+        assert reply["usage"]["completion_tokens"] >= 1
 
 
 def test_llama_index_query_engine_answers_over_a_zamba2_stand_in(tmp_path: Path) -> None:

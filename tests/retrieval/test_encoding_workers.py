@@ -1,11 +1,12 @@
-"""Encoding workers: `precompute --workers 2` on the bundled corpus finishes and writes the same
-bytes as `--workers 1`, under OMP_NUM_THREADS=1 and =2 (real processes); an index built at one thread count is
+"""Encoding workers: `precompute --workers 2` on the bundled model (every fourth document of its corpus: the
+entries do not depend on how many) finishes and writes the same bytes as `--workers 1`, under OMP_NUM_THREADS=1 and =2 (real processes); an index built at one thread count is
 used at another; a worker that cannot start stops the encode with one error instead of being restarted forever."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -33,7 +34,10 @@ def cache_contents(index: Path) -> dict[bytes, bytes]:
 @pytest.mark.slow
 @pytest.mark.skipif(not (default_model_path() / "config.json").is_file(), reason="bundled model missing")
 def test_two_workers_write_the_same_entries_as_one_at_any_thread_count(tmp_path: Path) -> None:
-    corpus = example_corpus_path() / "documents"
+    corpus = tmp_path / "documents"
+    corpus.mkdir()
+    for document in sorted((example_corpus_path() / "documents").iterdir())[::4]:
+        shutil.copy(document, corpus / document.name)
     runs = {(workers, threads): tmp_path / f"index-w{workers}-t{threads}" for workers in (1, 2) for threads in (1, 2)}
     processes = {
         run: subprocess.Popen(
@@ -62,15 +66,16 @@ def test_two_workers_write_the_same_entries_as_one_at_any_thread_count(tmp_path:
                 process.wait()
     assert asked.returncode == 0, answer_errors
     assert ", 0 encoded" in answer
+    reference = cache_contents(runs[(1, 1)])
+    assert len(reference) >= 14  # at least one segment per document
     for run, process in processes.items():
         assert process.returncode == 0, (run, outputs[run][1][-2000:])
-        assert "encoded: 55 of 55 segments" in outputs[run][0], (run, outputs[run][0])
+        segments = len(reference)
+        assert f"encoded: {segments} of {segments} segments" in outputs[run][0], (run, outputs[run][0])
 
     fingerprints = {run: json.loads((index / "manifest.json").read_text())["model"]["fingerprint"]
                     for run, index in runs.items()}
     assert len(set(fingerprints.values())) == 1, fingerprints  # was 0ae09ca3924c (1 thread) vs 85344772a5f7 (2)
-    reference = cache_contents(runs[(1, 1)])
-    assert len(reference) == 55
     for run, index in runs.items():
         assert cache_contents(index) == reference, run  # byte-identical entries under the same keys
 

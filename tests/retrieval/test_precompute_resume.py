@@ -1,5 +1,6 @@
-"""A precompute subprocess killed midway (SIGKILL, during cache encoding) and rerun finishes the job: every chunk is
-in the index exactly once and in the cache, and the rerun encodes only what the killed run had not stored."""
+"""A precompute subprocess killed midway (SIGKILL, during cache encoding) and rerun (through the CLI's `main` in this
+process) finishes the job: every chunk is in the index exactly once and in the cache, and the rerun encodes only what
+the killed run had not stored."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import save_tiny_checkpoint
+from hypic_rag.testing.cli import run_cli_here
 
 WORDS = (
     "harbor lighthouse keeper river bridge market bakery train station mountain valley forest village "
@@ -91,7 +93,7 @@ def test_killed_precompute_resumes_and_indexes_every_chunk_once(tmp_path: Path) 
     assert victim.returncode == -signal.SIGKILL
     stored_before_rerun = cached_entries(index / "segment_cache")
 
-    rerun = subprocess.run(command, env=child_environment(), capture_output=True, text=True, timeout=DEADLINE_SECONDS)
+    rerun = run_cli_here(*command[3:])  # the same command, through the CLI's `main` in this process
     assert rerun.returncode == 0, rerun.stderr
     encoded = re.search(r"^encoded: (\d+) of (\d+) segments", rerun.stdout, flags=re.MULTILINE)
     assert encoded, rerun.stdout

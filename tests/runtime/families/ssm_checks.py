@@ -3,9 +3,6 @@ models (issue 18, "What must hold"), as plain functions the per-family test file
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -15,6 +12,7 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.testing.cli import run_cli_here
 from family_modes import (  # noqa: F401  (the checks every family runs; re-exported for the Mamba tests)
     check_conv_tail_needs_the_seam,
     check_deviation_ordering,
@@ -31,7 +29,6 @@ from hypic_rag.testing import (
     write_corpus,
 )
 
-REPO = Path(__file__).resolve().parents[3]
 TEXTS = list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())
 
 
@@ -67,23 +64,17 @@ def check_published_checkpoint_loads(directory: Path, instance) -> Engine:
     return engine
 
 
-def hypic(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m hypic_rag ARGV` with this checkout first on the path (a real subprocess)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "hypic_rag", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-
-
 def check_precompute_and_ask(model_directory: Path, work: Path) -> str:
-    """`precompute` a small corpus with the checkpoint, then `ask` it: both exit 0, the answer cites a document and
-    every chunk entry was precomputed (0 encoded at question time). Returns ask's output."""
+    """`precompute` a small corpus with the checkpoint, then `ask` it (the CLI's `main` in this process; the real
+    `python -m hypic_rag` processes on a published stand-in run once, in tests/e2e/test_families_end_to_end.py):
+    both exit 0, the answer cites a document and every chunk entry was precomputed (0 encoded at question time).
+    Returns ask's output."""
     corpus = write_corpus(work / "corpus", SMALL_CORPUS)
-    built = hypic("precompute", str(corpus), "--index", str(work / "index"), "--model", str(model_directory),
-                  "--chunk-tokens", "48", "--no-progress", "--device", "cpu", cwd=work)
+    built = run_cli_here("precompute", str(corpus), "--index", str(work / "index"), "--model",
+                         str(model_directory), "--chunk-tokens", "48", "--no-progress", "--device", "cpu", cwd=work)
     assert built.returncode == 0, built.stderr
-    asked = hypic("ask", "--index", str(work / "index"), "--device", "cpu", "--max-new-tokens", "4",
-                  SMALL_CORPUS_QUESTIONS["volcano.md"], cwd=work)
+    asked = run_cli_here("ask", "--index", str(work / "index"), "--device", "cpu", "--max-new-tokens", "4",
+                         SMALL_CORPUS_QUESTIONS["volcano.md"], cwd=work)
     assert asked.returncode == 0, asked.stderr
     assert ".md" in asked.stdout and ", 0 encoded" in asked.stdout, asked.stdout
     return asked.stdout

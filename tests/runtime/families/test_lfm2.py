@@ -182,6 +182,7 @@ def test_a_published_checkpoint_loads_and_equals_its_instance(stand_ins, layer_f
 
 
 def test_precompute_and_ask_run_on_a_published_stand_in(stand_ins, tmp_path) -> None:
-    """Real processes on the first-release layout (`full_attn_idxs` alone): every chunk precomputed, then answered."""
+    """`precompute` and `ask` (the CLI's `main`) on the first-release layout (`full_attn_idxs` alone): every chunk
+    precomputed, then answered."""
     directory, _ = stand_ins["full_attn_idxs"]
     check_precompute_and_ask(directory, tmp_path)

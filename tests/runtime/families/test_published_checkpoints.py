@@ -1,13 +1,10 @@
 """kimi_linear, bailing_hybrid, olmo_hybrid and minimax checkpoints in their published layout (shrunken stand-ins:
 config keys as published, per-expert MoE tensors, q / k / v convs as three tensors, renamed modules, sharded
-safetensors with an index) load with `load_model` and run; `precompute` and `ask` run on one in real processes."""
+safetensors with an index) load with `load_model` and run; `precompute` and `ask` (the CLI's `main`) run on one."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +14,9 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, save_linear_family_checkpoint, write_corpus
+from hypic_rag.testing.cli import run_cli_here
 
 TEXTS = (list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())) * 4
-ROOT = Path(__file__).resolve().parents[3]
 
 PUBLISHED_NAMES = {  # tensors of layer 1 (a linear layer) that only the published layout has
     "kimi_linear": ("model.layers.1.self_attn.q_conv1d.weight", "model.layers.1.self_attn.A_log",
@@ -72,21 +69,16 @@ def test_load_model_reads_the_published_layout(published) -> None:
 
 
 def test_precompute_and_ask_run_on_a_minimax_stand_in(tmp_path: Path) -> None:
-    """Real processes: `python -m hypic_rag precompute` encodes every chunk (lightning layers: scalar transitions,
-    empty conv tails) into the index's segment cache and `ask` answers from it."""
+    """`hypic-rag precompute` encodes every chunk (lightning layers: scalar transitions, empty conv tails) into the
+    index's segment cache and `ask` answers from it (the CLI's `main` in this process; the real `python -m hypic_rag`
+    processes on a published stand-in run once, in tests/e2e/test_families_end_to_end.py)."""
     directory, _ = save_linear_family_checkpoint(tmp_path / "model", TEXTS, model_type="minimax", seed=1)
     corpus = write_corpus(tmp_path / "corpus", SMALL_CORPUS)
-    environment = dict(os.environ, PYTHONPATH=str(ROOT), OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
-
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hypic_rag", *argv], check=False, capture_output=True, text=True,
-                              timeout=300, env=environment)
-
     index = tmp_path / "index"
-    done = run("precompute", str(corpus), "--index", str(index), "--model", str(directory), "--chunk-tokens", "48",
-               "--no-progress", "--device", "cpu")
+    done = run_cli_here("precompute", str(corpus), "--index", str(index), "--model", str(directory),
+                        "--chunk-tokens", "48", "--no-progress", "--device", "cpu")
     assert done.returncode == 0, done.stderr
     question = SMALL_CORPUS_QUESTIONS["volcano.md"]
-    done = run("ask", "--index", str(index), "--device", "cpu", "--max-new-tokens", "4", question)
+    done = run_cli_here("ask", "--index", str(index), "--device", "cpu", "--max-new-tokens", "4", question)
     assert done.returncode == 0, done.stderr
     assert "volcano.md" in done.stdout and ", 0 encoded" in done.stdout, done.stdout
