@@ -46,7 +46,7 @@ from hypic_rag.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import (
     SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
 )
-from hypic_rag.testing.cli import run_cli_here, run_cli_in_one_child
+from hypic_rag.cli.in_process import run_cli_here, run_cli_in_one_child
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIGBUS_EXITS = (-signal.SIGBUS, 128 + signal.SIGBUS)

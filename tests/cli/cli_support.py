@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from hypic_rag.testing.cli import run_cli_here
+from hypic_rag.cli.in_process import run_cli_here
 
 
 def run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hypic_rag.testing import save_tiny_checkpoint, write_corpus
-from hypic_rag.testing.cli import run_cli_here
+from hypic_rag.cli.in_process import run_cli_here
 
 DOCUMENTS = {
     "ada.md": "Ada Lind was born in 1970 in the town of Orrin. She works for Kestrel Works as a welder.",

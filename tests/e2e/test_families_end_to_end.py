@@ -46,7 +46,7 @@ from hypic_rag.testing import (
     train_tiny_tokenizer,
     write_corpus,
 )
-from hypic_rag.testing.cli import run_cli_here
+from hypic_rag.cli.in_process import run_cli_here
 from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 
 pytestmark = pytest.mark.slow  # 3 processes (KDA + MLA); the other families run the CLI in this process

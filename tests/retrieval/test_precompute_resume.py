@@ -22,7 +22,7 @@ from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import save_tiny_checkpoint
-from hypic_rag.testing.cli import run_cli_here
+from hypic_rag.cli.in_process import run_cli_here
 
 WORDS = (
     "harbor lighthouse keeper river bridge market bakery train station mountain valley forest village "

@@ -12,7 +12,7 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.testing.cli import run_cli_here
+from hypic_rag.cli.in_process import run_cli_here
 from family_modes import (  # noqa: F401  (the checks every family runs; re-exported for the Mamba tests)
     check_conv_tail_needs_the_seam,
     check_deviation_ordering,

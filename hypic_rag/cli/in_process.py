@@ -46,7 +46,7 @@ def run_cli_here(*argv: str, cwd: Path | None = None) -> subprocess.CompletedPro
 
 _IN_CHILD = """
 import json, sys
-from hypic_rag.testing.cli import run_cli_here
+from hypic_rag.cli.in_process import run_cli_here
 done = [run_cli_here(*argv) for argv in json.loads(sys.stdin.read())]
 print(json.dumps([[result.returncode, result.stdout, result.stderr] for result in done]))
 """
