@@ -26,7 +26,7 @@ demo: setup
 	@$(VENV)/bin/hypic-rag demo
 
 test: setup
-	$(PY) -m pytest -q -x --durations=15 tests --ignore=tests/kernels; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -q -x -n 2 --dist loadfile --durations=15 tests --ignore=tests/kernels; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -x --durations=5 tests/kernels
 
 bench-quick: setup

@@ -22,7 +22,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# two threads in one pytest process; one per worker when pytest-xdist runs two (`make test` does: `-n 2`)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
