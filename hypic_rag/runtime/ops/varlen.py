@@ -47,24 +47,28 @@ def offsets(bounds: list[int], device: torch.device) -> torch.Tensor:
 
 
 def each_sequence(
-    run: Callable[[int, int, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]],
+    run: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    timed: Sequence[torch.Tensor],
     bounds: list[int],
     initial_state: torch.Tensor | None,
-    output: torch.Tensor,
+    output_shape: tuple[int, ...],
     state_shape: tuple[int, ...],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run sequence n (time steps bounds[n] .. bounds[n+1] - 1) through `run(begin, end, start [1, *state] or None)`
-    -> (outputs [1, H, end - begin, ...], final [1, *state]), writing the outputs into `output` [1, H, T, ...] (time
-    on dim 2). An empty sequence keeps its start state (zeros without one). Returns (output, finals [S, *state])."""
+    """The packed sequences one at a time: sequence n (time steps bounds[n] .. bounds[n+1] - 1) through
+    `run(*[x[:, :, begin:end] for x in timed], start [1, *state] or None)` -> (outputs [1, H, end - begin, ...],
+    final [1, *state]), written into a float32 output of `output_shape` [1, H, T, ...] (time on dim 2). An empty
+    sequence keeps its start state (zeros without one). Returns (output [*output_shape], finals [S, *state])."""
+    device = timed[0].device
+    output = torch.zeros(*output_shape, dtype=torch.float32, device=device)
     finals = []
     for number, (begin, end) in enumerate(itertools.pairwise(bounds)):
         start = None if initial_state is None else initial_state[number : number + 1]
         if end == begin:
-            finals.append(torch.zeros(1, *state_shape, dtype=torch.float32, device=output.device)
+            finals.append(torch.zeros(1, *state_shape, dtype=torch.float32, device=device)
                           if start is None else start.float().clone())
             continue
-        output[:, :, begin:end], final = run(begin, end, start)
+        output[:, :, begin:end], final = run(*(x[:, :, begin:end] for x in timed), start)
         finals.append(final)
     if not finals:
-        return output, torch.zeros(0, *state_shape, dtype=torch.float32, device=output.device)
+        return output, torch.zeros(0, *state_shape, dtype=torch.float32, device=device)
     return output, torch.cat(finals)

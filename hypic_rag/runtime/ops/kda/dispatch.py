@@ -70,9 +70,5 @@ def kda_varlen(
 
         run = fla.fla_chunk_kda if backend == "fla" else fla.fla_fused_recurrent_kda
         return run(query, key, value, log_decay, beta, initial_state, offsets(bounds, query.device))
-    output = torch.zeros(1, heads, query.shape[2], value_dim, dtype=torch.float32, device=value.device)
-
-    def run_one(begin: int, end: int, start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return kda(*(x[:, :, begin:end] for x in (query, key, value, log_decay, beta)), start)
-
-    return each_sequence(run_one, bounds, initial_state, output, (heads, key_dim, value_dim))
+    return each_sequence(kda, (query, key, value, log_decay, beta), bounds, initial_state,
+                         (1, heads, query.shape[2], value_dim), (heads, key_dim, value_dim))

@@ -72,9 +72,5 @@ def lightning_attention_varlen(
     backend = fla_backend(select_lightning_backend, query, bounds)
     if backend is not None:
         return _through_fla(backend, query, key, value, decay, initial_state, offsets(bounds, query.device))
-    output = torch.zeros(1, heads, query.shape[2], value_dim, dtype=torch.float32, device=value.device)
-
-    def run_one(begin: int, end: int, start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return lightning_attention(*(x[:, :, begin:end] for x in (query, key, value, decay)), start)
-
-    return each_sequence(run_one, bounds, initial_state, output, (heads, key_dim, value_dim))
+    return each_sequence(lightning_attention, (query, key, value, decay), bounds, initial_state,
+                         (1, heads, query.shape[2], value_dim), (heads, key_dim, value_dim))

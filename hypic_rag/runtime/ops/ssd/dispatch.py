@@ -73,9 +73,9 @@ def ssd_varlen(
     if backend is not None:
         return ssd_through_simple_gla(x, dt, a, b, c, d, initial_state, recurrent=backend == "fla_recurrent",
                                       cu_seqlens=offsets(bounds, x.device))
-    output = torch.zeros(1, heads, total, head_dim, dtype=torch.float32, device=x.device)
+    def run_one(x_part: torch.Tensor, dt_part: torch.Tensor, b_part: torch.Tensor, c_part: torch.Tensor,
+                start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # a and d are not per time step
+        return ssd(x_part, dt_part, a, b_part, c_part, d, start)
 
-    def run_one(begin: int, end: int, start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return ssd(x[:, :, begin:end], dt[:, :, begin:end], a, b[:, :, begin:end], c[:, :, begin:end], d, start)
-
-    return each_sequence(run_one, bounds, initial_state, output, (heads, b.shape[-1], head_dim))
+    return each_sequence(run_one, (x, dt, b, c), bounds, initial_state, (1, heads, total, head_dim),
+                         (heads, b.shape[-1], head_dim))
