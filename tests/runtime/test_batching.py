@@ -28,6 +28,7 @@ from hypic_rag.scheduler import (
     SequenceCancelled,
 )
 from hypic_rag.testing import build_tiny_model
+from scheduler_support import run_arrivals
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 ATOL = 1e-5
@@ -162,18 +163,7 @@ def test_random_mixes_arriving_at_different_steps_equal_each_alone(qwen35, seed:
     alone = [reference.generate(request, mode, params) for request, mode, params, _ in jobs]
     engine = Engine(qwen35, seam_tokens=4, segment_source=MemorySegmentSource())
     scheduler = Scheduler(engine, SchedulerConfig(max_running=5, step_tokens=48, encode_tokens=40))
-    reports = []
-    scheduler.on_step = reports.append
-    sinks: dict[int, QueueSink] = {}
-    step = 0
-    while len(sinks) < len(jobs) or scheduler.has_work:
-        for number, (request, mode, params, arrival) in enumerate(jobs):
-            if arrival == step:
-                sinks[number] = QueueSink()
-                scheduler.submit(request, mode, params, sink=sinks[number])
-        scheduler.step()
-        step += 1
-        assert step < 500
+    sinks, reports = run_arrivals(scheduler, jobs, max_steps=500)
     for number, sink in sinks.items():
         assert_same_generation(sink.future.result(timeout=0), alone[number])
     assert max(report.sequences for report in reports) > 1
@@ -377,18 +367,7 @@ def test_scheduler_batches_a_family_beyond_qwen() -> None:
     alone = [reference.generate(request, mode, params) for request, mode, params, _ in jobs]
     engine = Engine(model, seam_tokens=4)
     scheduler = Scheduler(engine, SchedulerConfig(max_running=4, step_tokens=64, encode_tokens=40))
-    reports = []
-    scheduler.on_step = reports.append
-    sinks: dict[int, QueueSink] = {}
-    step = 0
-    while len(sinks) < len(jobs) or scheduler.has_work:
-        for number, (request, mode, params, arrival) in enumerate(jobs):
-            if arrival == step:
-                sinks[number] = QueueSink()
-                scheduler.submit(request, mode, params, sink=sinks[number])
-        scheduler.step()
-        step += 1
-        assert step < 500
+    sinks, reports = run_arrivals(scheduler, jobs, max_steps=500)
     for number, sink in sinks.items():
         assert_same_generation(sink.future.result(timeout=0), alone[number])
     assert max(report.sequences for report in reports) > 1

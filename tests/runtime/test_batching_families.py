@@ -15,8 +15,9 @@ from hypic_rag.runtime.modes import MODES
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.stack import StackItemResult
-from hypic_rag.scheduler import QueueSink, Scheduler, SchedulerConfig
+from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.testing import SUPPORTED_TINY_TYPES, build_tiny_model
+from scheduler_support import run_arrivals
 
 ATOL = RTOL = 1e-5
 """fp32 round-off of products over more rows: absolute for small logits (the tiny Qwen models' are below 1), relative
@@ -78,18 +79,7 @@ def test_a_batch_of_eight_arriving_at_different_steps_equals_each_alone(model_ty
     traces: Traces = {}
     engine = _recorded(Engine(model, seam_tokens=4), traces)
     scheduler = Scheduler(engine, SchedulerConfig(max_running=8, step_tokens=96, encode_tokens=48))
-    reports = []
-    scheduler.on_step = reports.append
-    sinks: dict[int, QueueSink] = {}
-    step = 0
-    while len(sinks) < len(jobs) or scheduler.has_work:
-        for number, (request, mode, params, arrival) in enumerate(jobs):
-            if arrival == step:
-                sinks[number] = QueueSink()
-                scheduler.submit(request, mode, params, sink=sinks[number])
-        scheduler.step()
-        step += 1
-        assert step < 300
+    sinks, reports = run_arrivals(scheduler, jobs, max_steps=300)
     job_of = {id(request): number for number, (request, _, _, _) in enumerate(jobs)}
     batched = {job_of[id(request)]: trace for request, trace in traces.values()}
     for number, (generation, expected) in enumerate(alone):
