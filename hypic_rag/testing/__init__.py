@@ -811,3 +811,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
+
+def random_request(
+    source: int | torch.Generator, chunk_lengths: list[int], prefix: int = 5, question: int = 6, *,
+    vocab: int = 256, lowest: int = 0,
+) -> Any:
+    """A `Request` of random token ids in [lowest, vocab): a prefix of `prefix` tokens, chunks of `chunk_lengths`,
+    a question of `question`; `source` a seed or a generator (drawn from in that order)."""
+    from hypic_rag.runtime.request import Request
+
+    generator = source if isinstance(source, torch.Generator) else torch.Generator().manual_seed(source)
+
+    def ids(count: int) -> list[int]:
+        return torch.randint(lowest, vocab, (count,), generator=generator).tolist()
+
+    return Request(ids(prefix), [ids(count) for count in chunk_lengths], ids(question))

@@ -4,6 +4,8 @@ the entry view, the keys the engine, scheduler and precompute use, on a tiny ran
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -19,18 +21,13 @@ from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError
 from hypic_rag.runtime.request import Request
+from hypic_rag.testing import random_request as shared_random_request
 from hypic_rag.testing import build_tiny_model
 
 SEAM = 4
 
 
-def random_request(seed: int, chunk_lengths: list[int], prefix: int = 6, question: int = 5) -> Request:
-    generator = torch.Generator().manual_seed(seed)
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, 256, (n,), generator=generator).tolist()
-
-    return Request(ids(prefix) if prefix else [], [ids(n) for n in chunk_lengths], ids(question))
+random_request = functools.partial(shared_random_request, prefix=6, question=5)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ as far from it as transformers' own bf16 forward is."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -19,18 +20,12 @@ from hypic_rag.bench.gpu_models import MIXER_KINDS, build_gpu_model
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.ops import backends
-from hypic_rag.runtime.request import Request
+from hypic_rag.testing import random_request as shared_random_request
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def random_request(seed: int, chunk_lengths: list[int]) -> Request:
-    generator = torch.Generator().manual_seed(seed)
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(3, 256, (n,), generator=generator).tolist()
-
-    return Request(ids(5), [ids(n) for n in chunk_lengths], ids(6))
+random_request = functools.partial(shared_random_request, lowest=3)
 
 
 def relative(actual: torch.Tensor, expected: torch.Tensor, scale: float) -> float:

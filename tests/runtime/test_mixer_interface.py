@@ -19,14 +19,9 @@ from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
 from hypic_rag.runtime.model import UnsupportedModelError, load_model, wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_state import SegmentState, apply_in_order
-from hypic_rag.testing import build_tiny_model
+from hypic_rag.testing import build_tiny_model, random_request
 
 
-def random_request(generator: torch.Generator, chunk_lengths: list[int], prefix: int = 5, question: int = 6) -> Request:
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, 256, (n,), generator=generator).tolist()
-
-    return Request(ids(prefix) if prefix else [], [ids(n) for n in chunk_lengths], ids(question))
 
 
 # ------------------------------------------------------------------------------------------------ the registry

@@ -19,18 +19,11 @@ from hypic_rag.runtime.recompute_policy import (
 )
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.stack import Span, run_stack
-from hypic_rag.testing import build_tiny_model
+from hypic_rag.testing import build_tiny_model, random_request
 
 SEAM = 4
 
 
-def random_request(seed: int, chunk_lengths: list[int], prefix: int = 5, question: int = 6) -> Request:
-    generator = torch.Generator().manual_seed(seed)
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, 256, (n,), generator=generator).tolist()
-
-    return Request(ids(prefix) if prefix else [], [ids(n) for n in chunk_lengths], ids(question))
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,11 @@ from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_generator, sampling_probabilities
 from hypic_rag.runtime.segment_source import MemorySegmentSource
-from hypic_rag.testing import build_tiny_model
+from hypic_rag.testing import build_tiny_model, random_request
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
-def random_request(generator: torch.Generator, chunk_lengths: list[int], prefix: int = 5, question: int = 6, vocab: int = 256) -> Request:
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=generator).tolist()
-
-    return Request(ids(prefix) if prefix else [], [ids(n) for n in chunk_lengths], ids(question))
 
 
 @pytest.fixture(scope="module", params=MODEL_TYPES)

@@ -4,6 +4,8 @@ prefill (the segment cache's entries, RoPE re-positioning, transition compositio
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.stack import Span, run_stack
+from hypic_rag.testing import random_request as shared_random_request
 from training.block_layout import block_layout_logits, build_layout
 from training.model_config import ModelShape, build_config
 
@@ -33,11 +36,7 @@ def model():
     return hf_model
 
 
-def random_request(generator: torch.Generator, chunk_lengths: list[int], prefix: int = 3, question: int = 6) -> Request:
-    def ids(count: int) -> list[int]:
-        return torch.randint(2, VOCAB, (count,), generator=generator).tolist()
-
-    return Request(ids(prefix), [ids(n) for n in chunk_lengths], ids(question))
+random_request = functools.partial(shared_random_request, prefix=3, vocab=VOCAB, lowest=2)
 
 
 def spans_of(request: Request) -> list[tuple[int, int]]:

@@ -15,14 +15,9 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
+from hypic_rag.testing import random_request
 
 
-def random_request(generator: torch.Generator, chunk_lengths: list[int], prefix: int = 5, question: int = 6,
-                   vocab: int = 256) -> Request:
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=generator).tolist()
-
-    return Request(ids(prefix) if prefix else [], [ids(n) for n in chunk_lengths], ids(question))
 
 
 def check_full_matches_transformers(hf_model, engine: Engine, seed: int = 0) -> None:

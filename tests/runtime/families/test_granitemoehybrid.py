@@ -15,14 +15,9 @@ from hypic_rag.runtime.mixers.ssd import Mamba2Mixer
 from hypic_rag.runtime.model import load_model, wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.testing import build_tiny_model, save_tiny_checkpoint
+from hypic_rag.testing import build_tiny_model, random_request, save_tiny_checkpoint
 
 
-def random_request(generator: torch.Generator, chunk_lengths: list[int], prefix: int = 5, question: int = 6) -> Request:
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, 256, (n,), generator=generator).tolist()
-
-    return Request(ids(prefix) if prefix else [], [ids(n) for n in chunk_lengths], ids(question))
 
 
 @pytest.fixture(scope="module", params=["nope", "rope"])
