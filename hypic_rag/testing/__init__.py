@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import entry_tensor_bytes
+from hypic_rag.testing.shards import write_sharded_safetensors
 from hypic_rag.testing.ssm import SSM_TINY_TYPES, adjust_ssm_model, ssm_tiny_config
 
 LINEAR_FAMILY_TINY_TYPES = ("kimi_linear", "bailing_hybrid", "olmo_hybrid", "minimax")
@@ -453,22 +453,6 @@ def save_published_checkpoint(
     return path, model
 
 
-def write_sharded_safetensors(path: Path, tensors: dict[str, torch.Tensor], shards: int) -> None:
-    """`tensors` split by sorted name over `shards` `model-0000i-of-0000n.safetensors` files in `path`, with the
-    `model.safetensors.index.json` naming each tensor's file (the hub's sharded layout)."""
-    from safetensors.torch import save_file
-
-    names = sorted(tensors)
-    per_shard = math.ceil(len(names) / shards)
-    weight_map: dict[str, str] = {}
-    for number in range(shards):
-        file_name = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[number * per_shard : (number + 1) * per_shard]
-        save_file({name: tensors[name] for name in part}, str(path / file_name), metadata={"format": "pt"})
-        weight_map.update({name: file_name for name in part})
-    total = entry_tensor_bytes(tensors)  # the bytes of a dict of tensors, as for a cache entry
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------- published layouts of the linear families

@@ -350,10 +350,9 @@ def save_published_ssm_checkpoint(
     `model.safetensors.index.json`; `tokenizer` (a transformers tokenizer, e.g. the byte-level BPE of
     `hypic_rag.testing.train_tiny_tokenizer`) saved beside them, its size the vocabulary's.
     """
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hypic_rag.entry import entry_tensor_bytes
+    from hypic_rag.testing.shards import write_sharded_safetensors
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -369,16 +368,7 @@ def save_published_ssm_checkpoint(
             tensor.copy_(tensor.to(dtype))
     renamed = _PUBLISHED[kind][1](model.state_dict())
     tensors = {name: tensor.to(dtype).contiguous() for name, tensor in renamed.items()}
-    names = sorted(tensors)
-    per_shard = math.ceil(len(names) / shards)
-    weight_map: dict[str, str] = {}
-    for number in range(shards):
-        file_name = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[number * per_shard : (number + 1) * per_shard]
-        save_file({name: tensors[name] for name in part}, str(path / file_name), metadata={"format": "pt"})
-        weight_map.update({name: file_name for name in part})
-    index = {"metadata": {"total_size": entry_tensor_bytes(tensors)}, "weight_map": weight_map}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    write_sharded_safetensors(path, tensors, shards)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save_pretrained(path)
     return path, model
