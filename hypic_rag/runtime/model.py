@@ -72,7 +72,8 @@ class HybridModel:
     """A loaded hybrid causal LM and the handles the runtime needs.
 
     hf_model: the transformers model as it was given (or as `load_model` loaded it), never changed by the runtime:
-    its own forward is transformers' stock forward. runtime_model: what the runtime drives, `fast_view(hf_model)`:
+    its own forward is transformers' stock forward; or, for a natively built checkpoint (`implementation`
+    "native", `runtime.native`), the module tree of the same names and weights, which has no forward of its own. runtime_model: what the runtime drives, `fast_view(hf_model)`:
     the same parameters and buffers (shared, not copied), its plain linear layers `FastLinear`, in eval mode.
     blocks[i]: decoder layer i as a `Block` (its mixers over runtime_model's modules), built by `family`;
     layer_types[i]: its kind ("linear_attention", "full_attention", both joined by "+", or "mlp").
@@ -89,6 +90,11 @@ class HybridModel:
     tokenizer_fingerprint: str
     family: Family
     blocks: tuple[Block, ...]
+
+    @property
+    def implementation(self) -> str:
+        """"native" when `runtime.native` built the modules (no transformers forward), else "transformers"."""
+        return "native" if getattr(self.hf_model, "native", False) else "transformers"
 
     @property
     def backbone(self) -> nn.Module:
@@ -189,10 +195,20 @@ def weights_digest(weights: nn.Module | dict[str, torch.Tensor], samples_per_ten
     return digest.hexdigest()
 
 
+CONFIG_DIGEST_IGNORED = (
+    "transformers_version", "_name_or_path", "_attn_implementation_autoset", "dtype", "torch_dtype",
+    "output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder",
+    "id2label", "label2id", "problem_type",
+)
+"""Config keys outside the fingerprint: where and by which version a config was written, and the settings every
+transformers config carries that do not change a causal LM's outputs (a natively read config.json lacks them)."""
+
+
 def config_digest(config: Any) -> str:
+    """sha256 of the config's values but `CONFIG_DIGEST_IGNORED`."""
     data = config.to_dict()
-    for volatile in ("transformers_version", "_name_or_path", "_attn_implementation_autoset", "dtype", "torch_dtype"):
-        data.pop(volatile, None)
+    for ignored in CONFIG_DIGEST_IGNORED:
+        data.pop(ignored, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -318,6 +334,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     tokenizer: Any | None = None,
     require_tokenizer: bool = False,
+    implementation: str = "auto",
 ) -> HybridModel:
     """Load a hybrid model.
 
@@ -328,18 +345,20 @@ def load_model(
     device: defaults to CUDA when available, else CPU. dtype: a torch dtype or a name of `DTYPES`; defaults to
     float32 on CPU, bfloat16 on CUDA. require_tokenizer: a directory without tokenizer files is an error (else it
     loads with `tokenizer=None`). A directory that cannot be loaded raises `ModelLoadError` (one line).
+    implementation (directories only): "auto" builds the modules natively, without importing transformers, when
+    `runtime.native` reproduces the checkpoint exactly (Qwen3.5 dense, the bundled model's family), else through
+    transformers; "native" requires the native build; "transformers" always uses transformers' model classes (for
+    transformers' own forward on `hf_model`). Both give the same blocks, outputs and fingerprint.
 
     A transformers model object is used where it is, as it is: it is never moved, converted or modified (its
     modules keep their classes, its forward stays transformers' own; the runtime drives a view over the same
     weights, `wrap_model`), and nothing is copied. Its device and dtype are the defaults; naming another device or
     dtype than the object's raises `ModelLoadError` (convert it first: ``model.to(device, dtype)``).
     """
-    from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
-    from transformers.utils import logging as transformers_logging
+    from hypic_rag.runtime.native import IMPLEMENTATIONS
 
-    transformers_logging.disable_progress_bar()  # loading is quick for our sizes; keep CLI output clean
-
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}")
     if isinstance(source, nn.Module):
         return wrap_model(_as_given(source, device, resolve_dtype(dtype)), tokenizer=tokenizer)
     if device is None:
@@ -349,30 +368,74 @@ def load_model(
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
-    if isinstance(source, PretrainedConfig):
+    if not isinstance(source, (str, Path)):  # a transformers config: random weights
+        from transformers import AutoModelForCausalLM
+
         _check_supported(_text_config(source))
         model = AutoModelForCausalLM.from_config(source, dtype=dtype)
-    else:
-        path = check_model_directory(source, require_tokenizer=require_tokenizer and tokenizer is None)
-        try:
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-            _check_supported(_text_config(config))
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-        except ModelLoadError:
-            raise
-        except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:  # a damaged weight file
-            raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
-        if tokenizer is None and has_tokenizer_files(path):
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                if require_tokenizer:
-                    raise ModelLoadError(f"cannot load the tokenizer in {str(path)!r}: {_first_line(error)}") from error
-                logger.warning("no tokenizer loaded from %s: %s", path, error)
-        elif tokenizer is None:
-            logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
-    model = model.to(device=device, dtype=dtype)
+        return wrap_model(model.to(device=device, dtype=dtype), tokenizer=tokenizer)
+
+    path = check_model_directory(source, require_tokenizer=require_tokenizer and tokenizer is None)
+    model = _native_modules(path, device, dtype, implementation)
+    if model is None:
+        model = _transformers_modules(path, device, dtype)
+    if tokenizer is None:
+        tokenizer = _directory_tokenizer(path, require_tokenizer)
     return wrap_model(model, tokenizer=tokenizer)
+
+
+def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implementation: str) -> nn.Module | None:
+    """The checkpoint's modules built by `runtime.native`, or None when it does not build them and `implementation`
+    allows transformers ("auto"; "native" raises `ModelLoadError` saying why)."""
+    if implementation == "transformers":
+        return None
+    from safetensors import SafetensorError
+
+    from hypic_rag.runtime.native import NativeUnavailable, load_native
+
+    try:
+        return load_native(path, device=device, dtype=dtype).model
+    except NativeUnavailable as reason:
+        if implementation == "native":
+            raise ModelLoadError(f"the model in {str(path)!r} has no native implementation here: {reason}") from None
+        logger.info("loading %s through transformers (native build: %s)", path, reason)
+        return None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:  # a damaged file
+        raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
+
+
+def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """The checkpoint loaded with transformers' model classes, on `device` in `dtype`."""
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # loading is quick for our sizes; keep CLI output clean
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        _check_supported(_text_config(config))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:  # a damaged weight file
+        raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
+    return model.to(device=device, dtype=dtype)
+
+
+def _directory_tokenizer(path: Path, require_tokenizer: bool) -> Any | None:
+    """The tokenizer in `path` (None, with a warning, when it has none or it cannot be read and none is required)."""
+    if not has_tokenizer_files(path):
+        logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        if require_tokenizer:
+            raise ModelLoadError(f"cannot load the tokenizer in {str(path)!r}: {_first_line(error)}") from error
+        logger.warning("no tokenizer loaded from %s: %s", path, error)
+        return None
 
 
 def _as_given(model: nn.Module, device: str | torch.device | None, dtype: torch.dtype | None) -> nn.Module:

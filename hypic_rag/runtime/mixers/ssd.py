@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from hypic_rag.runtime.layers import causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
@@ -54,6 +53,8 @@ class Mamba2Mixer(RecurrentMixer):
         self.module = module
         limit = time_step_limit if time_step_limit is not None else getattr(module, "time_step_limit", None)
         self.time_step_limit = None if limit is None else (float(limit[0]), float(limit[1]))
+        from transformers.activations import ACT2FN  # here: importing this module must not import transformers
+
         self.activation = ACT2FN[module.activation]
 
     @property

@@ -1,0 +1,115 @@
+"""Hybrid models built straight from a checkpoint directory, without importing transformers.
+
+Importing transformers and its model code costs a one-shot `hypic-rag ask` about 3.5 s of its ~6 s on a 2-core
+machine, more than everything else it does. For the families implemented here (Qwen3.5 dense: the bundled default
+model's), `load_native` builds a module tree with transformers' names and shapes from config.json and the
+safetensors files, and `runtime.model.load_model` drives it as it drives transformers' model (same blocks, same
+fingerprint, same outputs: tests/runtime/test_native_models.py). Every other checkpoint loads through transformers,
+as does any checkpoint whose config this implementation does not reproduce exactly (the reason is logged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hypic_rag.runtime.native import qwen3_5
+from hypic_rag.runtime.native.config import CheckpointConfig
+
+logger = logging.getLogger(__name__)
+
+IMPLEMENTATIONS = ("auto", "native", "transformers")
+"""How `load_model` builds a checkpoint's modules: "native" (this package; an error when it cannot), "transformers"
+(transformers' model classes), "auto" (native when it can, else transformers)."""
+
+
+class NativeUnavailable(Exception):
+    """This package does not build the checkpoint (the message says why, in one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NativeModel:
+    """A natively built model: `model` (a `qwen3_5.CausalLM`, weights loaded, in eval mode) and its text config."""
+
+    model: nn.Module
+    config: CheckpointConfig
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _tensor_files(path: Path) -> dict[str, Path]:
+    """Checkpoint tensor name -> the safetensors file holding it (single file or sharded with an index)."""
+    single = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: path / shard for name, shard in _read_json(index)["weight_map"].items()}
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(single, framework="pt") as handle:
+            return {name: single for name in handle.keys()}
+    raise NativeUnavailable("no safetensors weights (pytorch_model.bin loads through transformers)")
+
+
+def _read_tensors(files: dict[str, Path], wanted: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype)."""
+    from safetensors import safe_open
+
+    missing = [source for source in wanted.values() if source not in files]
+    if missing:
+        raise NativeUnavailable(f"the weights lack {missing[0]}")
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for ours, source in wanted.items():
+        by_file.setdefault(files[source], []).append((ours, source))
+    tensors: dict[str, torch.Tensor] = {}
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt") as handle:
+            for ours, source in names:
+                tensors[ours] = handle.get_tensor(source)
+    return tensors
+
+
+def _generation_config(path: Path) -> Any | None:
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return None
+    try:
+        return CheckpointConfig(_read_json(file))
+    except (OSError, ValueError):
+        return None
+
+
+def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> NativeModel:
+    """Build the checkpoint in `path` (already checked by `runtime.model.check_model_directory`) on `device` in
+    `dtype`. Raises `NativeUnavailable` (one line) when this package does not build it exactly."""
+    top = CheckpointConfig(_read_json(path / "config.json"))
+    model_type = getattr(top, "model_type", None)
+    if model_type not in qwen3_5.MODEL_TYPES:
+        raise NativeUnavailable(f"model type {model_type!r} has no native implementation")
+    multimodal = getattr(top, "text_config", None) is not None
+    text = qwen3_5.text_config(top)
+    reason = qwen3_5.unsupported_reason(text)
+    if reason is not None:
+        raise NativeUnavailable(reason)
+    tied = bool(getattr(top, "tie_word_embeddings", False))
+    model = qwen3_5.CausalLM(text, _generation_config(path))  # parameters on the meta device
+    stack_prefix = "model.language_model." if multimodal else "model."
+    wanted = {name: (stack_prefix + name.removeprefix("model.") if name.startswith("model.") else name)
+              for name in model.state_dict()}
+    if tied:
+        wanted.pop("lm_head.weight")
+    files = _tensor_files(path)
+    tensors = {name: tensor.to(device=device, dtype=dtype) for name, tensor in _read_tensors(files, wanted).items()}
+    if tied:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    model.load_state_dict(tensors, strict=True, assign=True)
+    model.model.rotary_emb = qwen3_5.RotaryEmbedding(text).to(device)  # its table is not in the checkpoint
+    return NativeModel(model=model.eval(), config=text)
