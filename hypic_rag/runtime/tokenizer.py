@@ -62,7 +62,7 @@ _READ_CONFIG_KEYS = frozenset({
 })
 """tokenizer_config.json keys this module reads."""
 
-DEFAULT_MODEL_INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+DEFAULT_MODEL_INPUT_NAMES = ("input_ids", "attention_mask")
 VERY_LARGE_INTEGER = int(1e30)
 """transformers' `model_max_length` when the config gives none."""
 
