@@ -1,7 +1,5 @@
 """`python -m hypic_rag ...` is the `hypic-rag` command."""
 
-import sys
+from hypic_rag.cli.main import run
 
-from hypic_rag.cli.main import main
-
-sys.exit(main())
+run()

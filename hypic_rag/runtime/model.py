@@ -380,7 +380,7 @@ def load_model(
     if model is None:
         model = _transformers_modules(path, device, dtype)
     if tokenizer is None:
-        tokenizer = _directory_tokenizer(path, require_tokenizer)
+        tokenizer = _directory_tokenizer(path, require_tokenizer, implementation)
     return wrap_model(model, tokenizer=tokenizer)
 
 
@@ -391,15 +391,16 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
         return None
     from safetensors import SafetensorError
 
-    from hypic_rag.runtime.native import NativeUnavailable, load_native
+    from hypic_rag.runtime.native import load_native, unsupported_reason
 
-    try:
-        return load_native(path, device=device, dtype=dtype).model
-    except NativeUnavailable as reason:
+    reason = unsupported_reason(path)
+    if reason is not None:
         if implementation == "native":
-            raise ModelLoadError(f"the model in {str(path)!r} has no native implementation here: {reason}") from None
+            raise ModelLoadError(f"the model in {str(path)!r} has no native implementation here: {reason}")
         logger.info("loading %s through transformers (native build: %s)", path, reason)
         return None
+    try:
+        return load_native(path, device=device, dtype=dtype).model
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:  # a damaged file
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
 
@@ -422,11 +423,19 @@ def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) 
     return model.to(device=device, dtype=dtype)
 
 
-def _directory_tokenizer(path: Path, require_tokenizer: bool) -> Any | None:
-    """The tokenizer in `path` (None, with a warning, when it has none or it cannot be read and none is required)."""
+def _directory_tokenizer(path: Path, require_tokenizer: bool, implementation: str) -> Any | None:
+    """The tokenizer in `path` (None, with a warning, when it has none or it cannot be read and none is required):
+    `runtime.tokenizer`'s when it reproduces transformers' exactly and `implementation` is not "transformers", else
+    transformers' `AutoTokenizer`."""
     if not has_tokenizer_files(path):
         logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
         return None
+    if implementation != "transformers":
+        from hypic_rag.runtime.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(path)
+        if tokenizer is not None:
+            return tokenizer
     from transformers import AutoTokenizer
 
     try:

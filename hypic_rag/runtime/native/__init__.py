@@ -29,10 +29,6 @@ IMPLEMENTATIONS = ("auto", "native", "transformers")
 (transformers' model classes), "auto" (native when it can, else transformers)."""
 
 
-class NativeUnavailable(Exception):
-    """This package does not build the checkpoint (the message says why, in one line)."""
-
-
 @dataclass(frozen=True, slots=True)
 class NativeModel:
     """A natively built model: `model` (a `qwen3_5.CausalLM`, weights loaded, in eval mode) and its text config."""
@@ -56,7 +52,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
         with safe_open(single, framework="pt") as handle:
             return {name: single for name in handle.keys()}
-    raise NativeUnavailable("no safetensors weights (pytorch_model.bin loads through transformers)")
+    raise FileNotFoundError(f"no safetensors weights in {path}")
 
 
 def _read_tensors(files: dict[str, Path], wanted: dict[str, str]) -> dict[str, torch.Tensor]:
@@ -65,7 +61,7 @@ def _read_tensors(files: dict[str, Path], wanted: dict[str, str]) -> dict[str, t
 
     missing = [source for source in wanted.values() if source not in files]
     if missing:
-        raise NativeUnavailable(f"the weights lack {missing[0]}")
+        raise KeyError(f"the weights lack {missing[0]}")
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for ours, source in wanted.items():
         by_file.setdefault(files[source], []).append((ours, source))
@@ -87,18 +83,31 @@ def _generation_config(path: Path) -> Any | None:
         return None
 
 
-def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> NativeModel:
-    """Build the checkpoint in `path` (already checked by `runtime.model.check_model_directory`) on `device` in
-    `dtype`. Raises `NativeUnavailable` (one line) when this package does not build it exactly."""
-    top = CheckpointConfig(_read_json(path / "config.json"))
+def unsupported_reason(path: Path) -> str | None:
+    """Why this package does not build the checkpoint in `path` exactly as transformers would (one line), or None.
+    Reads config.json and lists the weight files only."""
+    try:
+        top = CheckpointConfig(_read_json(path / "config.json"))
+    except (OSError, ValueError) as error:
+        return f"config.json unreadable ({error})"
     model_type = getattr(top, "model_type", None)
     if model_type not in qwen3_5.MODEL_TYPES:
-        raise NativeUnavailable(f"model type {model_type!r} has no native implementation")
+        return f"model type {model_type!r} has no native implementation"
+    if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
+        return "no safetensors weights (pytorch_model.bin loads through transformers)"
+    return qwen3_5.unsupported_reason(qwen3_5.text_config(top))
+
+
+def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> NativeModel:
+    """Build the checkpoint in `path` (already checked by `runtime.model.check_model_directory`, and
+    `unsupported_reason(path)` None) on `device` in `dtype`. A damaged or incomplete checkpoint raises OSError,
+    ValueError, KeyError or safetensors' error."""
+    top = CheckpointConfig(_read_json(path / "config.json"))
+    reason = unsupported_reason(path)
+    if reason is not None:
+        raise ValueError(reason)
     multimodal = getattr(top, "text_config", None) is not None
     text = qwen3_5.text_config(top)
-    reason = qwen3_5.unsupported_reason(text)
-    if reason is not None:
-        raise NativeUnavailable(reason)
     tied = bool(getattr(top, "tie_word_embeddings", False))
     model = qwen3_5.CausalLM(text, _generation_config(path))  # parameters on the meta device
     stack_prefix = "model.language_model." if multimodal else "model."
