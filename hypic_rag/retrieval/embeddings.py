@@ -9,7 +9,7 @@ one) runs without sentence-transformers (`PooledTransformer`): importing it cost
 imports scikit-learn and scipy). A plain BERT there (all-MiniLM-L6-v2 is one) runs without transformers too
 (`bert_encoder`, `batch_tokenizer`): importing transformers costs another 1-3 s. Any other stack loads through
 sentence-transformers, which is also the reference both lighter paths are tested against
-(tests/retrieval/test_embeddings.py, tests/retrieval/test_light_embedder.py: equal to 1e-6).
+(tests/retrieval/test_embeddings.py: equal to 1e-6).
 
 An embedder's identity (name, dimension and a digest of its files) is stored in the index manifest; an index is
 never searched with vectors from another embedder.
@@ -158,7 +158,7 @@ class PooledTransformer:
 
     backend "light" runs a plain BERT directory with no transformers import (`BatchTokenizer` + `BertEncoder`):
     importing transformers costs 1-3 s of a one-shot `ask`. "transformers" runs `AutoTokenizer` + `AutoModel`, the
-    reference (tests/retrieval/test_light_embedder.py: equal to 1e-6). "auto" takes the light path when the
+    reference (tests/retrieval/test_embeddings.py: equal to 1e-6). "auto" takes the light path when the
     directory qualifies (`load_bert_encoder`, `BatchTokenizer.read`), else transformers.
     """
 
