@@ -223,6 +223,12 @@ class CheckpointTokenizer:
             return {key: value[0] for key, value in result.items()}
         return result
 
+    def encode(self, text: str, *, add_special_tokens: bool = True, verbose: bool = True) -> list[int]:
+        """The token ids of one text (transformers' `encode` without its padding / truncation options)."""
+        if not isinstance(text, str):
+            raise ValueError(f"text input must be a str, got {type(text).__name__}")
+        return list(self(text, add_special_tokens=add_special_tokens, verbose=verbose)["input_ids"])
+
     def _warn_if_too_long(self, length: int, verbose: bool) -> None:
         if verbose and self.model_max_length and length > self.model_max_length and not self._warned_too_long:
             logger.warning(

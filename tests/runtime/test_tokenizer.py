@@ -141,6 +141,9 @@ def test_encodes_like_transformers(pair) -> None:
         mine = ours(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         reference = theirs(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         assert mine == dict(reference), repr(text)
+        for special in (False, True):
+            assert ours.encode(text, add_special_tokens=special, verbose=False) == theirs.encode(
+                text, add_special_tokens=special, verbose=False), repr(text)
     batch = ours(texts[:50], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     assert batch == dict(theirs(texts[:50], add_special_tokens=False, return_offsets_mapping=True, verbose=False))
     # the digest is the same after calls (transformers does not change its backend when encoding these)
