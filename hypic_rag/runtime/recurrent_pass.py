@@ -6,8 +6,8 @@ remainder applies the entry's affine map h <- P h + Z (h + Z in `addition`; the 
 kind, `segment_state.py`) and its conv tail replaces the running one. How the runs execute, per item:
 - decode steps (every item one token after its state): one call of the recurrence over the stacked states
   [n, *state_shape];
-- `packed`: an item with several runs, for a mixer that `scans_runs` (Gated DeltaNet on CPU), when no per-span
-  checkpoint is wanted: its runs packed end to end through one conv and one scan, the cached maps between runs
+- `packed`: the pass's only item with several runs, for a mixer that `scans_runs` (Gated DeltaNet on CPU), when no
+  per-span checkpoint is wanted (several such items go `mapped` and through the wavefront, which batches them): its runs packed end to end through one conv and one scan, the cached maps between runs
   applied as the scan reaches each run (`RecurrentMixer.run_packed`);
 - `mapped`: an item with several runs and cached spans between them otherwise: every run but its last evaluated
   from the identity start (one batched `run_with_transition` call per length class, across items), which gives
@@ -135,9 +135,12 @@ def recurrent_layer(
     else:
         waves: list[_Walk] = []
         mapped: list[_Walk] = []
+        # one item with several runs: its own packed scan; several such items: the wavefront batches their runs
+        # (8 prefills of 6 runs each on 2 cores: a step 8% shorter than 8 packed scans, tests/runtime/test_batch_*)
+        packing = mixer.scans_runs and sum(len(walk.runs) > 1 for walk in walks) == 1
         for walk in walks:
             several = fast and len(walk.runs) > 1
-            if several and mixer.scans_runs and not walk.layout.want_checkpoints:
+            if several and packing and not walk.layout.want_checkpoints:
                 _run_packed(mixer, layer_index, projections, runs, walk, outputs, shared)
                 continue
             if several and any(step.cached for step in walk.steps):

@@ -164,6 +164,35 @@ def test_the_fast_ways_equal_the_wavefront(model, monkeypatch) -> None:
         _assert_same(got, want)
 
 
+@pytest.mark.parametrize("prefills", [1, 3])
+def test_packed_for_a_lone_prefill_the_wavefront_for_several(model, monkeypatch, prefills: int) -> None:
+    """One hypic prefill among decode steps takes the packed scan (a mixer that `scans_runs`); several go through the
+    mapped runs and the wavefront together. Either way equal to the plain wavefront."""
+    running, _ = _decode_among_prefills(model, _requests(model, 1, 3), token=5)
+    engine = Engine(model, seam_tokens=4)
+    plans = [engine.plan_prefill(request, "hypic") for request in _requests(model, 11, prefills)]
+
+    def items(decoding: SequenceState) -> list[StackItem]:
+        return [StackItem([Span([5], decoding.length, 1)], decoding)] + [plan.item() for plan in plans]
+
+    packed_walks: list[int] = []
+    original = recurrent_pass._run_packed
+
+    def counting(*args, **kwargs):
+        packed_walks.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(recurrent_pass, "_run_packed", counting)
+    fast = run_batch(model, items(_copy(running)))
+    scans = next(block.recurrent for block in model.blocks if block.recurrent is not None).scans_runs
+    assert bool(packed_walks) == (scans and prefills == 1)
+    with monkeypatch.context() as patch:
+        patch.setattr(recurrent_pass, "FAST_PATHS", False)
+        slow = run_batch(model, items(_copy(running)))
+    for got, want in zip(fast, slow):
+        _assert_same(got, want)
+
+
 def test_the_last_block_for_the_last_tokens_only_equals_every_row(model) -> None:
     """Trimming the last block to each item's last token changes no logits and no state (keys, values, recurrent
     states of every token are still written), for prefills of every mode with a decode among them."""
