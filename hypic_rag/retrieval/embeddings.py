@@ -175,7 +175,10 @@ class PooledTransformer:
             tokenizer = BatchTokenizer.read(model_dir, stack.max_seq_length)
             encoder = load_bert_encoder(model_dir, device) if tokenizer is not None else None
             if tokenizer is not None and encoder is not None:
-                self.backend, self.batch_tokenizer, self.encoder = "light", tokenizer, encoder
+                from hypic_rag.runtime.fast_linear import fast_view
+
+                # the runtime's oneDNN linears: a query's few rows 1.1-1.6x faster than F.linear on 2 cores
+                self.backend, self.batch_tokenizer, self.encoder = "light", tokenizer, fast_view(encoder).eval()
                 self.hidden_size = encoder.shape.hidden_size
             elif backend == "light":
                 raise ValueError(f"{model_dir} is not a plain BERT directory with tokenizer.json and model.safetensors"
