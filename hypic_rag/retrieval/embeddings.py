@@ -198,9 +198,13 @@ class PooledTransformer:
         """The last hidden states [batch, tokens, hidden] and the attention mask [batch, tokens] of stripped
         `texts`."""
         if self.backend == "light":
+            from hypic_rag.runtime.threads import serial_section
+
             input_ids, attention_mask = self.batch_tokenizer(texts)
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-            return self.encoder(input_ids, attention_mask), attention_mask
+            # a few queries' rows: small operations on one thread, large products widened (`runtime/threads.py`)
+            with serial_section(input_ids.numel(), self.device):
+                return self.encoder(input_ids, attention_mask), attention_mask
         features = self.tokenizer(texts, padding=True, truncation="longest_first", max_length=self.stack.max_seq_length,
                                   return_tensors="pt").to(self.device)
         return self.model(**features).last_hidden_state, features["attention_mask"]
