@@ -11,7 +11,6 @@ as does any checkpoint whose config this implementation does not reproduce exact
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,6 @@ from torch import nn
 
 from hypic_rag.runtime.native import qwen3_5
 from hypic_rag.runtime.native.config import CheckpointConfig
-
-logger = logging.getLogger(__name__)
 
 IMPLEMENTATIONS = ("auto", "native", "transformers")
 """How `load_model` builds a checkpoint's modules: "native" (this package; an error when it cannot), "transformers"
