@@ -112,13 +112,20 @@ class CheckpointTokenizer:
         model_max_length: int,
         model_input_names: Sequence[str],
         split_special_tokens: bool,
+        model_specific_tokens: Mapping[str, str] | None = None,
     ) -> None:
+        """special_tokens: the standard named tokens (`NAMED_SPECIAL_TOKENS`) that are set; model_specific_tokens:
+        further named ones (`image_token`, ...), listed after them, in order."""
         unknown = set(special_tokens) - set(NAMED_SPECIAL_TOKENS)
         if unknown:
             raise ValueError(f"unknown special token names {sorted(unknown)}; known: {NAMED_SPECIAL_TOKENS}")
+        clashing = set(model_specific_tokens or {}) & set(NAMED_SPECIAL_TOKENS)
+        if clashing:
+            raise ValueError(f"model-specific special token names {sorted(clashing)} are standard names")
         self._backend = backend
         self.name_or_path = name_or_path
         self._special_tokens = {name: special_tokens[name] for name in NAMED_SPECIAL_TOKENS if name in special_tokens}
+        self._special_tokens.update(model_specific_tokens or {})
         self._extra_special_tokens = list(extra_special_tokens)
         self.chat_template = chat_template
         self.model_max_length = model_max_length
@@ -169,7 +176,8 @@ class CheckpointTokenizer:
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
-        """Named special token -> its text (only the ones set); these are also the chat template's variables."""
+        """Named special token -> its text (only the ones set; model-specific ones last); these are also the chat
+        template's variables."""
         return dict(self._special_tokens)
 
     @property
@@ -448,7 +456,10 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
         return None
     model_type = model_config.get("model_type")
     rebuilt = model_type in QWEN3_5_MODEL_TYPES
-    if set(config) - _IGNORED_CONFIG_KEYS - _READ_CONFIG_KEYS:
+    unknown_keys = set(config) - _IGNORED_CONFIG_KEYS - _READ_CONFIG_KEYS
+    if rebuilt:  # model-specific named tokens (`image_token`, ...) are read for Qwen3.5
+        unknown_keys = {key for key in unknown_keys if not key.endswith("_token")}
+    if unknown_keys:
         return None  # auto_map, fast_tokenizer_files, model-specific tokens, ...: not reproduced
     if rebuilt:
         if config.get("tokenizer_class") not in QWEN3_5_DECLARED_CLASSES:
@@ -484,6 +495,8 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
     if built is None:
         return None
     backend, special_tokens, extra_special_tokens = built
+    model_specific_tokens = {name: text for name, text in special_tokens.items() if name not in NAMED_SPECIAL_TOKENS}
+    special_tokens = {name: text for name, text in special_tokens.items() if name in NAMED_SPECIAL_TOKENS}
     return CheckpointTokenizer(
         backend,
         name_or_path=str(directory),
@@ -493,11 +506,13 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
         model_max_length=int(model_max_length) if model_max_length is not None else VERY_LARGE_INTEGER,
         model_input_names=model_input_names,
         split_special_tokens=split_special_tokens,
+        model_specific_tokens=model_specific_tokens,
     )
 
 
 _Built = tuple[Tokenizer, dict[str, str], list[str]]
-"""A loader's backend, named special tokens (name -> text) and extra special tokens."""
+"""A loader's backend, named special tokens (name -> text; standard names, then model-specific ones) and extra
+special tokens."""
 
 
 def _extra_special_values(config: Mapping[str, Any]) -> list[Any] | None:
@@ -577,6 +592,26 @@ def _special_value(value: Any) -> str | AddedToken | None:
             return None
         return AddedToken(**fields)
     return None
+
+
+def _model_specific_tokens(config: Mapping[str, Any]) -> dict[str, str] | None:
+    """Model-specific named special tokens as transformers collects them: tokenizer_config.json's `*_token` keys
+    outside `NAMED_SPECIAL_TOKENS` (and `add_bos_token`, ...) with a string value, in file order, then a dict
+    `extra_special_tokens`'s entries.
+    None for what it does not reproduce (a non-string value, a standard name in the dict)."""
+    tokens: dict[str, str] = {}
+    for key, value in config.items():
+        if key.endswith("_token") and key not in NAMED_SPECIAL_TOKENS and key not in _IGNORED_CONFIG_KEYS:
+            if not isinstance(value, str):
+                return None
+            tokens[key] = value
+    extras = config.get("extra_special_tokens")
+    if isinstance(extras, dict):
+        for key, value in extras.items():
+            if not isinstance(key, str) or key in NAMED_SPECIAL_TOKENS or not isinstance(value, str):
+                return None
+            tokens[key] = value
+    return tokens
 
 
 def _qwen3_5_added_tokens(tokenizer_json: Mapping[str, Any], config: Mapping[str, Any]) -> dict[int, AddedToken] | None:
@@ -662,8 +697,18 @@ def _qwen3_5_backend(tokenizer_file: Path, config: Mapping[str, Any], split_spec
         if converted is None:
             return None
         named[name] = converted
-    extras_given = _extra_special_values(config)
-    if extras_given is None:
+    by_text = {token.content: token for token in added_tokens.values()}
+    if by_text:  # a standard named token listed among the added tokens is that AddedToken (its flags)
+        named = {name: by_text.get(str(value), value) for name, value in named.items()}
+    model_specific = _model_specific_tokens(config)
+    if model_specific is None:
+        return None
+    named.update(model_specific)
+    if isinstance(config.get("extra_special_tokens"), dict) and config["extra_special_tokens"]:
+        extras_given = config.get("additional_special_tokens") or []  # the dict named tokens; the list is this
+    else:
+        extras_given = _extra_special_values(config) or []
+    if not isinstance(extras_given, (list, tuple)):
         return None
     extras: list[str | AddedToken] = []
     for value in extras_given:
@@ -671,9 +716,6 @@ def _qwen3_5_backend(tokenizer_file: Path, config: Mapping[str, Any], split_spec
         if converted is None:
             return None
         extras.append(converted)
-    by_text = {token.content: token for token in added_tokens.values()}
-    if by_text:  # a named token listed among the added tokens is that AddedToken (its flags)
-        named = {name: by_text.get(str(value), value) for name, value in named.items()}
 
     backend = Tokenizer(model)
     backend.decoder = decoders.ByteLevel()

@@ -130,7 +130,9 @@ def qwen3_5_hub_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tokenizer built the way the hub's Qwen3.5 one is: byte-level BPE with Qwen3.5's split regex and NFC, a
     ByteLevel post-processor, the special tokens added after the BPE vocabulary (`<think>` not special),
     tokenizer_config.json with `Qwen2Tokenizer`, `added_tokens_decoder`, eos `<|im_end|>`, null bos / unk,
-    `additional_special_tokens`, `errors`, `add_prefix_space`; vocab.json / merges.txt beside it; chat_template.jinja."""
+    `additional_special_tokens`, model-specific named tokens (a dict `extra_special_tokens` and a `video_token` key
+    whose token is in no file: transformers adds it), `errors`, `add_prefix_space`; vocab.json / merges.txt beside
+    it; chat_template.jinja using a model-specific token."""
     from tokenizers import AddedToken
 
     directory = tmp_path_factory.mktemp("qwen3_5_hub")
@@ -150,8 +152,10 @@ def qwen3_5_hub_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "additional_special_tokens": special[1:], "bos_token": None, "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 262144, "pad_token": "<|endoftext|>",
         "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+        "video_token": "<|video_pad|>",
+        "extra_special_tokens": {"image_token": "<|image_pad|>", "vision_bos_token": "<|vision_start|>"},
     }))
-    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE + "{{ image_token }}")
     (directory / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "transformers_version": "4.57.0"}))
     return directory
 
@@ -324,7 +328,7 @@ def test_returns_none_for_layouts_it_does_not_reproduce(
     elif change == "qwen3_5_class":
         _edit_json(config_file, tokenizer_class="GPT2Tokenizer")
     elif change == "qwen3_5_model_specific_token":
-        _edit_json(config_file, image_token="<|image_pad|>")  # a named special token transformers adds
+        _edit_json(config_file, audio_token={"content": "<|audio_pad|>"})  # transformers keeps it as a kwarg
     elif change == "qwen3_5_padding":
         _edit_json(directory / "tokenizer.json", padding={
             "strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
