@@ -8,12 +8,17 @@ the special tokens and their ids, `get_vocab`, `len`, `chat_template` / `apply_c
 pickling, and the `backend_tokenizer.to_str()` + `all_special_tokens` pair `runtime.model.tokenizer_digest` hashes
 (equal for both loaders of one directory, so cache keys do not depend on which one ran).
 
+For Qwen3.5 checkpoints (model types `qwen3_5`, `qwen3_5_moe`, `qwen3_5_moe_text`) AutoTokenizer does not use
+`tokenizer.json` as it is: it builds transformers' `Qwen3_5Tokenizer`, which keeps only the file's vocabulary,
+merges, post-processor and added tokens and rebuilds the rest (NFC, Qwen3.5's split regex, byte-level pre-tokenizer
+and decoder, its own BPE options, `<|endoftext|>` as default unk / eos / pad). `_qwen3_5_backend` builds the same.
+
 It reproduces only what it was checked against (tests/runtime/test_tokenizer.py); for anything else it returns
 None and the caller uses transformers: no `tokenizer.json`, a `tokenizer_class` other than the generic fast
-classes, a model type for which AutoTokenizer picks a class that rebuilds the backend (Qwen3.5's own
-`Qwen3_5Tokenizer` for `qwen3_5`, `qwen3_5_moe`), remote code, legacy `special_tokens_map.json` / `added_tokens.json`
-files, truncation or padding baked into `tokenizer.json`, named chat templates, a tokenizer_config key it does not
-know.
+classes (for Qwen3.5: other than `QWEN3_5_DECLARED_CLASSES`), a model type whose tokenizer class it does not
+rebuild, remote code, legacy `special_tokens_map.json` / `added_tokens.json` files, truncation or padding baked into
+`tokenizer.json`, named chat templates, model-specific named tokens (`image_token`, ...), a tokenizer_config key it
+does not know.
 
 What transformers does to the backend at load time, done here too: a `tokenizer.json` without a post-processor
 gets an empty `TemplateProcessing` (`$A:0` / `$A:0 $B:1`); the named special tokens (`eos_token`, `pad_token`, ...)
@@ -45,9 +50,32 @@ GENERIC_MODEL_TYPES = frozenset({
     "falcon_h1", "jamba", "nemotron_h", "zamba2",
 })
 """`config.model_type` values for which AutoTokenizer loads a generic `tokenizer_class` as plain
-`TokenizersBackend` (checked against the installed transformers by the tests). Not `qwen3_5`, `qwen3_5_moe`,
-`qwen3_5_moe_text`: transformers replaces their declared class with `Qwen3_5Tokenizer`, which rebuilds the backend
-with its own pre-tokenizer."""
+`TokenizersBackend` (checked against the installed transformers by the tests). Not `QWEN3_5_MODEL_TYPES`:
+transformers replaces their declared class with `Qwen3_5Tokenizer`, which rebuilds the backend with its own
+pre-tokenizer (reproduced separately)."""
+
+QWEN3_5_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text"})
+"""`config.model_type` values for which AutoTokenizer builds transformers' `Qwen3_5Tokenizer` whatever
+`tokenizer_class` the checkpoint declares; `load_tokenizer` rebuilds the same backend (`_qwen3_5_backend`)."""
+
+QWEN3_5_DECLARED_CLASSES = frozenset({
+    "Qwen3_5Tokenizer", "Qwen2Tokenizer", "Qwen2TokenizerFast", "TokenizersBackend", "PreTrainedTokenizerFast",
+})
+"""`tokenizer_class` values of a Qwen3.5 checkpoint this module accepts (each checked against AutoTokenizer by the
+tests)."""
+
+QWEN3_5_SPLIT_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+"""The pre-tokenizer split of Qwen3.5's tokenizer (letters with their combining marks, digits one by one, ...),
+as transformers 5.24 writes it: the tests compare the whole serialised backend, so a change there is caught."""
+
+QWEN3_5_DEFAULT_SPECIAL_TOKENS = {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+"""The named special tokens `Qwen3_5Tokenizer` sets when tokenizer_config.json does not name them (an explicit
+null unsets them)."""
+
+_ADDED_TOKEN_FIELDS = frozenset({"content", "single_word", "lstrip", "rstrip", "normalized", "special"})
 
 _IGNORED_CONFIG_KEYS = frozenset({
     "tokenizer_class", "backend", "is_local", "local_files_only", "name_or_path", "errors", "add_prefix_space",
@@ -84,13 +112,20 @@ class CheckpointTokenizer:
         model_max_length: int,
         model_input_names: Sequence[str],
         split_special_tokens: bool,
+        model_specific_tokens: Mapping[str, str] | None = None,
     ) -> None:
+        """special_tokens: the standard named tokens (`NAMED_SPECIAL_TOKENS`) that are set; model_specific_tokens:
+        further named ones (`image_token`, ...), listed after them, in order."""
         unknown = set(special_tokens) - set(NAMED_SPECIAL_TOKENS)
         if unknown:
             raise ValueError(f"unknown special token names {sorted(unknown)}; known: {NAMED_SPECIAL_TOKENS}")
+        clashing = set(model_specific_tokens or {}) & set(NAMED_SPECIAL_TOKENS)
+        if clashing:
+            raise ValueError(f"model-specific special token names {sorted(clashing)} are standard names")
         self._backend = backend
         self.name_or_path = name_or_path
         self._special_tokens = {name: special_tokens[name] for name in NAMED_SPECIAL_TOKENS if name in special_tokens}
+        self._special_tokens.update(model_specific_tokens or {})
         self._extra_special_tokens = list(extra_special_tokens)
         self.chat_template = chat_template
         self.model_max_length = model_max_length
@@ -141,7 +176,8 @@ class CheckpointTokenizer:
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
-        """Named special token -> its text (only the ones set); these are also the chat template's variables."""
+        """Named special token -> its text (only the ones set; model-specific ones last); these are also the chat
+        template's variables."""
         return dict(self._special_tokens)
 
     @property
@@ -418,11 +454,19 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
     model_config = _read_json(model_config_file)
     if not isinstance(config, dict) or not isinstance(model_config, dict):
         return None
-    if set(config) - _IGNORED_CONFIG_KEYS - _READ_CONFIG_KEYS:
+    model_type = model_config.get("model_type")
+    rebuilt = model_type in QWEN3_5_MODEL_TYPES
+    unknown_keys = set(config) - _IGNORED_CONFIG_KEYS - _READ_CONFIG_KEYS
+    if rebuilt:  # model-specific named tokens (`image_token`, ...) are read for Qwen3.5
+        unknown_keys = {key for key in unknown_keys if not key.endswith("_token")}
+    if unknown_keys:
         return None  # auto_map, fast_tokenizer_files, model-specific tokens, ...: not reproduced
-    if config.get("tokenizer_class") not in GENERIC_TOKENIZER_CLASSES:
+    if rebuilt:
+        if config.get("tokenizer_class") not in QWEN3_5_DECLARED_CLASSES:
+            return None
+    elif config.get("tokenizer_class") not in GENERIC_TOKENIZER_CLASSES or model_type not in GENERIC_MODEL_TYPES:
         return None
-    if model_config.get("model_type") not in GENERIC_MODEL_TYPES or "auto_map" in model_config:
+    if "auto_map" in model_config:
         return None
     if "added_tokens_decoder" not in config and any(
         (directory / name).exists() for name in ("special_tokens_map.json", "added_tokens.json")
@@ -434,6 +478,58 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
     if config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"):
         return None
 
+    chat_template = config.get("chat_template")
+    template_file = directory / "chat_template.jinja"
+    if template_file.is_file():
+        chat_template = template_file.read_text(encoding="utf-8")
+    if chat_template is not None and not isinstance(chat_template, str):
+        return None  # named templates
+    split_special_tokens = bool(config.get("split_special_tokens", False))
+    model_max_length = config.get("model_max_length")
+    model_input_names = config.get("model_input_names", DEFAULT_MODEL_INPUT_NAMES)
+
+    if rebuilt:
+        built = _qwen3_5_backend(tokenizer_file, config, split_special_tokens)
+    else:
+        built = _generic_backend(tokenizer_file, config, split_special_tokens)
+    if built is None:
+        return None
+    backend, special_tokens, extra_special_tokens = built
+    model_specific_tokens = {name: text for name, text in special_tokens.items() if name not in NAMED_SPECIAL_TOKENS}
+    special_tokens = {name: text for name, text in special_tokens.items() if name in NAMED_SPECIAL_TOKENS}
+    return CheckpointTokenizer(
+        backend,
+        name_or_path=str(directory),
+        special_tokens=special_tokens,
+        extra_special_tokens=extra_special_tokens,
+        chat_template=chat_template,
+        model_max_length=int(model_max_length) if model_max_length is not None else VERY_LARGE_INTEGER,
+        model_input_names=model_input_names,
+        split_special_tokens=split_special_tokens,
+        model_specific_tokens=model_specific_tokens,
+    )
+
+
+_Built = tuple[Tokenizer, dict[str, str], list[str]]
+"""A loader's backend, named special tokens (name -> text; standard names, then model-specific ones) and extra
+special tokens."""
+
+
+def _extra_special_values(config: Mapping[str, Any]) -> list[Any] | None:
+    """The configured extra special tokens as given (`extra_special_tokens`, else the legacy
+    `additional_special_tokens`); None for a dict of named model-specific tokens (not reproduced)."""
+    values = config.get("extra_special_tokens")
+    if not values:
+        values = config.get("additional_special_tokens")
+    if values is None:
+        return []
+    if not isinstance(values, (list, tuple)):
+        return None
+    return list(values)
+
+
+def _generic_backend(tokenizer_file: Path, config: Mapping[str, Any], split_special_tokens: bool) -> _Built | None:
+    """`tokenizer.json` as it is, with what transformers' `TokenizersBackend` adds at load time."""
     backend = Tokenizer.from_file(str(tokenizer_file))
     if backend.truncation is not None or backend.padding is not None:
         return None  # transformers resets them on the first call: its digest would change after loading
@@ -457,13 +553,9 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
         if text is None or (not isinstance(value, str) and backend.token_to_id(text) is None):
             return None
         special_tokens[name] = text
-    extras_value = config.get("extra_special_tokens")
-    if not extras_value:
-        extras_value = config.get("additional_special_tokens")
+    extras_value = _extra_special_values(config)
     if extras_value is None:
-        extras_value = []
-    if not isinstance(extras_value, (list, tuple)):
-        return None  # a dict of named model-specific tokens
+        return None
     extra_special_tokens: list[str] = []
     for value in extras_value:
         text = _token_text(value)
@@ -471,32 +563,186 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
             return None
         extra_special_tokens.append(text)
 
-    chat_template = config.get("chat_template")
-    template_file = directory / "chat_template.jinja"
-    if template_file.is_file():
-        chat_template = template_file.read_text(encoding="utf-8")
-    if chat_template is not None and not isinstance(chat_template, str):
-        return None  # named templates
-
-    split_special_tokens = bool(config.get("split_special_tokens", False))
-    model_max_length = config.get("model_max_length")
-    model_input_names = config.get("model_input_names", DEFAULT_MODEL_INPUT_NAMES)
-
     if backend.post_processor is None:
-        backend.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+        backend.post_processor = _plain_post_processor()
     backend.encode_special_tokens = split_special_tokens
     known = {token.content for token in backend.get_added_tokens_decoder().values()}
     missing = [text for text in dict.fromkeys([*special_tokens.values(), *extra_special_tokens]) if text not in known]
     if missing:
         backend.add_tokens([AddedToken(text, special=True) for text in missing])
+    return backend, special_tokens, extra_special_tokens
 
-    return CheckpointTokenizer(
-        backend,
-        name_or_path=str(directory),
-        special_tokens=special_tokens,
-        extra_special_tokens=extra_special_tokens,
-        chat_template=chat_template,
-        model_max_length=int(model_max_length) if model_max_length is not None else VERY_LARGE_INTEGER,
-        model_input_names=model_input_names,
-        split_special_tokens=split_special_tokens,
+
+def _plain_post_processor() -> Any:
+    """The post-processor transformers gives a backend without one (no bos / eos added): `$A:0`, `$A:0 $B:1`."""
+    return processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+
+
+# -- Qwen3.5: the backend rebuilt from the vocabulary and merges ----------------------------------------------
+
+
+def _special_value(value: Any) -> str | AddedToken | None:
+    """A special token as transformers holds it after reading tokenizer_config.json: a str, or an AddedToken for a
+    serialised one (`"__type": "AddedToken"`); None for anything else (transformers rejects or mangles those)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and value.get("__type") == "AddedToken" and isinstance(value.get("content"), str):
+        fields = {key: field for key, field in value.items() if key != "__type"}
+        if set(fields) - _ADDED_TOKEN_FIELDS:
+            return None
+        return AddedToken(**fields)
+    return None
+
+
+def _model_specific_tokens(config: Mapping[str, Any]) -> dict[str, str] | None:
+    """Model-specific named special tokens as transformers collects them: tokenizer_config.json's `*_token` keys
+    outside `NAMED_SPECIAL_TOKENS` (and `add_bos_token`, ...) with a string value, in file order, then a dict
+    `extra_special_tokens`'s entries.
+    None for what it does not reproduce (a non-string value, a standard name in the dict)."""
+    tokens: dict[str, str] = {}
+    for key, value in config.items():
+        if key.endswith("_token") and key not in NAMED_SPECIAL_TOKENS and key not in _IGNORED_CONFIG_KEYS:
+            if not isinstance(value, str):
+                return None
+            tokens[key] = value
+    extras = config.get("extra_special_tokens")
+    if isinstance(extras, dict):
+        for key, value in extras.items():
+            if not isinstance(key, str) or key in NAMED_SPECIAL_TOKENS or not isinstance(value, str):
+                return None
+            tokens[key] = value
+    return tokens
+
+
+def _qwen3_5_added_tokens(tokenizer_json: Mapping[str, Any], config: Mapping[str, Any]) -> dict[int, AddedToken] | None:
+    """id -> AddedToken as transformers collects them before building the backend: tokenizer_config.json's
+    `added_tokens_decoder` when it has one, else `tokenizer.json`'s `added_tokens`."""
+    if "added_tokens_decoder" in config:
+        entries = config["added_tokens_decoder"] or {}
+        if not isinstance(entries, Mapping):
+            return None
+        result: dict[int, AddedToken] = {}
+        for index, entry in entries.items():
+            if not isinstance(entry, Mapping) or set(entry) - _ADDED_TOKEN_FIELDS:
+                return None
+            result[int(index)] = AddedToken(**entry)
+        return result
+    result = {}
+    for entry in tokenizer_json.get("added_tokens") or []:
+        fields = {key: value for key, value in entry.items() if key != "id"}
+        if set(fields) - _ADDED_TOKEN_FIELDS:
+            return None
+        result[int(entry["id"])] = AddedToken(**fields)
+    return result
+
+
+def _qwen3_5_model(tokenizer_json: Mapping[str, Any]) -> Any | None:
+    """The BPE model transformers' `Qwen3_5Tokenizer` builds from `tokenizer.json`'s vocabulary and merges: its own
+    options (no unknown token, empty prefix / suffix, no byte fallback), not the file's."""
+    from tokenizers.models import BPE
+
+    model = tokenizer_json.get("model")
+    if not isinstance(model, Mapping) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        return None
+    merges: list[tuple[str, ...]] = []
+    for merge in model.get("merges") or []:
+        pair = tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge)
+        if len(pair) != 2:
+            return None
+        merges.append(pair)
+    return BPE(
+        vocab=model["vocab"], merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+        end_of_word_suffix="", fuse_unk=False, byte_fallback=False,
     )
+
+
+def _without_vocabulary(tokenizer_json: Mapping[str, Any]) -> Tokenizer:
+    """`tokenizer.json` parsed without its vocabulary, merges and added tokens (cheap): for its post-processor,
+    truncation and padding."""
+    light = dict(tokenizer_json)
+    light["model"] = {**tokenizer_json["model"], "vocab": {}, "merges": []}
+    light["added_tokens"] = []
+    return Tokenizer.from_str(json.dumps(light))
+
+
+def _qwen3_5_backend(tokenizer_file: Path, config: Mapping[str, Any], split_special_tokens: bool) -> _Built | None:
+    """The backend transformers' `Qwen3_5Tokenizer` builds (for model types `qwen3_5`, `qwen3_5_moe`,
+    `qwen3_5_moe_text`, whatever `tokenizer_class` the checkpoint declares): the file's vocabulary and merges in a
+    fresh BPE; NFC; Qwen3.5's split regex then byte-level without its own regex; byte-level decoding; the file's
+    post-processor (else the plain one); then the added tokens in id order, and the special tokens missing from
+    them, added as transformers adds them (unk, eos, pad default to `<|endoftext|>`)."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+
+    tokenizer_json = _read_json(tokenizer_file)
+    if not isinstance(tokenizer_json, dict):
+        return None
+    add_prefix_space = config.get("add_prefix_space")
+    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
+        return None
+    model = _qwen3_5_model(tokenizer_json)
+    added_tokens = _qwen3_5_added_tokens(tokenizer_json, config)
+    if model is None or added_tokens is None:
+        return None
+    settings = _without_vocabulary(tokenizer_json)
+    if settings.truncation is not None or settings.padding is not None:
+        return None  # transformers keeps them on the rebuilt backend: not reproduced
+    post_processor = settings.post_processor
+
+    named: dict[str, str | AddedToken] = {}
+    for name in NAMED_SPECIAL_TOKENS:
+        value = config[name] if name in config else QWEN3_5_DEFAULT_SPECIAL_TOKENS.get(name)
+        if value is None:
+            continue
+        converted = _special_value(value)
+        if converted is None:
+            return None
+        named[name] = converted
+    by_text = {token.content: token for token in added_tokens.values()}
+    if by_text:  # a standard named token listed among the added tokens is that AddedToken (its flags)
+        named = {name: by_text.get(str(value), value) for name, value in named.items()}
+    model_specific = _model_specific_tokens(config)
+    if model_specific is None:
+        return None
+    named.update(model_specific)
+    if isinstance(config.get("extra_special_tokens"), dict) and config["extra_special_tokens"]:
+        extras_given = config.get("additional_special_tokens") or []  # the dict named tokens; the list is this
+    else:
+        extras_given = _extra_special_values(config) or []
+    if not isinstance(extras_given, (list, tuple)):
+        return None
+    extras: list[str | AddedToken] = []
+    for value in extras_given:
+        converted = _special_value(value)
+        if converted is None:
+            return None
+        extras.append(converted)
+
+    backend = Tokenizer(model)
+    backend.decoder = decoders.ByteLevel()
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN3_5_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=bool(add_prefix_space), use_regex=False),
+    ])
+    if post_processor:
+        backend.post_processor = post_processor
+    backend.encode_special_tokens = split_special_tokens
+
+    to_add: list[str | AddedToken] = [token for _, token in sorted(added_tokens.items(), key=lambda item: item[0])]
+    listed = {token.content for token in to_add}
+    for value in [*named.values(), *extras]:
+        if str(value) not in listed and value not in to_add:
+            to_add.append(value)
+    named_texts = {str(value) for value in named.values()}
+    tokens: list[AddedToken] = []
+    for value in to_add:
+        if isinstance(value, str):
+            value = AddedToken(value, special=True)
+        elif not value.special and value.content in named_texts:
+            value.special = True
+        tokens.append(value)
+    if tokens:
+        backend.add_tokens(tokens)
+    if backend.post_processor is None:
+        backend.post_processor = _plain_post_processor()
+    return backend, {name: str(value) for name, value in named.items()}, [str(value) for value in extras]

@@ -1,7 +1,9 @@
 """`hypic_rag.runtime.tokenizer` against transformers' AutoTokenizer on the same directories: the bundled model's
-and two layouts built here (a Qwen2-style byte-level BPE with added special tokens saved by transformers'
+and layouts built here (a Qwen2-style byte-level BPE with added special tokens saved by transformers'
 `save_pretrained`, its chat template in tokenizer_config.json; one whose tokenizer.json lacks the eos token and a
-post-processor, with chat_template.jinja). Random strings, ids, chats; the tokenizer digest; no transformers import."""
+post-processor, with chat_template.jinja; Qwen3.5 checkpoints, for which AutoTokenizer builds `Qwen3_5Tokenizer`:
+the dense and MoE published stand-ins of `hypic_rag.testing` and a hub-style one). Random strings, ids, chats; the
+tokenizer digest; no transformers import."""
 
 from __future__ import annotations
 
@@ -19,7 +21,15 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hypic_rag.default_model import default_model_path
 from hypic_rag.runtime.model import tokenizer_digest
-from hypic_rag.runtime.tokenizer import GENERIC_MODEL_TYPES, CheckpointTokenizer, load_tokenizer
+from hypic_rag.runtime.tokenizer import (
+    GENERIC_MODEL_TYPES,
+    QWEN3_5_DECLARED_CLASSES,
+    QWEN3_5_MODEL_TYPES,
+    QWEN3_5_SPLIT_PATTERN,
+    CheckpointTokenizer,
+    load_tokenizer,
+)
+from hypic_rag.testing import save_published_checkpoint
 
 QWEN_STYLE_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -47,13 +57,13 @@ def _random_texts(seed: int, count: int) -> list[str]:
     return texts
 
 
-def _qwen_style_backend(extra_special: list[str], with_post_processor: bool):
+def _qwen_style_backend(extra_special: list[str], with_post_processor: bool, split: str = QWEN_STYLE_SPLIT):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     backend = Tokenizer(models.BPE())
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_STYLE_SPLIT), behavior="isolated"),
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.ByteLevel()
@@ -102,7 +112,57 @@ def sparse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module", params=["bundled", "qwen_style", "sparse"])
+@pytest.fixture(scope="module")
+def qwen3_5_published_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`hypic_rag.testing`'s dense Qwen3.5 stand-in: a plain byte-level tokenizer.json (GPT-2 regex, no NFC, the
+    special tokens inside the BPE vocabulary), model type `qwen3_5`: AutoTokenizer rebuilds it as Qwen3.5's."""
+    return save_published_checkpoint(tmp_path_factory.mktemp("qwen3_5"), TRAINING_TEXTS, kind="qwen3_5", shards=1)[0]
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_moe_published_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("qwen3_5_moe")
+    return save_published_checkpoint(directory, TRAINING_TEXTS, kind="qwen3_5_moe", shards=1)[0]
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_hub_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer built the way the hub's Qwen3.5 one is: byte-level BPE with Qwen3.5's split regex and NFC, a
+    ByteLevel post-processor, the special tokens added after the BPE vocabulary (`<think>` not special),
+    tokenizer_config.json with `Qwen2Tokenizer`, `added_tokens_decoder`, eos `<|im_end|>`, null bos / unk,
+    `additional_special_tokens`, model-specific named tokens (a dict `extra_special_tokens` and a `video_token` key
+    whose token is in no file: transformers adds it), `errors`, `add_prefix_space`; vocab.json / merges.txt beside
+    it; chat_template.jinja using a model-specific token."""
+    from tokenizers import AddedToken
+
+    directory = tmp_path_factory.mktemp("qwen3_5_hub")
+    backend = _qwen_style_backend([], with_post_processor=True, split=QWEN3_5_SPLIT_PATTERN)
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>"]
+    backend.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special])
+    backend.add_tokens([AddedToken(text, special=False, normalized=False) for text in ("<think>", "</think>")])
+    backend.save(str(directory / "tokenizer.json"))
+    backend.model.save(str(directory))  # vocab.json, merges.txt (transformers does not read them for Qwen3.5)
+    decoder = {
+        str(index): {"content": token.content, "lstrip": token.lstrip, "normalized": token.normalized,
+                     "rstrip": token.rstrip, "single_word": token.single_word, "special": token.special}
+        for index, token in backend.get_added_tokens_decoder().items()
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": decoder,
+        "additional_special_tokens": special[1:], "bos_token": None, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 262144, "pad_token": "<|endoftext|>",
+        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+        "video_token": "<|video_pad|>",
+        "extra_special_tokens": {"image_token": "<|image_pad|>", "vision_bos_token": "<|vision_start|>"},
+    }))
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE + "{{ image_token }}")
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "transformers_version": "4.57.0"}))
+    return directory
+
+
+@pytest.fixture(scope="module", params=[
+    "bundled", "qwen_style", "sparse", "qwen3_5_published", "qwen3_5_moe_published", "qwen3_5_hub",
+])
 def pair(request: pytest.FixtureRequest) -> tuple[CheckpointTokenizer, object]:
     directory = default_model_path() if request.param == "bundled" else request.getfixturevalue(f"{request.param}_dir")
     ours = load_tokenizer(directory)
@@ -110,9 +170,14 @@ def pair(request: pytest.FixtureRequest) -> tuple[CheckpointTokenizer, object]:
     return ours, AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
+def _model_type(tokenizer: CheckpointTokenizer) -> str:
+    return json.loads((Path(tokenizer.name_or_path) / "config.json").read_text())["model_type"]
+
+
 def test_loads_the_same_backend_and_special_tokens(pair) -> None:
     ours, theirs = pair
-    assert type(theirs).__name__ == "TokenizersBackend"
+    rebuilt = _model_type(ours) in QWEN3_5_MODEL_TYPES
+    assert type(theirs).__name__ == ("Qwen3_5Tokenizer" if rebuilt else "TokenizersBackend")
     assert ours.backend_tokenizer.to_str() == theirs.backend_tokenizer.to_str()
     assert tokenizer_digest(ours) == tokenizer_digest(theirs)
     assert ours.all_special_tokens == theirs.all_special_tokens
@@ -228,9 +293,14 @@ def _edit_json(path: Path, **changes: object) -> None:
 @pytest.mark.parametrize("change", [
     "no_tokenizer_json", "class", "model_type", "unknown_key", "auto_map", "legacy_special_map", "truncation",
     "named_templates", "dict_extras", "no_config",
+    "qwen3_5_class", "qwen3_5_model_specific_token", "qwen3_5_truncation", "qwen3_5_padding", "qwen3_5_word_level",
+    "qwen3_5_plain_dict_token",
 ])
-def test_returns_none_for_layouts_it_does_not_reproduce(tmp_path: Path, qwen_style_dir: Path, change: str) -> None:
-    directory = _copy_checkpoint(qwen_style_dir, tmp_path / "checkpoint")
+def test_returns_none_for_layouts_it_does_not_reproduce(
+    tmp_path: Path, qwen_style_dir: Path, qwen3_5_hub_dir: Path, change: str
+) -> None:
+    source = qwen3_5_hub_dir if change.startswith("qwen3_5_") else qwen_style_dir
+    directory = _copy_checkpoint(source, tmp_path / "checkpoint")
     assert load_tokenizer(directory) is not None
     config_file = directory / "tokenizer_config.json"
     if change == "no_tokenizer_json":
@@ -238,14 +308,14 @@ def test_returns_none_for_layouts_it_does_not_reproduce(tmp_path: Path, qwen_sty
     elif change == "class":
         _edit_json(config_file, tokenizer_class="Qwen2Tokenizer")
     elif change == "model_type":
-        _edit_json(directory / "config.json", model_type="qwen3_5")  # AutoTokenizer uses Qwen3_5Tokenizer
+        _edit_json(directory / "config.json", model_type="qwen2")  # AutoTokenizer builds Qwen2Tokenizer
     elif change == "unknown_key":
         _edit_json(config_file, image_token="<image>")
     elif change == "auto_map":
         _edit_json(config_file, auto_map={"AutoTokenizer": ["x.Tok", None]})
     elif change == "legacy_special_map":
         (directory / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<|im_start|>"}))
-    elif change == "truncation":
+    elif change in ("truncation", "qwen3_5_truncation"):
         _edit_json(directory / "tokenizer.json", truncation={
             "direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0})
     elif change == "named_templates":
@@ -255,22 +325,47 @@ def test_returns_none_for_layouts_it_does_not_reproduce(tmp_path: Path, qwen_sty
         _edit_json(config_file, additional_special_tokens=None, extra_special_tokens={"image_token": "<|im_start|>"})
     elif change == "no_config":
         (directory / "config.json").unlink()
+    elif change == "qwen3_5_class":
+        _edit_json(config_file, tokenizer_class="GPT2Tokenizer")
+    elif change == "qwen3_5_model_specific_token":
+        _edit_json(config_file, audio_token={"content": "<|audio_pad|>"})  # transformers keeps it as a kwarg
+    elif change == "qwen3_5_padding":
+        _edit_json(directory / "tokenizer.json", padding={
+            "strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+            "pad_type_id": 0, "pad_token": "<|endoftext|>"})
+    elif change == "qwen3_5_word_level":
+        tokenizer_json = json.loads((directory / "tokenizer.json").read_text())
+        tokenizer_json["model"] = {"type": "WordLevel", "vocab": tokenizer_json["model"]["vocab"], "unk_token": "a"}
+        (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    elif change == "qwen3_5_plain_dict_token":
+        _edit_json(config_file, eos_token={"content": "<|im_end|>"})
     assert load_tokenizer(directory) is None
 
 
-def test_generic_model_types_load_as_tokenizers_backend(tmp_path: Path) -> None:
-    """`GENERIC_MODEL_TYPES` matches the installed transformers: a generic tokenizer_class stays TokenizersBackend
-    for each of them, and is replaced for qwen3_5 (which `load_tokenizer` therefore refuses)."""
+def test_model_type_table_matches_transformers(tmp_path: Path) -> None:
+    """`GENERIC_MODEL_TYPES` and `QWEN3_5_MODEL_TYPES` match the installed transformers: a generic
+    tokenizer_class stays TokenizersBackend for the former; the latter get `Qwen3_5Tokenizer` whatever
+    `QWEN3_5_DECLARED_CLASSES` class they declare; `load_tokenizer` gives the same backend and special tokens for
+    every one (the bundled model's files, rebuilt for Qwen3.5)."""
     source = default_model_path()
-    for model_type in sorted(GENERIC_MODEL_TYPES) + ["qwen3_5"]:
-        directory = tmp_path / model_type
+    cases = [(model_type, "TokenizersBackend") for model_type in sorted(GENERIC_MODEL_TYPES)]
+    cases += [(model_type, declared) for model_type in sorted(QWEN3_5_MODEL_TYPES)
+              for declared in sorted(QWEN3_5_DECLARED_CLASSES)]
+    for model_type, declared in cases:
+        directory = tmp_path / f"{model_type}-{declared}"
         directory.mkdir()
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(source / name, directory / name)
+        _edit_json(directory / "tokenizer_config.json", tokenizer_class=declared)
         (directory / "config.json").write_text(json.dumps({"model_type": model_type}))
-        loaded = type(AutoTokenizer.from_pretrained(directory, local_files_only=True)).__name__
-        assert (loaded == "TokenizersBackend") == (model_type != "qwen3_5"), (model_type, loaded)
-        assert (load_tokenizer(directory) is None) == (model_type == "qwen3_5"), model_type
+        theirs = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        expected = "Qwen3_5Tokenizer" if model_type in QWEN3_5_MODEL_TYPES else "TokenizersBackend"
+        assert type(theirs).__name__ == expected, (model_type, declared)
+        ours = load_tokenizer(directory)
+        assert ours is not None, (model_type, declared)
+        assert tokenizer_digest(ours) == tokenizer_digest(theirs), (model_type, declared)
+        assert ours.special_tokens_map == theirs.special_tokens_map, (model_type, declared)
+    assert QWEN3_5_MODEL_TYPES.isdisjoint(GENERIC_MODEL_TYPES)
 
 
 def test_loading_and_tokenizing_imports_no_transformers() -> None:
@@ -287,3 +382,19 @@ def test_loading_and_tokenizing_imports_no_transformers() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout + result.stderr  # jinja2 too: only a chat template loads it
+
+
+def test_loading_a_qwen3_5_checkpoint_imports_no_transformers(qwen3_5_published_dir: Path) -> None:
+    """`load_model` of a Qwen3.5 hub-layout checkpoint: native modules and this module's tokenizer, no transformers."""
+    script = (
+        "import sys\n"
+        "from hypic_rag.runtime.model import load_model\n"
+        "from hypic_rag.runtime.tokenizer import CheckpointTokenizer\n"
+        f"model = load_model({str(qwen3_5_published_dir)!r}, device='cpu')\n"
+        "assert model.implementation == 'native', model.implementation\n"
+        "assert isinstance(model.tokenizer, CheckpointTokenizer), type(model.tokenizer)\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False", result.stdout + result.stderr
