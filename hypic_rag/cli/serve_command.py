@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     add_recompute_policy_argument(parser)
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
+    parser.add_argument("--retrieval-batch", type=int_in(1, 4096), default=4, metavar="N",
+                        help="most questions embedded and searched in one batch (default 4: on CPU larger batches save "
+                             "little and delay the model; raise it on a GPU)")
     parser.add_argument("--queue-size", type=int_in(1, 1_000_000), default=64, metavar="N",
                         help="requests that may wait (not yet generating) before new ones get 429 (64)")
     parser.add_argument("--max-running", type=int_in(1, 4_096), default=16, metavar="N",
@@ -153,6 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
             read_only=args.read_only,
             hop_slots=args.hop_slots,
             queue_size=args.queue_size,
+            retrieval_batch=args.retrieval_batch,
             max_running=args.max_running,
             step_tokens=args.step_tokens,
             request_timeout_s=args.request_timeout,

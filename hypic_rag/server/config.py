@@ -51,6 +51,11 @@ class ServerConfig:
     `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
     recompute_policy: what `hypic` requests recompute (a spec of `hypic_rag.runtime.recompute_policy`, e.g.
     "whole:1"; None: the index's recorded policy, else the fixed seam); a request may name another.
+    retrieval_batch: the most questions the retrieval stage embeds and searches in one batch. On CPU a question's
+    embedding is compute-bound (MiniLM on 2 cores: one question 10 ms, eight 33 ms), so batches of more than a few
+    save little and hold every question back from the model worker until the last is embedded; smaller batches let
+    the next batch's retrieval overlap the worker's prefill of this one (8 clients of the bundled model: 27-30 req/s
+    at 4 against 23-25 at 64, docs/service.md). Raise it where embedding batches scale (a GPU).
     cache_format: the cache format the index's entries must be in (None: the index's; another raises
     `IndexMismatchError` when the service opens, docs/cache.md).
     """
@@ -75,6 +80,7 @@ class ServerConfig:
     max_new_tokens: int = 1_024
     max_top_k: int = 64
     hop_slots: int = 2
+    retrieval_batch: int = 4
     max_documents: int = 1_000
     max_document_chars: int = 2_000_000
     max_document_tokens: int = 500_000
@@ -107,6 +113,7 @@ class ServerConfig:
             "max_segments": self.max_segments,
             "max_new_tokens": self.max_new_tokens,
             "max_top_k": self.max_top_k,
+            "retrieval_batch": self.retrieval_batch,
             "max_documents": self.max_documents,
             "max_document_chars": self.max_document_chars,
             "max_document_tokens": self.max_document_tokens,

@@ -10,7 +10,9 @@ the `Answer`. So a question crosses: route -> stage (retrieval) -> scheduler -> 
 Batches are gathered as the scheduler gathers admissions (`SchedulerConfig.admit_wait_s`): the clients whose
 answers ended since the last batch usually send their next questions within milliseconds, so before retrieving,
 the stage waits up to `gather_s` for as many questions as answers ended meanwhile (a lone client's next question
-is taken at once). One batch then costs one embedding call and one batched prefill instead of several.
+is taken at once). One batch then costs one embedding call and one batched prefill instead of several. A batch
+holds at most `max_batch` questions (`ServerConfig.retrieval_batch`): on CPU embedding more at once saves little,
+and a smaller batch reaches the worker sooner, its prefill overlapping the next batch's retrieval.
 
 The index is shared with the model worker's document jobs and control tasks: both hold `ServiceBackend.index_lock`
 while they use it (the stage for one batch's retrieval).
@@ -36,10 +38,6 @@ from hypic_rag.server.worker import ModelWorker
 from hypic_rag.utils.streaming import StrippedDeltas
 
 logger = logging.getLogger(__name__)
-
-MAX_BATCH = 64
-"""The most questions retrieved for in one batch."""
-
 
 @dataclass(slots=True, eq=False)
 class PendingQuestion:
@@ -79,9 +77,12 @@ class AnswerSink:
 class RetrievalStage:
     """One thread retrieving for the questions waiting, a batch at a time (see the module docstring)."""
 
-    def __init__(self, backend: ServiceBackend, worker: ModelWorker, *, queue_size: int,
+    def __init__(self, backend: ServiceBackend, worker: ModelWorker, *, queue_size: int, max_batch: int = 4,
                  gather_s: float = DEFAULT_ADMIT_WAIT_S, name: str = "hypic-retrieval") -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be positive, got {max_batch}")
         self.backend = backend
+        self.max_batch = max_batch
         self.gather_s = gather_s
         self.worker = worker
         self.queue_size = queue_size
@@ -150,7 +151,7 @@ class RetrievalStage:
                 if self._stopping:
                     return
                 self._gather()
-                batch = [self._pending.popleft() for _ in range(min(len(self._pending), MAX_BATCH))]
+                batch = [self._pending.popleft() for _ in range(min(len(self._pending), self.max_batch))]
                 self._retrieving = len(batch)
                 self._ended_since_batch = 0
             try:
@@ -167,7 +168,7 @@ class RetrievalStage:
         """(Holding the condition, a question pending) wait up to `gather_s` while fewer questions wait than
         answers ended since the last batch."""
         deadline = time.perf_counter() + self.gather_s
-        while not self._stopping and len(self._pending) < min(self._ended_since_batch, MAX_BATCH):
+        while not self._stopping and len(self._pending) < min(self._ended_since_batch, self.max_batch):
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 return

@@ -68,7 +68,8 @@ class Service:
         stage; raises the backend's error."""
         self.worker.start(self.config.startup_timeout_s)
         assert self.worker.backend is not None
-        self.retrieval = RetrievalStage(self.worker.backend, self.worker, queue_size=self.config.queue_size).start()
+        self.retrieval = RetrievalStage(self.worker.backend, self.worker, queue_size=self.config.queue_size,
+                                        max_batch=self.config.retrieval_batch).start()
         self.started_at = time.time()
 
     def stop(self) -> None:

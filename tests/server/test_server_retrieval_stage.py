@@ -24,7 +24,8 @@ QUESTIONS = list(SMALL_CORPUS_QUESTIONS.values())
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> ServerThread:
     index = copy_tiny_index(tmp_path_factory.mktemp("retrieval_stage") / "index")
-    with ServerThread(ServerConfig(index_dir=index, device="cpu", max_running=8)) as running:
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", max_running=8,
+                                   retrieval_batch=len(QUESTIONS))) as running:
         yield running
 
 
@@ -40,10 +41,9 @@ def ask(client: httpx.Client, question: str) -> dict[str, Any]:
     return response.json()
 
 
-def test_questions_waiting_together_are_retrieved_in_one_batch_and_answered_as_alone(
-    server: ServerThread, client: httpx.Client
-) -> None:
-    alone = {question: ask(client, question) for question in QUESTIONS}
+def ask_together(server: ServerThread, client: httpx.Client) -> tuple[dict[str, dict[str, Any]], int]:
+    """Every question of QUESTIONS asked at once, the retrieval stage held until all of them wait: (answers by
+    question, the batches the stage retrieved them in)."""
     service = server.app.state.service
     stage = service.retrieval
     answers: dict[str, dict[str, Any]] = {}
@@ -59,15 +59,43 @@ def test_questions_waiting_together_are_retrieved_in_one_batch_and_answered_as_a
             time.sleep(0.01)
     for thread in threads:
         thread.join(120)
-    # the first arrival may have been taken alone before the lock was noticed; the rest are one batch
-    assert stage.batches - batches_before <= 2
+    assert stage.waiting == 0 and stage.generating == 0
+    assert client.get("/healthz").json()["queue_depth"] == 0
+    return answers, stage.batches - batches_before
+
+
+def assert_answered_as_alone(answers: dict[str, dict[str, Any]], alone: dict[str, dict[str, Any]]) -> None:
     for question in QUESTIONS:
         mine, theirs = answers[question], alone[question]
         assert (mine["answer"], mine["finish_reason"], [s["chunk_id"] for s in mine["sources"]]) == (
             theirs["answer"], theirs["finish_reason"], [s["chunk_id"] for s in theirs["sources"]]), question
         assert mine["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"]
-    assert stage.waiting == 0 and stage.generating == 0
-    assert client.get("/healthz").json()["queue_depth"] == 0
+
+
+def test_questions_waiting_together_are_retrieved_in_one_batch_and_answered_as_alone(
+    server: ServerThread, client: httpx.Client
+) -> None:
+    alone = {question: ask(client, question) for question in QUESTIONS}
+    answers, batches = ask_together(server, client)
+    # the first arrival may have been taken alone before the lock was noticed; the rest are one batch
+    assert batches <= 2
+    assert_answered_as_alone(answers, alone)
+
+
+def test_retrieval_batches_hold_at_most_retrieval_batch_questions(
+    tmp_path_factory: pytest.TempPathFactory, copy_tiny_index, server: ServerThread, client: httpx.Client
+) -> None:
+    """`retrieval_batch` 2: six questions waiting together go in at least three batches, each answered as alone."""
+    alone = {question: ask(client, question) for question in QUESTIONS}
+    index = copy_tiny_index(tmp_path_factory.mktemp("retrieval_batch") / "index")
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", max_running=8, retrieval_batch=2)) as capped:
+        assert capped.app.state.service.retrieval.max_batch == 2
+        with httpx.Client(base_url=capped.url, timeout=120) as capped_client:
+            answers, batches = ask_together(capped, capped_client)
+    assert batches >= -(-len(QUESTIONS) // 2)
+    assert_answered_as_alone(answers, alone)
+    with pytest.raises(ValueError, match="retrieval_batch must be positive"):
+        ServerConfig(index_dir=index, retrieval_batch=0)
 
 
 def chat_body(model: str, question: str, **extra: Any) -> dict[str, Any]:
