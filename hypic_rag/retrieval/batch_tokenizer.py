@@ -5,7 +5,7 @@ truncation="longest_first", max_length=limit)` on a BERT directory's tokenizer.j
 truncation to `limit` tokens counting them, right side; padding on the right to the batch's longest with the
 pad token named in tokenizer_config.json. tokenizer.json carries truncation and padding settings of its own (the
 MiniLM one: truncate to 128, pad to a fixed 128); both are replaced here, as transformers replaces them for
-every call. Equal ids and masks to transformers' tokenizer: tests/retrieval/test_light_embedder.py.
+every call. Equal ids and masks to transformers' tokenizer: tests/retrieval/test_embeddings.py.
 """
 
 from __future__ import annotations
@@ -17,16 +17,11 @@ from typing import Any
 
 import torch
 
+from hypic_rag.runtime.tokenizer import special_token_text
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_SETTINGS_FILE = "tokenizer_config.json"
 BERT_TOKENIZER_CLASSES = ("BertTokenizer", "BertTokenizerFast")
-
-
-def _token_text(token: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string, or an added-token dict with its content."""
-    if isinstance(token, dict):
-        token = token.get("content")
-    return token if isinstance(token, str) else None
 
 
 class BatchTokenizer:
@@ -66,14 +61,14 @@ class BatchTokenizer:
         if ("do_lower_case" in settings and normalizer.get("type") == "BertNormalizer"
                 and bool(settings["do_lower_case"]) != bool(normalizer.get("lowercase"))):
             return None
-        pad_token = _token_text(settings.get("pad_token"))
+        pad_token = special_token_text(settings.get("pad_token"))
         if pad_token is None:
             return None
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
         for number, token in (settings.get("added_tokens_decoder") or {}).items():
-            if tokenizer.token_to_id(_token_text(token) or "") != int(number):
+            if tokenizer.token_to_id(special_token_text(token) or "") != int(number):
                 return None  # transformers would add or renumber tokens
         pad_id = tokenizer.token_to_id(pad_token)
         if pad_id is None:

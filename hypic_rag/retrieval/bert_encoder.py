@@ -4,7 +4,7 @@ Importing transformers costs one to three seconds (it pulls in torch._dynamo and
 `ask` only needs the sentence embedder's forward. `load_bert_encoder` reads config.json and model.safetensors of a
 checkpoint that is the plain BERT encoder (model_type "bert", absolute position embeddings, post-LayerNorm layers,
 exact gelu) and returns a `BertEncoder`; for anything else it returns None and the caller keeps transformers'
-`AutoModel`, which is also the reference this module is tested against (tests/retrieval/test_light_embedder.py).
+`AutoModel`, which is also the reference this module is tested against (tests/retrieval/test_embeddings.py).
 
 Every sequence is encoded with token type 0, as a tokenizer does for one text.
 """

@@ -412,8 +412,9 @@ def _compiled_template(template: str) -> Any:
 # -- loading ---------------------------------------------------------------------------------------------------
 
 
-def _token_text(value: Any) -> str | None:
-    """The text of a special token given as a str or a serialised AddedToken; None for anything else."""
+def special_token_text(value: Any) -> str | None:
+    """The text of a special token as tokenizer_config.json gives it (a str or a serialised AddedToken); None for
+    anything else."""
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
@@ -549,7 +550,7 @@ def _generic_backend(tokenizer_file: Path, config: Mapping[str, Any], split_spec
         value = config.get(name)
         if value is None:
             continue
-        text = _token_text(value)
+        text = special_token_text(value)
         if text is None or (not isinstance(value, str) and backend.token_to_id(text) is None):
             return None
         special_tokens[name] = text
@@ -558,7 +559,7 @@ def _generic_backend(tokenizer_file: Path, config: Mapping[str, Any], split_spec
         return None
     extra_special_tokens: list[str] = []
     for value in extras_value:
-        text = _token_text(value)
+        text = special_token_text(value)
         if text is None or (not isinstance(value, str) and backend.token_to_id(text) is None):
             return None
         extra_special_tokens.append(text)
