@@ -91,17 +91,43 @@ class BertLayer(nn.Module):
         self.output = nn.Linear(shape.intermediate_size, hidden)
         self.output_norm = nn.LayerNorm(hidden, eps=shape.layer_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, attend: torch.Tensor | None) -> torch.Tensor:
-        """hidden [batch, tokens, hidden_size]; attend [batch, 1, 1, tokens] bool (True: a real key) or None (no
-        padding) -> [batch, tokens, hidden_size]."""
-        batch, tokens, width = hidden.shape
+    def forward(self, hidden: torch.Tensor, padding: Padding | None) -> torch.Tensor:
+        """hidden [rows, hidden_size]: the batch's real tokens packed sequence after sequence (`padding` says where
+        each goes in the padded batch), or [batch * tokens, hidden_size] with no padding (`padding` None)
+        -> the same shape. The token-wise products run on the real tokens only; attention, per sequence, on the
+        padded batch with padded keys masked."""
+        width = hidden.shape[-1]
+        mixed = self.query_key_value(hidden)  # [rows, 3 * hidden]
+        if padding is None:
+            batch, tokens, attend = 1, hidden.shape[0], None
+        else:
+            batch, tokens, attend = padding.batch, padding.tokens, padding.attend
+            mixed = padding.spread(mixed)  # [batch * tokens, 3 * hidden], zeros at padded rows
         # [batch, tokens, 3 * hidden] -> [3, batch, heads, tokens, head_dim]
-        query, key, value = (self.query_key_value(hidden).view(batch, tokens, 3, self.num_heads, self.head_dim)
-                             .permute(2, 0, 3, 1, 4))
+        query, key, value = (mixed.view(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4))
         attended = functional.scaled_dot_product_attention(query, key, value, attn_mask=attend)
-        attended = attended.transpose(1, 2).reshape(batch, tokens, width)  # [batch, tokens, hidden]
+        attended = attended.transpose(1, 2).reshape(batch * tokens, width)  # [batch * tokens, hidden]
+        if padding is not None:
+            attended = attended[padding.rows]  # [rows, hidden]
         hidden = self.attention_norm(self.attention_output(attended) + hidden)
         return self.output_norm(self.output(functional.gelu(self.intermediate(hidden))) + hidden)
+
+
+@dataclass(frozen=True, slots=True)
+class Padding:
+    """Where the real tokens of a padded batch [batch, tokens] are: `rows` [real] their flat positions in
+    batch * tokens (row-major: sequence after sequence), `attend` [batch, 1, 1, tokens] bool (True: a real key)."""
+
+    rows: torch.Tensor
+    batch: int
+    tokens: int
+    attend: torch.Tensor
+
+    def spread(self, packed: torch.Tensor) -> torch.Tensor:
+        """packed [real, width] -> [batch * tokens, width], zeros at the padded positions."""
+        padded = packed.new_zeros(self.batch * self.tokens, packed.shape[-1])
+        padded[self.rows] = packed
+        return padded
 
 
 class BertEncoder(nn.Module):
@@ -117,20 +143,29 @@ class BertEncoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(shape) for _ in range(shape.num_hidden_layers))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids [batch, tokens] int; attention_mask [batch, tokens] (1: a real token, 0: padding) -> the last
-        hidden states [batch, tokens, hidden_size] float32. Padded positions hold values, as in transformers; only
-        real tokens are attended to."""
-        tokens = input_ids.shape[1]
+        """input_ids [batch, tokens] int; attention_mask [batch, tokens] (1: a real token, 0: padding; the real
+        tokens of each sequence first) -> the last hidden states [batch, tokens, hidden_size] float32. Only the real
+        tokens go through the token-wise products (a batch of texts of different lengths pays for its real tokens,
+        not for its padding) and only real tokens are attended to; padded positions hold zeros (transformers
+        computes values there, which pooling ignores)."""
+        batch, tokens = input_ids.shape
         if tokens > self.shape.max_position_embeddings:
             raise ValueError(f"{tokens} tokens exceed the model's {self.shape.max_position_embeddings} positions")
-        positions = torch.arange(tokens, device=input_ids.device)
-        hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embedding
-        hidden = self.embedding_norm(hidden)  # [batch, tokens, hidden]
         real = attention_mask.bool()
-        attend = None if bool(real.all()) else real[:, None, None, :]  # [batch, 1, 1, tokens]
+        positions = torch.arange(tokens, device=input_ids.device)
+        if bool(real.all()):
+            padding, ids, positions = None, input_ids.reshape(-1), positions.repeat(batch)
+        else:
+            rows = real.reshape(-1).nonzero().squeeze(1)  # [real]
+            padding = Padding(rows, batch, tokens, real[:, None, None, :])
+            ids, positions = input_ids.reshape(-1)[rows], rows % tokens
+        hidden = self.word_embeddings(ids) + self.position_embeddings(positions) + self.token_type_embedding
+        hidden = self.embedding_norm(hidden)  # [rows, hidden]
         for layer in self.layers:
-            hidden = layer(hidden, attend)
-        return hidden
+            hidden = layer(hidden, padding)
+        if padding is None:
+            return hidden.view(batch, tokens, -1)
+        return padding.spread(hidden).view(batch, tokens, -1)
 
 
 def _checkpoint_names(shape: BertShape) -> dict[str, str | tuple[str, ...]]:

@@ -34,6 +34,7 @@ from hypic_rag.runtime.mixers.base import Projections, RecurrentMixer, Transitio
 from hypic_rag.runtime.ops import backends
 from hypic_rag.runtime.ops.compose import compose_in_order
 from hypic_rag.runtime.ops.conv_tail import advance_tail_cached
+from hypic_rag.runtime.segment_state import SegmentState
 from hypic_rag.runtime.state import LinearLayerState
 from hypic_rag.runtime.threads import wide_for
 
@@ -319,6 +320,23 @@ def _run_waves(
             walk.next_step += 1
 
 
+def _apply_run_maps(stepping: list[tuple[_Walk, tuple[TransitionRun, int]]], kind: str) -> None:
+    """Each walk's state advanced over one evaluated run's affine map ((the `TransitionRun`, the run's index in
+    it)): the maps of several walks stacked and applied in one product over their stacked states; the same values
+    as one walk at a time (`SegmentState.apply`)."""
+    if len(stepping) == 1:
+        walk, (transition_run, index) = stepping[0]
+        walk.state = transition_run.segment.select(slice(index, index + 1)).apply(walk.state[None])[0]
+        return
+    transitions = torch.stack([transition_run.segment.transition[index] for _, (transition_run, index) in stepping])
+    states = torch.stack([transition_run.segment.state[index] for _, (transition_run, index) in stepping])
+    start = torch.stack([walk.state for walk, _ in stepping])
+    with wide_for(start.numel() * (start.shape[-2] if kind == "matrix" else 1)):
+        ended = SegmentState(transitions, states, kind).apply(start)
+    for number, (walk, _) in enumerate(stepping):
+        walk.state = ended[number]
+
+
 def _run_mapped(
     mixer: RecurrentMixer, layer_index: int, projections: Projections, runs: list[_Run], walks: list[_Walk],
     outputs: _Outputs,
@@ -338,16 +356,20 @@ def _run_mapped(
         for index, number in enumerate(group):
             evaluated[number] = (transition_run, index)
     starts: dict[int, torch.Tensor] = {}
-    for walk in walks:
-        last = walk.runs[-1]
-        while walk.steps[walk.next_step].run != last:
-            step = walk.steps[walk.next_step]
-            if step.run is not None:
-                starts[step.run] = walk.state
-                transition_run, index = evaluated[step.run]
-                walk.state = transition_run.segment.select(slice(index, index + 1)).apply(walk.state[None])[0]
-            else:
-                _apply_cached_steps([walk], [step], layer_index, kind)
+    while True:  # the walks in lockstep, one step of every walk at a time, up to each walk's last run
+        current = [(walk, walk.steps[walk.next_step]) for walk in walks
+                   if walk.steps[walk.next_step].run != walk.runs[-1]]
+        if not current:
+            break
+        stepping = [(walk, step.run) for walk, step in current if step.run is not None]
+        if stepping:
+            for walk, number in stepping:
+                starts[number] = walk.state
+            _apply_run_maps([(walk, evaluated[number]) for walk, number in stepping], kind)
+        cached = [(walk, step) for walk, step in current if step.run is None]
+        if cached:
+            _apply_cached_steps([walk for walk, _ in cached], [step for _, step in cached], layer_index, kind)
+        for walk, step in current:
             walk.keep_checkpoint(step, layer_index)
             walk.next_step += 1
     for group, transition_run in zip(groups, transition_runs):
