@@ -91,23 +91,21 @@ class BertLayer(nn.Module):
         self.output = nn.Linear(shape.intermediate_size, hidden)
         self.output_norm = nn.LayerNorm(hidden, eps=shape.layer_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, padding: Padding | None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, padding: Padding) -> torch.Tensor:
         """hidden [rows, hidden_size]: the batch's real tokens packed sequence after sequence (`padding` says where
-        each goes in the padded batch), or [batch * tokens, hidden_size] with no padding (`padding` None)
-        -> the same shape. The token-wise products run on the real tokens only; attention, per sequence, on the
-        padded batch with padded keys masked."""
+        each goes in the padded batch [batch, tokens]; every row when nothing is padded) -> the same shape. The
+        token-wise products run on the real tokens only; attention, per sequence, on the padded batch with padded
+        keys masked."""
         width = hidden.shape[-1]
         mixed = self.query_key_value(hidden)  # [rows, 3 * hidden]
-        if padding is None:
-            batch, tokens, attend = 1, hidden.shape[0], None
-        else:
-            batch, tokens, attend = padding.batch, padding.tokens, padding.attend
+        batch, tokens, attend = padding.batch, padding.tokens, padding.attend
+        if padding.rows is not None:
             mixed = padding.spread(mixed)  # [batch * tokens, 3 * hidden], zeros at padded rows
         # [batch, tokens, 3 * hidden] -> [3, batch, heads, tokens, head_dim]
         query, key, value = (mixed.view(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4))
         attended = functional.scaled_dot_product_attention(query, key, value, attn_mask=attend)
         attended = attended.transpose(1, 2).reshape(batch * tokens, width)  # [batch * tokens, hidden]
-        if padding is not None:
+        if padding.rows is not None:
             attended = attended[padding.rows]  # [rows, hidden]
         hidden = self.attention_norm(self.attention_output(attended) + hidden)
         return self.output_norm(self.output(functional.gelu(self.intermediate(hidden))) + hidden)
@@ -116,15 +114,17 @@ class BertLayer(nn.Module):
 @dataclass(frozen=True, slots=True)
 class Padding:
     """Where the real tokens of a padded batch [batch, tokens] are: `rows` [real] their flat positions in
-    batch * tokens (row-major: sequence after sequence), `attend` [batch, 1, 1, tokens] bool (True: a real key)."""
+    batch * tokens (row-major: sequence after sequence), `attend` [batch, 1, 1, tokens] bool (True: a real key);
+    both None when no token is padding."""
 
-    rows: torch.Tensor
+    rows: torch.Tensor | None
     batch: int
     tokens: int
-    attend: torch.Tensor
+    attend: torch.Tensor | None
 
     def spread(self, packed: torch.Tensor) -> torch.Tensor:
         """packed [real, width] -> [batch * tokens, width], zeros at the padded positions."""
+        assert self.rows is not None
         padded = packed.new_zeros(self.batch * self.tokens, packed.shape[-1])
         padded[self.rows] = packed
         return padded
@@ -154,7 +154,7 @@ class BertEncoder(nn.Module):
         real = attention_mask.bool()
         positions = torch.arange(tokens, device=input_ids.device)
         if bool(real.all()):
-            padding, ids, positions = None, input_ids.reshape(-1), positions.repeat(batch)
+            padding, ids, positions = Padding(None, batch, tokens, None), input_ids.reshape(-1), positions.repeat(batch)
         else:
             rows = real.reshape(-1).nonzero().squeeze(1)  # [real]
             padding = Padding(rows, batch, tokens, real[:, None, None, :])
@@ -163,7 +163,7 @@ class BertEncoder(nn.Module):
         hidden = self.embedding_norm(hidden)  # [rows, hidden]
         for layer in self.layers:
             hidden = layer(hidden, padding)
-        if padding is None:
+        if padding.rows is None:
             return hidden.view(batch, tokens, -1)
         return padding.spread(hidden).view(batch, tokens, -1)
 

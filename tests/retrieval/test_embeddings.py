@@ -121,6 +121,30 @@ def test_the_light_backend_equals_the_transformers_backend_on_the_shipped_embedd
         np.testing.assert_allclose(light.encode(TEXTS, batch_size), reference.encode(TEXTS, batch_size), atol=1e-6)
 
 
+@pytest.mark.parametrize("lengths", ["equal", "mixed"])
+def test_a_text_embeds_the_same_in_any_batch_as_alone(lengths: str) -> None:
+    """The light backend packs a batch's real tokens through its products (padding only inside attention): every
+    text's vector in a batch equals its vector alone (1e-6), for batches with padding and batches whose texts have
+    the same token count (no padding: each text must still attend to its own tokens only)."""
+    import random
+
+    embedder = SentenceEmbedder().load()
+    assert embedder.model.backend == "light"
+    rng = random.Random(5)
+    words = "Gramux Mastem works for Kestrel Works in the north of Ilvara since 1979 , a cat sat".split()
+    if lengths == "equal":  # one token per word: every text 2 + 6 tokens
+        common = "the cat sat on a mat in north of dog ran far".split()
+        texts = [" ".join(rng.choice(common) for _ in range(6)) for _ in range(12)]
+        ids, mask = embedder.model.batch_tokenizer(texts)
+        assert bool(mask.all()), "the texts must tokenize to the same length"
+    else:
+        texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) for _ in range(12)]
+    alone = np.stack([embedder.embed([text])[0] for text in texts])
+    for size in (2, 5, 12):
+        picks = rng.sample(range(len(texts)), size)
+        np.testing.assert_allclose(embedder.embed([texts[i] for i in picks]), alone[picks], atol=1e-6)
+
+
 TINY_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cat", "dog", "sat", "on", "mat", "##s",
               "##ing", "run", ".", ",", "!", "数", "字"]
 TINY_TEXTS = ["the cats sat on the mat.", "", "dogs running, running, running on a mat! " * 4, "数字 é ?", "a"]
