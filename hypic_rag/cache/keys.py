@@ -12,6 +12,7 @@ entry's header and the stored token ids (see `segment_cache`), so even a digest 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -101,8 +102,14 @@ class CacheNamespace:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> bytes:
-        """The first `NAMESPACE_DIGEST_BYTES` bytes of sha256(canonical())."""
-        return namespace_digest(self.canonical())
+        """The first `NAMESPACE_DIGEST_BYTES` bytes of sha256(canonical()) (computed once per namespace: every
+        segment key of a request starts with it)."""
+        return _digest_of(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_of(namespace: CacheNamespace) -> bytes:
+    return namespace_digest(namespace.canonical())
 
 
 def namespace_digest(canonical_text: str) -> bytes:

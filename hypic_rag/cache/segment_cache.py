@@ -479,4 +479,4 @@ def _same_token_ids(entry: Mapping[str, torch.Tensor], token_ids: Sequence[int])
     stored = entry.get(TOKEN_IDS)
     if stored is None or stored.dtype != torch.int64 or stored.dim() != 1 or stored.numel() != len(token_ids):
         return False
-    return torch.equal(stored, torch.tensor(token_ids, dtype=torch.int64))
+    return stored.tolist() == list(token_ids)  # a list compare: no tensor made per lookup

@@ -127,7 +127,7 @@ def recurrent_layer(
     outputs = _Outputs(x.shape[0])
     if mixer.transition_kind is None:  # no state: every run of every item is independent
         for group in _length_classes(runs, list(range(len(runs)))):
-            results, _ = mixer.run(_inputs(mixer, projections, runs, group), None)
+            results, _ = mixer.run(_inputs(mixer, projections, runs, group, shared), None)
             for index, number in enumerate(group):
                 outputs.write(runs[number].row, runs[number].count, results[index])
         for walk in walks:
@@ -148,9 +148,9 @@ def recurrent_layer(
                 mapped.append(walk)
             waves.append(walk)
         if mapped:
-            _run_mapped(mixer, layer_index, projections, runs, mapped, outputs)
+            _run_mapped(mixer, layer_index, projections, runs, mapped, outputs, shared)
         if waves:
-            _run_waves(mixer, layer_index, projections, runs, waves, outputs)
+            _run_waves(mixer, layer_index, projections, runs, waves, outputs, shared)
     for walk in walks:
         walk.layout.state.linear[layer_index] = LinearLayerState(walk.state, walk.tail)
     assert outputs.tensor is not None
@@ -228,10 +228,46 @@ def gather_runs(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.T
     return out
 
 
-def _inputs(mixer: RecurrentMixer, projections: Projections, runs: list[_Run], group: list[int]):
+@dataclass(frozen=True, slots=True)
+class RunGather:
+    """`gather_runs` for one set of windows as two operations per tensor: `rows` [n * longest] the flat row each
+    place of the padded batch [n, longest] reads (past a run's end, the run's first row), `past_end` [n * longest]
+    bool (True past a run's end: zeroed) or None when every run is `longest` long. The same windows recur in every recurrent layer
+    of a pass, so a pass builds one per group of runs (`_inputs`, cached in the pass's `shared`)."""
+
+    rows: torch.Tensor
+    past_end: torch.Tensor | None
+    runs: int
+    longest: int
+
+    @classmethod
+    def of(cls, windows: list[tuple[int, int]], device: torch.device) -> RunGather:
+        longest = max(count for _, count in windows)
+        rows = [first + (step if step < count else 0) for first, count in windows for step in range(longest)]
+        past_end = None
+        if any(count < longest for _, count in windows):
+            past_end = torch.tensor([step >= count for _, count in windows for step in range(longest)], device=device)
+        return cls(torch.tensor(rows, dtype=torch.long, device=device), past_end, len(windows), longest)
+
+    def __call__(self, values: torch.Tensor) -> torch.Tensor:
+        """values [R, ...] -> [n, longest, ...]: each window's rows, zeros past its end (as `gather_runs`)."""
+        gathered = values.index_select(0, self.rows)
+        if self.past_end is not None:
+            gathered.masked_fill_(self.past_end.view(-1, *([1] * (values.dim() - 1))), 0)
+        return gathered.view(self.runs, self.longest, *values.shape[1:])
+
+
+def _inputs(mixer: RecurrentMixer, projections: Projections, runs: list[_Run], group: list[int], shared: dict):
     """The recurrence inputs of the runs `group`, padded to the longest (identity steps past each run's end)."""
     windows = [(runs[number].row, runs[number].count) for number in group]
-    gathered = projections.map(lambda tensor: gather_runs(tensor, windows))
+    if len(windows) == 1 and windows[0] == (0, projections.preconv.shape[0]):
+        gather = lambda tensor: tensor[None]  # noqa: E731 (the one run is every row: a view)
+    else:
+        key = ("gather", tuple(windows))  # the same windows in every layer of the pass
+        gather = shared.get(key)
+        if gather is None:
+            gather = shared[key] = RunGather.of(windows, projections.preconv.device)
+    gathered = projections.map(gather)
     convolved = mixer.convolve(gathered.preconv, torch.stack([runs[number].context for number in group]))
     lengths = [count for _, count in windows]
     return mixer.recurrence_inputs(convolved, gathered, None if min(lengths) == max(lengths) else lengths)
@@ -295,7 +331,7 @@ def _apply_cached_steps(
 
 def _run_waves(
     mixer: RecurrentMixer, layer_index: int, projections: Projections, runs: list[_Run], walks: list[_Walk],
-    outputs: _Outputs,
+    outputs: _Outputs, shared: dict,
 ) -> None:
     """The walks' remaining steps, advancing together one step of every walk at a time: the runs of a step go
     through the recurrence in one padded call per length class from their stacked states, the cached maps of a
@@ -308,7 +344,7 @@ def _run_waves(
         running = {step.run: walk for walk, step in current if step.run is not None}
         for group in _length_classes(runs, list(running)):
             starts = torch.stack([running[number].state for number in group])
-            results, finals = mixer.run(_inputs(mixer, projections, runs, group), starts)
+            results, finals = mixer.run(_inputs(mixer, projections, runs, group, shared), starts)
             for index, number in enumerate(group):
                 outputs.write(runs[number].row, runs[number].count, results[index])
                 running[number].state = finals[index]
@@ -339,7 +375,7 @@ def _apply_run_maps(stepping: list[tuple[_Walk, tuple[TransitionRun, int]]], kin
 
 def _run_mapped(
     mixer: RecurrentMixer, layer_index: int, projections: Projections, runs: list[_Run], walks: list[_Walk],
-    outputs: _Outputs,
+    outputs: _Outputs, shared: dict,
 ) -> None:
     """Every run but each walk's last from the identity start (one `run_with_transition` call per length class):
     each run's map, its outputs from a zero start and what a start state adds. Each walk then steps through those
@@ -351,7 +387,7 @@ def _run_mapped(
     groups = _length_classes(runs, early)
     transition_runs = []
     for group in groups:
-        transition_run = mixer.run_with_transition(_inputs(mixer, projections, runs, group))
+        transition_run = mixer.run_with_transition(_inputs(mixer, projections, runs, group, shared))
         transition_runs.append(transition_run)
         for index, number in enumerate(group):
             evaluated[number] = (transition_run, index)
