@@ -77,14 +77,6 @@ is 20-30% faster at 24 rows, 5-15% at 88-128 (a hypic prefill's seam windows and
 slower from about 144 rows on."""
 
 
-SMALL_PRODUCT_ROWS = 16
-SMALL_PRODUCT_WEIGHT = 1 << 17
-"""Up to `SMALL_PRODUCT_ROWS` rows through a weight of fewer than `SMALL_PRODUCT_WEIGHT` elements (a tiny model's
-decode step), `FastLinear` calls `F.linear`: oneDNN's per-call cost is then most of the product. Measured on 2 cores,
-one thread: [4, 128] x [128, 512] 13 against 24 us packed, [4, 384] x [384, 128] 11 against 19 us; from about
-[*, 256] x [256, 512] on, the packed product is as fast or faster."""
-
-
 def packed_enabled() -> bool:
     """Whether `FastLinear` keeps packed weight copies (HYPIC_RAG_PACKED_LINEARS, default on)."""
     return os.environ.get("HYPIC_RAG_PACKED_LINEARS", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -133,8 +125,6 @@ class FastLinear(nn.Linear):
         if not onednn_eligible(input, weight, bias):
             return F.linear(input, weight, bias)
         rows = input.numel() // input.shape[-1]
-        if rows <= SMALL_PRODUCT_ROWS and weight.numel() < SMALL_PRODUCT_WEIGHT:
-            return F.linear(input, weight, bias)
         if 2 <= rows <= PACKED_MAX_ROWS and packed_enabled():
             return packed_linear(input, self._packed_weight(), bias)
         return onednn_linear(input, weight, bias)
