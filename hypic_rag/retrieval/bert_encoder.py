@@ -143,11 +143,11 @@ class BertEncoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(shape) for _ in range(shape.num_hidden_layers))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids [batch, tokens] int; attention_mask [batch, tokens] (1: a real token, 0: padding; the real
-        tokens of each sequence first) -> the last hidden states [batch, tokens, hidden_size] float32. Only the real
-        tokens go through the token-wise products (a batch of texts of different lengths pays for its real tokens,
-        not for its padding) and only real tokens are attended to; padded positions hold zeros (transformers
-        computes values there, which pooling ignores)."""
+        """input_ids [batch, tokens] int; attention_mask [batch, tokens] (1: a real token, 0: padding; a token's
+        position is its column, as in transformers) -> the last hidden states [batch, tokens, hidden_size] float32.
+        Only the real tokens go through the token-wise products (a batch of texts of different lengths pays for its
+        real tokens, not for its padding) and only real tokens are attended to; padded positions hold zeros
+        (transformers computes values there, which pooling ignores)."""
         batch, tokens = input_ids.shape
         if tokens > self.shape.max_position_embeddings:
             raise ValueError(f"{tokens} tokens exceed the model's {self.shape.max_position_embeddings} positions")
