@@ -73,8 +73,9 @@ class HybridModel:
 
     hf_model: the transformers model as it was given (or as `load_model` loaded it), never changed by the runtime:
     its own forward is transformers' stock forward; or, for a natively built checkpoint (`implementation`
-    "native", `runtime.native`), the module tree of the same names and weights, which has no forward of its own. runtime_model: what the runtime drives, `fast_view(hf_model)`:
-    the same parameters and buffers (shared, not copied), its plain linear layers `FastLinear`, in eval mode.
+    "native", `runtime.native`), the module tree of the same names and weights, which has no forward of its own.
+    runtime_model: what the runtime drives, `fast_view(hf_model)`: the same parameters and buffers (shared, not
+    copied), its plain linear layers `FastLinear`, in eval mode.
     blocks[i]: decoder layer i as a `Block` (its mixers over runtime_model's modules), built by `family`;
     layer_types[i]: its kind ("linear_attention", "full_attention", both joined by "+", or "mlp").
     fingerprint: sha256 over the config and a digest of the weights (cache keys use it).

@@ -7,12 +7,14 @@ kind, `segment_state.py`) and its conv tail replaces the running one. How the ru
 - decode steps (every item one token after its state): one call of the recurrence over the stacked states
   [n, *state_shape];
 - `packed`: the pass's only item with several runs, for a mixer that `scans_runs` (Gated DeltaNet on CPU), when no
-  per-span checkpoint is wanted (several such items go `mapped` and through the wavefront, which batches them): its runs packed end to end through one conv and one scan, the cached maps between runs
-  applied as the scan reaches each run (`RecurrentMixer.run_packed`);
+  per-span checkpoint is wanted (several such items go `mapped` and through the wavefront, which batches them):
+  its runs packed end to end through one conv and one scan, the cached maps between runs applied as the scan
+  reaches each run (`RecurrentMixer.run_packed`);
 - `mapped`: an item with several runs and cached spans between them otherwise: every run but its last evaluated
   from the identity start (one batched `run_with_transition` call per length class, across items), which gives
-  each run's affine map, so the item's state walks through runs and cached spans as maps alone; each run's
-  outputs then follow from its start state (`outputs_from_start`);
+  each run's affine map, so the item's state walks through runs and cached spans as maps alone (the items in
+  lockstep: each position's maps of every item in one batched product); each run's outputs then follow from its
+  start state (`outputs_from_start`);
 - the rest, and each mapped item's last run: the items' walks advance together, one step of every item at a time
   (a wavefront); the runs of a step go through the recurrence in one padded call per length class from their
   stacked states, the cached maps of a step are applied together.
@@ -215,7 +217,7 @@ def _length_classes(runs: list[_Run], numbers: list[int]) -> list[list[int]]:
 
 def gather_runs(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.Tensor:
     """Rows (first, count) of values [R, ...] as [n, longest, ...], each run zero-padded at its end (a view when
-    the one run is every row)."""
+    the one run is every row): a copy per run, the reference `RunGather` (what passes use) is tested against."""
     if len(windows) == 1 and windows[0] == (0, values.shape[0]):
         return values[None]
     longest = max(count for _, count in windows)
@@ -230,19 +232,23 @@ def gather_runs(values: torch.Tensor, windows: list[tuple[int, int]]) -> torch.T
 
 @dataclass(frozen=True, slots=True)
 class RunGather:
-    """`gather_runs` for one set of windows as two operations per tensor: `rows` [n * longest] the flat row each
-    place of the padded batch [n, longest] reads (past a run's end, the run's first row), `past_end` [n * longest]
-    bool (True past a run's end: zeroed) or None when every run is `longest` long. The same windows recur in every recurrent layer
-    of a pass, so a pass builds one per group of runs (`_inputs`, cached in the pass's `shared`)."""
+    """`gather_runs` for one set of windows as at most two operations per tensor: `rows` [n * longest] the flat row
+    each place of the padded batch [n, longest] reads (past a run's end, the run's first row; None when the one run
+    is every row: a view), `past_end` [n * longest] bool (True past a run's end: zeroed) or None when every run is
+    `longest` long. The same windows recur in every recurrent layer of a pass, so a pass builds one per group of
+    runs (`_inputs`, kept in the pass's `shared`)."""
 
-    rows: torch.Tensor
+    rows: torch.Tensor | None
     past_end: torch.Tensor | None
     runs: int
     longest: int
 
     @classmethod
-    def of(cls, windows: list[tuple[int, int]], device: torch.device) -> RunGather:
+    def of(cls, windows: list[tuple[int, int]], total_rows: int, device: torch.device) -> RunGather:
+        """The gather of `windows` (first row, count) out of `total_rows` rows."""
         longest = max(count for _, count in windows)
+        if len(windows) == 1 and windows[0] == (0, total_rows):
+            return cls(None, None, 1, longest)
         rows = [first + (step if step < count else 0) for first, count in windows for step in range(longest)]
         past_end = None
         if any(count < longest for _, count in windows):
@@ -251,6 +257,8 @@ class RunGather:
 
     def __call__(self, values: torch.Tensor) -> torch.Tensor:
         """values [R, ...] -> [n, longest, ...]: each window's rows, zeros past its end (as `gather_runs`)."""
+        if self.rows is None:
+            return values[None]
         gathered = values.index_select(0, self.rows)
         if self.past_end is not None:
             gathered.masked_fill_(self.past_end.view(-1, *([1] * (values.dim() - 1))), 0)
@@ -260,13 +268,11 @@ class RunGather:
 def _inputs(mixer: RecurrentMixer, projections: Projections, runs: list[_Run], group: list[int], shared: dict):
     """The recurrence inputs of the runs `group`, padded to the longest (identity steps past each run's end)."""
     windows = [(runs[number].row, runs[number].count) for number in group]
-    if len(windows) == 1 and windows[0] == (0, projections.preconv.shape[0]):
-        gather = lambda tensor: tensor[None]  # noqa: E731 (the one run is every row: a view)
-    else:
-        key = ("gather", tuple(windows))  # the same windows in every layer of the pass
-        gather = shared.get(key)
-        if gather is None:
-            gather = shared[key] = RunGather.of(windows, projections.preconv.device)
+    key = ("gather", tuple(windows))  # the same windows in every layer of the pass
+    gather = shared.get(key)
+    if gather is None:
+        preconv = projections.preconv
+        gather = shared[key] = RunGather.of(windows, preconv.shape[0], preconv.device)
     gathered = projections.map(gather)
     convolved = mixer.convolve(gathered.preconv, torch.stack([runs[number].context for number in group]))
     lengths = [count for _, count in windows]
@@ -360,10 +366,6 @@ def _apply_run_maps(stepping: list[tuple[_Walk, tuple[TransitionRun, int]]], kin
     """Each walk's state advanced over one evaluated run's affine map ((the `TransitionRun`, the run's index in
     it)): the maps of several walks stacked and applied in one product over their stacked states; the same values
     as one walk at a time (`SegmentState.apply`)."""
-    if len(stepping) == 1:
-        walk, (transition_run, index) = stepping[0]
-        walk.state = transition_run.segment.select(slice(index, index + 1)).apply(walk.state[None])[0]
-        return
     transitions = torch.stack([transition_run.segment.transition[index] for _, (transition_run, index) in stepping])
     states = torch.stack([transition_run.segment.state[index] for _, (transition_run, index) in stepping])
     start = torch.stack([walk.state for walk, _ in stepping])

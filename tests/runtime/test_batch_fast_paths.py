@@ -207,18 +207,22 @@ def test_the_last_block_for_the_last_tokens_only_equals_every_row(model) -> None
         torch.testing.assert_close(want.all_logits[-1], want.logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("counts", [[5, 5, 5], [3, 8, 1, 8], [7]])
-def test_a_run_gather_equals_gather_runs(counts: list[int]) -> None:
+@pytest.mark.parametrize("counts", [[5, 5, 5], [3, 8, 1, 8], [7], "whole"])
+def test_a_run_gather_equals_gather_runs(counts: list[int] | str) -> None:
     """`RunGather` (the windows' gather made once per pass, two operations per tensor) against `gather_runs` (a copy
     per run): equal, zeros past each run's end, for tensors of several trailing shapes."""
     generator = torch.Generator().manual_seed(len(counts))
-    rows = sum(counts) + 4
-    starts = [2 + sum(counts[:number]) for number in range(len(counts))]
+    if counts == "whole":  # the one run is every row: a view
+        counts, rows, starts = [9], 9, [0]
+    else:
+        rows = sum(counts) + 4
+        starts = [2 + sum(counts[:number]) for number in range(len(counts))]
     windows = list(zip(starts, counts))
-    gather = recurrent_pass.RunGather.of(windows, torch.device("cpu"))
+    gather = recurrent_pass.RunGather.of(windows, rows, torch.device("cpu"))
     for shape in ((rows,), (rows, 6), (rows, 3, 4)):
         values = torch.randn(*shape, generator=generator)
         got = gather(values)
         assert torch.equal(got, recurrent_pass.gather_runs(values, windows))
+        assert (got.data_ptr() == values.data_ptr()) == (rows == counts[0])  # the whole: a view, no copy
         for number, count in enumerate(counts):
             assert not got[number, count:].any()
