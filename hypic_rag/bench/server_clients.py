@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 ONE_CLIENT, CONCURRENT = "one_client", "concurrent"
 
 
-def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4) -> dict[str, Any]:
-    """The row (see the module docstring); `config.clients` is not used (the cells are 1 and `clients`)."""
+def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4, workers: int = 1) -> dict[str, Any]:
+    """The row (see the module docstring); `config.clients` is not used (the cells are 1 and `clients`). workers:
+    the server's `--workers` (model processes behind its endpoint; 1: the single-process server)."""
     import httpx
 
     from hypic_rag.bench.foreign_corpus import questions, write_foreign_corpus
@@ -51,7 +52,7 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
             [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--device", "cpu", "--port", str(port),
-             "--queue-size", str(max(64, 4 * clients)), "--log-level", "warning"],
+             "--queue-size", str(max(64, 4 * clients)), "--log-level", "warning", "--workers", str(workers)],
         )
         try:
             _wait_ready(httpx, url, server)
@@ -91,10 +92,11 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
     one = summarize(1, cells[ONE_CLIENT])
     many = summarize(clients, cells[CONCURRENT])
     ratio = many["requests_per_second"] / one["requests_per_second"] if one["requests_per_second"] else float("nan")
-    logger.info("server, 1 client %.3f req/s, %d clients %.3f req/s (%.2fx), %d answers differ from alone",
-                one["requests_per_second"], clients, many["requests_per_second"], ratio, len(mismatches))
+    logger.info("server (%d workers), 1 client %.3f req/s, %d clients %.3f req/s (%.2fx), %d answers differ from alone",
+                workers, one["requests_per_second"], clients, many["requests_per_second"], ratio, len(mismatches))
     return {
         "endpoint": f"/v1/ask (streamed, top_k {top_k})", "corpus": "foreign_corpus (15 invented documents)",
+        "workers": workers,
         "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
         "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
     }
@@ -144,11 +146,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48, help="requests per cell (split over the repeats)")
     parser.add_argument("--seconds", type=float, default=120.0, help="wall time per cell")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=1, help="the server's --workers (model processes)")
     parser.add_argument("--json", type=Path, default=None, help="write the row here")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     row = server_clients(ThroughputConfig(clients=(1, options.clients), max_requests=options.requests,
-                                          max_seconds=options.seconds), clients=options.clients)
+                                          max_seconds=options.seconds), clients=options.clients,
+                         workers=options.workers)
     text = json.dumps(row, indent=2)
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")

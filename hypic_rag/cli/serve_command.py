@@ -92,6 +92,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds in-flight requests get to finish on shutdown (30)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log level (info)")
+    parser.add_argument("--workers", type=int_in(1, 256), default=1, metavar="N",
+                        help="model worker processes on this host behind this endpoint, each request to the least "
+                             "loaded (data parallel over the cores, no Ray; each loads the model; read-only). 1: this "
+                             "process serves alone")
     scale = parser.add_argument_group("scale-out (Ray; needs the ray extra)")
     scale.add_argument("--replicas", type=int_in(1, 1_024), default=1, metavar="N",
                        help="model replicas behind this endpoint, as Ray Serve deployments; each request goes to the "
@@ -129,7 +133,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
     _check_scale_out_options(args)
-    if args.replicas > 1 or args.encode_actors:  # Ray's processes end with this one, however it ends
+    if args.replicas > 1 or args.encode_actors or args.workers > 1:  # its processes end with it, however it ends
         from hypic_rag.utils.reaper import reap_on_exit
 
         reap_on_exit()
@@ -174,7 +178,7 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
-    replicated = args.replicas > 1
+    replicated = args.replicas > 1 or args.workers > 1
     if not args.read_only and not replicated:
         try:
             check_not_locked(index_dir)
@@ -196,11 +200,17 @@ def run_serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
 
     def announce() -> None:
-        replicas = f" with {args.replicas} replicas (read-only)" if replicated else ""
+        replicas = (f" with {args.workers} workers (read-only)" if args.workers > 1
+                    else f" with {args.replicas} replicas (read-only)" if replicated else "")
         print(f"hypic-rag: serving {index_dir}{replicas} on http://{args.host}:{port} (OpenAPI page: /docs)", flush=True)
 
     try:
-        if replicated:  # Ray is imported only here
+        if args.workers > 1:
+            from hypic_rag.distributed.serve_front import serve_with_workers
+
+            started = serve_with_workers(config, args.workers, args.host, port, sock=sock, log_level=args.log_level,
+                                         on_ready=announce, max_in_flight=args.max_in_flight)
+        elif replicated:  # Ray is imported only here
             started = _serve_replicated(args, config, port, sock, announce)
         else:
             started = serve(config, args.host, port, log_level=args.log_level, sock=sock, on_ready=announce)
@@ -216,6 +226,9 @@ def run_serve(args: argparse.Namespace) -> int:
 def _check_scale_out_options(args: argparse.Namespace) -> None:
     """Options that would do nothing are refused (exit 2), not ignored: --ray names the cluster of --replicas N
     (N > 1) and --encode-actors K, and means nothing without one of them."""
+    if args.workers > 1 and args.replicas > 1:
+        raise CliError("--workers N runs the model in N processes on this host and --replicas N on Ray Serve; "
+                       "choose one", EXIT_BAD_INPUT)
     if args.ray is not None and args.replicas < 2 and not args.encode_actors:
         raise CliError("--ray names the Ray cluster for --replicas N (N > 1) or --encode-actors K, and this server "
                        "would use neither; add one of them, or drop --ray", EXIT_BAD_INPUT)
@@ -230,8 +243,8 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
         return None
     cache_dir = Path(args.cache).expanduser()
     templated = REPLICA_PLACEHOLDER in args.cache
-    if templated and args.replicas < 2:
-        raise CliError(f"--cache: {REPLICA_PLACEHOLDER} names a directory per replica and needs --replicas N > 1",
+    if templated and args.replicas < 2 and args.workers < 2:
+        raise CliError(f"--cache: {REPLICA_PLACEHOLDER} names a directory per replica and needs --replicas N or --workers N (N > 1)",
                        EXIT_BAD_INPUT)
     checked = Path(args.cache.split(REPLICA_PLACEHOLDER)[0]).expanduser() if templated else cache_dir
     reason = unusable_directory_reason(checked)

@@ -117,10 +117,11 @@ def chat_keys(body: Mapping[str, Any], separator: str) -> list[str]:
 
 
 class Front:
-    """Routes and forwards requests to `replicas` (replica id -> client)."""
+    """Routes and forwards requests to `replicas` (replica id -> client); `retrieve` None routes `/v1/ask` by load
+    alone (local workers, which share one segment cache: `local_workers.py`)."""
 
     def __init__(
-        self, config: ServerConfig, replicas: Mapping[str, ReplicaClient], retrieve: Retrieve,
+        self, config: ServerConfig, replicas: Mapping[str, ReplicaClient], retrieve: Retrieve | None,
         *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.config = config
@@ -142,6 +143,8 @@ class Front:
             return completion_keys(parsed, self.config.separator)
         if path == "/v1/chat/completions":
             return chat_keys(parsed, self.config.separator)
+        if self.retrieve is None:
+            return []
         question, top_k = parsed.get("question"), parsed.get("top_k", DEFAULT_TOP_K)
         if not isinstance(question, str) or not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             return []

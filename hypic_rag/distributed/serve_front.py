@@ -1,6 +1,8 @@
-"""Running `hypic-rag serve --replicas N`: replicas on Ray Serve, the front on uvicorn in this process.
+"""Running `hypic-rag serve --replicas N` (replicas on Ray Serve) and `serve --workers N` (worker processes on this
+host, `local_workers.py`), the front on uvicorn in this process.
 
     serve_with_replicas(config, ReplicaOptions(replicas=2), "127.0.0.1", 8000, cluster="local")
+    serve_with_workers(config, 2, "127.0.0.1", 8000, sock=bind_socket("127.0.0.1", 8000))
 
 Start-up in the order of the single server's (`server.runner.serve`): the port is bound first (by the caller),
 then the replicas load (each its model, index and cache: `serve_replicas.deploy_replicas`), then the front opens
@@ -61,24 +63,65 @@ def serve_with_replicas(
     if max_in_flight is not None:
         front.router.max_in_flight = max_in_flight
     try:
-        server = uvicorn.Server(uvicorn.Config(
-            create_front_app(front), host=host, port=port, log_level=log_level, lifespan="off",
-            timeout_graceful_shutdown=max(1, int(config.shutdown_grace_s)), access_log=log_level == "debug",
-        ))
-        if on_ready is not None:
-            on_ready()
-        previous = signal.signal(signal.SIGTERM, _ignore_signal)
-        try:
-            server.run(sockets=[sock])
-        except SystemExit:
-            return False
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        return bool(server.started)
+        return run_front(front, host, port, sock=sock, log_level=log_level, on_ready=on_ready)
     finally:
         retriever.close()
         remove_replicas(options.replicas)
         disconnect_if_local(ray, cluster)
+
+
+def serve_with_workers(
+    config: ServerConfig,
+    workers: int,
+    host: str,
+    port: int,
+    *,
+    sock: socket.socket,
+    log_level: str = "info",
+    on_ready: Callable[[], None] | None = None,
+    max_in_flight: int | None = None,
+) -> bool:
+    """`serve --workers N`: N local worker processes (`local_workers.LocalWorkers`, each loads the model), then the
+    front on `sock`, routing by load, until SIGINT or SIGTERM; the workers stop after the front. False if uvicorn
+    failed to start; `WorkerStartError` if a worker could not load."""
+    from hypic_rag.distributed.local_workers import LocalWorkers
+
+    pool = LocalWorkers(config, workers, log_level="warning" if log_level == "info" else log_level).start()
+    front = Front(config, pool.clients, retrieve=None)
+    if max_in_flight is not None:
+        front.router.max_in_flight = max_in_flight
+    try:
+        with pool.watching():
+            return run_front(front, host, port, sock=sock, log_level=log_level, on_ready=on_ready)
+    finally:
+        pool.stop()
+
+
+def run_front(
+    front: Front,
+    host: str,
+    port: int,
+    *,
+    sock: socket.socket,
+    log_level: str = "info",
+    on_ready: Callable[[], None] | None = None,
+) -> bool:
+    """Serve `front`'s application on `sock` until SIGINT or SIGTERM (the replicas are the caller's to stop);
+    False if uvicorn failed to start."""
+    server = uvicorn.Server(uvicorn.Config(
+        create_front_app(front), host=host, port=port, log_level=log_level, lifespan="off",
+        timeout_graceful_shutdown=max(1, int(front.config.shutdown_grace_s)), access_log=log_level == "debug",
+    ))
+    if on_ready is not None:
+        on_ready()
+    previous = signal.signal(signal.SIGTERM, _ignore_signal)
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:
+        return False
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return bool(server.started)
 
 
 def _ignore_signal(signum: int, frame: object) -> None:

@@ -139,7 +139,7 @@ def test_scale_out_options_refused_in_one_line(tmp_path: Path, copy_tiny_index,
     assert not index.exists()
     served = copy_tiny_index(tmp_path / "served")
     refused(["serve", "--index", str(served), "--port", "0", "--cache", str(tmp_path / "c" / "{replica}")],
-            "{replica} names a directory per replica and needs --replicas N > 1")
+            "{replica} names a directory per replica and needs --replicas N or --workers N (N > 1)")
     (tmp_path / "a-file").write_text("x")
     refused(["serve", "--index", str(served), "--port", "0", "--cache", str(tmp_path / "a-file")],
             "segment cache directory unusable")

@@ -1,0 +1,259 @@
+"""The workers of `hypic-rag serve --workers N`: N model processes on this host behind one endpoint, no Ray.
+
+Each worker is a process of its own (multiprocessing, spawned) that runs the single-process service
+(`create_app` over the index, read-only, as a replica: `ServerConfig.for_replica`) on a private Unix socket;
+the front (`front.Front`, in the serving process) forwards every request whole to the worker with the fewest
+requests in flight and streams its response back. So the model work of N workers runs on N cores at once,
+each worker with its own Python interpreter (no GIL shared) and `cores // N` intra-op threads: on a CPU host
+whose per-step work is many small operations, one model worker thread is the limit that batching alone does not
+lift (docs/service.md, "Workers").
+
+    workers = LocalWorkers(config, count=2).start()   # loads the model in every worker; raises if one fails
+    front = Front(config, workers.clients, retrieve=None)
+    ...
+    workers.stop()
+
+Unlike Ray replicas, the front does not retrieve to route `/v1/ask` (the workers share the host's LMDB segment
+cache, and a retrieval in the front would embed every question twice on the same cores): it routes by load, and
+completions by their segments' digests (`front.Front.affinity_keys`). Document endpoints answer 409, as on any
+read-only server: update the index with `hypic-rag precompute` (or a single server) and restart the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
+from hypic_rag.errors import HypicError
+from hypic_rag.server import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+WORKER_PREFIX = "worker-"
+READY = "ready"
+STOP_GRACE_S = 5.0
+"""Seconds a worker gets after its shutdown grace (SIGTERM) before it is killed."""
+
+
+class WorkerStartError(HypicError):
+    """A worker could not start (its model, index or cache failed to open, or it died while loading)."""
+
+
+def worker_names(count: int) -> list[str]:
+    return [f"{WORKER_PREFIX}{number}" for number in range(count)]
+
+
+def worker_threads(count: int, cores: int | None = None) -> int:
+    """Intra-op threads of each of `count` workers: the host's cores shared out, at least one each."""
+    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                             else os.cpu_count() or 1)
+    return max(1, cores // count)
+
+
+def run_worker(config: ServerConfig, name: str, socket_path: str, threads: int, log_level: str,
+               ready: Connection) -> None:
+    """A worker process's body: open the service (model, index read-only, cache), listen on `socket_path`, say
+    `READY` (or the start-up error, one line) on `ready`, then serve until SIGTERM or SIGINT."""
+    import torch
+    import uvicorn
+
+    logging.basicConfig(level=getattr(logging, log_level.upper()), format=f"%(levelname)s [{name}] %(message)s")
+    logging.getLogger("hypic_rag").setLevel(getattr(logging, log_level.upper()))
+    torch.set_num_threads(threads)
+    try:
+        from hypic_rag.server import create_app
+
+        app = create_app(config.for_replica(name), start=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(socket_path)
+        listener.listen(1024)  # connections wait in the backlog until uvicorn accepts them
+    except BaseException as error:  # noqa: BLE001 - reported to the parent as one line, then this process ends
+        ready.send(f"{type(error).__name__}: {error}")
+        ready.close()
+        raise SystemExit(1) from None
+    ready.send(READY)
+    ready.close()
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=max(1, int(config.shutdown_grace_s)),
+        access_log=log_level == "debug",
+    ))
+    server.run(sockets=[listener])
+
+
+class WorkerClient:
+    """A `front.ReplicaClient` over one worker's Unix socket (HTTP/1.1, a pool of keep-alive connections)."""
+
+    def __init__(self, name: str, socket_path: str, max_connections: int = 256) -> None:
+        import httpx
+
+        self.name = name
+        self.socket_path = socket_path
+        self._httpx = httpx
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=socket_path, limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections)),
+            base_url="http://worker", timeout=httpx.Timeout(None, connect=10.0),
+        )
+
+    async def stream(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+        """The worker's response to `request`: a `ResponseStart`, then the body's parts as the worker sends them;
+        a worker that cannot be reached answers 503 with the reason."""
+        url = request.path + (f"?{request.query_string.decode('latin-1')}" if request.query_string else "")
+        outgoing = self._client.build_request(request.method, url, headers=list(request.headers), content=request.body)
+        try:
+            response = await self._client.send(outgoing, stream=True)
+        except self._httpx.TransportError as error:
+            logger.error("worker %s unreachable: %s", self.name, error)
+            yield ResponseStart(503, [(b"content-type", b"application/json")])
+            yield json.dumps({"error": {"message": f"worker {self.name} is not running ({type(error).__name__}); "
+                                                   "the server is restarting it", "type": "unavailable"}}).encode()
+            return
+        try:
+            yield ResponseStart(response.status_code, list(response.headers.raw))
+            async for part in response.aiter_raw():
+                yield part
+        finally:
+            await response.aclose()  # closing early tells the worker the client went away
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class LocalWorkers:
+    """`count` worker processes over `config`'s index (see the module docstring); `clients` are their front
+    clients, by worker name. A worker that dies while serving is restarted by `watch` (`serve --workers` runs it)."""
+
+    def __init__(self, config: ServerConfig, count: int, *, threads: int | None = None,
+                 log_level: str = "warning") -> None:
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self.config = config
+        self.count = count
+        self.threads = threads if threads is not None else worker_threads(count)
+        self.log_level = log_level
+        self._directory = tempfile.mkdtemp(prefix="hypic-workers-")
+        self._context = multiprocessing.get_context("spawn")  # no fork of a process holding threads and the cache
+        self._processes: dict[str, Any] = {}
+        self.restarts = 0
+        self.clients: dict[str, WorkerClient] = {
+            name: WorkerClient(name, str(Path(self._directory) / f"{name}.sock")) for name in worker_names(count)}
+
+    def start(self) -> LocalWorkers:
+        """Start every worker and wait until all have loaded (they load in parallel); `WorkerStartError` naming
+        the first that failed, after stopping the others."""
+        try:
+            waiting = {name: self._spawn(name) for name in self.clients}
+            for name, ready in waiting.items():
+                self._await_ready(name, ready)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str) -> Connection:
+        path = self.clients[name].socket_path
+        if os.path.exists(path):
+            os.unlink(path)
+        receive, send = self._context.Pipe(duplex=False)
+        process = self._context.Process(
+            target=run_worker, name=f"hypic-{name}", daemon=False,
+            args=(self.config, name, path, self.threads, self.log_level, send),
+        )
+        process.start()
+        send.close()
+        self._processes[name] = process
+        return receive
+
+    def _await_ready(self, name: str, ready: Connection) -> None:
+        process = self._processes[name]
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        try:
+            while not ready.poll(0.2):
+                if not process.is_alive():
+                    raise WorkerStartError(f"{name} exited with code {process.exitcode} while loading")
+                if time.monotonic() > deadline:
+                    raise WorkerStartError(f"{name} did not load within {self.config.startup_timeout_s:g} s")
+            try:
+                message = ready.recv()
+            except EOFError:
+                raise WorkerStartError(f"{name} exited while loading") from None
+        finally:
+            ready.close()
+        if message != READY:
+            raise WorkerStartError(f"{name} could not start: {message}")
+        logger.info("%s ready (pid %d, %d intra-op threads)", name, process.pid, self.threads)
+
+    def alive(self) -> dict[str, bool]:
+        return {name: process.is_alive() for name, process in self._processes.items()}
+
+    def watch(self, stopping: threading.Event, period_s: float = 1.0) -> None:
+        """Restart any worker that died (a crash, the OOM killer) until `stopping` is set; its requests in flight
+        failed with it, and the front answers 503 for it while it reloads."""
+        while not stopping.wait(period_s):
+            for name, alive in self.alive().items():
+                if alive or stopping.is_set():
+                    continue
+                logger.error("%s died (exit code %s); restarting it", name, self._processes[name].exitcode)
+                self.restarts += 1
+                try:
+                    self._await_ready(name, self._spawn(name))
+                except WorkerStartError as error:
+                    logger.error("%s", error)
+
+    @contextmanager
+    def watching(self, period_s: float = 1.0) -> Iterator[None]:
+        """`watch` in a thread of its own for the block."""
+        stopping = threading.Event()
+        thread = threading.Thread(target=self.watch, args=(stopping, period_s), name="hypic-workers-watch",
+                                  daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stopping.set()
+            thread.join(self.config.startup_timeout_s)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM every worker (each finishes its requests in flight within the shutdown grace, then closes its
+        cache), SIGKILL what is left after the grace."""
+        grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        for process in self._processes.values():
+            if process.is_alive() and process.pid is not None:
+                try:
+                    os.kill(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s + STOP_GRACE_S
+        for name, process in self._processes.items():
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                logger.warning("%s did not stop within the grace; killing it", name)
+                process.kill()
+                process.join(5.0)
+        for client in self.clients.values():
+            if os.path.exists(client.socket_path):
+                os.unlink(client.socket_path)
+        try:
+            os.rmdir(self._directory)
+        except OSError:
+            pass
+
+    def __enter__(self) -> LocalWorkers:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
