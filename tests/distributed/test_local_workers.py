@@ -1,0 +1,133 @@
+"""`hypic-rag serve --workers 2`: one real subprocess whose two spawned workers serve the tiny index behind the
+front on 127.0.0.1. Concurrent answers equal the same questions asked one at a time, both workers serve (routed by
+load), streams arrive whole, the index is read-only (409), a worker killed with SIGKILL is restarted and serves
+again, and SIGTERM stops the server and every worker. Plus the pieces in this process: the thread split and the
+one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hypic_rag.distributed.local_workers import worker_names, worker_threads
+from hypic_rag.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTIONS = ["What does the corpus say about the river?", "Who built the bridge?", "When was the town founded?",
+             "What is the harbour known for?"]
+
+
+def children(pid: int) -> list[int]:
+    """Every child of `pid`, whichever of its threads started it (a restarted worker: the watch thread)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The server's spawned worker processes (not its watchdog or multiprocessing's resource tracker)."""
+    pids = []
+    for child in children(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"multiprocessing" in command and b"spawn_main" in command:
+            pids.append(child)
+    return pids
+
+
+def wait_healthy(url: str, process: subprocess.Popen[str], timeout_s: float = 180.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        try:
+            response = httpx.get(f"{url}/healthz", timeout=10)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError("the server did not become healthy")
+
+
+def ask(url: str, question: str) -> tuple[str, tuple[str, ...], str]:
+    response = httpx.post(f"{url}/v1/ask", json={"question": question, "top_k": 2, "max_new_tokens": 6},
+                          timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return body["answer"], tuple(source["chunk_id"] for source in body["sources"]), response.headers["x-hypic-replica"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_two_workers_serve_equal_answers_restart_and_stop(tmp_path: Path, copy_tiny_index) -> None:
+    index = copy_tiny_index(tmp_path / "index")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--port", str(port), "--device", "cpu",
+         "--workers", "2", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )
+    try:
+        health = wait_healthy(url, process)
+        assert [replica["replica"] for replica in health["replicas"]] == worker_names(2)
+        assert health["read_only"] is True
+        pids = worker_pids(process.pid)
+        assert len(pids) == 2
+
+        alone = [ask(url, question)[:2] for question in QUESTIONS]
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda number: ask(url, QUESTIONS[number % 4]), range(16)))
+        assert [answer[:2] for answer in together] == [alone[number % 4] for number in range(16)]
+        assert {answer[2] for answer in together} == set(worker_names(2))  # routed by load: both served
+
+        with httpx.stream("POST", f"{url}/v1/ask", json={"question": QUESTIONS[0], "top_k": 2, "max_new_tokens": 6,
+                                                         "stream": True}, timeout=120) as response:
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        assert events[-1]["type"] == "done" and events[-1]["answer"] == alone[0][0]
+
+        refused = httpx.post(f"{url}/v1/documents", json={"documents": [{"id": "new", "text": "More text."}]},
+                             timeout=60)
+        assert refused.status_code == 409, refused.text
+
+        os.kill(pids[0], signal.SIGKILL)  # a crash: the server restarts the worker, the other keeps serving
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            restarted = [pid for pid in worker_pids(process.pid) if pid not in pids]
+            if restarted and httpx.get(f"{url}/healthz", timeout=10).status_code == 200:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the killed worker was not restarted")
+        with ThreadPoolExecutor(4) as pool:
+            again = list(pool.map(lambda number: ask(url, QUESTIONS[number % 4]), range(8)))
+        assert [answer[:2] for answer in again] == [alone[number % 4] for number in range(8)]
+        running = worker_pids(process.pid)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert not [pid for pid in running if Path(f"/proc/{pid}").exists()]
+
+
+def test_workers_share_the_cores() -> None:
+    assert worker_threads(2, cores=2) == 1
+    assert worker_threads(3, cores=2) == 1
+    assert worker_threads(2, cores=16) == 8
+    assert worker_threads(1, cores=4) == 4
