@@ -94,7 +94,7 @@ def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
         if name == "families":
             lines += family_throughput_markdown(section)
             continue
-        if name == "server_clients":
+        if name in ("server_clients", "server_clients_workers"):
             lines += server_clients_markdown(section)
             continue
         lines += ["", f"## {THROUGHPUT_TITLES[name].format(**section)}", ""]
@@ -120,8 +120,11 @@ def throughput_markdown(throughput: dict[str, Any]) -> list[str]:
 def server_clients_markdown(section: dict[str, Any]) -> list[str]:
     """One server, one client against concurrent clients (`bench/server_clients.py`): both cells and their ratio,
     and how many concurrent answers differed from the same question asked alone."""
-    lines = ["", f"## Through the service, one client against {section['concurrent']['clients']} (bundled default "
-             f"model, {section['corpus']}, {section['endpoint']}, max_new_tokens {section['new_tokens']})", "",
+    workers = int(section.get("workers", 1))
+    served = f"`serve --workers {workers}`" if workers > 1 else "one server process"
+    lines = ["", f"## Through the service ({served}), one client against {section['concurrent']['clients']} "
+             f"(bundled default model, {section['corpus']}, {section['endpoint']}, max_new_tokens "
+             f"{section['new_tokens']})", "",
              "| clients | completed | req/s | TTFT p50 (s) | latency p50 (s) | tokens/answer |",
              "| --- | --- | --- | --- | --- | --- |"]
     for cell in (section["one_client"], section["concurrent"]):

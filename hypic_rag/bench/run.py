@@ -62,6 +62,8 @@ class BenchConfig:
     batching_server: bool = True
     server_clients: int = 8
     """The concurrent clients `server_clients` sets against one (with `batching_server`)."""
+    server_workers: int = 2
+    """Above 1: the `server_clients` row again with `serve --workers N` (`server_clients_workers`)."""
     throughput_modes: tuple[str, ...] = THROUGHPUT_MODES
     family_kinds: tuple[str, ...] = tuple(FAMILY_KINDS)
     family_clients: int = 8
@@ -79,6 +81,8 @@ class BenchConfig:
             raise ValueError("need at least one request and a pool at least as large as the largest k")
         if self.pool_size < 8:
             raise ValueError("the throughput section draws k = 8 chunks: the pool needs at least 8")
+        if self.server_workers < 1:
+            raise ValueError(f"server_workers must be at least 1, got {self.server_workers}")
         if self.server_clients < 2:
             raise ValueError(f"server_clients must be at least 2 (set against one client), got {self.server_clients}")
         unknown_families = set(self.family_kinds) - set(FAMILY_KINDS)
@@ -232,9 +236,12 @@ def run_throughput(config: BenchConfig, model: Any, tokens: W.TokenSource, show_
         logger.info("throughput: server with the bundled model, %s clients", settings.clients)
         section["server"] = server_throughput(settings)
         logger.info("throughput: one server, one client against %d clients", config.server_clients)
-        section["server_clients"] = server_clients(
-            ThroughputConfig(clients=(1, config.server_clients), max_requests=config.batching_requests,
-                             max_seconds=config.batching_seconds),
-            clients=config.server_clients,
-        )
+        clients_settings = ThroughputConfig(clients=(1, config.server_clients), max_requests=config.batching_requests,
+                                            max_seconds=config.batching_seconds)
+        section["server_clients"] = server_clients(clients_settings, clients=config.server_clients)
+        if config.server_workers > 1:
+            logger.info("throughput: %d server workers, one client against %d clients", config.server_workers,
+                        config.server_clients)
+            section["server_clients_workers"] = server_clients(clients_settings, clients=config.server_clients,
+                                                               workers=config.server_workers)
     return section

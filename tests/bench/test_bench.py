@@ -105,3 +105,21 @@ def test_bench_defaults_to_the_quick_profile_under_the_current_directory() -> No
     args = build_parser().parse_args(["bench"])
     assert args.profile is None and not args.quick  # run() maps "no profile" to quick
     assert args.output == "hypic-rag-bench"
+
+
+def test_the_server_rows_say_how_the_service_ran() -> None:
+    """The one-process row and the `--workers N` row of `server_clients` render side by side, each headed by how
+    the service ran, with its cells and ratio."""
+    from hypic_rag.bench.report import throughput_markdown
+
+    def row(workers: int, concurrent: float) -> dict:
+        cell = {"completed": 96, "ttft_p50": 0.05, "latency_p50": 0.07, "mean_completion_tokens": 3.0}
+        return {"endpoint": "/v1/ask (streamed, top_k 4)", "corpus": "foreign_corpus", "new_tokens": 16,
+                "workers": workers, "one_client": {**cell, "clients": 1, "requests_per_second": 14.0},
+                "concurrent": {**cell, "clients": 8, "requests_per_second": concurrent},
+                "requests_per_second_ratio": concurrent / 14.0, "answers_compared": 192, "mismatches": 0}
+
+    text = "\n".join(throughput_markdown({"server_clients": row(1, 28.0), "server_clients_workers": row(2, 35.0)}))
+    assert "## Through the service (one server process), one client against 8" in text
+    assert "## Through the service (`serve --workers 2`), one client against 8" in text
+    assert "Requests/s ratio: 2x" in text and "Requests/s ratio: 2.5x" in text
