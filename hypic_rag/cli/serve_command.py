@@ -4,7 +4,8 @@ Endpoints: POST /v1/ask, POST /v1/completions (OpenAI-compatible; segments separ
 POST /v1/documents, GET /v1/jobs/{id}, DELETE /v1/documents/{id}, GET /v1/cache/stats, GET /healthz,
 GET /metrics, and the OpenAPI page at /docs. SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
 the cache is closed cleanly). Start-up binds the port first, then loads the model, so a port in use fails at once.
-With --replicas N the model runs in N Ray Serve replicas (read-only) behind this endpoint: the same API, each
+With --workers N the model runs in N processes on this host (read-only) behind this endpoint, each request sent
+to the least loaded (data parallel over the cores, no Ray). With --replicas N the model runs in N Ray Serve replicas (read-only) behind this endpoint: the same API, each
 request routed to the replica likely to hold its retrieved chunks hot (rendezvous hashing, load as tie-break);
 /v1/cache/stats and /healthz report every replica. --encode-actors K encodes cache misses on K Ray actors.
 With --remote-cache every replica reads and writes the shared remote tier (an entry one replica encodes is a hit

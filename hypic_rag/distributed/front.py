@@ -131,7 +131,8 @@ class Front:
 
     async def affinity_keys(self, path: str, body: bytes) -> list[str]:
         """What to route a request by (empty: no affinity, the least loaded replica)."""
-        if path not in ("/v1/ask", "/v1/completions", "/v1/chat/completions"):
+        if path not in ("/v1/ask", "/v1/completions", "/v1/chat/completions") or (
+                path == "/v1/ask" and self.retrieve is None):  # by load alone: the body is the worker's to read
             return []
         try:
             parsed = json.loads(body)

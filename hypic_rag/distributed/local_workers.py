@@ -70,6 +70,7 @@ def run_worker(config: ServerConfig, name: str, socket_path: str, threads: int, 
     import torch
     import uvicorn
 
+    os.setsid()  # a terminal's Ctrl-C reaches the front alone, which then stops the workers (no restart race)
     logging.basicConfig(level=getattr(logging, log_level.upper()), format=f"%(levelname)s [{name}] %(message)s")
     logging.getLogger("hypic_rag").setLevel(getattr(logging, log_level.upper()))
     torch.set_num_threads(threads)
