@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
-from hypic_rag.errors import HypicError
+from hypic_rag.distributed.serve_front import ReplicaStartError
 from hypic_rag.server import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -46,10 +46,6 @@ WORKER_PREFIX = "worker-"
 READY = "ready"
 STOP_GRACE_S = 5.0
 """Seconds a worker gets after its shutdown grace (SIGTERM) before it is killed."""
-
-
-class WorkerStartError(HypicError):
-    """A worker could not start (its model, index or cache failed to open, or it died while loading)."""
 
 
 def worker_names(count: int) -> list[str]:
@@ -153,7 +149,7 @@ class LocalWorkers:
             name: WorkerClient(name, str(Path(self._directory) / f"{name}.sock")) for name in worker_names(count)}
 
     def start(self) -> LocalWorkers:
-        """Start every worker and wait until all have loaded (they load in parallel); `WorkerStartError` naming
+        """Start every worker and wait until all have loaded (they load in parallel); `ReplicaStartError` naming
         the first that failed, after stopping the others."""
         try:
             waiting = {name: self._spawn(name) for name in self.clients}
@@ -184,17 +180,17 @@ class LocalWorkers:
         try:
             while not ready.poll(0.2):
                 if not process.is_alive():
-                    raise WorkerStartError(f"{name} exited with code {process.exitcode} while loading")
+                    raise ReplicaStartError(f"{name} exited with code {process.exitcode} while loading")
                 if time.monotonic() > deadline:
-                    raise WorkerStartError(f"{name} did not load within {self.config.startup_timeout_s:g} s")
+                    raise ReplicaStartError(f"{name} did not load within {self.config.startup_timeout_s:g} s")
             try:
                 message = ready.recv()
             except EOFError:
-                raise WorkerStartError(f"{name} exited while loading") from None
+                raise ReplicaStartError(f"{name} exited while loading") from None
         finally:
             ready.close()
         if message != READY:
-            raise WorkerStartError(f"{name} could not start: {message}")
+            raise ReplicaStartError(f"{name} could not start: {message}")
         logger.info("%s ready (pid %d, %d intra-op threads)", name, process.pid, self.threads)
 
     def alive(self) -> dict[str, bool]:
@@ -211,7 +207,7 @@ class LocalWorkers:
                 self.restarts += 1
                 try:
                     self._await_ready(name, self._spawn(name))
-                except WorkerStartError as error:
+                except ReplicaStartError as error:
                     logger.error("%s", error)
 
     @contextmanager

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 
 class ReplicaStartError(HypicError):
-    """A replica could not start (its model, index or cache failed to open, or the cluster lacks the resources)."""
+    """A replica or a `--workers` process could not start (its model, index or cache failed to open, it died while
+    loading, or the cluster lacks the resources)."""
 
 
 def start_replicas(config: ServerConfig, options: ReplicaOptions, cluster: ClusterOptions) -> tuple[Any, Front, IndexRetriever]:
@@ -83,7 +84,7 @@ def serve_with_workers(
 ) -> bool:
     """`serve --workers N`: N local worker processes (`local_workers.LocalWorkers`, each loads the model), then the
     front on `sock`, routing by load, until SIGINT or SIGTERM; the workers stop after the front. False if uvicorn
-    failed to start; `WorkerStartError` if a worker could not load."""
+    failed to start; `ReplicaStartError` if a worker could not load."""
     from hypic_rag.distributed.local_workers import LocalWorkers
 
     pool = LocalWorkers(config, workers, log_level="warning" if log_level == "info" else log_level).start()
