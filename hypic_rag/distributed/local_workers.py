@@ -78,7 +78,7 @@ def run_worker(config: ServerConfig, name: str, socket_path: str, threads: int, 
         listener.bind(socket_path)
         listener.listen(1024)  # connections wait in the backlog until uvicorn accepts them
     except BaseException as error:  # noqa: BLE001 - reported to the parent as one line, then this process ends
-        ready.send(f"{type(error).__name__}: {error}")
+        ready.send(" ".join(f"{type(error).__name__}: {error}".split()))  # one line, whatever the message
         ready.close()
         raise SystemExit(1) from None
     ready.send(READY)
