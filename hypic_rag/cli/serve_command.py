@@ -5,9 +5,10 @@ POST /v1/documents, GET /v1/jobs/{id}, DELETE /v1/documents/{id}, GET /v1/cache/
 GET /metrics, and the OpenAPI page at /docs. SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
 the cache is closed cleanly). Start-up binds the port first, then loads the model, so a port in use fails at once.
 With --workers N the model runs in N processes on this host (read-only) behind this endpoint, each request sent
-to the least loaded (data parallel over the cores, no Ray). With --replicas N the model runs in N Ray Serve replicas (read-only) behind this endpoint: the same API, each
-request routed to the replica likely to hold its retrieved chunks hot (rendezvous hashing, load as tie-break);
-/v1/cache/stats and /healthz report every replica. --encode-actors K encodes cache misses on K Ray actors.
+to the least loaded (data parallel over the cores, no Ray). With --replicas N the model runs in N Ray Serve
+replicas (read-only) behind this endpoint: the same API, each request routed to the replica likely to hold its
+retrieved chunks hot (rendezvous hashing, load as tie-break); /v1/cache/stats and /healthz report every replica.
+--encode-actors K encodes cache misses on K Ray actors.
 With --remote-cache every replica reads and writes the shared remote tier (an entry one replica encodes is a hit
 on the others); --cache DIR/{replica} gives each replica a local cache of its own.
 Exit codes: 0 after a clean shutdown; 2 bad input (no index, missing model, bad option); 3 the index was built
@@ -245,8 +246,8 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
     cache_dir = Path(args.cache).expanduser()
     templated = REPLICA_PLACEHOLDER in args.cache
     if templated and args.replicas < 2 and args.workers < 2:
-        raise CliError(f"--cache: {REPLICA_PLACEHOLDER} names a directory per replica and needs --replicas N or --workers N (N > 1)",
-                       EXIT_BAD_INPUT)
+        raise CliError(f"--cache: {REPLICA_PLACEHOLDER} names a directory per replica and needs --replicas N or "
+                       "--workers N (N > 1)", EXIT_BAD_INPUT)
     checked = Path(args.cache.split(REPLICA_PLACEHOLDER)[0]).expanduser() if templated else cache_dir
     reason = unusable_directory_reason(checked)
     if reason is not None:

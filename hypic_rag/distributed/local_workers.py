@@ -36,6 +36,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.serve_front import ReplicaStartError
 from hypic_rag.server import ServerConfig
@@ -94,11 +96,8 @@ class WorkerClient:
     """A `front.ReplicaClient` over one worker's Unix socket (HTTP/1.1, a pool of keep-alive connections)."""
 
     def __init__(self, name: str, socket_path: str, max_connections: int = 256) -> None:
-        import httpx
-
         self.name = name
         self.socket_path = socket_path
-        self._httpx = httpx
         self._client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=socket_path, limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections)),
@@ -112,7 +111,7 @@ class WorkerClient:
         outgoing = self._client.build_request(request.method, url, headers=list(request.headers), content=request.body)
         try:
             response = await self._client.send(outgoing, stream=True)
-        except self._httpx.TransportError as error:
+        except httpx.TransportError as error:
             logger.error("worker %s unreachable: %s", self.name, error)
             yield ResponseStart(503, [(b"content-type", b"application/json")])
             yield json.dumps({"error": {"message": f"worker {self.name} is not running ({type(error).__name__}); "
@@ -124,9 +123,6 @@ class WorkerClient:
                 yield part
         finally:
             await response.aclose()  # closing early tells the worker the client went away
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 class LocalWorkers:
