@@ -1,6 +1,7 @@
 """What the installed package contains: the kernels under `hypic_rag.kernels`, the bundled model and example corpus,
 no training or synthetic-data code, and nothing installed under the import name `kernels` (Hugging Face's kernels
-library owns it); and the build says nothing about our configuration (no deprecation or packaging warnings)."""
+library owns it; from a clone, our source folder stands aside for it); and the build says nothing about our
+configuration (no deprecation or packaging warnings)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,30 @@ def test_kernels_import_name_is_not_ours() -> None:
     name, origin = completed.stdout.split()
     assert name == "hypic_rag.kernels"
     assert origin == "None" or str(ROOT / "kernels") not in origin
+
+
+def test_the_source_folder_stands_aside_for_the_kernels_distribution() -> None:
+    """Run from the repository root (the root on sys.path, as `python -m ...` and pytest's `pythonpath` put it), the
+    name `kernels` still reaches the `kernels` distribution transformers >= 5.25 imports at start-up (our source
+    folder `kernels/` would shadow it otherwise and every transformers model import fails); without that
+    distribution it reads as not installed (no `__version__`)."""
+    script = (
+        "import importlib.metadata, kernels\n"
+        "from transformers.models.jamba import modeling_jamba\n"
+        "import hypic_rag.kernels as ours\n"
+        "try:\n"
+        "    installed = importlib.metadata.version('kernels')\n"
+        "except importlib.metadata.PackageNotFoundError:\n"
+        "    installed = None\n"
+        "print(installed, kernels.__file__, getattr(kernels, '__version__', None), ours.__name__)\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    installed, origin, version, ours = completed.stdout.split()
+    assert ours == "hypic_rag.kernels"
+    if installed != "None":
+        assert not origin.startswith(str(ROOT / "kernels")), origin
+        assert version == installed
+    else:
+        assert origin == str(ROOT / "kernels" / "__init__.py")
+        assert version == "None"
