@@ -1,7 +1,8 @@
 """NVIDIA Nemotron-H (`nemotron_h`): every layer is ONE pre-norm residual mixer, by `config.layers_block_type`:
 Mamba2 / SSD ("linear_attention"), attention without RoPE ("full_attention"), a squared-ReLU MLP ("mlp") or an MoE
 block ("moe"); MLP and MoE layers are MLP-only blocks that carry no cache entry. The SSD time step is clamped to
-(time_step_min, inf). Embeddings are `embeddings`, the final norm `norm_f`. docs/families_ssm.md, sections 1-2."""
+the mixer module's `time_step_limit` (transformers 5.25 takes it from the config; before, (time_step_min, inf)).
+Embeddings are `embeddings`, the final norm `norm_f`. docs/families_ssm.md, sections 1-2."""
 
 from __future__ import annotations
 

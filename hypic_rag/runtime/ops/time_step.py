@@ -1,9 +1,10 @@
 """The Mamba time step: dt = softplus(raw + bias), clamped to a (low, high) limit.
 
 Mamba1 (jamba) and Mamba2 / SSD (bamba, granitemoehybrid, nemotron_h, falcon_h1, zamba2) both discretise with
-dt = softplus(raw + bias); the SSD mixers then clamp to `config.time_step_limit` (nemotron_h and zamba2 use
-(time_step_min, inf)) in their chunked prefill path. transformers' single-token decode step does NOT clamp, so a
-runtime that must match transformers' `generate` token for token passes `limit=None` for decode steps.
+dt = softplus(raw + bias); the SSD mixers then clamp to their module's `time_step_limit` (zamba2, and nemotron_h
+before transformers 5.25: (time_step_min, inf)) in their chunked prefill path. transformers' single-token decode
+step does NOT clamp, so a runtime that must match transformers' `generate` token for token passes `limit=None` for
+decode steps.
 """
 
 from __future__ import annotations

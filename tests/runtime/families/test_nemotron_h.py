@@ -44,7 +44,9 @@ def test_blocks_follow_the_layer_pattern(tiny) -> None:
                                         "linear_attention", "mlp")
     for block, layer in zip(engine.model.blocks, engine.model.runtime_model.model.layers):
         if layer.block_type == "linear_attention":
-            assert isinstance(block.mixer, Mamba2Mixer) and block.mixer.time_step_limit == (0.001, float("inf"))
+            # transformers' own limit: (time_step_min, inf) before 5.25, config.time_step_limit from 5.25
+            assert isinstance(block.mixer, Mamba2Mixer)
+            assert block.mixer.time_step_limit == tuple(float(value) for value in layer.mixer.time_step_limit)
         elif layer.block_type == "full_attention":
             assert isinstance(block.mixer, ProjectedAttention) and isinstance(block.mixer.positions, NoPositions)
         else:  # MLP / MoE layers: a feed-forward block alone
