@@ -9,15 +9,17 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 TORCH_VERSION := 2.13.0
+# the versions the suite last passed with (constraints.txt); `make test CONSTRAINTS=` in a fresh clone takes the newest
+CONSTRAINTS ?= constraints.txt
 
 .PHONY: setup demo test bench-quick
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	@echo "setting up $(VENV) (once): torch $(TORCH_VERSION) CPU and the other packages, about 3 GB installed"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
 	@$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	@$(PY) -m pip install -q -e ".[test,llamaindex,bench]"
+	@$(PY) -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[test,llamaindex,bench]"
 	@touch $@
 
 setup: $(VENV)/.installed

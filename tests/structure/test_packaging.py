@@ -112,3 +112,26 @@ def test_the_source_folder_stands_aside_for_the_kernels_distribution() -> None:
     else:
         assert origin == str(ROOT / "kernels" / "__init__.py")
         assert version == "None"
+
+
+def test_the_set_up_constraints_satisfy_the_package_ranges() -> None:
+    """`make setup` installs with `-c constraints.txt`: every dependency the package declares (extras included) is
+    pinned there at a version its range in pyproject.toml allows, so the tested set is one users can get."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pinned = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pinned[canonicalize_name(name)] = version.strip()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(text) for text in project["dependencies"]]
+    declared += [Requirement(text) for extra in ("test", "llamaindex", "bench")
+                 for text in project["optional-dependencies"][extra]]
+    outside = [f"{requirement} (pinned {pinned.get(canonicalize_name(requirement.name))})"
+               for requirement in declared if canonicalize_name(requirement.name) != "torch"
+               and pinned.get(canonicalize_name(requirement.name)) not in requirement.specifier]
+    assert outside == []
