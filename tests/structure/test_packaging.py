@@ -135,3 +135,15 @@ def test_the_set_up_constraints_satisfy_the_package_ranges() -> None:
                for requirement in declared if canonicalize_name(requirement.name) != "torch"
                and pinned.get(canonicalize_name(requirement.name)) not in requirement.specifier]
     assert outside == []
+
+
+def test_without_the_kernels_distribution_the_source_folder_has_no_version() -> None:
+    """The other branch: no installed `kernels` on the path (site-packages left out), so `import kernels` from the
+    root gets our folder, which has no `__version__` (transformers then reads `kernels` as not installed)."""
+    script = ("import sys\n"
+              "sys.path = ['', *[entry for entry in sys.path if 'site-packages' not in entry]]\n"
+              "import kernels\n"
+              "print(kernels.__file__, hasattr(kernels, '__version__'))\n")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.split() == [str(ROOT / "kernels" / "__init__.py"), "False"]
