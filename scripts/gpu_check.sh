@@ -3,8 +3,10 @@
 #
 #   scripts/gpu_check.sh --fetch-wheels   where there is network: download the wheels the GPU machine lacks into .whl/
 #                                         (git-ignored): flash-linear-attention + fla-core 0.6.0 (fla's kernels),
-#                                         transformers 5.24.0 (the version the CPU tests use; the machine has 5.17)
-#                                         and regex (transformers 5.24 checks its version at import); ~16 MB
+#                                         transformers 5.24.0 (the machine has 5.17; the CPU tests passed on 5.24
+#                                         and now run 5.25, which would also need the `kernels` distribution and a
+#                                         newer huggingface-hub than the machine may have) and regex (transformers
+#                                         5.24 checks its version at import); ~16 MB
 #   scripts/gpu_check.sh                  on the GPU machine, from the repository root, no network needed: installs
 #                                         .whl/ into a scratch folder, runs everything from the source tree
 #                                         (PYTHONPATH, no install of the project), writes into $OUT (default
