@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--retrieval-batch", type=int_in(1, 4096), default=4, metavar="N",
                         help="most questions embedded and searched in one batch (default 4: on CPU larger batches save "
                              "little and delay the model; raise it on a GPU)")
+    parser.add_argument("--prefill-wait", type=number_in(NumberRange(0, 10, integer=False)), default=0.05,
+                        metavar="S", help="seconds a step whose new prompts wait may be held while the retrieval "
+                                          "stage finishes a batch, so that its prompts join the same pass (0.05; 0: never)")
     parser.add_argument("--queue-size", type=int_in(1, 1_000_000), default=64, metavar="N",
                         help="requests that may wait (not yet generating) before new ones get 429 (64)")
     parser.add_argument("--max-running", type=int_in(1, 4_096), default=16, metavar="N",
@@ -163,6 +166,7 @@ def run_serve(args: argparse.Namespace) -> int:
             hop_slots=args.hop_slots,
             queue_size=args.queue_size,
             retrieval_batch=args.retrieval_batch,
+            prefill_wait_s=args.prefill_wait,
             max_running=args.max_running,
             step_tokens=args.step_tokens,
             request_timeout_s=args.request_timeout,

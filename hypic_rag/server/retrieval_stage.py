@@ -90,6 +90,7 @@ class RetrievalStage:
         self._condition = threading.Condition()
         self._pending: deque[PendingQuestion] = deque()
         self._retrieving = 0
+        self._handing_over = False  # the batch being retrieved is being submitted to the scheduler
         self._generating: set[EventChannel[Answer]] = set()
         self._ended_since_batch = 0  # answers ended since the last batch was taken: their clients may come back
         self._stopping = False
@@ -102,6 +103,12 @@ class RetrievalStage:
     def waiting(self) -> int:
         """Questions not yet handed to the scheduler."""
         return len(self._pending) + self._retrieving
+
+    @property
+    def retrieving_batch(self) -> bool:
+        """Whether a batch is being retrieved whose questions have not reached the scheduler yet (the model
+        worker may hold a step for their prefills: `ModelWorker.hold_steps_for`)."""
+        return self._retrieving > 0 and not self._handing_over
 
     @property
     def generating(self) -> int:
@@ -153,6 +160,7 @@ class RetrievalStage:
                 self._gather()
                 batch = [self._pending.popleft() for _ in range(min(len(self._pending), self.max_batch))]
                 self._retrieving = len(batch)
+                self._handing_over = False
                 self._ended_since_batch = 0
             try:
                 self._retrieve(batch)
@@ -190,6 +198,7 @@ class RetrievalStage:
         with self.backend.index_lock:
             prepared = pipeline.prepare_many([item.question for item in live], tokenizer=self._tokenizer)
         self.batches += 1
+        self._handing_over = True  # the worker steps once they are submitted (`wake` below), not before
         scheduler = self.backend.scheduler
         for item, outcome in zip(live, prepared):
             if isinstance(outcome, Exception):

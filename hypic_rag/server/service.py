@@ -70,6 +70,8 @@ class Service:
         assert self.worker.backend is not None
         self.retrieval = RetrievalStage(self.worker.backend, self.worker, queue_size=self.config.queue_size,
                                         max_batch=self.config.retrieval_batch).start()
+        retrieval = self.retrieval
+        self.worker.hold_steps_for(lambda: retrieval.retrieving_batch, self.config.prefill_wait_s)
         self.started_at = time.time()
 
     def stop(self) -> None:

@@ -11,7 +11,9 @@ hands its generations to the scheduler and returns a `Deferred`, and the worker 
 generations end. Order of service: control tasks (stats, deletes); queued request tasks (started for up to
 `START_BUDGET_S` between two steps while sequences are running); one scheduler step; and, when no request is
 queued or generating, one step of the oldest background job. Control tasks and job steps hold the backend's
-`index_lock` (the retrieval stage reads the index meanwhile). The queue is bounded: requests not yet generating
+`index_lock` (the retrieval stage reads the index meanwhile). A step whose prefills wait for admission is held,
+for at most the server's `prefill_wait_s`, while the retrieval stage is retrieving a batch (`hold_steps_for`): the
+batch's prefills then share that pass instead of taking the next one. The queue is bounded: requests not yet generating
 (queued here, in the retrieval stage, or waiting for admission to the batch) beyond `queue_size` get
 `QueueFullError` (the service answers 429).
 
@@ -155,6 +157,9 @@ class ModelWorker:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._service_seconds = 0.5  # moving average of a request's time in the worker, for Retry-After
         self.backend: ServiceBackend | None = None
+        self._prefills_coming: Callable[[], bool] | None = None
+        self._prefill_wait_s = 0.0
+        self._holding_since: float | None = None  # when the worker began holding a step for coming prefills
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def start(self, timeout_s: float) -> None:
@@ -242,6 +247,33 @@ class ModelWorker:
             f"the request queue is full ({self.queue_size} waiting); retry in {retry_after} s",
             headers={"Retry-After": str(retry_after)},
         )
+
+    def hold_steps_for(self, prefills_coming: Callable[[], bool], wait_s: float) -> None:
+        """Let a step whose prefills wait for admission be held up to `wait_s` while `prefills_coming()` (another
+        thread is about to submit more: the retrieval stage retrieving a batch), so that those prefills run in the
+        same batched pass. Submitting wakes the worker (`wake`), which then steps at once; 0 never holds."""
+        if wait_s < 0:
+            raise ValueError(f"wait_s must be >= 0, got {wait_s!r}")
+        with self._condition:
+            self._prefills_coming, self._prefill_wait_s = prefills_coming, wait_s
+
+    def _hold_remaining(self) -> float:
+        """(Holding the condition, the scheduler generating) seconds the next step should still be held for
+        coming prefills (`hold_steps_for`); 0: step now. A prefill already waits for admission and more are being
+        retrieved: their prefills would otherwise take a pass of their own right after this one (a pass of four
+        prefills of the bundled model costs about what two passes of one do). Running decodes wait as long."""
+        coming = self._prefills_coming
+        if coming is None or self._prefill_wait_s <= 0 or self.scheduler.waiting == 0 or not coming():
+            self._holding_since = None
+            return 0.0
+        now = time.perf_counter()
+        if self._holding_since is None:
+            self._holding_since = now
+        remaining = self._holding_since + self._prefill_wait_s - now
+        if remaining <= 0:
+            self._holding_since = None
+            return 0.0
+        return remaining
 
     def wake(self) -> None:
         """Work arrived from another thread (the retrieval stage submitted to the scheduler)."""
@@ -352,6 +384,10 @@ class ModelWorker:
                 if self._requests and starting:
                     return "task", self._requests.popleft()
                 if generating:
+                    held = self._hold_remaining()
+                    if held > 0:
+                        self._condition.wait(held)
+                        continue
                     return "step", None
                 if self._stopping:
                     return "stop", None

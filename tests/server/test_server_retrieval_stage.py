@@ -64,8 +64,9 @@ def ask_together(server: ServerThread, client: httpx.Client) -> tuple[dict[str, 
     return answers, stage.batches - batches_before
 
 
-def assert_answered_as_alone(answers: dict[str, dict[str, Any]], alone: dict[str, dict[str, Any]]) -> None:
-    for question in QUESTIONS:
+def assert_answered_as_alone(answers: dict[str, dict[str, Any]], alone: dict[str, dict[str, Any]],
+                             questions: list[str] = QUESTIONS) -> None:
+    for question in questions:
         mine, theirs = answers[question], alone[question]
         assert (mine["answer"], mine["finish_reason"], [s["chunk_id"] for s in mine["sources"]]) == (
             theirs["answer"], theirs["finish_reason"], [s["chunk_id"] for s in theirs["sources"]]), question
@@ -175,3 +176,85 @@ def test_the_documented_chat_over_the_index_runs_with_the_openai_client(server: 
     exec(snippet.replace("http://127.0.0.1:8000", server.url), {})  # noqa: S102 - the documentation's own code
     printed = capsys.readouterr().out
     assert "glassblowing.md" in printed  # the question's document is among the sources
+
+
+def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_a_step_held_for_coming_prefills_runs_them_in_one_pass_answered_as_alone(
+    tmp_path_factory: pytest.TempPathFactory, copy_tiny_index, client: httpx.Client
+) -> None:
+    """While prefills are coming (here: an event the test holds set), a step whose prefills wait is held: three
+    questions retrieved one batch at a time reach the scheduler and no step runs; once none are coming, ONE pass
+    prefills all three, and each answer is the one it gets alone."""
+    asked = QUESTIONS[:3]
+    alone = {question: ask(client, question) for question in asked}
+    index = copy_tiny_index(tmp_path_factory.mktemp("prefill_hold") / "index")
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", max_running=8, retrieval_batch=1)) as held:
+        service = held.app.state.service
+        worker, scheduler = service.worker, service.worker.scheduler
+        coming = threading.Event()
+        coming.set()
+        worker.hold_steps_for(coming.is_set, 120.0)
+        reports: list[Any] = []
+        observe = scheduler.on_step
+        scheduler.on_step = lambda report: (reports.append(report), observe(report))
+        answers: dict[str, dict[str, Any]] = {}
+
+        def ask_alone_client(question: str) -> None:
+            with httpx.Client(base_url=held.url, timeout=120) as http:
+                answers[question] = ask(http, question)
+
+        threads = [threading.Thread(target=ask_alone_client, args=(question,)) for question in asked]
+        for number, thread in enumerate(threads):
+            thread.start()
+            wait_for(lambda number=number: scheduler.waiting == number + 1, f"question {number + 1} in the scheduler")
+        time.sleep(0.3)
+        assert reports == [] and scheduler.steps == 0, "a step ran while prefills were coming"
+        coming.clear()
+        worker.wake()
+        for thread in threads:
+            thread.join(120)
+    prefill_steps = [report for report in reports if report.prefills]
+    assert prefill_steps[0].prefills == len(asked) and len(prefill_steps) == 1
+    assert_answered_as_alone(answers, alone, asked)
+
+
+def test_a_held_step_runs_after_the_prefill_wait_and_the_stage_says_when_a_batch_is_coming(
+    tmp_path_factory: pytest.TempPathFactory, copy_tiny_index, client: httpx.Client
+) -> None:
+    """The hold is bounded: prefills said to be coming forever are still answered after `prefill_wait_s`. The
+    stage's `retrieving_batch` is true while a batch is retrieved (here held on the index lock) and false once its
+    questions reached the scheduler. A bad `prefill_wait_s` is refused."""
+    question = QUESTIONS[1]
+    alone = ask(client, question)
+    index = copy_tiny_index(tmp_path_factory.mktemp("prefill_wait") / "index")
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", prefill_wait_s=0.2)) as held:
+        service = held.app.state.service
+        stage = service.retrieval
+        answers: dict[str, dict[str, Any]] = {}
+
+        def ask_once() -> None:
+            with httpx.Client(base_url=held.url, timeout=120) as http:
+                answers[question] = ask(http, question)
+
+        with service.backend.index_lock:
+            thread = threading.Thread(target=ask_once)
+            thread.start()
+            wait_for(lambda: stage.retrieving_batch, "the stage retrieving the question")
+        thread.join(120)
+        assert not stage.retrieving_batch
+        assert_answered_as_alone(answers, {question: alone}, [question])
+
+        service.worker.hold_steps_for(lambda: True, 0.2)  # coming forever: each step waits 0.2 s, then runs
+        answers.clear()
+        ask_once()
+        assert_answered_as_alone(answers, {question: alone}, [question])
+    for bad in (-0.1, 11, True, "0.05"):
+        with pytest.raises(ValueError, match="prefill_wait_s must be a number of seconds"):
+            ServerConfig(index_dir=index, prefill_wait_s=bad)
+
