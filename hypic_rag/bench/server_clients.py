@@ -32,9 +32,11 @@ logger = logging.getLogger(__name__)
 ONE_CLIENT, CONCURRENT = "one_client", "concurrent"
 
 
-def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4, workers: int = 1) -> dict[str, Any]:
+def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4, workers: int = 1,
+                   prefill_wait_s: float | None = None) -> dict[str, Any]:
     """The row (see the module docstring); `config.clients` is not used (the cells are 1 and `clients`). workers:
-    the server's `--workers` (model processes behind its endpoint; 1: the single-process server)."""
+    the server's `--workers` (model processes behind its endpoint; 1: the single-process server); prefill_wait_s:
+    the server's `--prefill-wait` (None: its default)."""
     import httpx
 
     from hypic_rag.bench.foreign_corpus import questions, write_foreign_corpus
@@ -52,7 +54,8 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
             [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--device", "cpu", "--port", str(port),
-             "--queue-size", str(max(64, 4 * clients)), "--log-level", "warning", "--workers", str(workers)],
+             "--queue-size", str(max(64, 4 * clients)), "--log-level", "warning", "--workers", str(workers)]
+            + ([] if prefill_wait_s is None else ["--prefill-wait", str(prefill_wait_s)]),
         )
         try:
             _wait_ready(httpx, url, server)
@@ -97,6 +100,7 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
     return {
         "endpoint": f"/v1/ask (streamed, top_k {top_k})", "corpus": "foreign_corpus (15 invented documents)",
         "workers": workers,
+        "prefill_wait_s": prefill_wait_s,
         "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
         "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
     }
@@ -147,12 +151,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0, help="wall time per cell")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--workers", type=int, default=1, help="the server's --workers (model processes)")
+    parser.add_argument("--prefill-wait", type=float, default=None, metavar="S",
+                        help="the server's --prefill-wait (default: the server's default)")
     parser.add_argument("--json", type=Path, default=None, help="write the row here")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     row = server_clients(ThroughputConfig(clients=(1, options.clients), max_requests=options.requests,
                                           max_seconds=options.seconds), clients=options.clients,
-                         workers=options.workers)
+                         workers=options.workers, prefill_wait_s=options.prefill_wait)
     text = json.dumps(row, indent=2)
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")
