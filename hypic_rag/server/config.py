@@ -59,7 +59,8 @@ class ServerConfig:
     prefill_wait_s: how long the model worker may hold a step whose prefills wait for admission while the
     retrieval stage is retrieving a batch, so that the batch's prefills join the same pass (a lone client's
     question never waits: nothing else is being retrieved; 0: never hold). 8 clients of the bundled model on 2
-    cores, `--workers 2`: +13% requests per second at 0.05 against 0 (docs/service.md).
+    cores, `--workers 2`, six alternating runs each: 27.3 against 24.8 req/s (means) at 0.05 against 0, ratio to one
+    client 2.55-2.94x against 2.30-3.10x (docs/service.md, "Measured").
     cache_format: the cache format the index's entries must be in (None: the index's; another raises
     `IndexMismatchError` when the service opens, docs/cache.md).
     """
