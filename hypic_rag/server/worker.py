@@ -261,9 +261,11 @@ class ModelWorker:
         """(Holding the condition, the scheduler generating) seconds the next step should still be held for
         coming prefills (`hold_steps_for`); 0: step now. A prefill already waits for admission and more are being
         retrieved: their prefills would otherwise take a pass of their own right after this one (a pass of four
-        prefills of the bundled model costs about what two passes of one do). Running decodes wait as long."""
-        coming = self._prefills_coming
-        if coming is None or self._prefill_wait_s <= 0 or self.scheduler.waiting == 0 or not coming():
+        prefills of the bundled model costs about what two passes of one do). Running decodes wait as long. No hold
+        when every slot is taken (the waiting prefills could not be admitted by this step anyway)."""
+        coming, scheduler = self._prefills_coming, self.scheduler
+        if (coming is None or self._prefill_wait_s <= 0 or scheduler.waiting == 0
+                or scheduler.running >= scheduler.config.max_running or not coming()):
             self._holding_since = None
             return 0.0
         now = time.perf_counter()

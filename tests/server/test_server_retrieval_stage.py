@@ -258,3 +258,39 @@ def test_a_held_step_runs_after_the_prefill_wait_and_the_stage_says_when_a_batch
         with pytest.raises(ValueError, match="prefill_wait_s must be a number of seconds"):
             ServerConfig(index_dir=index, prefill_wait_s=bad)
 
+
+
+def test_no_step_is_held_while_every_slot_is_taken(
+    tmp_path_factory: pytest.TempPathFactory, copy_tiny_index, client: httpx.Client
+) -> None:
+    """`max_running` 1 and prefills said to be coming: the one running sequence decodes to its end while another
+    waits for its slot (holding would stall it: the waiting prefill cannot be admitted by that step anyway); the
+    waiting one is answered once none are coming. Both as alone."""
+    alone = {question: ask(client, question) for question in QUESTIONS}
+    first = next(question for question in QUESTIONS if alone[question]["usage"]["completion_tokens"] >= 2)
+    second = next(question for question in QUESTIONS if question != first)
+    index = copy_tiny_index(tmp_path_factory.mktemp("prefill_full") / "index")
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", max_running=1)) as held:
+        service = held.app.state.service
+        worker, scheduler = service.worker, service.worker.scheduler
+        coming = threading.Event()
+        worker.hold_steps_for(coming.is_set, 120.0)
+        answers: dict[str, dict[str, Any]] = {}
+
+        def ask_once(question: str) -> None:
+            with httpx.Client(base_url=held.url, timeout=120) as http:
+                answers[question] = ask(http, question)
+
+        threads = {question: threading.Thread(target=ask_once, args=(question,)) for question in (first, second)}
+        with scheduler.lock:  # no step until both wait: the first is then admitted, the second waits for its slot
+            threads[first].start()
+            wait_for(lambda: scheduler.waiting == 1, "the first question in the scheduler")
+            threads[second].start()
+            wait_for(lambda: scheduler.waiting == 2, "the second question in the scheduler")
+            coming.set()
+        threads[first].join(60)
+        assert first in answers, "the running sequence was held while every slot was taken"
+        coming.clear()
+        worker.wake()
+        threads[second].join(120)
+    assert_answered_as_alone(answers, alone, [first, second])
