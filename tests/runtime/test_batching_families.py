@@ -23,8 +23,8 @@ ATOL = RTOL = 1e-5
 """fp32 round-off of products over more rows, against the scale of the logits vector: every logit of a vector within
 1e-5 times its largest |logit| (at least 1e-5 absolute). A product's round-off follows the size of its largest
 terms, not of each result, so a small logit beside large ones carries their absolute error: LFM2's tiny model
-reaches |logit| ~ 5, and on a CPU where oneDNN picks other kernels for other row counts (AVX-512 without bf16 or
-AMX) one logit of 0.048 differed by 1.13e-5 from alone, 2e-6 of the vector's scale."""
+reaches |logit| ~ 5, and on one 2-core machine (AVX-512 without bf16 or AMX; the test had passed elementwise on the
+machine of earlier sessions) one logit of 0.048 differed by 1.13e-5 from alone: 2e-6 of the vector's scale."""
 
 
 def assert_logits_close(mine: torch.Tensor, theirs: torch.Tensor, message: str) -> None:
