@@ -286,8 +286,8 @@ class Scheduler:
         `admit_wait_s` from then) while fewer sequences wait
         than there are free slots, so that the requests its finished sequences' clients send next are admitted
         together (their prefills in one pass). Only a batching scheduler's own thread (`start`) waits: one slot
-        fills at once, and an owner that drives `step` itself (the service's worker) submits between its steps, in
-        the same thread, so it gathers arrivals its own way."""
+        fills at once, and an owner that drives `step` itself decides when to step (the service's model worker
+        holds a step while its retrieval stage is about to submit a batch: `server/worker.py`)."""
         freed_at, self._freed_at = self._freed_at, None
         wait = self.config.admit_wait_s
         if freed_at is None or wait <= 0 or self.config.max_running == 1 or threading.current_thread() is not self._thread:

@@ -171,6 +171,7 @@ class RetrievalStage:
             finally:
                 with self._condition:
                     self._retrieving = 0
+                self.worker.wake()  # its questions are in the scheduler (or failed): a held step need not wait
 
     def _gather(self) -> None:
         """(Holding the condition, a question pending) wait up to `gather_s` while fewer questions wait than
@@ -198,7 +199,7 @@ class RetrievalStage:
         with self.backend.index_lock:
             prepared = pipeline.prepare_many([item.question for item in live], tokenizer=self._tokenizer)
         self.batches += 1
-        self._handing_over = True  # the worker steps once they are submitted (`wake` below), not before
+        self._handing_over = True  # the worker steps once they are submitted (`wake` in `_run`), not before
         scheduler = self.backend.scheduler
         for item, outcome in zip(live, prepared):
             if isinstance(outcome, Exception):
@@ -215,4 +216,3 @@ class RetrievalStage:
                 self.generated(item.channel)
                 item.channel.reject(error if isinstance(error, ServiceError)
                                     else ServiceUnavailableError("the server is shutting down; retry later"))
-        self.worker.wake()

@@ -203,6 +203,8 @@ ODD_ARGUMENTS = [
     (("serve", "--index", "index", "--shutdown-grace", "0"), "argument --shutdown-grace"),
     (("serve", "--index", "index", "--port", "-1"), "argument --port"),
     (("serve", "--index", "index", "--queue-size", "0"), "argument --queue-size"),
+    (("serve", "--index", "index", "--prefill-wait", "-0.1"), "argument --prefill-wait"),
+    (("serve", "--index", "index", "--prefill-wait", "11"), "argument --prefill-wait"),
     (("cache", "gc", "--cache", "cache", "--budget", "0.1"), "argument --budget: not a positive size"),
     (("cache", "gc", "--cache", "cache", "--budget", "99999999T"), "argument --budget: not a positive size"),
     (("cache", "stats"), "--cache"),
