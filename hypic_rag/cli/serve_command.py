@@ -11,6 +11,12 @@ retrieved chunks hot (rendezvous hashing, load as tie-break); /v1/cache/stats an
 --encode-actors K encodes cache misses on K Ray actors.
 With --remote-cache every replica reads and writes the shared remote tier (an entry one replica encodes is a hit
 on the others); --cache DIR/{replica} gives each replica a local cache of its own.
+API keys: --api-key KEY (or the environment variable HYPIC_RAG_API_KEY, which keeps the key out of the process
+list) makes every route need the header 'Authorization: Bearer KEY' (401 without it), except /healthz, /metrics
+(unless --metrics-need-key), the OpenAPI page (/docs, /openapi.json) and the web page (/, /ui/...). One key gives
+full access; with --admin-key ADMIN (or HYPIC_RAG_ADMIN_KEY) document changes (POST and DELETE /v1/documents)
+need ADMIN, and the API key gets 403 there. Keys are compared in constant time and never logged. Binding an
+address other than loopback (e.g. --host 0.0.0.0) without a key is refused (exit 2) unless --allow-no-key.
 Exit codes: 0 after a clean shutdown; 2 bad input (no index, missing model, bad option); 3 the index was built
 for another model or tokenizer; 1 the server could not start (port in use, another process writes the index:
 stop it or pass --read-only, unreadable index or cache). Each failure prints one line.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 from pathlib import Path
 
 from hypic_rag.cli.common import (
@@ -39,6 +46,7 @@ from hypic_rag.cli.common import (
     seconds_in,
 )
 from hypic_rag.errors import HypicError
+from hypic_rag.server.auth import ADMIN_KEY_ENV, API_KEY_ENV, is_loopback
 from hypic_rag.utils.limits import HOP_SLOTS, NumberRange
 
 logger = logging.getLogger(__name__)
@@ -95,6 +103,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="largest request body accepted; larger ones get 413 (8 MiB)")
     parser.add_argument("--shutdown-grace", type=seconds_in(DAY_S), default=30.0, metavar="S",
                         help="seconds in-flight requests get to finish on shutdown (30)")
+    keys = parser.add_argument_group("API keys (docs/service.md, 'API keys')")
+    keys.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
+                      help=f"key every request must send as 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; "
+                           "unset: no key). Alone it gives full access")
+    keys.add_argument("--admin-key", metavar="KEY", default=os.environ.get(ADMIN_KEY_ENV) or None,
+                      help=f"key document changes need (POST, DELETE /v1/documents; default: ${ADMIN_KEY_ENV}); "
+                           "then --api-key may only read (403 on a change)")
+    keys.add_argument("--metrics-need-key", action="store_true",
+                      help="/metrics needs a key too (default: open, like /healthz, for scrapers)")
+    keys.add_argument("--allow-no-key", action="store_true",
+                      help="serve an address other than loopback without any key (logged as a warning)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log level (info)")
     parser.add_argument("--workers", type=int_in(1, 256), default=1, metavar="N",
@@ -138,6 +157,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
     _check_scale_out_options(args)
+    _check_exposure(args)
     if args.replicas > 1 or args.encode_actors or args.workers > 1:  # its processes end with it, however it ends
         from hypic_rag.utils.reaper import reap_on_exit
 
@@ -181,6 +201,9 @@ def run_serve(args: argparse.Namespace) -> int:
             recompute_policy=args.recompute_policy,
             cache_dir=cache_dir,
             cache_format=args.cache_format,
+            api_key=args.api_key,
+            admin_key=args.admin_key,
+            metrics_need_key=args.metrics_need_key,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
@@ -238,6 +261,18 @@ def _check_scale_out_options(args: argparse.Namespace) -> None:
     if args.ray is not None and args.replicas < 2 and not args.encode_actors:
         raise CliError("--ray names the Ray cluster for --replicas N (N > 1) or --encode-actors K, and this server "
                        "would use neither; add one of them, or drop --ray", EXIT_BAD_INPUT)
+
+
+def _check_exposure(args: argparse.Namespace) -> None:
+    """An address other than loopback is served without a key only when asked (--allow-no-key, then a warning):
+    anyone who reaches the port could otherwise change the index (exit 2)."""
+    if args.api_key or args.admin_key or is_loopback(args.host):
+        return
+    if not args.allow_no_key:
+        raise CliError(f"--host {args.host} exposes the server beyond this machine without a key; pass --api-key KEY "
+                       f"(or set {API_KEY_ENV}), or --allow-no-key to serve it open", EXIT_BAD_INPUT)
+    logger.warning("serving %s without an API key (--allow-no-key): anyone who reaches the port may ask and change "
+                   "the index", args.host)
 
 
 def _cache_dir(args: argparse.Namespace) -> Path | None:

@@ -35,7 +35,7 @@ from hypic_rag import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, RendezvousRouter, RouteDecision
 from hypic_rag.utils.limits import question_problem
-from hypic_rag.server import ServerConfig, limit_body_size
+from hypic_rag.server import ServerConfig, check_api_keys, limit_body_size
 
 logger = logging.getLogger(__name__)
 
@@ -301,6 +301,7 @@ def create_front_app(front: Front) -> FastAPI:
         return await front.forward(request)
 
     limit_body_size(app, front.config)
+    check_api_keys(app, front.config)  # the front checks the keys; its replicas run without (`for_replica`)
     return app
 
 

@@ -2,7 +2,8 @@
 
 The public surface, what other packages (`hypic_rag.distributed`) build on: `ServerConfig`, `create_app` (with
 `start=True` the model loads now and start-up errors raise here; `app_ready(app)` tells whether it serves, and
-`stop_app(app)` stops it) and `limit_body_size` (the server's request-size limit, for an app of one's own).
+`stop_app(app)` stops it), `limit_body_size` and `check_api_keys` (the server's request-size limit and API keys,
+for an app of one's own).
 `create_app` is imported on first use, so `ServerConfig` loads without FastAPI.
 """
 
@@ -13,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from hypic_rag.server.config import DEFAULT_SEPARATOR, ServerConfig
 
 if TYPE_CHECKING:
-    from hypic_rag.server.app import app_ready, create_app, limit_body_size, stop_app
+    from hypic_rag.server.app import app_ready, check_api_keys, create_app, limit_body_size, stop_app
 
-PUBLIC_FACTORY = ("create_app", "limit_body_size", "app_ready", "stop_app")
+PUBLIC_FACTORY = ("create_app", "limit_body_size", "check_api_keys", "app_ready", "stop_app")
 """The app factory's names (imported from `hypic_rag.server.app` on first use)."""
 
 __all__ = ["DEFAULT_SEPARATOR", "ServerConfig", *PUBLIC_FACTORY]

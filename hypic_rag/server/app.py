@@ -25,7 +25,7 @@ from hypic_rag.server import routes_admin, routes_ask, routes_chat, routes_compl
 from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import install_error_handlers
-from hypic_rag.server.middleware import BodySizeLimit, RequestMetrics, UnexpectedErrors
+from hypic_rag.server.middleware import ApiKeyCheck, BodySizeLimit, RequestMetrics, UnexpectedErrors
 from hypic_rag.server.request_log import RequestIds
 from hypic_rag.server.service import Service
 
@@ -72,6 +72,7 @@ def create_app(config: ServerConfig, *, service: Service | None = None, start: b
     for module in (routes_ask, routes_completions, routes_chat, routes_documents, routes_admin):
         app.include_router(module.router)
     limit_body_size(app, config)
+    check_api_keys(app, config)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
     app.add_middleware(UnexpectedErrors)  # RequestMetrics counts its 500s
     app.add_middleware(RequestIds)  # outermost: every log record of a request, its 500 included, names its id
@@ -81,6 +82,13 @@ def create_app(config: ServerConfig, *, service: Service | None = None, start: b
 def limit_body_size(app: FastAPI, config: ServerConfig) -> None:
     """Refuse request bodies over `config.max_body_bytes` with the server's 413 (before they are read whole)."""
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+
+
+def check_api_keys(app: FastAPI, config: ServerConfig) -> None:
+    """Refuse requests without the key their route needs (`hypic_rag.server.auth`), before their body is read
+    (added after `limit_body_size`, so it runs first); nothing when no key is set."""
+    if config.keys.enabled:
+        app.add_middleware(ApiKeyCheck, keys=config.keys)
 
 
 def app_ready(app: FastAPI) -> bool:

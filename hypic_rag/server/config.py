@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from hypic_rag.cache.remote_config import RemoteTierConfig
+from hypic_rag.server.auth import ApiKeys, key_problem
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS
 from hypic_rag.prompting.segments import DEFAULT_SEPARATOR as DEFAULT_SEPARATOR  # re-exported: the service's default
 
@@ -63,6 +64,9 @@ class ServerConfig:
     client 2.55-2.94x against 2.30-3.10x (docs/service.md, "Measured").
     cache_format: the cache format the index's entries must be in (None: the index's; another raises
     `IndexMismatchError` when the service opens, docs/cache.md).
+    api_key / admin_key / metrics_need_key: the keys requests must carry (`hypic_rag.server.auth`: None: open;
+    the API key alone gives full access, the admin key alone is needed for document changes when set); never
+    shown in the repr. `for_replica` drops them: the front that routes to replicas checks them.
     """
 
     index_dir: Path
@@ -100,6 +104,9 @@ class ServerConfig:
     recompute_policy: str | None = None
     cache_dir: Path | None = None
     cache_format: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(default=None, repr=False)
+    metrics_need_key: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())
@@ -152,15 +159,27 @@ class ServerConfig:
             from hypic_rag.runtime.model import resolve_dtype
 
             resolve_dtype(self.dtype)  # validates the name
+        for name in ("api_key", "admin_key"):
+            key = getattr(self, name)
+            problem = None if key is None else key_problem(key) if isinstance(key, str) else "must be a string"
+            if problem is not None:
+                raise ValueError(f"{name} {problem}")  # never the key itself
         if self.cache_format is not None:
             from hypic_rag.entry_storage.formats import cache_format
 
             cache_format(self.cache_format)  # an unknown name: ValueError naming the choices
 
+    @property
+    def keys(self) -> ApiKeys:
+        """The API keys this service checks."""
+        return ApiKeys(self.api_key, self.admin_key, self.metrics_need_key)
+
     def for_replica(self, replica: str) -> ServerConfig:
-        """This configuration as replica `replica` runs it: read-only (N replicas cannot all write the index), and
-        ``{replica}`` in `cache_dir` replaced by the replica's name."""
+        """This configuration as replica `replica` runs it: read-only (N replicas cannot all write the index),
+        ``{replica}`` in `cache_dir` replaced by the replica's name, and no API keys: the front checks them, and a
+        replica is reached through it only (a worker's Unix socket lies in a private directory; Ray replicas have
+        no HTTP proxy)."""
         cache_dir = self.cache_dir
         if cache_dir is not None and REPLICA_PLACEHOLDER in str(cache_dir):
             cache_dir = Path(str(cache_dir).replace(REPLICA_PLACEHOLDER, replica))
-        return replace(self, read_only=True, cache_dir=cache_dir)
+        return replace(self, read_only=True, cache_dir=cache_dir, api_key=None, admin_key=None)

@@ -1,4 +1,4 @@
-"""ASGI middleware: a request-body size limit (413), per-request metrics (status, duration), and a JSON 500 for
+"""ASGI middleware: API keys (401 / 403, `auth.py`), a request-body size limit (413), per-request metrics (status, duration), and a JSON 500 for
 exceptions no handler took that leaves the kept-alive connection usable."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 import time
 from typing import Any
 
-from hypic_rag.server.errors import PayloadTooLargeError, internal_error_body
+from hypic_rag.server.auth import ApiKeys
+from hypic_rag.server.errors import INVALID_REQUEST, PayloadTooLargeError, error_body, internal_error_body
 from hypic_rag.server.metrics import ServiceMetrics
 from hypic_rag.server.request_log import log_refusal, log_unexpected
 
@@ -16,13 +17,16 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 
-async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
+async def send_json(send: Any, status: int, body: dict[str, Any],
+                    headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer an ASGI request with `status` and the JSON `body` (plus `headers`)."""
     payload = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                        *headers],
         }
     )
     await send({"type": "http.response.body", "body": payload})
@@ -40,7 +44,7 @@ class BodySizeLimit:
         message = f"request body exceeds {self.max_bytes} bytes"
         log_refusal(413, message)
         body = PayloadTooLargeError(message, param="body").body()
-        await _send_json(send, 413, body)
+        await send_json(send, 413, body)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -147,4 +151,29 @@ class UnexpectedErrors:
             log_unexpected(error)
             if started:
                 raise
-            await _send_json(send, 500, internal_error_body(error))
+            await send_json(send, 500, internal_error_body(error))
+
+
+class ApiKeyCheck:
+    """ASGI middleware: refuse requests without the key their route needs (`ApiKeys.refusal`) with the service's
+    JSON error body (401 ``missing_api_key`` / ``invalid_api_key``, 403 ``permission_denied``; a 401 carries
+    ``WWW-Authenticate: Bearer``), before the body is read."""
+
+    def __init__(self, app: Any, keys: ApiKeys) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self.keys.enabled:
+            await self.app(scope, receive, send)
+            return
+        authorization = next((value.decode("latin-1") for name, value in scope.get("headers", [])
+                              if name == b"authorization"), None)
+        refused = self.keys.refusal(scope.get("method", "GET"), scope.get("path", "/"), authorization)
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        status, code, message = refused
+        log_refusal(status, message)
+        headers = ((b"www-authenticate", b"Bearer"),) if status == 401 else ()
+        await send_json(send, status, error_body(message, INVALID_REQUEST, code), headers)
