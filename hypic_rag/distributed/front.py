@@ -33,9 +33,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from hypic_rag import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
-from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, RendezvousRouter, RouteDecision
+from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, NoReplicaAvailable, RendezvousRouter, RouteDecision
 from hypic_rag.utils.limits import question_problem
 from hypic_rag.server import ServerConfig, check_api_keys, limit_body_size
+from hypic_rag.server.errors import SERVER_ERROR, error_body, unreadable_body_response
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +46,14 @@ DEFAULT_TOP_K = 4
 """`/v1/ask`'s default top_k (its schema's)."""
 
 
+class ReplicaUnreachable(Exception):
+    """A replica client could not deliver a request (connection refused or reset before any response started):
+    the replica did not answer it, so the front may send it to another one."""
+
+
 class ReplicaClient(Protocol):
-    """One replica: streams a forwarded request's response (a `ResponseStart`, then body parts)."""
+    """One replica: streams a forwarded request's response (a `ResponseStart`, then body parts); raises
+    `ReplicaUnreachable` before the start when the replica cannot be reached."""
 
     def stream(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]: ...
 
@@ -130,14 +137,15 @@ class Front:
         self.router = RendezvousRouter(list(self.replicas), max_in_flight=max_in_flight)
 
     async def affinity_keys(self, path: str, body: bytes) -> list[str]:
-        """What to route a request by (empty: no affinity, the least loaded replica)."""
+        """What to route a request by (empty: no affinity, the least loaded replica). A body nested too deeply to
+        parse raises its `RecursionError` (the front answers 400, as the single server does)."""
         if path not in ("/v1/ask", "/v1/completions", "/v1/chat/completions") or (
                 path == "/v1/ask" and self.retrieve is None):  # by load alone: the body is the worker's to read
             return []
         try:
             parsed = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return []
+            return []  # the replica refuses it with the proper error
         if not isinstance(parsed, dict):
             return []
         if path == "/v1/completions":
@@ -158,8 +166,14 @@ class Front:
             return []
 
     async def forward(self, request: Request) -> Response:
+        """Send `request` to the replica the router chooses and stream its response back. A replica that cannot
+        be reached is taken out of rotation and the request goes to the next one (it never reached the first);
+        503 when none is in rotation; 400 for a body nested too deeply to parse."""
         body = await request.body()
-        keys = await self.affinity_keys(request.url.path, body)
+        try:
+            keys = await self.affinity_keys(request.url.path, body)
+        except RecursionError as error:
+            return unreadable_body_response(error)
         forwarded = ForwardedRequest(
             method=request.method, path=request.url.path, query_string=request.url.query.encode("latin-1"),
             headers=(*((key, value) for key, value in request.headers.raw
@@ -167,13 +181,24 @@ class Front:
                      (b"content-length", str(len(body)).encode())),
             body=body, client=(request.client.host, request.client.port) if request.client else ("127.0.0.1", 0),
         )
-        decision = self.router.acquire(keys)
-        try:
-            parts = self.replicas[decision.replica].stream(forwarded)
-            start = await anext(parts)
-        except BaseException:
-            self.router.release(decision)
-            raise
+        for _attempt in range(len(self.replicas)):
+            try:
+                decision = self.router.acquire(keys)
+            except NoReplicaAvailable as error:
+                return _unavailable(str(error))
+            try:
+                parts = self.replicas[decision.replica].stream(forwarded)
+                start = await anext(parts)
+            except ReplicaUnreachable as error:
+                self.router.release(decision)
+                self.router.mark_down(decision.replica, f"unreachable ({error})")
+                continue
+            except BaseException:
+                self.router.release(decision)
+                raise
+            break
+        else:
+            return _unavailable("no replica could be reached")
         if not isinstance(start, ResponseStart):
             self.router.release(decision)
             raise RuntimeError(f"replica {decision.replica} answered without a response start")
@@ -205,11 +230,21 @@ class Front:
                         chunks.append(part)
                 return status, json.loads(b"".join(chunks) or b"null")
             except Exception as error:  # noqa: BLE001 - a replica that cannot answer is reported, not fatal
-                logger.warning("replica %s did not answer %s: %s", name, path, error)
+                if isinstance(error, ReplicaUnreachable):
+                    self.router.mark_down(name, f"unreachable ({error})")  # logged once, not per health check
+                else:
+                    logger.warning("replica %s did not answer %s: %s", name, path, error)
                 return 502, {"error": {"message": f"replica unreachable: {type(error).__name__}: {error}"}}
 
         answers = await asyncio.gather(*(one(name, client) for name, client in self.replicas.items()))
         return dict(zip(self.replicas, answers))
+
+
+def _unavailable(reason: str) -> JSONResponse:
+    """503 while no replica is in rotation (they are restarting); not logged per request (the router logged the
+    change)."""
+    return JSONResponse(error_body(f"{reason}; the server is restarting it, retry shortly", SERVER_ERROR,
+                                   "unavailable"), status_code=503, headers={"Retry-After": "1"})
 
 
 class _RawHeadersStreamingResponse(StreamingResponse):

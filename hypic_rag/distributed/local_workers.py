@@ -21,9 +21,9 @@ read-only server: update the index with `hypic-rag precompute` (or a single serv
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -39,6 +39,8 @@ from typing import Any
 import httpx
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
+from hypic_rag.distributed.front import ReplicaUnreachable
+from hypic_rag.distributed.rendezvous import RendezvousRouter
 from hypic_rag.distributed.serve_front import ReplicaStartError
 from hypic_rag.server import ServerConfig
 
@@ -92,6 +94,17 @@ def run_worker(config: ServerConfig, name: str, socket_path: str, threads: int, 
     server.run(sockets=[listener])
 
 
+def _accepts(socket_path: str) -> bool:
+    """Whether a worker's Unix socket accepts a connection now."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(socket_path)
+        except OSError:
+            return False
+    return True
+
+
 class WorkerClient:
     """A `front.ReplicaClient` over one worker's Unix socket (HTTP/1.1, a pool of keep-alive connections)."""
 
@@ -106,17 +119,14 @@ class WorkerClient:
 
     async def stream(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """The worker's response to `request`: a `ResponseStart`, then the body's parts as the worker sends them;
-        a worker that cannot be reached answers 503 with the reason."""
+        `ReplicaUnreachable` when the worker cannot be reached or drops the connection before its response starts
+        (it died: a worker is read-only, so the front may send the request to another one)."""
         url = request.path + (f"?{request.query_string.decode('latin-1')}" if request.query_string else "")
         outgoing = self._client.build_request(request.method, url, headers=list(request.headers), content=request.body)
         try:
             response = await self._client.send(outgoing, stream=True)
         except httpx.TransportError as error:
-            logger.error("worker %s unreachable: %s", self.name, error)
-            yield ResponseStart(503, [(b"content-type", b"application/json")])
-            yield json.dumps({"error": {"message": f"worker {self.name} is not running ({type(error).__name__}); "
-                                                   "the server is restarting it", "type": "unavailable"}}).encode()
-            return
+            raise ReplicaUnreachable(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
         try:
             yield ResponseStart(response.status_code, list(response.headers.raw))
             async for part in response.aiter_raw():
@@ -192,25 +202,38 @@ class LocalWorkers:
     def alive(self) -> dict[str, bool]:
         return {name: process.is_alive() for name, process in self._processes.items()}
 
-    def watch(self, stopping: threading.Event, period_s: float = 1.0) -> None:
-        """Restart any worker that died (a crash, the OOM killer) until `stopping` is set; its requests in flight
-        failed with it, and the front answers 503 for it while it reloads."""
-        while not stopping.wait(period_s):
+    def watch(self, stopping: threading.Event, period_s: float = 1.0, router: RendezvousRouter | None = None) -> None:
+        """Restart any worker that died (a crash, the OOM killer) until `stopping` is set. Its death is seen at once
+        (the process's sentinel wakes the watch) and it is taken out of `router`'s rotation then, so new requests
+        go to the others; it returns to the rotation once restarted. Its requests in flight failed with it."""
+        while not stopping.is_set():
+            multiprocessing.connection.wait([process.sentinel for process in self._processes.values()], period_s)
             for name, alive in self.alive().items():
-                if alive or stopping.is_set():
+                if stopping.is_set():
+                    return
+                if alive:
+                    if router is not None and router.is_down(name) and _accepts(self.clients[name].socket_path):
+                        router.mark_up(name)  # it was unreachable for a moment, and answers again
                     continue
-                logger.error("%s died (exit code %s); restarting it", name, self._processes[name].exitcode)
+                exit_code = self._processes[name].exitcode
+                if router is not None:
+                    router.mark_down(name, f"its process exited with code {exit_code}")
+                logger.error("%s died (exit code %s); restarting it", name, exit_code)
                 self.restarts += 1
                 try:
                     self._await_ready(name, self._spawn(name))
                 except ReplicaStartError as error:
                     logger.error("%s", error)
+                    stopping.wait(period_s)  # not a restart loop at full speed
+                    continue
+                if router is not None:
+                    router.mark_up(name)
 
     @contextmanager
-    def watching(self, period_s: float = 1.0) -> Iterator[None]:
+    def watching(self, period_s: float = 1.0, router: RendezvousRouter | None = None) -> Iterator[None]:
         """`watch` in a thread of its own for the block."""
         stopping = threading.Event()
-        thread = threading.Thread(target=self.watch, args=(stopping, period_s), name="hypic-workers-watch",
+        thread = threading.Thread(target=self.watch, args=(stopping, period_s, router), name="hypic-workers-watch",
                                   daemon=True)
         thread.start()
         try:

@@ -9,6 +9,10 @@ requests in flight, then to the higher summed weight (deterministic). Overflow: 
 `max_in_flight` requests is passed over for the next-ranked one below it; when all are that busy, the least loaded
 one is taken.
 
+Out of rotation: a replica marked down (`mark_down`: its process died, or it refused a connection) is passed over
+until `mark_up`; its keys go to the next-ranked replica meanwhile. Each change is logged once, whatever the
+number of requests it turns away. When every replica is down, `acquire` raises `NoReplicaAvailable`.
+
 Why rendezvous hashing: adding or removing a replica moves only the chunks it gains or loses (about 1/N of
 them), with no ring or virtual nodes to tune, and the ownership of N replicas is uniform in expectation.
 
@@ -18,10 +22,13 @@ Pure Python, no Ray: `front.py` routes with it, the tests check it directly.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_IN_FLIGHT = 4
 """Requests a replica runs (or queues) before the router sends its affine requests to the next-ranked replica."""
@@ -38,6 +45,10 @@ def owner(replicas: Sequence[str], key: str) -> str:
     if not replicas:
         raise ValueError("no replicas to route to")
     return max(replicas, key=lambda replica: (weight(replica, key), replica))
+
+
+class NoReplicaAvailable(Exception):
+    """Every replica is out of rotation (all died or are restarting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +83,28 @@ class RendezvousRouter:
         self._in_flight = dict.fromkeys(self.replicas, 0)
         self._routed = dict.fromkeys(self.replicas, 0)
         self._overflowed = 0
+        self._down: dict[str, str] = {}  # replica -> why it is out of rotation
+
+    def mark_down(self, replica: str, reason: str) -> bool:
+        """Take `replica` out of rotation (logged once per change, at WARNING); True when it was in rotation."""
+        with self._lock:
+            if replica in self._down or replica not in self._in_flight:
+                return False
+            self._down[replica] = reason
+        logger.warning("%s out of rotation: %s", replica, reason)
+        return True
+
+    def mark_up(self, replica: str) -> bool:
+        """Put `replica` back in rotation (logged once per change); True when it was out."""
+        with self._lock:
+            if self._down.pop(replica, None) is None:
+                return False
+        logger.warning("%s back in rotation", replica)
+        return True
+
+    def is_down(self, replica: str) -> bool:
+        with self._lock:
+            return replica in self._down
 
     def ranking(self, keys: Sequence[str], in_flight: dict[str, int] | None = None) -> list[str]:
         """Every replica, best first for a request over `keys`: most owned keys, then fewer in flight, then the
@@ -96,7 +129,9 @@ class RendezvousRouter:
         return owned
 
     def _choose(self, keys: Sequence[str]) -> RouteDecision:
-        ranking = self.ranking(keys, self._in_flight)
+        ranking = [replica for replica in self.ranking(keys, self._in_flight) if replica not in self._down]
+        if not ranking:
+            raise NoReplicaAvailable(f"no replica is running ({'; '.join(sorted(set(self._down.values())))})")
         owned = self._owned(keys)
         affine = ranking[0] if keys else None
         for replica in ranking:
@@ -106,7 +141,8 @@ class RendezvousRouter:
         return RouteDecision(least, owned, affine, overflowed=least != ranking[0])
 
     def acquire(self, keys: Sequence[str]) -> RouteDecision:
-        """Choose a replica and count the request in flight on it until `release(decision)`."""
+        """Choose a replica in rotation and count the request in flight on it until `release(decision)`;
+        `NoReplicaAvailable` when every one is down."""
         with self._lock:
             decision = self._choose(keys)
             self._in_flight[decision.replica] += 1
@@ -132,4 +168,4 @@ class RendezvousRouter:
         """Requests routed and in flight per replica, and how many overflowed past their affine replica."""
         with self._lock:
             return {"routed": dict(self._routed), "in_flight": dict(self._in_flight), "overflowed": self._overflowed,
-                    "max_in_flight": self.max_in_flight}
+                    "max_in_flight": self.max_in_flight, "down": sorted(self._down)}

@@ -92,7 +92,7 @@ def serve_with_workers(
     if max_in_flight is not None:
         front.router.max_in_flight = max_in_flight
     try:
-        with pool.watching():
+        with pool.watching(router=front.router):  # a dead worker leaves the rotation at once
             return run_front(front, host, port, sock=sock, log_level=log_level, on_ready=on_ready)
     finally:
         pool.stop()

@@ -131,6 +131,15 @@ def internal_error_body(error: BaseException) -> dict[str, Any]:
                       "internal_error")
 
 
+def unreadable_body_response(cause: ValueError | RecursionError) -> JSONResponse:
+    """The 400 ``invalid_json`` of a body that cannot be read as JSON (`cause`: what `json.loads` raised), logged as
+    one line; the single server and the `--workers` front answer it alike."""
+    reason = " ".join(str(cause).split())[:200]
+    message = f"body: not readable as UTF-8 JSON ({reason})"
+    log_refusal(400, message)
+    return JSONResponse(error_body(message, INVALID_REQUEST, "invalid_json", "body"), status_code=400)
+
+
 def error_response(error: ServiceError) -> JSONResponse:
     """The JSON response of a refusal, logged as one line."""
     log_refusal(error.status, error.message)
@@ -253,12 +262,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
         error_type = SERVER_ERROR if error.status_code >= 500 else INVALID_REQUEST
-        if error.status_code == 400 and isinstance(error.__cause__, ValueError):
-            # FastAPI could not read the body as JSON: not UTF-8 (UnicodeDecodeError), a number of thousands of digits
-            reason = " ".join(str(error.__cause__).split())[:200]
-            message = f"body: not readable as UTF-8 JSON ({reason})"
-            log_refusal(400, message)
-            return JSONResponse(error_body(message, INVALID_REQUEST, "invalid_json", "body"), status_code=400)
+        if error.status_code == 400 and isinstance(error.__cause__, (ValueError, RecursionError)):
+            # FastAPI could not read the body as JSON: not UTF-8 (UnicodeDecodeError), a number of thousands of
+            # digits, arrays nested thousands deep
+            return unreadable_body_response(error.__cause__)
         log_refusal(error.status_code, str(error.detail))
         return JSONResponse(
             error_body(str(error.detail), error_type, code),
