@@ -24,6 +24,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
+from hypic_rag.errors import HypicError
 from hypic_rag.integrations.llama_index.aio import in_thread, relay_stream
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
 from hypic_rag.prompting.matching import Piece, SegmentedPrompt
@@ -33,7 +34,19 @@ from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.prompting.segments import DEFAULT_SEPARATOR, split_segments
 from hypic_rag.usage import usage_of
 
-__all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "segmented_messages_to_prompt"]
+__all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "PromptTooLongError", "segmented_messages_to_prompt"]
+
+
+PREFIX_CHARS_PER_TOKEN = 8
+"""A prompt longer than this many characters per token of the context window is first measured by its prefix of
+that length (English text averages about 4 characters per token)."""
+
+
+class PromptTooLongError(HypicError, ValueError):
+    """A prompt (or formatted chat) whose tokens and `max_new_tokens` do not fit the model's context window
+    (`HypicLLM.metadata.context_window`), or that has more segments than `HypicLLM.max_segments`; raised before
+    any model work. LlamaIndex's own engines fit their prompts to `context_window` (its `PromptHelper` repacks
+    retrieved text): a direct call must shorten the prompt or drop chat history."""
 
 MESSAGE_BOUNDARY = "<<PIC_MSG>>"
 """Where `segmented_messages_to_prompt` ends a message: `HypicLLM` cuts the prompt there (each message is its own
@@ -82,6 +95,10 @@ class HypicLLM(CustomLLM):
     )
     match_segments: bool = Field(
         default=True, description="Cut prompts around the chunks the runtime knows, reusing their entries."
+    )
+    max_segments: int = Field(
+        default=256, gt=0,
+        description="Most segments (separated parts, chat messages) of one prompt; more raise PromptTooLongError.",
     )
     _runtime: HypicRuntime = PrivateAttr()
 
@@ -147,32 +164,74 @@ class HypicLLM(CustomLLM):
     def _complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """One completion, no events (the public methods send them); its usage (with how much of the prompt was
         matched to known chunks) in `additional_kwargs` and in `raw["usage"]`, where LlamaIndex's
-        `TokenCountingHandler` reads token counts."""
+        `TokenCountingHandler` reads token counts. `PromptTooLongError` before any model work for a prompt
+        that does not fit the context window."""
         mode = check_mode(kwargs.get("mode", self.mode))
-        prompt_segments = self._segmented_locked(prompt, formatted)
-        generation = self._runtime.generate(prompt_segments.request, mode, self.sampling(**kwargs))
+        params = self.sampling(**kwargs)
+        prompt_segments = self._segmented_locked(prompt, formatted, params.max_new_tokens)
+        generation = self._runtime.generate(prompt_segments.request, mode, params)
         return _completion_response(prompt_segments, generation, mode)
 
-    def _segmented_locked(self, prompt: str, formatted: bool) -> SegmentedPrompt:
-        """`segmented` under the runtime's lock: the tokenizer is shared with the scheduler's steps (never hold
-        the lock while waiting for a generation: the scheduler takes it for every step)."""
+    def _segmented_locked(self, prompt: str, formatted: bool, max_new_tokens: int) -> SegmentedPrompt:
+        """`segmented` under the runtime's lock (the tokenizer is shared with the scheduler's steps; never hold
+        the lock while waiting for a generation: the scheduler takes it for every step), checked against the
+        context window and `max_segments` (`PromptTooLongError`): first, cheaply, the text's own token count (one
+        tokenizer pass over it, markers removed: about what its segments hold, before the cutting and matching,
+        which take long on a huge prompt), refused when that alone exceeds the window; then the request's exact
+        count with the new tokens."""
         with self._runtime.lock:
-            return self.segmented(prompt, formatted)
+            text = prompt if formatted else self.completion_to_prompt(prompt)
+            self._check_text_fits(text.replace(MESSAGE_BOUNDARY, "").replace(self.separator, ""))
+            prompt_segments = self.segmented(text, formatted=True)
+        request = prompt_segments.request
+        self._check_fits(request.prompt_tokens, max_new_tokens)
+        segments = len(request.chunk_ids) + 1
+        if segments > self.max_segments:
+            raise PromptTooLongError(f"the prompt has {segments} segments (separated parts or chat messages); "
+                                     f"this LLM takes at most {self.max_segments} (max_segments): drop history")
+        return prompt_segments
+
+    def _check_text_fits(self, text: str) -> None:
+        """`PromptTooLongError` when `text` alone has more tokens than the context window. A text longer than
+        `PREFIX_CHARS_PER_TOKEN` characters per token of the window is refused as soon as that prefix of it is,
+        so a huge prompt costs one short tokenizer pass."""
+        window = self._runtime.context_window
+        prefix_chars = window * PREFIX_CHARS_PER_TOKEN
+        if len(text) > prefix_chars:
+            prefix_tokens = len(self._runtime.tokenize(text[:prefix_chars]))
+            if prefix_tokens > window:
+                raise PromptTooLongError(
+                    f"the prompt has {len(text)} characters, of which the first {prefix_chars} alone are "
+                    f"{prefix_tokens} tokens; the model's context window is {window} tokens "
+                    "(metadata.context_window): shorten the prompt or drop chat history")
+        self._check_fits(len(self._runtime.tokenize(text)), 0, "about ")
+
+    def _check_fits(self, prompt_tokens: int, max_new_tokens: int, about: str = "") -> None:
+        """`PromptTooLongError` naming the length and the limit when the prompt and its new tokens exceed the
+        model's context window."""
+        window = self._runtime.context_window
+        if prompt_tokens + max_new_tokens > window:
+            asked = f" and asks for up to {max_new_tokens} new ones" if max_new_tokens else ""
+            raise PromptTooLongError(
+                f"the prompt has {about}{prompt_tokens} tokens{asked}; the model's context window is {window} tokens "
+                "(metadata.context_window): shorten the prompt or drop chat history")
 
     async def _acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """`_complete` on an event loop: the prompt cut in a worker thread (it waits for the lock), the generation
         awaited from the scheduler (concurrent calls batch)."""
         mode = check_mode(kwargs.get("mode", self.mode))
-        prompt_segments = await in_thread(self._segmented_locked, prompt, formatted)
-        generation = await self._runtime.agenerate(prompt_segments.request, mode, self.sampling(**kwargs))
+        params = self.sampling(**kwargs)
+        prompt_segments = await in_thread(self._segmented_locked, prompt, formatted, params.max_new_tokens)
+        generation = await self._runtime.agenerate(prompt_segments.request, mode, params)
         return _completion_response(prompt_segments, generation, mode)
 
     def _stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """The deltas of one completion, no events; a last item with an empty delta carries the usage (as
-        `_complete`'s response does)."""
+        `_complete`'s response does). `PromptTooLongError` at the call (not at the first item) for a prompt
+        that does not fit."""
         mode = check_mode(kwargs.get("mode", self.mode))
-        prompt_segments = self._segmented_locked(prompt, formatted)
         params = self.sampling(**kwargs)
+        prompt_segments = self._segmented_locked(prompt, formatted, params.max_new_tokens)
 
         def generate() -> CompletionResponseGen:
             text = ""
