@@ -19,13 +19,21 @@ Every sequence gets exactly the tokens it would get alone (`tests/runtime/test_b
 `step` is called by one thread at a time: the scheduler's own (`start`), an owner that drives it (the service's
 model worker), or, when neither, the consumer of a `stream` (the pipeline's answers: one sequence per step). `lock`
 is held during a step; hold it to use the engine from another thread between steps.
+
+A scheduler's own thread is a daemon (it never keeps a process alive), and it is stopped at interpreter exit
+(`atexit`: the step in progress completes, sequences left fail with `SchedulerStopped`): a daemon thread still
+inside a torch op when Python finalizes is ended by `pthread_exit`, whose unwinding through torch's C++ frames
+aborts the process ("terminate called without an active exception", SIGABRT; seen when a process exited with a
+`HypicLLM` stream abandoned or a generation still running).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +75,19 @@ class StepReport:
     running: int
     waiting: int
     seconds: float
+
+
+_THREADED: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+"""Schedulers whose own thread was started (`Scheduler.start`): stopped at interpreter exit."""
+EXIT_STOP_TIMEOUT_S = 60.0
+"""How long exit waits for a scheduler's step in progress."""
+
+
+@atexit.register
+def _stop_threads_at_exit() -> None:
+    """Stop every started scheduler's thread before Python finalizes (see the module docstring)."""
+    for scheduler in list(_THREADED):
+        scheduler.stop(EXIT_STOP_TIMEOUT_S)
 
 
 class Scheduler:
@@ -188,6 +209,7 @@ class Scheduler:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
+                _THREADED.add(self)
         return self
 
     def stop(self, timeout_s: float | None = 30.0) -> None:
