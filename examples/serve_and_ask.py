@@ -5,15 +5,17 @@
     python examples/serve_and_ask.py --workdir /tmp/hypic  # keeps (and reuses) the index there
 
 Steps: precompute an index of `hypic_rag/assets/example_corpus/documents` (chunk, embed, encode every chunk into
-the segment cache), start the REST service on 127.0.0.1 (as `hypic-rag serve --index DIR` would), then with
-httpx: ask two questions (one streamed), add a document, wait for its job, ask about it, delete it, and print
-the cache statistics. `--model PATH` uses another checkpoint.
+the segment cache), start the REST service on 127.0.0.1 with an API key (as `hypic-rag serve --index DIR --api-key
+KEY` would), then with httpx, every request sending `Authorization: Bearer KEY`: ask two questions (one streamed),
+add a document, wait for its job, ask about it, delete it, and print the cache statistics. `--model PATH` uses
+another checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -73,10 +75,13 @@ def main() -> int:
     build_index(example_corpus_path() / "documents", index, model=model, chunk_tokens=256)
 
     questions = read_questions(example_corpus_path() / "questions.jsonl")
-    server = ServerThread(ServerConfig(index_dir=index))
-    with server, httpx.Client(base_url=server.url, timeout=300) as client:
+    api_key = secrets.token_urlsafe(24)  # a real server: `hypic-rag serve --index DIR` with HYPIC_RAG_API_KEY set
+    server = ServerThread(ServerConfig(index_dir=index, api_key=api_key))
+    headers = {"Authorization": f"Bearer {api_key}"}
+    with server, httpx.Client(base_url=server.url, headers=headers, timeout=300) as client:
         print(f"serving on {server.url} (OpenAPI page: {server.url}/docs)")
         print(f"health: {client.get('/healthz').json()}")
+        print(f"without the key: {httpx.post(f'{server.url}/v1/ask', json={'question': 'Hi?'}).status_code}")
         question = questions[0]
         print(f"Q: {question.text}   (expected: {question.answer})")
         response = client.post("/v1/ask", json={"question": question.text, "top_k": 8})

@@ -35,3 +35,12 @@ class MissingPathError(HypicError, FileNotFoundError):
     """
 
     exit_code = EXIT_BAD_INPUT
+
+
+class PromptTooLongError(HypicError, ValueError):
+    """A prompt (or formatted chat) whose tokens and `max_new_tokens` do not fit the model's context window
+    (`HypicLLM.metadata.context_window`), or that has more segments than `HypicLLM.max_segments`; raised by the
+    LlamaIndex LLM before any model work. LlamaIndex's own engines fit their prompts to `context_window` (its
+    `PromptHelper` repacks retrieved text): a direct call must shorten the prompt or drop chat history."""
+
+    exit_code = EXIT_BAD_INPUT

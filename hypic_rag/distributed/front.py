@@ -35,8 +35,13 @@ from hypic_rag import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, NoReplicaAvailable, RendezvousRouter, RouteDecision
 from hypic_rag.utils.limits import question_problem
-from hypic_rag.server import ServerConfig, check_api_keys, limit_body_size
-from hypic_rag.server.errors import SERVER_ERROR, error_body, unreadable_body_response
+from hypic_rag.server import (
+    ServerConfig,
+    check_api_keys,
+    limit_body_size,
+    unavailable_response,
+    unreadable_body_response,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +190,7 @@ class Front:
             try:
                 decision = self.router.acquire(keys)
             except NoReplicaAvailable as error:
-                return _unavailable(str(error))
+                return unavailable_response(f"{error}; the server is restarting it, retry shortly")
             try:
                 parts = self.replicas[decision.replica].stream(forwarded)
                 start = await anext(parts)
@@ -198,7 +203,7 @@ class Front:
                 raise
             break
         else:
-            return _unavailable("no replica could be reached")
+            return unavailable_response("no replica could be reached; the server is restarting it, retry shortly")
         if not isinstance(start, ResponseStart):
             self.router.release(decision)
             raise RuntimeError(f"replica {decision.replica} answered without a response start")
@@ -238,13 +243,6 @@ class Front:
 
         answers = await asyncio.gather(*(one(name, client) for name, client in self.replicas.items()))
         return dict(zip(self.replicas, answers))
-
-
-def _unavailable(reason: str) -> JSONResponse:
-    """503 while no replica is in rotation (they are restarting); not logged per request (the router logged the
-    change)."""
-    return JSONResponse(error_body(f"{reason}; the server is restarting it, retry shortly", SERVER_ERROR,
-                                   "unavailable"), status_code=503, headers={"Retry-After": "1"})
 
 
 class _RawHeadersStreamingResponse(StreamingResponse):

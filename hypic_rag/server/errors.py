@@ -140,6 +140,12 @@ def unreadable_body_response(cause: ValueError | RecursionError) -> JSONResponse
     return JSONResponse(error_body(message, INVALID_REQUEST, "invalid_json", "body"), status_code=400)
 
 
+def unavailable_response(message: str, retry_after_s: int = 1) -> JSONResponse:
+    """503 ``unavailable`` with `Retry-After` (not logged: the caller logs the change that causes it, once)."""
+    return JSONResponse(error_body(message, SERVER_ERROR, "unavailable"), status_code=503,
+                        headers={"Retry-After": str(retry_after_s)})
+
+
 def error_response(error: ServiceError) -> JSONResponse:
     """The JSON response of a refusal, logged as one line."""
     log_refusal(error.status, error.message)

@@ -87,13 +87,14 @@ def test_the_readme_python_snippets_run_as_written(readme_run) -> None:
 
 def test_serve_and_ask(readme_run, tmp_path: Path) -> None:
     out = run_example("serve_and_ask.py", "--workdir", str(workdir_with_index(readme_run[0], tmp_path)))
-    assert "serving on http://127.0.0.1:" in out
+    assert "serving on http://127.0.0.1:" in out and "without the key: 401" in out
     assert out.count("  answer: ") == 3  # two questions from the corpus (one streamed), one about the added document
     assert "job succeeded" in out and "deleted: " in out and "cache: " in out
 
 
 def test_openai_client_completions(readme_run, tmp_path: Path) -> None:
-    out = run_example("openai_client_completions.py", "--workdir", str(workdir_with_index(readme_run[0], tmp_path)))
+    out = run_example("openai_client_completions.py", "--workdir", str(workdir_with_index(readme_run[0], tmp_path)),
+                      "--api-key", "sk-example-key")  # the server it starts checks it, the client sends it
     requests = [line for line in out.splitlines() if line.startswith("request ")]
     assert len(requests) == 3
     assert all(" 0 encoded;" in line for line in requests[1:])  # shuffled documents: every segment from the cache

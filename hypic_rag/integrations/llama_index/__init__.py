@@ -62,7 +62,8 @@ from hypic_rag.integrations.llama_index.condense_plus_context_chat_engine import
 from hypic_rag.integrations.llama_index.context_chat_engine import HypicContextChatEngine  # noqa: E402
 from hypic_rag.integrations.llama_index.embedding import HypicEmbedding  # noqa: E402
 from hypic_rag.integrations.llama_index.ingestion import HypicCacheTransformation  # noqa: E402
-from hypic_rag.integrations.llama_index.llm import HypicLLM, PromptTooLongError, segmented_messages_to_prompt  # noqa: E402
+from hypic_rag.errors import PromptTooLongError  # noqa: E402
+from hypic_rag.integrations.llama_index.llm import HypicLLM, segmented_messages_to_prompt  # noqa: E402
 from hypic_rag.integrations.llama_index.query_engine import HypicQueryEngine  # noqa: E402
 from hypic_rag.integrations.llama_index.runtime import HypicRuntime  # noqa: E402
 from hypic_rag.integrations.llama_index.synthesizer import SUPPORTED_RESPONSE_MODES, HypicSynthesizer  # noqa: E402

@@ -24,7 +24,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
-from hypic_rag.errors import HypicError
+from hypic_rag.errors import PromptTooLongError
 from hypic_rag.integrations.llama_index.aio import in_thread, relay_stream
 from hypic_rag.integrations.llama_index.runtime import DEFAULT_SEAM_TOKENS, HypicRuntime, runtime_for
 from hypic_rag.prompting.matching import Piece, SegmentedPrompt
@@ -34,24 +34,16 @@ from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.prompting.segments import DEFAULT_SEPARATOR, split_segments
 from hypic_rag.usage import usage_of
 
-__all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "PromptTooLongError", "segmented_messages_to_prompt"]
-
-
-PREFIX_CHARS_PER_TOKEN = 8
-"""A prompt longer than this many characters per token of the context window is first measured by its prefix of
-that length (English text averages about 4 characters per token)."""
-
-
-class PromptTooLongError(HypicError, ValueError):
-    """A prompt (or formatted chat) whose tokens and `max_new_tokens` do not fit the model's context window
-    (`HypicLLM.metadata.context_window`), or that has more segments than `HypicLLM.max_segments`; raised before
-    any model work. LlamaIndex's own engines fit their prompts to `context_window` (its `PromptHelper` repacks
-    retrieved text): a direct call must shorten the prompt or drop chat history."""
+__all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "segmented_messages_to_prompt"]
 
 MESSAGE_BOUNDARY = "<<PIC_MSG>>"
 """Where `segmented_messages_to_prompt` ends a message: `HypicLLM` cuts the prompt there (each message is its own
 segment) and, unlike at a separator, still looks for known chunks inside each message (a context chat engine
 puts its retrieved nodes in the system message)."""
+
+PREFIX_CHARS_PER_TOKEN = 8
+"""A prompt longer than this many characters per token of the context window is first measured by its prefix of
+that length (English text averages about 4 characters per token)."""
 
 
 def segmented_messages_to_prompt(messages: Sequence[ChatMessage], boundary: str = MESSAGE_BOUNDARY) -> str:
