@@ -242,3 +242,13 @@ def test_the_log_holds_one_line_per_refusal_and_one_record_per_bug(
     assert "request probe-bug:" in with_traceback[0].getMessage() and with_traceback[0].levelno == logging.ERROR
     garbage = [record for record in server_log if "Invalid HTTP request" in record.getMessage()]
     assert len(garbage) == 1 and garbage[0].exc_info is None
+
+
+@pytest.mark.parametrize("path", ["/v1/ask", "/v1/completions", "/v1/chat/completions"])
+def test_a_body_nested_too_deeply_is_invalid_json(client: httpx.Client, path: str) -> None:
+    """JSON nested 100,000 deep cannot be parsed (RecursionError): 400 `invalid_json`, as the `--workers` front
+    answers it (it was a 400 with the undocumented code `http_error`; the front gave a 500)."""
+    response = post(client, path, ("[" * 100_000 + "]" * 100_000).encode())
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_json" and error["param"] == "body", error
