@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ import pytest
 
 from hypic_rag.server.auth import OPEN_PATHS, ApiKeys, bearer_token, is_loopback, is_open, is_write
 from hypic_rag.testing import free_port
+from tests.distributed.test_local_workers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 READ_KEY = "sk-read-7f3e9a1c2b"
@@ -37,19 +37,6 @@ def start(index: Path, port: int, *args: str, env: dict[str, str]) -> subprocess
          "--log-level", "info", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )
-
-
-def wait_healthy(url: str, process: subprocess.Popen[str], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()[1][-2000:]
-        try:
-            if httpx.get(f"{url}/healthz", timeout=10).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError("the server did not become healthy")
 
 
 def stop(process: subprocess.Popen[str]) -> str:
