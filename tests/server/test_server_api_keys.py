@@ -159,3 +159,12 @@ def test_a_key_a_header_cannot_carry_is_refused_without_echo(bad: str) -> None:
     with pytest.raises(ValueError) as raised:
         ServerConfig(index_dir=Path("x"), api_key=bad)
     assert "api_key" in str(raised.value) and (not bad or bad not in str(raised.value))
+
+
+def test_replicas_run_without_keys_behind_the_front_that_checks_them() -> None:
+    from hypic_rag.server import ServerConfig
+
+    config = ServerConfig(index_dir=Path("x"), api_key=READ_KEY, admin_key=ADMIN_KEY)
+    assert config.keys.enabled and READ_KEY not in repr(config) and ADMIN_KEY not in repr(config)
+    replica = config.for_replica("worker-0")
+    assert replica.api_key is None and replica.admin_key is None and not replica.keys.enabled
