@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from hypic_rag.distributed.rendezvous import RendezvousRouter, owner, weight
+from hypic_rag.distributed.rendezvous import NoReplicaAvailable, RendezvousRouter, owner, weight
 
 REPLICAS = [f"replica-{number}" for number in range(4)]
 
@@ -118,3 +118,24 @@ def test_bad_settings_are_refused() -> None:
         RendezvousRouter(["a", "a"])
     with pytest.raises(ValueError):
         RendezvousRouter(["a"], max_in_flight=0)
+
+
+def test_a_replica_out_of_rotation_is_passed_over_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    router = RendezvousRouter(["a", "b"])
+    keys = [key for key in (f"chunk-{number}" for number in range(50)) if owner(["a", "b"], key) == "a"][:3]
+    assert router.choose(keys).replica == "a"
+    with caplog.at_level("WARNING", logger="hypic_rag.distributed.rendezvous"):
+        assert router.mark_down("a", "its process exited with code -9")
+        for _ in range(100):  # every request while it is down: no log line each
+            assert not router.mark_down("a", "unreachable (ConnectError)")
+            decision = router.acquire(keys)
+            assert decision.replica == "b"
+            router.release(decision)
+        assert router.snapshot()["down"] == ["a"]
+        assert router.mark_down("b", "its process exited with code 1")
+        with pytest.raises(NoReplicaAvailable, match="exited with code"):
+            router.acquire(keys)
+        assert router.mark_up("a") and not router.mark_up("a")
+    assert router.choose(keys).replica == "a"
+    assert len(caplog.records) == 3, [record.getMessage() for record in caplog.records]
+
