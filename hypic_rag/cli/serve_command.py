@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import os
 from pathlib import Path
 
 from hypic_rag.cli.common import (
@@ -46,7 +45,6 @@ from hypic_rag.cli.common import (
     seconds_in,
 )
 from hypic_rag.errors import HypicError
-from hypic_rag.server.auth import ADMIN_KEY_ENV, API_KEY_ENV, is_loopback
 from hypic_rag.utils.limits import HOP_SLOTS, NumberRange
 
 logger = logging.getLogger(__name__)
@@ -104,11 +102,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shutdown-grace", type=seconds_in(DAY_S), default=30.0, metavar="S",
                         help="seconds in-flight requests get to finish on shutdown (30)")
     keys = parser.add_argument_group("API keys (docs/service.md, 'API keys')")
-    keys.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
-                      help=f"key every request must send as 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; "
+    # the variables' names are `server.auth.API_KEY_ENV` / `ADMIN_KEY_ENV` (not imported here: `--help` stays light)
+    keys.add_argument("--api-key", metavar="KEY",
+                      help="key every request must send as 'Authorization: Bearer KEY' (default: $HYPIC_RAG_API_KEY; "
                            "unset: no key). Alone it gives full access")
-    keys.add_argument("--admin-key", metavar="KEY", default=os.environ.get(ADMIN_KEY_ENV) or None,
-                      help=f"key document changes need (POST, DELETE /v1/documents; default: ${ADMIN_KEY_ENV}); "
+    keys.add_argument("--admin-key", metavar="KEY",
+                      help="key document changes need (POST, DELETE /v1/documents; default: $HYPIC_RAG_ADMIN_KEY); "
                            "then --api-key may only read (403 on a change)")
     keys.add_argument("--metrics-need-key", action="store_true",
                       help="/metrics needs a key too (default: open, like /healthz, for scrapers)")
@@ -157,6 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
     _check_scale_out_options(args)
+    _keys_from_environment(args)
     _check_exposure(args)
     if args.replicas > 1 or args.encode_actors or args.workers > 1:  # its processes end with it, however it ends
         from hypic_rag.utils.reaper import reap_on_exit
@@ -263,9 +263,21 @@ def _check_scale_out_options(args: argparse.Namespace) -> None:
                        "would use neither; add one of them, or drop --ray", EXIT_BAD_INPUT)
 
 
+def _keys_from_environment(args: argparse.Namespace) -> None:
+    """--api-key / --admin-key not given: the environment's (`HYPIC_RAG_API_KEY`, `HYPIC_RAG_ADMIN_KEY`; empty: none)."""
+    import os
+
+    from hypic_rag.server.auth import ADMIN_KEY_ENV, API_KEY_ENV
+
+    args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    args.admin_key = args.admin_key or os.environ.get(ADMIN_KEY_ENV) or None
+
+
 def _check_exposure(args: argparse.Namespace) -> None:
     """An address other than loopback is served without a key only when asked (--allow-no-key, then a warning):
     anyone who reaches the port could otherwise change the index (exit 2)."""
+    from hypic_rag.server.auth import API_KEY_ENV, is_loopback
+
     if args.api_key or args.admin_key or is_loopback(args.host):
         return
     if not args.allow_no_key:

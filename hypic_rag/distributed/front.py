@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hypic_rag import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, NoReplicaAvailable, RendezvousRouter, RouteDecision
+from hypic_rag.errors import HypicError
 from hypic_rag.utils.limits import question_problem
 from hypic_rag.server import (
     ServerConfig,
@@ -51,7 +52,7 @@ DEFAULT_TOP_K = 4
 """`/v1/ask`'s default top_k (its schema's)."""
 
 
-class ReplicaUnreachable(Exception):
+class ReplicaUnreachable(HypicError):
     """A replica client could not deliver a request (connection refused or reset before any response started):
     the replica did not answer it, so the front may send it to another one."""
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from hypic_rag.errors import HypicError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_IN_FLIGHT = 4
@@ -47,8 +49,8 @@ def owner(replicas: Sequence[str], key: str) -> str:
     return max(replicas, key=lambda replica: (weight(replica, key), replica))
 
 
-class NoReplicaAvailable(Exception):
-    """Every replica is out of rotation (all died or are restarting)."""
+class NoReplicaAvailable(HypicError):
+    """Every replica is out of rotation (all died or are restarting); the front answers 503 (never a CLI exit)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,10 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.runtime.recompute_policy import RecomputePolicyError
     from hypic_rag.calibration import CalibrationError
     from hypic_rag.distributed.cluster import RayUnavailableError
+    from hypic_rag.distributed.front import ReplicaUnreachable
+    from hypic_rag.distributed.rendezvous import NoReplicaAvailable
     from hypic_rag.distributed.serve_front import ReplicaStartError
+    from hypic_rag.errors import PromptTooLongError
     from hypic_rag.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
 
@@ -86,6 +89,9 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         CalibrationError: EXIT_BAD_INPUT,  # `hypic-rag calibrate` on an index it cannot calibrate
         RayUnavailableError: EXIT_BAD_INPUT,
         ReplicaStartError: EXIT_FAILURE,
+        ReplicaUnreachable: EXIT_FAILURE,  # the front's: it sends the request to another replica, or answers 503
+        NoReplicaAvailable: EXIT_FAILURE,
+        PromptTooLongError: EXIT_BAD_INPUT,  # HypicLLM's (docs/llama_index.md, "LLM")
         SchedulerFullError: EXIT_FAILURE,  # the scheduler's errors (docs/runtime.md, "Continuous batching")
         SequenceCancelled: EXIT_FAILURE,
         SchedulerStopped: EXIT_FAILURE,

@@ -130,7 +130,13 @@ def test_an_exposed_address_needs_a_key_or_allow_no_key(tmp_path: Path, copy_tin
 
 
 def test_the_rules_in_one_place() -> None:
-    """The open set, the write routes and the permission split, without a server."""
+    """The open set, the write routes and the permission split, without a server; `serve --help` names the
+    environment variables the server reads."""
+    from hypic_rag.cli.main import build_parser
+    from hypic_rag.server.auth import ADMIN_KEY_ENV, API_KEY_ENV
+
+    usage = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    assert f"${API_KEY_ENV}" in usage and f"${ADMIN_KEY_ENV}" in usage
     assert {"/healthz", "/", "/docs", "/openapi.json"} <= OPEN_PATHS
     assert is_open("/ui/app.js") and is_open("/metrics") and not is_open("/metrics", metrics_need_key=True)
     assert not is_open("/v1/ask") and not is_open("/uix") and not is_open("/healthz/../v1/ask")
