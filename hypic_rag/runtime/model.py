@@ -398,16 +398,25 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
     if reason is not None:
         if implementation == "native":
             raise ModelLoadError(f"the model in {str(path)!r} has no native implementation here: {reason}")
-        logger.info("loading %s through transformers (native build: %s)", path, reason)
+        logger.info("loading %s through transformers (the native build would not equal it: %s)", path, reason)
         return None
     try:
         return load_native(path, device=device, dtype=dtype).model
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:  # a damaged file
+    except (*LOAD_ERRORS, SafetensorError) as error:  # a damaged file
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
 
 
+LOAD_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError,
+)
+"""What building a model from a damaged or inconsistent checkpoint raises (json, safetensors, transformers' config
+validation, a config naming more layers than `layer_types` holds, ...): `load_model` turns each into one
+`ModelLoadError` line."""
+
+
 def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """The checkpoint loaded with transformers' model classes, on `device` in `dtype`."""
+    """The checkpoint loaded with transformers' model classes, on `device` in `dtype`. A checkpoint whose weights
+    lack a tensor of a declared layer is refused (transformers would initialise it at random)."""
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
@@ -416,11 +425,19 @@ def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) 
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _check_supported(_text_config(config))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=True, output_loading_info=True)
     except ModelLoadError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:  # a damaged weight file
+    except (*LOAD_ERRORS, SafetensorError) as error:  # a damaged weight file, a config transformers rejects
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
+    missing = sorted(loading.get("missing_keys") or ())
+    if missing:
+        raise ModelLoadError(
+            f"the weights in {str(path)!r} lack {missing[0]}"
+            f"{f' and {len(missing) - 1} more tensors' if len(missing) > 1 else ''} of the layers config.json "
+            "declares; restore the checkpoint's weight files (or its config.json)"
+        )
     return model.to(device=device, dtype=dtype)
 
 

@@ -84,14 +84,21 @@ def unsupported_reason(path: Path) -> str | None:
     """Why this package does not build the checkpoint in `path` exactly as transformers would (one line), or None.
     Reads config.json and lists the weight files only."""
     try:
-        top = CheckpointConfig(_read_json(path / "config.json"))
+        raw = _read_json(path / "config.json")
     except (OSError, ValueError) as error:
         return f"config.json unreadable ({error})"
+    if not isinstance(raw, dict) or not isinstance(raw.get("text_config", {}), dict):
+        return "config.json (or its text_config) is not a JSON object"
+    top = CheckpointConfig(raw)
     model_type = getattr(top, "model_type", None)
     if model_type not in qwen3_5.MODEL_TYPES:
         return f"model type {model_type!r} has no native implementation"
     if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
         return "no safetensors weights (pytorch_model.bin loads through transformers)"
+    if getattr(top, "text_config", None) is not None:  # transformers' outer config reads its own rotary keys too
+        outer = {key: value for key, value in top.to_dict().items() if key in qwen3_5.LEGACY_ROTARY_KEYS}
+        if outer:
+            return f"{next(iter(outer))} beside text_config"
     return qwen3_5.unsupported_reason(qwen3_5.text_config(top))
 
 
