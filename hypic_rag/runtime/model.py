@@ -392,7 +392,7 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
         return None
     from safetensors import SafetensorError
 
-    from hypic_rag.runtime.native import load_native, unsupported_reason
+    from hypic_rag.runtime.native import MissingTensorsError, load_native, unsupported_reason
 
     reason = unsupported_reason(path)
     if reason is not None:
@@ -402,6 +402,8 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
         return None
     try:
         return load_native(path, device=device, dtype=dtype).model
+    except MissingTensorsError as error:
+        raise missing_weights_error(path, error.names) from None
     except (*LOAD_ERRORS, SafetensorError) as error:  # a damaged file
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
 
@@ -417,6 +419,7 @@ validation, a config naming more layers than `layer_types` holds, ...): `load_mo
 def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The checkpoint loaded with transformers' model classes, on `device` in `dtype`. A checkpoint whose weights
     lack a tensor of a declared layer is refused (transformers would initialise it at random)."""
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
@@ -429,16 +432,21 @@ def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) 
             path, dtype=dtype, local_files_only=True, output_loading_info=True)
     except ModelLoadError:
         raise
-    except (*LOAD_ERRORS, SafetensorError) as error:  # a damaged weight file, a config transformers rejects
+    except (*LOAD_ERRORS, SafetensorError, StrictDataclassError) as error:  # a damaged file, a config it rejects
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
     missing = sorted(loading.get("missing_keys") or ())
     if missing:
-        raise ModelLoadError(
-            f"the weights in {str(path)!r} lack {missing[0]}"
-            f"{f' and {len(missing) - 1} more tensors' if len(missing) > 1 else ''} of the layers config.json "
-            "declares; restore the checkpoint's weight files (or its config.json)"
-        )
+        raise missing_weights_error(path, missing)
     return model.to(device=device, dtype=dtype)
+
+
+def missing_weights_error(path: Path, missing: list[str]) -> ModelLoadError:
+    """The one-line error for a checkpoint whose weights lack `missing` (sorted names), whichever build found it."""
+    more = f" and {len(missing) - 1} more tensors" if len(missing) > 1 else ""
+    return ModelLoadError(
+        f"the weights in {str(path)!r} lack {missing[0]}{more} of the layers config.json declares; restore the "
+        "checkpoint's weight files (or its config.json)"
+    )
 
 
 def _directory_tokenizer(path: Path, require_tokenizer: bool, implementation: str) -> Any | None:

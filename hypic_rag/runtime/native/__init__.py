@@ -52,13 +52,22 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"no safetensors weights in {path}")
 
 
+class MissingTensorsError(KeyError):
+    """The checkpoint's weights lack tensors its config declares: `names`, the missing checkpoint names, sorted."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(f"the weights lack {names[0]}")
+        self.names = names
+
+
 def _read_tensors(files: dict[str, Path], wanted: dict[str, str]) -> dict[str, torch.Tensor]:
-    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype)."""
+    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype).
+    `MissingTensorsError` when the files lack one."""
     from safetensors import safe_open
 
-    missing = [source for source in wanted.values() if source not in files]
+    missing = sorted(source for source in wanted.values() if source not in files)
     if missing:
-        raise KeyError(f"the weights lack {missing[0]}")
+        raise MissingTensorsError(missing)
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for ours, source in wanted.items():
         by_file.setdefault(files[source], []).append((ours, source))
