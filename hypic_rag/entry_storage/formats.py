@@ -296,14 +296,12 @@ def stored_form_problem(stored: Mapping[str, torch.Tensor]) -> str | None:
     code is e4m3fn's NaN (bits x111 1111); no coded tensor's largest code times its largest scale (and column
     scale) overflows float32. So the decoded values are finite whenever this is None. One pass over the floating
     tensors and float8 codes (`isfinite`), the scales' maxima for the rest."""
-    for name, tensor in stored.items():
-        if tensor.is_meta or not tensor.numel():
-            continue
+    present = {name: tensor for name, tensor in stored.items() if not tensor.is_meta and tensor.numel()}
+    for name, tensor in present.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return f"tensor {name!r} holds a NaN or an infinity"
+    for name, tensor in present.items():
         tensor_name, separator, part = name.partition(STORED_PART_SEPARATOR)
-        if tensor.is_floating_point():
-            if not bool(torch.isfinite(tensor).all()):
-                return f"tensor {name!r} holds a NaN or an infinity"
-            continue
         codes = _CODES_PART.fullmatch(part) if separator else None
         if codes is None:
             continue
@@ -311,11 +309,11 @@ def stored_form_problem(stored: Mapping[str, torch.Tensor]) -> str | None:
             return f"tensor {name!r} holds a float8 NaN code"
         largest = FLOAT8_MAX if codes["bits"] is None else 2 ** (int(codes["bits"]) - 1) - 1
         for factor in (SCALE_PART, COLUMNS_PART):
-            scale = stored.get(f"{tensor_name}{STORED_PART_SEPARATOR}{factor}")
-            if scale is not None and scale.numel():
+            scale = present.get(f"{tensor_name}{STORED_PART_SEPARATOR}{factor}")
+            if scale is not None:
                 largest *= float(scale.float().abs().max())
         if largest > FLOAT32_MAX:
-            return f"tensor {tensor_name!r} decodes past float32's range (its scale is {largest:.3g} / code)"
+            return f"tensor {tensor_name!r} decodes past float32's range (codes up to {largest:.3g})"
     return None
 
 
