@@ -385,6 +385,14 @@ def load_model(
     return wrap_model(model, tokenizer=tokenizer)
 
 
+LOAD_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError,
+)
+"""What building a model from a damaged or inconsistent checkpoint raises (json, safetensors, transformers' config
+validation, a config naming more layers than `layer_types` holds, ...): `load_model` turns each into one
+`ModelLoadError` line."""
+
+
 def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implementation: str) -> nn.Module | None:
     """The checkpoint's modules built by `runtime.native`, or None when it does not build them and `implementation`
     allows transformers ("auto"; "native" raises `ModelLoadError` saying why)."""
@@ -392,7 +400,7 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
         return None
     from safetensors import SafetensorError
 
-    from hypic_rag.runtime.native import MissingTensorsError, load_native, unsupported_reason
+    from hypic_rag.runtime.native import load_native, unsupported_reason
 
     reason = unsupported_reason(path)
     if reason is not None:
@@ -402,18 +410,10 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
         return None
     try:
         return load_native(path, device=device, dtype=dtype).model
-    except MissingTensorsError as error:
-        raise missing_weights_error(path, error.names) from None
+    except ModelLoadError:  # weights lacking a declared tensor
+        raise
     except (*LOAD_ERRORS, SafetensorError) as error:  # a damaged file
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
-
-
-LOAD_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError,
-)
-"""What building a model from a damaged or inconsistent checkpoint raises (json, safetensors, transformers' config
-validation, a config naming more layers than `layer_types` holds, ...): `load_model` turns each into one
-`ModelLoadError` line."""
 
 
 def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:

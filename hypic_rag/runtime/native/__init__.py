@@ -52,22 +52,16 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"no safetensors weights in {path}")
 
 
-class MissingTensorsError(KeyError):
-    """The checkpoint's weights lack tensors its config declares: `names`, the missing checkpoint names, sorted."""
-
-    def __init__(self, names: list[str]) -> None:
-        super().__init__(f"the weights lack {names[0]}")
-        self.names = names
-
-
-def _read_tensors(files: dict[str, Path], wanted: dict[str, str]) -> dict[str, torch.Tensor]:
-    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype).
-    `MissingTensorsError` when the files lack one."""
+def _read_tensors(path: Path, files: dict[str, Path], wanted: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype). The files (of the
+    checkpoint in `path`) lacking one raises `runtime.model.ModelLoadError` naming the first, as transformers' path."""
     from safetensors import safe_open
 
     missing = sorted(source for source in wanted.values() if source not in files)
     if missing:
-        raise MissingTensorsError(missing)
+        from hypic_rag.runtime.model import missing_weights_error  # here: runtime.model imports this package
+
+        raise missing_weights_error(path, missing)
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for ours, source in wanted.items():
         by_file.setdefault(files[source], []).append((ours, source))
@@ -113,8 +107,8 @@ def unsupported_reason(path: Path) -> str | None:
 
 def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> NativeModel:
     """Build the checkpoint in `path` (already checked by `runtime.model.check_model_directory`, and
-    `unsupported_reason(path)` None) on `device` in `dtype`. A damaged or incomplete checkpoint raises OSError,
-    ValueError, KeyError or safetensors' error."""
+    `unsupported_reason(path)` None) on `device` in `dtype`. Weights lacking a declared tensor raise `ModelLoadError`;
+    a damaged checkpoint OSError, ValueError, KeyError or safetensors' error."""
     top = CheckpointConfig(_read_json(path / "config.json"))
     reason = unsupported_reason(path)
     if reason is not None:
@@ -129,7 +123,7 @@ def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> Nati
     if tied:
         wanted.pop("lm_head.weight")
     files = _tensor_files(path)
-    tensors = {name: tensor.to(device=device, dtype=dtype) for name, tensor in _read_tensors(files, wanted).items()}
+    tensors = {name: tensor.to(device=device, dtype=dtype) for name, tensor in _read_tensors(path, files, wanted).items()}
     if tied:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     model.load_state_dict(tensors, strict=True, assign=True)
