@@ -292,11 +292,13 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 def stored_form_problem(stored: Mapping[str, torch.Tensor]) -> str | None:
     """Why an entry's stored form would not decode to finite values (one line naming the tensor), or None.
 
-    Checked: every floating tensor (a value stored as a float, a group scale, a column scale) is finite; no float8
-    code is e4m3fn's NaN (bits x111 1111); no coded tensor's largest code times its largest scale (and column
-    scale) overflows float32. So the decoded values are finite whenever this is None. One pass over the floating
-    tensors and float8 codes (`isfinite`), the scales' maxima for the rest."""
-    present = {name: tensor for name, tensor in stored.items() if not tensor.is_meta and tensor.numel()}
+    Checked, for the tensors of `TENSOR_KINDS` (state, conv tails, K/V, and their stored parts): every floating one
+    (a value stored as a float, a group scale, a column scale) is finite; no float8 code is e4m3fn's NaN (bits
+    x111 1111); no coded tensor's largest code times its largest scale (and column scale) overflows float32. So the
+    decoded values are finite whenever this is None. One pass over the floating tensors and float8 codes, the
+    scales' maxima for the rest."""
+    present = {name: tensor for name, tensor in stored.items()
+               if not tensor.is_meta and tensor.numel() and tensor_kind(name) is not None}
     for name, tensor in present.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return f"tensor {name!r} holds a NaN or an infinity"

@@ -434,7 +434,8 @@ def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) 
         raise
     except (*LOAD_ERRORS, SafetensorError, StrictDataclassError) as error:  # a damaged file, a config it rejects
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
-    missing = sorted(loading.get("missing_keys") or ())
+    parameters = dict(model.named_parameters())  # a buffer left out is computed at construction, not drawn at random
+    missing = sorted(name for name in loading.get("missing_keys") or () if name in parameters)
     if missing:
         raise missing_weights_error(path, missing)
     return model.to(device=device, dtype=dtype)
