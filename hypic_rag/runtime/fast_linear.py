@@ -49,8 +49,8 @@ PRIMITIVE_CACHE_CAPACITY = 128
 environment sets it; oneDNN reads it when it first builds one, so importing this module first bounds it). oneDNN
 compiles one per distinct problem shape (rows x weight) and keeps 1024 by default: a service's prefills of ever
 new lengths kept adding them, so a worker's resident memory grew burst after burst (docs/service.md, "Memory under
-bursts": 657 -> 788 MiB over 6 bursts of 64 streams in process, 605 -> 669 MiB with 128). 128 still holds every
-shape of a batched decode (rows 1..`PACKED_MAX_ROWS` per weight shape)."""
+bursts": 657 -> 788 MiB over 6 bursts of 64 streams in process, 605 -> 669 MiB with 128). A shape evicted is
+compiled again when it comes back (its cost on decode speed is not measured yet)."""
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
 
