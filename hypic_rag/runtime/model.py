@@ -409,7 +409,8 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
         logger.info("loading %s through transformers (the native build would not equal it: %s)", path, reason)
         return None
     try:
-        return load_native(path, device=device, dtype=dtype).model
+        return load_native(path, device=device, dtype=dtype,
+                           on_missing=lambda missing: missing_weights_error(path, missing)).model
     except ModelLoadError:  # weights lacking a declared tensor
         raise
     except (*LOAD_ERRORS, SafetensorError) as error:  # a damaged file

@@ -11,6 +11,7 @@ as does any checkpoint whose config this implementation does not reproduce exact
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,16 +53,15 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"no safetensors weights in {path}")
 
 
-def _read_tensors(path: Path, files: dict[str, Path], wanted: dict[str, str]) -> dict[str, torch.Tensor]:
-    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype). The files (of the
-    checkpoint in `path`) lacking one raises `runtime.model.ModelLoadError` naming the first, as transformers' path."""
+def _read_tensors(files: dict[str, Path], wanted: dict[str, str],
+                  on_missing: Callable[[list[str]], BaseException]) -> dict[str, torch.Tensor]:
+    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype). When the files lack
+    some, raises `on_missing(their checkpoint names, sorted)`."""
     from safetensors import safe_open
 
     missing = sorted(source for source in wanted.values() if source not in files)
     if missing:
-        from hypic_rag.runtime.model import missing_weights_error  # here: runtime.model imports this package
-
-        raise missing_weights_error(path, missing)
+        raise on_missing(missing)
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for ours, source in wanted.items():
         by_file.setdefault(files[source], []).append((ours, source))
@@ -105,10 +105,16 @@ def unsupported_reason(path: Path) -> str | None:
     return qwen3_5.unsupported_reason(qwen3_5.text_config(top))
 
 
-def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> NativeModel:
+def _lacking(missing: list[str]) -> BaseException:
+    return KeyError(f"the weights lack {missing[0]}")
+
+
+def load_native(path: Path, *, device: torch.device, dtype: torch.dtype,
+                on_missing: Callable[[list[str]], BaseException] = _lacking) -> NativeModel:
     """Build the checkpoint in `path` (already checked by `runtime.model.check_model_directory`, and
-    `unsupported_reason(path)` None) on `device` in `dtype`. Weights lacking a declared tensor raise `ModelLoadError`;
-    a damaged checkpoint OSError, ValueError, KeyError or safetensors' error."""
+    `unsupported_reason(path)` None) on `device` in `dtype`. Weights lacking declared tensors raise
+    `on_missing(their names, sorted)` (default a KeyError); a damaged checkpoint OSError, ValueError, KeyError or
+    safetensors' error."""
     top = CheckpointConfig(_read_json(path / "config.json"))
     reason = unsupported_reason(path)
     if reason is not None:
@@ -123,7 +129,8 @@ def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> Nati
     if tied:
         wanted.pop("lm_head.weight")
     files = _tensor_files(path)
-    tensors = {name: tensor.to(device=device, dtype=dtype) for name, tensor in _read_tensors(path, files, wanted).items()}
+    read = _read_tensors(files, wanted, on_missing)
+    tensors = {name: tensor.to(device=device, dtype=dtype) for name, tensor in read.items()}
     if tied:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     model.load_state_dict(tensors, strict=True, assign=True)
