@@ -22,6 +22,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,59 +41,38 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
     the server's `--prefill-wait` (None: its default)."""
     import httpx
 
-    from hypic_rag.bench.foreign_corpus import questions, write_foreign_corpus
-    from hypic_rag.default_model import default_model_path
-    from hypic_rag.precompute import PrecomputeOptions, precompute
-    from hypic_rag.testing import free_port
+    from hypic_rag.bench.foreign_corpus import questions
 
     asked = questions()
-    with tempfile.TemporaryDirectory(prefix="hypic-bench-clients-") as directory:
-        corpus = write_foreign_corpus(Path(directory) / "corpus")
-        index = Path(directory) / "index"
-        precompute(PrecomputeOptions(corpus=corpus, index_dir=index, model_path=default_model_path(), device="cpu",
-                                     show_progress=False))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--device", "cpu", "--port", str(port),
-             "--queue-size", str(max(64, 4 * clients)), "--log-level", "warning", "--workers", str(workers)]
-            + ([] if prefill_wait_s is None else ["--prefill-wait", str(prefill_wait_s)]),
-        )
-        try:
-            _wait_ready(httpx, url, server)
-            local = threading.local()
+    extra = [] if prefill_wait_s is None else ["--prefill-wait", str(prefill_wait_s)]
+    with foreign_corpus_server(workers, max(64, 4 * clients), extra) as (url, _):
+        local = threading.local()
 
-            def http() -> httpx.Client:
-                if not hasattr(local, "client"):
-                    local.client = httpx.Client(base_url=url, timeout=600)
-                return local.client
+        def http() -> httpx.Client:
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=url, timeout=600)
+            return local.client
 
-            answers: dict[int, tuple[str, tuple[str, ...]]] = {}
-            lock = threading.Lock()
+        answers: dict[int, tuple[str, tuple[str, ...]]] = {}
+        lock = threading.Lock()
 
-            def run_one(number: int) -> tuple[float, int]:
-                ttft, tokens, answer = _ask(http(), asked[number % len(asked)], top_k, config.new_tokens)
-                with lock:
-                    answers[number] = answer
-                return ttft, tokens
+        def run_one(number: int) -> tuple[float, int]:
+            ttft, tokens, answer = _ask(http(), asked[number % len(asked)], top_k, config.new_tokens)
+            with lock:
+                answers[number] = answer
+            return ttft, tokens
 
-            reference = {}
-            for number, question in enumerate(asked):  # alone: the references (the first one warms up)
-                reference[number] = _ask(http(), question, top_k, config.new_tokens)[2]
-            cells: dict[str, list[Any]] = {ONE_CLIENT: [], CONCURRENT: []}
-            per_run = -(-config.max_requests // config.repeats)
-            for repeat in range(config.repeats):
-                for name, count in ((ONE_CLIENT, 1), (CONCURRENT, clients)):
-                    cells[name].append(closed_loop(run_one, count, per_run, config.max_seconds / config.repeats,
-                                                   first=(2 * repeat + (name == CONCURRENT)) * per_run))
-            mismatches = [number for number, answer in answers.items()
-                          if answer != reference[number % len(asked)]]
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        reference = {}
+        for number, question in enumerate(asked):  # alone: the references (the first one warms up)
+            reference[number] = _ask(http(), question, top_k, config.new_tokens)[2]
+        cells: dict[str, list[Any]] = {ONE_CLIENT: [], CONCURRENT: []}
+        per_run = -(-config.max_requests // config.repeats)
+        for repeat in range(config.repeats):
+            for name, count in ((ONE_CLIENT, 1), (CONCURRENT, clients)):
+                cells[name].append(closed_loop(run_one, count, per_run, config.max_seconds / config.repeats,
+                                               first=(2 * repeat + (name == CONCURRENT)) * per_run))
+        mismatches = [number for number, answer in answers.items()
+                      if answer != reference[number % len(asked)]]
     one = summarize(1, cells[ONE_CLIENT])
     many = summarize(clients, cells[CONCURRENT])
     ratio = many["requests_per_second"] / one["requests_per_second"] if one["requests_per_second"] else float("nan")
@@ -104,6 +85,41 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
         "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
     }
+
+
+@contextmanager
+def foreign_corpus_server(workers: int, queue_size: int, extra: list[str] | None = None,
+                          ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`hypic-rag serve` in a process of its own on 127.0.0.1 over the bundled default model and `foreign_corpus`
+    (precomputed into a temporary index), ready: yields (its URL, its process); SIGTERM at the end. workers: its
+    `--workers`; queue_size: its `--queue-size`; extra: more arguments."""
+    import httpx
+
+    from hypic_rag.bench.foreign_corpus import write_foreign_corpus
+    from hypic_rag.default_model import default_model_path
+    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.testing import free_port
+
+    with tempfile.TemporaryDirectory(prefix="hypic-bench-server-") as directory:
+        corpus = write_foreign_corpus(Path(directory) / "corpus")
+        index = Path(directory) / "index"
+        precompute(PrecomputeOptions(corpus=corpus, index_dir=index, model_path=default_model_path(), device="cpu",
+                                     show_progress=False))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--device", "cpu", "--port", str(port),
+             "--queue-size", str(queue_size), "--log-level", "warning", "--workers", str(workers), *(extra or [])],
+        )
+        try:
+            _wait_ready(httpx, url, server)
+            yield url, server
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 def _wait_ready(httpx: Any, url: str, server: subprocess.Popen, timeout_s: float = 600.0) -> None:

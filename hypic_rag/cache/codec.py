@@ -35,6 +35,7 @@ import torch
 
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
 from hypic_rag.entry import Entry
+from hypic_rag.entry_storage.formats import stored_form_problem
 
 MAGIC = b"HYPC"
 CODEC_VERSION = 1
@@ -185,7 +186,9 @@ def decode_entry(value: bytearray | memoryview) -> DecodedEntry:
     """Verify and decode a value made by `encode_entry`; the tensors are views of `value` (no copy).
 
     `value` should be writable (a bytearray) so the tensors are too; a read-only buffer is copied once first.
-    Raises CorruptEntryError or IncompatibleEntryError (see `read_header`).
+    Raises CorruptEntryError or IncompatibleEntryError (see `read_header`); CorruptEntryError too for a value whose
+    tensors would decode to a NaN or an infinity (`entry_storage.formats.stored_form_problem`: a non-finite float or
+    scale, a float8 NaN code, a scale overflowing float32).
     """
     if isinstance(value, bytes) or (isinstance(value, memoryview) and value.readonly):
         value = bytearray(value)
@@ -198,4 +201,7 @@ def decode_entry(value: bytearray | memoryview) -> DecodedEntry:
             continue
         count = spec.nbytes // dtype.itemsize
         tensors[spec.name] = torch.frombuffer(value, dtype=dtype, count=count, offset=spec.offset).view(spec.shape)
+    problem = stored_form_problem(tensors)
+    if problem is not None:  # intact bytes (crc32 valid) that would decode to NaN / inf: as damaged as a flipped bit
+        raise CorruptEntryError(problem)
     return DecodedEntry(namespace=namespace, tensors=tensors)

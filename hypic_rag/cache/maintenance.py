@@ -1,9 +1,10 @@
 """Whole-store checks and clean-up behind `hypic-rag cache verify | gc`.
 
 `verify_store` reads every entry once (outside any long transaction: one short read per entry, so writers are
-not held up) and checks that it decodes (crc32, lengths, header) and that its key matches its contents: the
-key's namespace digest equals the digest of the namespace text in the header, and its token digest equals the
-sha256 of the stored token ids. `collect_garbage` removes what verify flags and evicts down to the budget.
+not held up) and checks that it decodes (crc32, lengths, header, and values that decode finite: no NaN or infinity
+in a scale or a stored float) and that its key matches its contents: the key's namespace digest equals the digest
+of the namespace text in the header, and its token digest equals the sha256 of the stored token ids.
+`collect_garbage` removes what verify flags and evicts down to the budget.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import torch
 
 from hypic_rag.entry import SEAM_TOKENS, STORED_PART_SEPARATOR, TOKEN_IDS, Entry, base_name
 from hypic_rag.entry_storage.quantize import (
+    FLOAT8_MAX,
     dequantize_float8,
     dequantize_int,
     float8_supported,
@@ -283,6 +284,39 @@ def compress_entry(entry: Mapping[str, torch.Tensor], name: str | CacheFormat) -
 def is_compressed(entry: Mapping[str, torch.Tensor]) -> bool:
     """Whether `entry` holds stored parts that need decoding (not only float tensors under their own names)."""
     return any(STORED_PART_SEPARATOR in name for name in entry)
+
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def stored_form_problem(stored: Mapping[str, torch.Tensor]) -> str | None:
+    """Why an entry's stored form would not decode to finite values (one line naming the tensor), or None.
+
+    Checked, for the tensors of `TENSOR_KINDS` (state, conv tails, K/V, and their stored parts): every floating one
+    (a value stored as a float, a group scale, a column scale) is finite; no float8 code is e4m3fn's NaN (bits
+    x111 1111); no coded tensor's largest code times its largest scale (and column scale) overflows float32. So the
+    decoded values are finite whenever this is None. One pass over the floating tensors and float8 codes, the
+    scales' maxima for the rest."""
+    present = {name: tensor for name, tensor in stored.items()
+               if not tensor.is_meta and tensor.numel() and tensor_kind(name) is not None}
+    for name, tensor in present.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return f"tensor {name!r} holds a NaN or an infinity"
+    for name, tensor in present.items():
+        tensor_name, separator, part = name.partition(STORED_PART_SEPARATOR)
+        codes = _CODES_PART.fullmatch(part) if separator else None
+        if codes is None:
+            continue
+        if codes["bits"] is None and bool(((tensor.view(torch.uint8) & 0x7F) == 0x7F).any()):
+            return f"tensor {name!r} holds a float8 NaN code"
+        largest = FLOAT8_MAX if codes["bits"] is None else 2 ** (int(codes["bits"]) - 1) - 1
+        for factor in (SCALE_PART, COLUMNS_PART):
+            scale = present.get(f"{tensor_name}{STORED_PART_SEPARATOR}{factor}")
+            if scale is not None:
+                largest *= float(scale.float().abs().max())
+        if largest > FLOAT32_MAX:
+            return f"tensor {tensor_name!r} decodes past float32's range (codes up to {largest:.3g})"
+    return None
 
 
 def decompress_entry(

@@ -44,6 +44,15 @@ def _onednn_available() -> bool:
 ONEDNN = _onednn_available()
 """Whether this torch has oneDNN's linear (every x86 / ARM CPU build does; the fast path falls back without it)."""
 
+PRIMITIVE_CACHE_CAPACITY = 128
+"""How many compiled oneDNN primitives a process keeps (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, set here unless the
+environment sets it; oneDNN reads it when it first builds one, so importing this module first bounds it). oneDNN
+compiles one per distinct problem shape (rows x weight) and keeps 1024 by default: a service's prefills of ever
+new lengths kept adding them, so a worker's resident memory grew burst after burst (docs/service.md, "Memory under
+bursts": 657 -> 788 MiB over 6 bursts of 64 streams in process, 605 -> 669 MiB with 128). A shape evicted is
+compiled again when it comes back (its cost on decode speed is not measured yet)."""
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
+
 
 def onednn_eligible(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether `onednn_linear` takes the oneDNN path for these tensors: CPU float32, no gradient wanted, rows."""

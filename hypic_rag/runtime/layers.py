@@ -7,6 +7,7 @@ mixer paths live in `runtime/mixers/` (one module per mixer kind), built per mod
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +19,20 @@ from hypic_rag.runtime.threads import wide_for
 
 if TYPE_CHECKING:
     from hypic_rag.runtime.mixers.base import AttentionMixer
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation transformers' `ACT2FN[name]` computes (a module's `activation`, read from its config's
+    `hidden_act` or the like): `F.silu` for "silu" without importing transformers (the native build's), else
+    transformers' own function. An unknown name raises ValueError."""
+    if name == "silu":
+        return F.silu
+    from transformers.activations import ACT2FN  # here: importing this module must not import transformers
+
+    try:
+        return ACT2FN[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}") from None
 
 
 def advance_conv_tail(tail: torch.Tensor, preconv: torch.Tensor) -> torch.Tensor:

@@ -385,6 +385,14 @@ def load_model(
     return wrap_model(model, tokenizer=tokenizer)
 
 
+LOAD_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError,
+)
+"""What building a model from a damaged or inconsistent checkpoint raises (json, safetensors, transformers' config
+validation, a config naming more layers than `layer_types` holds, ...): `load_model` turns each into one
+`ModelLoadError` line."""
+
+
 def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implementation: str) -> nn.Module | None:
     """The checkpoint's modules built by `runtime.native`, or None when it does not build them and `implementation`
     allows transformers ("auto"; "native" raises `ModelLoadError` saying why)."""
@@ -398,16 +406,21 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
     if reason is not None:
         if implementation == "native":
             raise ModelLoadError(f"the model in {str(path)!r} has no native implementation here: {reason}")
-        logger.info("loading %s through transformers (native build: %s)", path, reason)
+        logger.info("loading %s through transformers (the native build would not equal it: %s)", path, reason)
         return None
     try:
-        return load_native(path, device=device, dtype=dtype).model
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:  # a damaged file
+        return load_native(path, device=device, dtype=dtype,
+                           on_missing=lambda missing: missing_weights_error(path, missing)).model
+    except ModelLoadError:  # weights lacking a declared tensor
+        raise
+    except (*LOAD_ERRORS, SafetensorError) as error:  # a damaged file
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
 
 
 def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """The checkpoint loaded with transformers' model classes, on `device` in `dtype`."""
+    """The checkpoint loaded with transformers' model classes, on `device` in `dtype`. A checkpoint whose weights
+    lack a tensor of a declared layer is refused (transformers would initialise it at random)."""
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
@@ -416,12 +429,26 @@ def _transformers_modules(path: Path, device: torch.device, dtype: torch.dtype) 
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _check_supported(_text_config(config))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=True, output_loading_info=True)
     except ModelLoadError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:  # a damaged weight file
+    except (*LOAD_ERRORS, SafetensorError, StrictDataclassError) as error:  # a damaged file, a config it rejects
         raise ModelLoadError(f"cannot load the model in {str(path)!r}: {_first_line(error)}") from error
+    parameters = dict(model.named_parameters())  # a buffer left out is computed at construction, not drawn at random
+    missing = sorted(name for name in loading.get("missing_keys") or () if name in parameters)
+    if missing:
+        raise missing_weights_error(path, missing)
     return model.to(device=device, dtype=dtype)
+
+
+def missing_weights_error(path: Path, missing: list[str]) -> ModelLoadError:
+    """The one-line error for a checkpoint whose weights lack `missing` (sorted names), whichever build found it."""
+    more = f" and {len(missing) - 1} more tensors" if len(missing) > 1 else ""
+    return ModelLoadError(
+        f"the weights in {str(path)!r} lack {missing[0]}{more} of the layers config.json declares; restore the "
+        "checkpoint's weight files (or its config.json)"
+    )
 
 
 def _directory_tokenizer(path: Path, require_tokenizer: bool, implementation: str) -> Any | None:

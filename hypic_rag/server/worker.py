@@ -43,6 +43,7 @@ from hypic_rag.server.errors import (
     ServiceUnavailableError,
 )
 from hypic_rag.server.jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobRegistry
+from hypic_rag.utils.memory import release_free_memory
 
 if TYPE_CHECKING:
     from hypic_rag.server.backend import ServiceBackend
@@ -56,6 +57,9 @@ CONTROL, REQUEST = "control", "request"
 START_BUDGET_S = 0.05
 """How long the worker may spend starting queued requests (retrieval, prompt layout) before running the next
 scheduler step, while sequences are generating."""
+RELEASE_AFTER_IDLE_S = 0.5
+"""How long the worker stays idle after some work before handing the allocator's free pages back to the system
+(`utils.memory.release_free_memory`; once per idle spell, so a steady stream of requests never pays for it)."""
 
 
 @dataclass(slots=True)
@@ -149,6 +153,7 @@ class ModelWorker:
         self._running: Task[Any] | None = None
         self._in_flight: dict[Task[Any], None] = {}  # tasks whose generations are in the scheduler
         self._last_step_at = 0.0
+        self._worked_since_idle = False  # a task, step or job ran since the worker was last idle
         self._on_step = on_step
         self.scheduler: Any | None = None  # the backend's scheduler, once built
         self._stopping = False
@@ -360,8 +365,12 @@ class ModelWorker:
                             self.scheduler.step()
                         finally:
                             self._last_step_at = time.perf_counter()  # queued requests get their start budget now
+                    elif kind == "idle":
+                        release_free_memory()
                     else:
                         self._step(item)
+                    if kind != "idle":
+                        self._worked_since_idle = True
                 except Exception as error:  # a bug: the worker goes on serving the others
                     logger.exception("the model worker's %s failed", kind)
                     if kind == "task":
@@ -376,7 +385,11 @@ class ModelWorker:
                 logger.exception("closing the backend failed")
 
     def _next(self) -> tuple[str, Any]:
-        """The next piece of work: ("task", Task), ("step", None), ("job", _JobRun) or ("stop", None)."""
+        """The next piece of work: ("task", Task), ("step", None), ("job", _JobRun), ("stop", None), or ("idle",
+        None) once when nothing was left to do for `RELEASE_AFTER_IDLE_S` after some work (the worker then calls
+        `utils.memory.release_free_memory`: a burst's freed tensors otherwise stay resident in the allocator's
+        arenas)."""
+        idle_since: float | None = None
         with self._condition:
             while True:
                 generating = self.scheduler is not None and self.scheduler.has_work
@@ -395,6 +408,14 @@ class ModelWorker:
                     return "stop", None
                 if self._job_runs:
                     return "job", self._job_runs[0]
+                if self._worked_since_idle:  # idle after work: hand back what the work freed, once it stays idle
+                    now = time.perf_counter()
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= RELEASE_AFTER_IDLE_S:
+                        self._worked_since_idle = False
+                        return "idle", None
+                    self._condition.wait(RELEASE_AFTER_IDLE_S - (now - idle_since))
+                    continue
                 self._condition.wait()
 
     def _execute(self, task: Task[Any]) -> None:

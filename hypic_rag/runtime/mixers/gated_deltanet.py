@@ -2,7 +2,8 @@
 
 Per value head, state S [K, V]: S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T q_t; the
 transition of a span is a K x K matrix ("matrix" kind). Token-wise: the q/k/v (pre-conv), z (output gate), b and a
-projections; the short causal conv (SiLU) over the q/k/v channels; the gated RMS norm and output projection.
+projections; the short causal conv (with its activation, the module's `activation`: the config's `hidden_act`) over the
+q/k/v channels; the gated RMS norm and output projection.
 The recurrence is `runtime/ops/gated_delta_rule` (chunked WY form, fla on CUDA; naive reference beside it).
 """
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypic_rag.runtime.layers import causal_depthwise_conv
+from hypic_rag.runtime.layers import activation, causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_packed
@@ -56,6 +57,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
+        self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
 
     @property
     def conv_channels(self) -> int:
@@ -87,7 +89,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         conv = self.module.conv1d  # weight [C, 1, kernel]
-        return F.silu(causal_depthwise_conv(preconv, context, conv.weight, conv.bias))
+        return self.activation(causal_depthwise_conv(preconv, context, conv.weight, conv.bias))
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypic_rag.runtime.layers import causal_depthwise_conv
+from hypic_rag.runtime.layers import activation, causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.kda import kda, kda_with_transition
 
@@ -64,6 +64,7 @@ class KdaMixer(RecurrentMixer):
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
+        self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
         self.heads = int(module.num_heads)
         self.head_dim = int(module.head_dim)
 
@@ -91,7 +92,7 @@ class KdaMixer(RecurrentMixer):
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         conv = self.module.conv1d  # weight [C, 1, kernel]
-        return F.silu(causal_depthwise_conv(preconv, context, conv.weight, conv.bias)).to(preconv.dtype)
+        return self.activation(causal_depthwise_conv(preconv, context, conv.weight, conv.bias)).to(preconv.dtype)
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hypic_rag.runtime.layers import causal_depthwise_conv
+from hypic_rag.runtime.layers import activation, causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.ssd import ssd, ssd_with_transition
 from hypic_rag.runtime.ops.time_step import softplus_time_step
@@ -53,9 +53,7 @@ class Mamba2Mixer(RecurrentMixer):
         self.module = module
         limit = time_step_limit if time_step_limit is not None else getattr(module, "time_step_limit", None)
         self.time_step_limit = None if limit is None else (float(limit[0]), float(limit[1]))
-        from transformers.activations import ACT2FN  # here: importing this module must not import transformers
-
-        self.activation = ACT2FN[module.activation]
+        self.activation = activation(module.activation)
 
     @property
     def conv_channels(self) -> int:

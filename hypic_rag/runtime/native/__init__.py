@@ -11,6 +11,7 @@ as does any checkpoint whose config this implementation does not reproduce exact
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,13 +53,15 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"no safetensors weights in {path}")
 
 
-def _read_tensors(files: dict[str, Path], wanted: dict[str, str]) -> dict[str, torch.Tensor]:
-    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype)."""
+def _read_tensors(files: dict[str, Path], wanted: dict[str, str],
+                  on_missing: Callable[[list[str]], BaseException]) -> dict[str, torch.Tensor]:
+    """`wanted`: our name -> checkpoint name; returns our name -> tensor (CPU, the file's dtype). When the files lack
+    some, raises `on_missing(their checkpoint names, sorted)`."""
     from safetensors import safe_open
 
-    missing = [source for source in wanted.values() if source not in files]
+    missing = sorted(source for source in wanted.values() if source not in files)
     if missing:
-        raise KeyError(f"the weights lack {missing[0]}")
+        raise on_missing(missing)
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for ours, source in wanted.items():
         by_file.setdefault(files[source], []).append((ours, source))
@@ -84,21 +87,34 @@ def unsupported_reason(path: Path) -> str | None:
     """Why this package does not build the checkpoint in `path` exactly as transformers would (one line), or None.
     Reads config.json and lists the weight files only."""
     try:
-        top = CheckpointConfig(_read_json(path / "config.json"))
+        raw = _read_json(path / "config.json")
     except (OSError, ValueError) as error:
         return f"config.json unreadable ({error})"
+    if not isinstance(raw, dict) or not isinstance(raw.get("text_config", {}), dict):
+        return "config.json (or its text_config) is not a JSON object"
+    top = CheckpointConfig(raw)
     model_type = getattr(top, "model_type", None)
     if model_type not in qwen3_5.MODEL_TYPES:
         return f"model type {model_type!r} has no native implementation"
     if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
         return "no safetensors weights (pytorch_model.bin loads through transformers)"
+    if getattr(top, "text_config", None) is not None:  # transformers' outer config reads its own rotary keys too
+        outer = {key: value for key, value in top.to_dict().items() if key in qwen3_5.LEGACY_ROTARY_KEYS}
+        if outer:
+            return f"{next(iter(outer))} beside text_config"
     return qwen3_5.unsupported_reason(qwen3_5.text_config(top))
 
 
-def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> NativeModel:
+def _lacking(missing: list[str]) -> BaseException:
+    return KeyError(f"the weights lack {missing[0]}")
+
+
+def load_native(path: Path, *, device: torch.device, dtype: torch.dtype,
+                on_missing: Callable[[list[str]], BaseException] = _lacking) -> NativeModel:
     """Build the checkpoint in `path` (already checked by `runtime.model.check_model_directory`, and
-    `unsupported_reason(path)` None) on `device` in `dtype`. A damaged or incomplete checkpoint raises OSError,
-    ValueError, KeyError or safetensors' error."""
+    `unsupported_reason(path)` None) on `device` in `dtype`. Weights lacking declared tensors raise
+    `on_missing(their names, sorted)` (default a KeyError); a damaged checkpoint OSError, ValueError, KeyError or
+    safetensors' error."""
     top = CheckpointConfig(_read_json(path / "config.json"))
     reason = unsupported_reason(path)
     if reason is not None:
@@ -113,7 +129,8 @@ def load_native(path: Path, *, device: torch.device, dtype: torch.dtype) -> Nati
     if tied:
         wanted.pop("lm_head.weight")
     files = _tensor_files(path)
-    tensors = {name: tensor.to(device=device, dtype=dtype) for name, tensor in _read_tensors(files, wanted).items()}
+    read = _read_tensors(files, wanted, on_missing)
+    tensors = {name: tensor.to(device=device, dtype=dtype) for name, tensor in read.items()}
     if tied:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     model.load_state_dict(tensors, strict=True, assign=True)

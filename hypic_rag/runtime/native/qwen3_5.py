@@ -48,19 +48,71 @@ def text_config(top: CheckpointConfig) -> CheckpointConfig:
     return CheckpointConfig({**TEXT_CONFIG_DEFAULTS, **top.get_text_config().to_dict()})
 
 
+ROTARY_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+"""The keys a `rope_parameters` dict may hold for a native build (the last two only place text positions, which are
+the same in M-RoPE's three streams). `rope_type` must be "default", and `rope_theta` and `partial_rotary_factor`
+must be there: transformers fills them from elsewhere when they are not (`LEGACY_ROTARY_KEYS`, its class default of
+0.25, its default theta)."""
+
+LEGACY_ROTARY_KEYS = ("rope_scaling", "rope_theta", "partial_rotary_factor")
+"""Config-level keys transformers' `convert_rope_params_to_dict` merges into `rope_parameters` (a `rope_scaling`
+replaces it whole): a config holding one is read the way transformers reads it only by transformers."""
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def rotary_problem(config: CheckpointConfig) -> str | None:
+    """Why the rotary settings of `config` (a text config, or the outer config of a multimodal checkpoint) might be
+    read otherwise by transformers than by `RotaryEmbedding` (one line), or None: every setting in one
+    `rope_parameters` dict of `ROTARY_KEYS`, none of `LEGACY_ROTARY_KEYS` beside it."""
+    values = config.to_dict()
+    legacy = [key for key in LEGACY_ROTARY_KEYS if key in values]
+    if legacy:
+        return f"{legacy[0]} beside rope_parameters (transformers merges it in)"
+    rope = values.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return f"rope_parameters is {type(rope).__name__}, not a dict of {', '.join(ROTARY_KEYS[:3])}"
+    unknown = sorted(key for key in rope if key not in ROTARY_KEYS)
+    if unknown:
+        return f"rope_parameters holds {unknown[0]}"
+    if rope.get("rope_type") != "default":
+        return f"rope_type {rope.get('rope_type')!r} (the native rotary table is the default one)"
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if not _is_number(rope.get(key)):
+            return f"rope_parameters lacks a numeric {key} (transformers fills it in)"
+    if not 0 < rope["partial_rotary_factor"] <= 1 or rope["rope_theta"] <= 0:
+        return "rope_parameters out of range"
+    return None
+
+
 def unsupported_reason(text: CheckpointConfig) -> str | None:
-    """Why this implementation does not serve `text` exactly as transformers would (one line), or None."""
+    """Why this implementation does not serve `text` exactly as transformers would (one line), or None.
+
+    Anything read otherwise than transformers' `Qwen3_5TextConfig` reads it is a reason: a key it fills in, an
+    activation other than SiLU (the MLP's and the conv's), rotary settings outside one plain `rope_parameters` dict
+    (`rotary_problem`), `layer_types` that is not one known type per layer."""
     missing = text.missing(TEXT_CONFIG_KEYS)
     if missing:
         return f"config.json lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
     if text.hidden_act != "silu":
         return f"hidden_act {text.hidden_act!r}"
-    rope = text.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
-        return f"rope_type {rope.get('rope_type')!r}"
+    rotary = rotary_problem(text)
+    if rotary is not None:
+        return rotary
     if text.attention_bias:
         return "attention_bias"
-    if any(kind not in ("linear_attention", "full_attention") for kind in text.layer_types):
+    sizes = (text.num_hidden_layers, text.hidden_size, text.num_attention_heads, text.vocab_size)
+    if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in sizes):
+        return "a layer count or size that is not a positive integer"
+    layer_types = text.layer_types
+    if not isinstance(layer_types, list) or len(layer_types) != text.num_hidden_layers:
+        count = len(layer_types) if isinstance(layer_types, list) else type(layer_types).__name__
+        return f"layer_types ({count}) is not one type per layer ({text.num_hidden_layers})"
+    if any(kind not in LAYER_TYPES for kind in layer_types):
         return "a layer type other than linear_attention / full_attention"
     return None
 
@@ -146,6 +198,7 @@ class GatedDeltaNet(nn.Module):
         self.head_k_dim, self.head_v_dim = text.linear_key_head_dim, text.linear_value_head_dim
         self.key_dim, self.value_dim = self.head_k_dim * self.num_k_heads, self.head_v_dim * self.num_v_heads
         self.conv_kernel_size = text.linear_conv_kernel_dim
+        self.activation = text.hidden_act  # the conv's activation, as transformers' module names it
         self.conv_dim = self.key_dim * 2 + self.value_dim
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.conv_kernel_size, groups=self.conv_dim,
                                 padding=self.conv_kernel_size - 1, bias=False, device=_META)
