@@ -122,6 +122,18 @@ class Usage(BaseModel):
     cache_misses: int = Field(description="Segments encoded for this request (and stored).")
 
 
+class PromptPartOut(BaseModel):
+    """One part of the prompt an answer was assembled from, in prompt order (`hypic_rag.vocabulary.PROMPT_PART_FIELDS`)."""
+
+    part: str = Field(description="prefix, chunk or question.")
+    chunk_id: str | None = Field(description="A chunk's id (its source's chunk_id); null for the prefix and the question.")
+    tokens: int
+    recomputed_tokens: int = Field(description="The part's first tokens, run through the model: a hypic chunk's seam, "
+                                               "a chunk recomputed whole, the question, every token in full mode.")
+    cached_tokens: int = Field(description="Tokens after those read from entries held before the request.")
+    encoded_tokens: int = Field(description="Tokens after those read from entries encoded during the request.")
+
+
 class AskTimings(BaseModel):
     """Milliseconds. time_to_first_token and total count from the server's receipt of the request."""
 
@@ -146,6 +158,9 @@ class AskResponse(BaseModel):
     timings: AskTimings
     note: str | None = Field(None, description="A line to show beside the answer, else null: that the bundled demo "
                                                "model answered over documents outside its synthetic world.")
+    prompt_parts: list[PromptPartOut] = Field(
+        default_factory=list, description="The prompt part by part (prefix, each chunk, question) with what each "
+                                          "recomputed and reused; summed they give the usage's token counts.")
 
 
 class DocumentIn(_Strict):
