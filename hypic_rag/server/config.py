@@ -63,6 +63,8 @@ class ServerConfig:
     client 2.55-2.94x against 2.30-3.10x (docs/service.md, "Measured").
     cache_format: the cache format the index's entries must be in (None: the index's; another raises
     `IndexMismatchError` when the service opens, docs/cache.md).
+    page: serve the page to ask from at `/` and its assets under `/ui/` (`routes_page.py`; False: `serve --no-ui`,
+    `/` is then a 404 like any unknown path).
     """
 
     index_dir: Path
@@ -100,6 +102,7 @@ class ServerConfig:
     recompute_policy: str | None = None
     cache_dir: Path | None = None
     cache_format: str | None = None
+    page: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())

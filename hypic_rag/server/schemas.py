@@ -202,10 +202,36 @@ class DeletedDocument(BaseModel):
     chunks_removed: int
 
 
+class DocumentOut(BaseModel):
+    doc_id: str
+    source: str = Field(description="Where the document was read from (its id for one added through the API).")
+    chunks: int
+    tokens: int = Field(description="Tokens of its chunks.")
+
+
+class DocumentListOut(BaseModel):
+    documents: list[DocumentOut] = Field(description="A page of the index's documents, by id.")
+    total: int = Field(description="Documents in the index.")
+    offset: int
+    read_only: bool = Field(description="Whether the server refuses document changes (--read-only).")
+
+
+class AnsweringOut(BaseModel):
+    """How the server answers `/v1/ask`: its model and the recompute policy a `hypic` answer uses by default."""
+
+    model: str
+    recompute_policy: str = Field(description="The server's policy, its seam explicit (`seam@8`).")
+    policy_from: str = Field(description="Where it comes from: `serve` (--recompute-policy), `calibration` (the "
+                                         "index's calibrated policy, `hypic-rag calibrate`) or `default` (the seam).")
+    seam_tokens: int = Field(description="The index's seam window.")
+
+
 class CacheStatsOut(BaseModel):
     cache: dict[str, Any] = Field(description="Segment cache counters and sizes (store-wide and this process).")
     index: dict[str, int] = Field(description="Documents, chunks and tokens in the index.")
     server: dict[str, Any] = Field(description="This server's segment lookups and token accounting.")
+    answering: AnsweringOut | None = Field(None, description="The model and default recompute policy (this "
+                                                             "process; absent in a front's merged stats).")
 
 
 class HealthOut(BaseModel):
