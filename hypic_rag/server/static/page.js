@@ -95,22 +95,25 @@ async function apiJson(path, init) {
   return response.json();
 }
 
-/** Server-sent events of a streamed response: calls onEvent(object) per `data:` line until `[DONE]`. */
+/** Server-sent events of a streamed response: calls onEvent(object) per `data:` line until `[DONE]`, then reads
+ * the response to its end (a body left unread would hold its connection, and the browser has few per server). */
 async function readEvents(response, onEvent) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
+  let finished = false;
   for (;;) {
     const { value, done } = await reader.read();
+    if (finished) { if (done) return; continue; }
     buffer += decoder.decode(value || new Uint8Array(), { stream: !done });
     let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
+    while (!finished && (end = buffer.indexOf("\n\n")) >= 0) {
       const frame = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
       for (const line of frame.split("\n")) {
         if (!line.startsWith("data: ")) continue;
         const data = line.slice(6);
-        if (data === "[DONE]") return;
+        if (data === "[DONE]") { finished = true; break; }
         onEvent(JSON.parse(data));
       }
     }
@@ -155,7 +158,7 @@ function partLabel(part, sourcesById) {
 function partSummary(part) {
   const { tokens, recomputed_tokens: recomputed } = part;
   if (part.part === "question") return `${tokens} tokens, recomputed`;
-  if (recomputed === tokens) return `${tokens} tokens, recomputed whole`;
+  if (recomputed === tokens) return `${tokens} tokens, recomputed${part.part === "chunk" ? " whole" : ""}`;
   const what = part.part === "chunk" && recomputed ? `first ${recomputed} recomputed (seam)` : "none recomputed";
   const read = part.cached_tokens ? `${part.cached_tokens} from the cache` : "";
   const encoded = part.encoded_tokens ? `${part.encoded_tokens} encoded now` : "";
