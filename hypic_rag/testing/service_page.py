@@ -21,8 +21,8 @@ from hypic_rag.testing.browser import Browser, chromium_missing
 logger = logging.getLogger(__name__)
 
 PICTURE_QUESTION = "What is the hobby of Gramux Mastem?"
-PICTURE_WIDTH = 900
-PICTURE_COLOURS = 48
+PICTURE_WIDTH = 860
+PICTURE_COLOURS = 32
 
 
 def card(mode: str) -> str:
