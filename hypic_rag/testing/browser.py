@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hypic_rag.errors import EXIT_FAILURE, HypicError
+
 logger = logging.getLogger(__name__)
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -42,8 +44,10 @@ KEYS = {
 """The keys `Browser.press` knows, as the protocol's `Input.dispatchKeyEvent` takes them."""
 
 
-class BrowserError(RuntimeError):
-    """Chromium did not start, a protocol command failed, or a page script threw."""
+class BrowserError(HypicError, RuntimeError):
+    """Chromium did not start, a protocol command failed, a page script threw, or a wait ran out (exit code 1)."""
+
+    exit_code = EXIT_FAILURE
 
 
 def chromium_missing(executable: Path = CHROMIUM) -> str | None:

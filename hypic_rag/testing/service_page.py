@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.testing.browser import Browser, chromium_missing
+from hypic_rag.testing.browser import Browser, BrowserError, chromium_missing
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing is not None:
         print(f"service_page: error: {missing}", file=sys.stderr)
         return 2
-    path = picture(args.output, width=args.width, dark=args.dark)
+    try:
+        path = picture(args.output, width=args.width, dark=args.dark)
+    except BrowserError as error:
+        print(f"service_page: error: {error}", file=sys.stderr)
+        return error.exit_code
     print(f"wrote {path} ({path.stat().st_size} bytes)")
     return 0
 

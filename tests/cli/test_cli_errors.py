@@ -53,6 +53,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.distributed.serve_front import ReplicaStartError
     from hypic_rag.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
+    from hypic_rag.testing.browser import BrowserError
 
     return {
         HypicError: EXIT_FAILURE,
@@ -89,6 +90,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         SchedulerFullError: EXIT_FAILURE,  # the scheduler's errors (docs/runtime.md, "Continuous batching")
         SequenceCancelled: EXIT_FAILURE,
         SchedulerStopped: EXIT_FAILURE,
+        BrowserError: EXIT_FAILURE,  # the page's picture script (docs/service.md, "The page")
     }
 
 
