@@ -7,6 +7,7 @@ markup is shown as text and never runs, the page fits 320 px, light and dark. Sc
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import build_index
 from hypic_rag.testing.browser import Browser, chromium_missing
-from hypic_rag.testing.service_page import PICTURE_QUESTION, ask_on_page, shown_answer
+from hypic_rag.testing.service_page import PICTURE_QUESTION, ask_on_page, card, shown_answer
 
 MISSING = chromium_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"no headless browser: {MISSING}")
@@ -31,9 +32,15 @@ MARKUP_QUESTION = "Who runs the Zorblat quartz mine of Vexhollow?"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    index = build_index(tmp_path_factory.mktemp("service_page") / "index", default_model_path(),
-                        example_corpus_path() / "documents", chunk_tokens=256)
+def example_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled example index, built once; each server gets a copy (an open cache is one process's)."""
+    return build_index(tmp_path_factory.mktemp("service_page") / "index", default_model_path(),
+                       example_corpus_path() / "documents", chunk_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def served(example_index: Path, tmp_path_factory: pytest.TempPathFactory):
+    index = shutil.copytree(example_index, tmp_path_factory.mktemp("served") / "index")
     with ServerThread(ServerConfig(index_dir=index, device="cpu")) as running, \
             httpx.Client(base_url=running.url, timeout=120) as client, Browser(width=1000, height=800) as browser:
         browser.open(running.url + "/")
@@ -135,3 +142,28 @@ def test_the_page_fits_320_px_light_and_dark(served, artefacts: Path) -> None:
     background = browser.evaluate("getComputedStyle(document.body).backgroundColor")
     browser.viewport(1000, 800)
     assert background != browser.evaluate("getComputedStyle(document.body).backgroundColor")  # dark is dark
+
+
+@pytest.mark.skipif("api_key" not in ServerConfig.__dataclass_fields__,
+                    reason="this server has no API keys yet (ServerConfig.api_key)")
+def test_a_server_that_wants_a_key_gets_it_from_the_key_field(served, example_index: Path, tmp_path: Path) -> None:
+    """With `serve --api-key`, the page's first call is refused with 401: the key field appears, the key typed
+    there (kept in sessionStorage) is sent as a Bearer token and the question is answered."""
+    running, client, browser = served
+    key = "page-test-key"
+    index = shutil.copytree(example_index, tmp_path / "index")
+    config = ServerConfig(index_dir=index, device="cpu", api_key=key)
+    with ServerThread(config) as keyed:
+        browser.open(keyed.url + "/")
+        browser.evaluate("sessionStorage.clear()")
+        browser.evaluate(f"document.getElementById('question').value = {json.dumps(PICTURE_QUESTION)}; "
+                         "document.getElementById('ask-form').requestSubmit()")
+        browser.wait_for("!document.getElementById('key-panel').hidden")
+        assert browser.evaluate("document.activeElement.id") == "key-input"
+        browser.type(key)
+        browser.press("Enter")
+        browser.wait_for(f"{card('hypic')}?.dataset.done")
+        assert shown_answer(browser)["text"] == asked(client, PICTURE_QUESTION)["answer"]
+        assert browser.evaluate("sessionStorage.getItem('hypic-rag-api-key')") == key
+        browser.evaluate("sessionStorage.clear()")
+    browser.open(running.url + "/")
