@@ -129,6 +129,20 @@ def test_a_document_of_markup_added_on_the_page_shows_as_text_and_never_runs(ser
     browser.evaluate("document.querySelectorAll('#answers details').forEach((node) => { node.open = true; })")
     assert browser.evaluate("typeof window.__pwned") == "undefined"
     print(browser.screenshot(artefacts / "markup-document-light-1000.png"))
+    # removed again from the page, by keyboard: a first press arms the button, the second removes
+    before = client.get("/v1/documents", params={"limit": 1}).json()["total"]
+    browser.evaluate("document.getElementById('tab-index').click()")
+    button = ("[...document.querySelectorAll('#documents tbody tr')].find((row) => row.dataset.docId === "
+              f"{json.dumps(MARKUP_ID)})?.querySelector('button')")
+    browser.wait_for(f"!!{button}")
+    browser.evaluate(f"{button}.focus()")
+    browser.press("Enter")
+    assert browser.evaluate(f"{button}.textContent") == "Press again to remove"
+    browser.press("Enter")
+    browser.wait_for("document.getElementById('job-status').textContent.startsWith('Removed')")
+    assert client.get("/v1/documents", params={"limit": 1}).json()["total"] == before - 1
+    browser.wait_for(f"!{button}")
+    browser.evaluate("document.getElementById('tab-ask').click()")
 
 
 def test_the_page_fits_320_px_light_and_dark(served, artefacts: Path) -> None:
