@@ -285,10 +285,12 @@ async function loadIndex() {
         + `attention K/V ${bytes(cache.kv_bytes)})`);
     }
     if (cache.cache_format) fact(facts, "Cache format", cache.cache_format);
-    if (stats.answering) {
+    const answering = stats.answering || ((stats.replicas || [])[0] || {}).answering;  // a front: its replicas'
+    if (answering) {
       const origins = { serve: "set by serve --recompute-policy", calibration: "calibrated (hypic-rag calibrate)",
                         default: "the fixed seam (not calibrated)" };
-      fact(facts, "Recompute policy", `${stats.answering.recompute_policy}, ${origins[stats.answering.policy_from] || stats.answering.policy_from}`);
+      fact(facts, "Recompute policy",
+           `${answering.recompute_policy}, ${origins[answering.policy_from] || answering.policy_from}`);
     }
     const tokens = (stats.server || {}).tokens || {};
     if (tokens.prompt) {
