@@ -28,6 +28,8 @@ ASK = {"top_k": 4, "max_new_tokens": 48, "temperature": 0}
 MARKUP_ID = "<img src=x onerror=window.__pwned=3>.md"
 MARKUP_TEXT = ("<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\"> The Zorblat quartz mine of "
                "Vexhollow is run by <b>Quillon Brask</b>, who ships its quartz down the Vexhollow river.")
+INDEX_LOADED = "document.getElementById('documents').dataset.loaded === 'true'"
+"""The index panel has listed the documents (after opening it, or after a change)."""
 MARKUP_QUESTION = "Who runs the Zorblat quartz mine of Vexhollow?"
 
 
@@ -107,7 +109,7 @@ def test_side_by_side_answers_with_full_and_hypic(served) -> None:
 def test_a_document_of_markup_added_on_the_page_shows_as_text_and_never_runs(served, artefacts: Path) -> None:
     _, client, browser = served
     browser.evaluate("document.getElementById('tab-index').click()")
-    browser.wait_for("document.querySelectorAll('#documents tbody tr').length")
+    browser.wait_for(INDEX_LOADED)
     browser.evaluate(f"document.getElementById('doc-id').value = {json.dumps(MARKUP_ID)}; "
                      f"document.getElementById('doc-text').value = {json.dumps(MARKUP_TEXT)}")
     browser.evaluate("document.getElementById('doc-text').focus()")  # past the 54 documents' Remove buttons
@@ -132,6 +134,7 @@ def test_a_document_of_markup_added_on_the_page_shows_as_text_and_never_runs(ser
     # removed again from the page, by keyboard: a first press arms the button, the second removes
     before = client.get("/v1/documents", params={"limit": 1}).json()["total"]
     browser.evaluate("document.getElementById('tab-index').click()")
+    browser.wait_for(INDEX_LOADED)
     button = ("[...document.querySelectorAll('#documents tbody tr')].find((row) => row.dataset.docId === "
               f"{json.dumps(MARKUP_ID)})?.querySelector('button')")
     browser.wait_for(f"!!{button}")

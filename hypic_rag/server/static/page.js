@@ -269,6 +269,7 @@ let readOnly = true;
 
 async function loadIndex() {
   const facts = byId("index-facts");
+  byId("documents").dataset.loaded = "false";  // "true" once the table is filled again
   try {
     const [stats, health] = await Promise.all([apiJson("/v1/cache/stats"), apiJson("/healthz")]);
     readOnly = Boolean(health.read_only);
@@ -337,6 +338,7 @@ async function loadDocuments() {
   } catch (error) {
     byId("documents-note").textContent = `Documents could not be listed: ${error.message}`;
   }
+  byId("documents").dataset.loaded = "true";
 }
 
 async function removeDocument(docId, button) {
