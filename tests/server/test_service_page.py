@@ -184,3 +184,18 @@ def test_a_server_that_wants_a_key_gets_it_from_the_key_field(served, example_in
         assert browser.evaluate("sessionStorage.getItem('hypic-rag-api-key')") == key
         browser.evaluate("sessionStorage.clear()")
     browser.open(running.url + "/")
+
+
+def test_no_ui_leaves_the_page_out(tmp_path: Path) -> None:
+    """`serve --no-ui` (`ServerConfig(page=False)`): `/` and `/ui/` are 404s like any unknown path (the app is
+    asked in process, without starting its model: the page needs none)."""
+    from fastapi.testclient import TestClient
+
+    from hypic_rag.server import create_app
+
+    def statuses(page: bool) -> list[int]:
+        client = TestClient(create_app(ServerConfig(index_dir=tmp_path, page=page)))
+        return [client.get(path).status_code for path in ("/", "/ui/page.js")]
+
+    assert statuses(True) == [200, 200]
+    assert statuses(False) == [404, 404]
