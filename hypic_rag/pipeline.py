@@ -22,7 +22,7 @@ from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.prompting.format import PromptFormat
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine
-from hypic_rag.runtime.generation import Generation, GenerationStream
+from hypic_rag.runtime.generation import Generation, GenerationStream, PrefillStats
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
@@ -30,7 +30,7 @@ from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
-from hypic_rag.vocabulary import source_record
+from hypic_rag.vocabulary import prompt_part_record, source_record
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig
@@ -69,7 +69,9 @@ class Source:
 class Answer:
     """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes). note: a
     line the reader should see beside the answer, else None: `hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled
-    demo model answered over chunks outside its synthetic world."""
+    demo model answered over chunks outside its synthetic world. prompt_parts: the prompt part by part, in prompt
+    order, with what each recomputed and reused (`vocabulary.prompt_part_record`; empty where no prompt was laid
+    out from the index)."""
 
     text: str
     sources: list[Source]
@@ -80,6 +82,7 @@ class Answer:
     token_ids: list[int] = field(default_factory=list)
     recompute_policy: str = ""
     note: str | None = None
+    prompt_parts: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -91,6 +94,7 @@ class Answer:
             "usage": dict(self.usage),
             "timings": dict(self.timings),
             "note": self.note,
+            "prompt_parts": [dict(part) for part in self.prompt_parts],
         }
 
 
@@ -108,8 +112,9 @@ class Question:
 @dataclass(slots=True)
 class PreparedQuestion:
     """A question retrieved for and laid out (`RagPipeline.prepare`): its sources (best first), its request, the
-    retrieval time, when preparing began (an answer's timings count from there) and the recompute policy a `hypic`
-    answer uses (the session's when the caller named none)."""
+    retrieval time, when preparing began (an answer's timings count from there), the recompute policy a `hypic`
+    answer uses (the session's when the caller named none) and the ids of its chunks in prompt order (retrieval
+    order; the sources are best first)."""
 
     mode: str
     sources: list[Source]
@@ -117,6 +122,7 @@ class PreparedQuestion:
     retrieval_seconds: float
     began: float
     policy: RecomputePolicy | None = None
+    prompt_chunk_ids: list[str] = field(default_factory=list)
 
     @property
     def assembly(self) -> Assembly:
@@ -362,7 +368,7 @@ class RagPipeline:
                 results[number] = error
                 continue
             results[number] = PreparedQuestion(questions[number].mode, sources, request, retrieval_seconds, began,
-                                               policy)
+                                               policy, [hit.chunk.chunk_id for hit in hits])
 
     def answer_of(self, prepared: PreparedQuestion, generation: Generation) -> Answer:
         """The `Answer` of a prepared question once its generation has ended (the text stripped)."""
@@ -371,7 +377,8 @@ class RagPipeline:
         timings["total"] = time.perf_counter() - prepared.began
         label = _policy_label(prepared.policy, self.session.seam_tokens) if prepared.mode == "hypic" else ""
         return Answer(generation.text.strip(), prepared.sources, prepared.mode, generation.finish_reason,
-                      generation.usage(), timings, generation.token_ids, label, self.note_for(prepared.sources))
+                      generation.usage(), timings, generation.token_ids, label, self.note_for(prepared.sources),
+                      prompt_parts(prepared.request, generation.prefill, prepared.prompt_chunk_ids))
 
     def answer(
         self,
@@ -391,6 +398,21 @@ class RagPipeline:
                 on_token(item[1])
 
         return self.stream(question, top_k=top_k, mode=mode, params=params, policy=policy).run(forward)
+
+
+def prompt_parts(request: Request, prefill: PrefillStats, chunk_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """`request`'s prompt part by part (`vocabulary.prompt_part_record`): its prefix (when it has one), its chunks
+    (named by `chunk_ids`, prompt order), its question; what each recomputed and reused, from `prefill`."""
+    kinds = (["prefix"] if request.prefix_ids else []) + ["chunk"] * len(request.chunk_ids)
+    names: list[str | None] = [None] * (len(kinds) - len(request.chunk_ids)) + list(chunk_ids)
+    if len(names) != len(kinds):
+        raise ValueError(f"{len(chunk_ids)} chunk ids for {len(request.chunk_ids)} chunks")
+    parts = [prompt_part_record(kind, name, len(segment), recomputed, reused)
+             for kind, name, segment, recomputed, reused in zip(kinds, names, request.segments,
+                                                                 prefill.segment_recomputed_tokens,
+                                                                 prefill.segment_reused_tokens, strict=True)]
+    question = len(request.question_ids)
+    return [*parts, prompt_part_record("question", None, question, question, 0)]
 
 
 def _policy_label(policy: Any, seam_tokens: int) -> str:

@@ -16,6 +16,11 @@ Usage (token and segment accounting of one answer or completion): `USAGE_FIELDS`
 prompt is cut around known chunks (the OpenAI routes, `HypicLLM`). On the OpenAI routes they sit in `usage`
 beside OpenAI's own fields (`total_tokens`, `prompt_tokens_details.cached_tokens`, where OpenAI's clients read the
 cached count); the `hypic` object holds only the assembly `mode` and the `timings`.
+The prompt an answer was assembled from, part by part in prompt order (`PROMPT_PART_FIELDS`, `prompt_parts` in an
+answer): the prompt prefix, each retrieved chunk (its `chunk_id` names its source), the question; per part its
+`tokens`, of which its first `recomputed_tokens` ran through the model (a seam, a chunk recomputed whole, the
+question, every token in `full` mode) and the rest were read from the cache: `cached_tokens` from entries held
+before the request, `encoded_tokens` from entries encoded during it. Summed over the parts they are the usage's.
 Timings: the stages `TIMING_STAGES`, in seconds under these names in Python objects and `ask --json`, in
 milliseconds named `<stage>_ms` in REST responses.
 """
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LOCATION_FIELDS", "MATCHING_FIELDS", "SOURCE_FIELDS", "TIMING_STAGES", "USAGE_FIELDS", "source_record"]
+__all__ = ["LOCATION_FIELDS", "MATCHING_FIELDS", "PROMPT_PARTS", "PROMPT_PART_FIELDS", "SOURCE_FIELDS", "TIMING_STAGES",
+           "USAGE_FIELDS", "prompt_part_record", "source_record"]
 
 SOURCE_FIELDS = ("rank", "doc_id", "chunk_id", "score", "text", "source", "position", "metadata", "hop",
                  "hop_query", "hop_score")
@@ -37,6 +43,10 @@ USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "encoded_
 MATCHING_FIELDS = ("segments", "matched_segments", "matched_tokens", "matched_cached_tokens")
 """segments: the request's segments, the query included; matched_*: those found by matching known chunks in the
 prompt's text, their tokens, and those of their tokens reused from entries held before the request."""
+PROMPT_PART_FIELDS = ("part", "chunk_id", "tokens", "recomputed_tokens", "cached_tokens", "encoded_tokens")
+"""One part of an answer's prompt (`prompt_part_record`); recomputed + cached + encoded = tokens."""
+PROMPT_PARTS = ("prefix", "chunk", "question")
+"""The kinds of prompt part (`part`), in the order they come in a prompt."""
 TIMING_STAGES = ("retrieval", "cache_load", "encode", "compose", "prefill", "time_to_first_token", "total")
 
 
@@ -56,3 +66,18 @@ def source_record(source: Any, rank: int) -> dict[str, Any]:
         "hop_query": source.hop_query,
         "hop_score": source.hop_score,
     }
+
+
+def prompt_part_record(part: str, chunk_id: str | None, tokens: int, recomputed_tokens: int,
+                       cached_tokens: int) -> dict[str, Any]:
+    """One part of an answer's prompt as every surface writes it (`PROMPT_PART_FIELDS`, in that order): `part` one
+    of `PROMPT_PARTS`, `chunk_id` the chunk's id (None for the prefix and the question), `tokens` its length, its
+    first `recomputed_tokens` run through the model, `cached_tokens` of the rest read from entries held before the
+    request; the others (`encoded_tokens`) from entries encoded during it."""
+    if part not in PROMPT_PARTS:
+        raise ValueError(f"unknown prompt part {part!r}; one of {PROMPT_PARTS}")
+    encoded_tokens = tokens - recomputed_tokens - cached_tokens
+    if min(recomputed_tokens, cached_tokens, encoded_tokens) < 0:
+        raise ValueError(f"a {part} of {tokens} tokens cannot recompute {recomputed_tokens} and reuse {cached_tokens}")
+    return {"part": part, "chunk_id": chunk_id, "tokens": tokens, "recomputed_tokens": recomputed_tokens,
+            "cached_tokens": cached_tokens, "encoded_tokens": encoded_tokens}

@@ -2,7 +2,7 @@
 
 Endpoints: POST /v1/ask, POST /v1/completions (OpenAI-compatible; segments separated by <<PIC_SEP>>),
 POST /v1/documents, GET /v1/jobs/{id}, DELETE /v1/documents/{id}, GET /v1/cache/stats, GET /healthz,
-GET /metrics, and the OpenAPI page at /docs. SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
+GET /metrics, the OpenAPI page at /docs, and a page to ask from at / (its assets under /ui/; --no-ui: none). SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
 the cache is closed cleanly). Start-up binds the port first, then loads the model, so a port in use fails at once.
 With --workers N the model runs in N processes on this host (read-only) behind this endpoint, each request sent
 to the least loaded (data parallel over the cores, no Ray). With --replicas N the model runs in N Ray Serve
@@ -73,6 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     add_recompute_policy_argument(parser)
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
+    parser.add_argument("--no-ui", dest="page", action="store_false",
+                        help="do not serve the page to ask from at / (and /ui/); the JSON API is the same")
     parser.add_argument("--retrieval-batch", type=int_in(1, 4096), default=4, metavar="N",
                         help="most questions embedded and searched in one batch (default 4: on CPU larger batches save "
                              "little and delay the model; raise it on a GPU)")
@@ -204,6 +206,7 @@ def run_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             admin_key=args.admin_key,
             metrics_need_key=args.metrics_need_key,
+            page=args.page,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

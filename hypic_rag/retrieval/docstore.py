@@ -227,6 +227,15 @@ class DocStore:
             raise sqlite_failure(self.path, error) from None
 
     @_sqlite_errors
+    def document_list(self, offset: int = 0, limit: int = 100) -> list[tuple[str, str, int, int]]:
+        """(doc_id, source, chunks, tokens) of at most `limit` documents by id, from the `offset`-th on."""
+        rows = self._db.execute(
+            "SELECT d.doc_id, d.source, COUNT(c.chunk_id), COALESCE(SUM(c.n_tokens), 0) FROM documents d "
+            "LEFT JOIN chunks c ON c.doc_id = d.doc_id GROUP BY d.doc_id ORDER BY d.doc_id LIMIT ? OFFSET ?",
+            (limit, offset))
+        return [(str(doc_id), str(source), int(chunks), int(tokens)) for doc_id, source, chunks, tokens in rows]
+
+    @_sqlite_errors
     def counts(self) -> DocStoreCounts:
         documents = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
         chunks, tokens, longest = self._db.execute(

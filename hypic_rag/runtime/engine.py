@@ -281,9 +281,11 @@ class Engine:
         chosen = self.assembly(mode, seam_tokens=seam_tokens, policy=policy)
         plan = PrefillPlan(request, chosen, began=time.perf_counter(),
                            stats=PrefillStats(mode=chosen.mode, prompt_tokens=request.prompt_tokens,
-                                              segment_reused_tokens=[0] * len(request.segments)))
+                                              segment_reused_tokens=[0] * len(request.segments),
+                                              segment_recomputed_tokens=[0] * len(request.segments)))
         if chosen.mode == "full":
             plan.spans = [Span(request.all_ids(), 0, request.prompt_tokens)]
+            plan.stats.segment_recomputed_tokens = [len(segment) for segment in request.segments]
         elif chosen.mode == "prefix":
             self._plan_prefix(plan)
         else:
@@ -392,13 +394,14 @@ class Engine:
         piece = max([s for s in seams if s is not WHOLE] + [PIECE_TOKENS])
         chunk_seams = seams[1:] if request.prefix_ids else seams
         split = WHOLE in chunk_seams and any(s is not WHOLE and s > 0 for s in chunk_seams)
-        for segment, entry, entry_seam in zip(segments, entries, seams):
+        for number, (segment, entry, entry_seam) in enumerate(zip(segments, entries, seams)):
+            recomputed = len(segment) if entry_seam is WHOLE else min(entry_seam, len(segment))
+            stats.segment_recomputed_tokens[number] = recomputed
             if entry_seam is WHOLE and split:
                 for begin in range(0, len(segment), piece):
                     part = segment[begin : begin + piece]
                     plan.spans.append(Span(part, position + begin, len(part)))
             else:
-                recomputed = len(segment) if entry_seam is WHOLE else min(entry_seam, len(segment))
                 plan.spans.append(Span(segment, position, recomputed, entry))
             position += len(segment)
         plan.spans.append(Span(list(request.question_ids), position, len(request.question_ids)))
@@ -424,6 +427,8 @@ class Engine:
         for number in range(reused):
             stats.segment_reused_tokens[number] = len(segments[number])
         position = stats.prefix_reused_tokens
+        for number in range(reused, len(segments)):
+            stats.segment_recomputed_tokens[number] = len(segments[number])
         for segment in segments[reused:]:
             plan.spans.append(Span(segment, position, len(segment)))
             position += len(segment)

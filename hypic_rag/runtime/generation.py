@@ -33,6 +33,9 @@ class PrefillStats:
     pass (seams, question, full/prefix mode) and prefix_reused_tokens came from a prefix-mode checkpoint.
     segment_reused_tokens: per segment of the request (`Request.segments`), its tokens taken from an entry held
     before this prefill or from a prefix checkpoint (0 for a segment encoded now, and in `full` mode).
+    segment_recomputed_tokens: per segment, its tokens run through the model in the assembly pass: always its first
+    ones (a `hypic` chunk's seam, a chunk recomputed whole, every token in `full` mode); the segment's other tokens
+    come from its entry (held before, or encoded now) or a prefix checkpoint. The question is recomputed whole.
     """
 
     mode: str
@@ -50,6 +53,7 @@ class PrefillStats:
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
     segment_reused_tokens: list[int] = field(default_factory=list)
+    segment_recomputed_tokens: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}

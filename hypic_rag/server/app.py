@@ -27,6 +27,7 @@ from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import install_error_handlers
 from hypic_rag.server.middleware import ApiKeyCheck, BodySizeLimit, RequestMetrics, UnexpectedErrors
 from hypic_rag.server.request_log import RequestIds
+from hypic_rag.server.routes_page import install_page
 from hypic_rag.server.service import Service
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ def create_app(config: ServerConfig, *, service: Service | None = None, start: b
         return HTMLResponse(docs_page(app.openapi()))
 
     install_error_handlers(app)
+    if config.page:
+        install_page(app)
     for module in (routes_ask, routes_completions, routes_chat, routes_documents, routes_admin):
         app.include_router(module.router)
     limit_body_size(app, config)

@@ -67,6 +67,8 @@ class ServerConfig:
     api_key / admin_key / metrics_need_key: the keys requests must carry (`hypic_rag.server.auth`: None: open;
     the API key alone gives full access, the admin key alone is needed for document changes when set); never
     shown in the repr. `for_replica` drops them: the front that routes to replicas checks them.
+    page: serve the page to ask from at `/` and its assets under `/ui/` (`routes_page.py`; False: `serve --no-ui`,
+    `/` is then a 404 like any unknown path).
     """
 
     index_dir: Path
@@ -107,6 +109,7 @@ class ServerConfig:
     api_key: str | None = field(default=None, repr=False)
     admin_key: str | None = field(default=None, repr=False)
     metrics_need_key: bool = False
+    page: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_dir", Path(self.index_dir).expanduser())

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from hypic_rag.server.metrics import CONTENT_TYPE
-from hypic_rag.server.schemas import CacheStatsOut, HealthOut
+from hypic_rag.server.config import ServerConfig
+from hypic_rag.server.schemas import AnsweringOut, CacheStatsOut, HealthOut
 from hypic_rag.server.service import ServiceDep
 from hypic_rag.server.worker import TaskContext
 
@@ -50,12 +51,27 @@ async def cache_stats(service: ServiceDep) -> CacheStatsOut:
     """Fresh counters of the persistent segment cache (read by the model worker), the index's size, and this
     server's segment lookups and token accounting."""
 
-    def run(backend: Any, context: TaskContext) -> tuple[dict[str, Any], Any]:
-        return backend.refresh_cache_snapshot(), backend.counts
+    def run(backend: Any, context: TaskContext) -> tuple[dict[str, Any], Any, AnsweringOut]:
+        return backend.refresh_cache_snapshot(), backend.counts, answering(backend, service.config)
 
-    snapshot, counts = await service.control(run)
+    snapshot, counts, how = await service.control(run)
     return CacheStatsOut(
         cache=snapshot,
         index={"documents": counts.documents, "chunks": counts.chunks, "tokens": counts.tokens},
         server=service.metrics.server_summary(),
+        answering=how,
     )
+
+
+def answering(backend: Any, config: ServerConfig) -> AnsweringOut:
+    """The served model and the recompute policy a `hypic` answer uses unless the request names one, with where
+    that policy comes from (`ModelSession.for_index`: the server's option, else the index's calibrated policy)."""
+    session = backend.pipeline.session
+    if config.recompute_policy is not None:
+        origin = "serve"
+    elif backend.pipeline.index.manifest.recompute_policy_spec is not None:
+        origin = "calibration"
+    else:
+        origin = "default"
+    return AnsweringOut(model=backend.model_name, recompute_policy=session.recompute_policy.resolved(session.seam_tokens).spec,
+                        policy_from=origin, seam_tokens=session.seam_tokens)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from hypic_rag.pipeline import Answer, Question, Source
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.channel import Event, SourcesEvent
-from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, SourceOut, Usage
+from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, PromptPartOut, SourceOut, Usage
 from hypic_rag.server.service import Service, ServiceDep
 from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question, checked_recompute_policy
@@ -73,6 +73,7 @@ def ask_response(answer: Answer, queue_seconds: float) -> AskResponse:
         usage=Usage(**answer.usage),
         timings=ask_timings(answer, queue_seconds),
         note=answer.note,
+        prompt_parts=[PromptPartOut(**part) for part in answer.prompt_parts],
     )
 
 

@@ -1,17 +1,25 @@
-"""Documents and jobs: `POST /v1/documents` (background job), `GET /v1/jobs/{id}`, `DELETE /v1/documents/{id}`."""
+"""Documents and jobs: `GET /v1/documents` (the list), `POST /v1/documents` (background job), `GET /v1/jobs/{id}`,
+`DELETE /v1/documents/{id}`."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from hypic_rag.retrieval.formats import binary_reason, looks_binary
 from hypic_rag.server.backend import NewDocument
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
-from hypic_rag.server.schemas import AddDocumentsRequest, DeletedDocument, JobAccepted, JobOut
+from hypic_rag.server.schemas import (
+    AddDocumentsRequest,
+    DeletedDocument,
+    DocumentListOut,
+    DocumentOut,
+    JobAccepted,
+    JobOut,
+)
 from hypic_rag.server.service import Service, ServiceDep
 from hypic_rag.server.worker import TaskContext
 
@@ -72,6 +80,30 @@ async def check_document_tokens(documents: list[NewDocument], service: Service) 
                 "(split it, or raise --max-document-tokens)",
                 param=field,
             )
+
+
+MAX_LISTED_DOCUMENTS = 1000
+"""The most documents one `GET /v1/documents` lists (page on with `offset`)."""
+
+
+@router.get("/v1/documents", response_model=DocumentListOut, summary="The index's documents, by id, a page at a time")
+async def list_documents(
+    service: ServiceDep,
+    offset: int = Query(0, ge=0, le=2**62, description="Documents to skip (by id)."),
+    limit: int = Query(100, ge=1, le=MAX_LISTED_DOCUMENTS, description="The most documents listed."),
+) -> DocumentListOut:
+    """The documents' ids, sources, chunks and tokens, ordered by id; `total` counts them all."""
+
+    def run(backend: Any, context: TaskContext) -> tuple[list[tuple[str, str, int, int]], int]:
+        docstore = backend.pipeline.index.docstore
+        return docstore.document_list(offset, limit), docstore.counts().documents
+
+    rows, total = await service.control(run)
+    return DocumentListOut(
+        documents=[DocumentOut(doc_id=doc_id, source=source, chunks=chunks, tokens=tokens)
+                   for doc_id, source, chunks, tokens in rows],
+        total=total, offset=offset, read_only=service.config.read_only,
+    )
 
 
 @router.post(

@@ -122,6 +122,18 @@ class Usage(BaseModel):
     cache_misses: int = Field(description="Segments encoded for this request (and stored).")
 
 
+class PromptPartOut(BaseModel):
+    """One part of the prompt an answer was assembled from, in prompt order (`hypic_rag.vocabulary.PROMPT_PART_FIELDS`)."""
+
+    part: str = Field(description="prefix, chunk or question.")
+    chunk_id: str | None = Field(description="A chunk's id (its source's chunk_id); null for the prefix and the question.")
+    tokens: int
+    recomputed_tokens: int = Field(description="The part's first tokens, run through the model: a hypic chunk's seam, "
+                                               "a chunk recomputed whole, the question, every token in full mode.")
+    cached_tokens: int = Field(description="Tokens after those read from entries held before the request.")
+    encoded_tokens: int = Field(description="Tokens after those read from entries encoded during the request.")
+
+
 class AskTimings(BaseModel):
     """Milliseconds. time_to_first_token and total count from the server's receipt of the request."""
 
@@ -146,6 +158,9 @@ class AskResponse(BaseModel):
     timings: AskTimings
     note: str | None = Field(None, description="A line to show beside the answer, else null: that the bundled demo "
                                                "model answered over documents outside its synthetic world.")
+    prompt_parts: list[PromptPartOut] = Field(
+        default_factory=list, description="The prompt part by part (prefix, each chunk, question) with what each "
+                                          "recomputed and reused; summed they give the usage's token counts.")
 
 
 class DocumentIn(_Strict):
@@ -187,10 +202,36 @@ class DeletedDocument(BaseModel):
     chunks_removed: int
 
 
+class DocumentOut(BaseModel):
+    doc_id: str
+    source: str = Field(description="Where the document was read from (its id for one added through the API).")
+    chunks: int
+    tokens: int = Field(description="Tokens of its chunks.")
+
+
+class DocumentListOut(BaseModel):
+    documents: list[DocumentOut] = Field(description="A page of the index's documents, by id.")
+    total: int = Field(description="Documents in the index.")
+    offset: int
+    read_only: bool = Field(description="Whether the server refuses document changes (--read-only).")
+
+
+class AnsweringOut(BaseModel):
+    """How the server answers `/v1/ask`: its model and the recompute policy a `hypic` answer uses by default."""
+
+    model: str
+    recompute_policy: str = Field(description="The server's policy, its seam explicit (`seam@8`).")
+    policy_from: str = Field(description="Where it comes from: `serve` (--recompute-policy), `calibration` (the "
+                                         "index's calibrated policy, `hypic-rag calibrate`) or `default` (the seam).")
+    seam_tokens: int = Field(description="The index's seam window.")
+
+
 class CacheStatsOut(BaseModel):
     cache: dict[str, Any] = Field(description="Segment cache counters and sizes (store-wide and this process).")
     index: dict[str, int] = Field(description="Documents, chunks and tokens in the index.")
     server: dict[str, Any] = Field(description="This server's segment lookups and token accounting.")
+    answering: AnsweringOut | None = Field(None, description="The model and default recompute policy (this "
+                                                             "process; absent in a front's merged stats).")
 
 
 class HealthOut(BaseModel):

@@ -56,6 +56,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.errors import PromptTooLongError
     from hypic_rag.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
+    from hypic_rag.testing.browser import BrowserError
 
     return {
         HypicError: EXIT_FAILURE,
@@ -95,6 +96,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         SchedulerFullError: EXIT_FAILURE,  # the scheduler's errors (docs/runtime.md, "Continuous batching")
         SequenceCancelled: EXIT_FAILURE,
         SchedulerStopped: EXIT_FAILURE,
+        BrowserError: EXIT_FAILURE,  # the page's picture script (docs/service.md, "The page")
     }
 
 

@@ -18,7 +18,15 @@ from hypic_rag.cli.main import main
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
-from hypic_rag.vocabulary import LOCATION_FIELDS, MATCHING_FIELDS, SOURCE_FIELDS, TIMING_STAGES, USAGE_FIELDS
+from hypic_rag.vocabulary import (
+    LOCATION_FIELDS,
+    MATCHING_FIELDS,
+    PROMPT_PART_FIELDS,
+    PROMPT_PARTS,
+    SOURCE_FIELDS,
+    TIMING_STAGES,
+    USAGE_FIELDS,
+)
 
 QUESTION = SMALL_CORPUS_QUESTIONS["chess.md"]
 TOP_K = 3
@@ -71,6 +79,18 @@ def test_cli_json_and_v1_ask_name_sources_usage_and_timings_alike(surfaces: dict
     events = surfaces["ask_events"]
     assert events[0]["type"] == "sources" and events[0]["sources"] == rest["sources"]
     assert sorted(events[-1]["usage"]) == sorted(USAGE_FIELDS)
+    # the prompt part by part, named alike everywhere; its counts add up to the usage's
+    chunk_ids = {source["chunk_id"] for source in rest["sources"]}
+    for answer in (cli, rest, events[-1]):
+        parts = answer["prompt_parts"]
+        assert [list(part) for part in parts] == [list(PROMPT_PART_FIELDS)] * len(parts)
+        assert [part["part"] for part in parts] == ["prefix"] + ["chunk"] * TOP_K + ["question"]
+        assert {part["chunk_id"] for part in parts if part["part"] == "chunk"} == chunk_ids
+        assert set(part["part"] for part in parts) <= set(PROMPT_PARTS)
+        for name in ("recomputed_tokens", "cached_tokens", "encoded_tokens"):
+            assert sum(part[name] for part in parts) == answer["usage"][name], name
+        assert sum(part["tokens"] for part in parts) == answer["usage"]["prompt_tokens"]
+    assert rest["prompt_parts"] == events[-1]["prompt_parts"]
 
 
 def test_openai_routes_carry_the_same_usage_names_and_openai_error_bodies(surfaces: dict) -> None:
@@ -126,5 +146,6 @@ def test_the_contracts_page_names_every_field() -> None:
     section = text[text.index("## Field names"):]
     named = set(re.findall(r"`([a-z_]+)`", section))
     missing = [name for name in (*SOURCE_FIELDS, *LOCATION_FIELDS, *USAGE_FIELDS, *MATCHING_FIELDS, *TIMING_STAGES,
+                                 "prompt_parts", *PROMPT_PART_FIELDS, *PROMPT_PARTS,
                                  "model_not_found", "invalid_request_error") if name not in named]
     assert not missing, f"docs/CONTRACTS.md 'Field names' does not name {missing}"

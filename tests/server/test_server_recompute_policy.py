@@ -55,3 +55,29 @@ def test_a_bad_policy_in_a_request_is_400_naming_the_field(client: httpx.Client,
 
 def test_a_policy_of_the_wrong_type_is_400(client: httpx.Client) -> None:
     assert ask(client, recompute_policy=3).status_code == 400
+
+
+def test_prompt_parts_show_which_tokens_each_chunk_recomputed(client: httpx.Client) -> None:
+    """`prompt_parts`: under whole:1 the best-ranked chunk is recomputed whole and the others their seam of 8; under
+    `full` every token is recomputed; the question always; the parts add up to the usage."""
+    for options in ({}, {"recompute_policy": "seam"}, {"mode": "full"}, {"mode": "prefix"}, {"mode": "prefix"},
+                    {"mode": "transition"}):
+        answer = ask(client, **options).json()
+        parts = answer["prompt_parts"]
+        chunks = [part for part in parts if part["part"] == "chunk"]
+        assert len(chunks) == 3 and parts[-1]["part"] == "question"
+        assert parts[-1]["recomputed_tokens"] == parts[-1]["tokens"]
+        for name in ("recomputed_tokens", "cached_tokens", "encoded_tokens"):
+            assert sum(part[name] for part in parts) == answer["usage"][name], (options, name)
+        recomputed = [part["recomputed_tokens"] for part in chunks]
+        whole = [part["recomputed_tokens"] == part["tokens"] for part in chunks]
+        if options.get("mode") == "full":
+            assert all(whole) and all(part["recomputed_tokens"] == part["tokens"] for part in parts)
+        elif options.get("mode") == "prefix":  # a segment either from a prefix checkpoint or recomputed whole
+            assert all(part["recomputed_tokens"] in (0, part["tokens"]) for part in parts)
+        elif options.get("mode") == "transition":  # seam-0 entries: nothing of a chunk recomputed
+            assert recomputed == [0, 0, 0]
+        elif options:
+            assert recomputed == [min(8, part["tokens"]) for part in chunks]
+        else:  # the first chunk of the prompt is the best direct hit: rank 0
+            assert whole[0] and recomputed[1:] == [min(8, part["tokens"]) for part in chunks[1:]]

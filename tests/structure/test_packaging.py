@@ -57,6 +57,8 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
         assert f"hypic_rag/assets/{asset}" in names, asset
     shipped = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag" / "assets").rglob("*") if path.is_file()}
     assert shipped <= set(names), sorted(shipped - set(names))  # every asset file is installed
+    page = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag/server/static").iterdir()}
+    assert {"hypic_rag/server/static/index.html", "hypic_rag/server/static/page.js"} <= page <= set(names), page
     assert not [name for name in names if "/training/" in name or "synthetic_qa" in name or "/data/" in name]
 
 
@@ -71,7 +73,7 @@ def test_every_source_package_is_listed_for_the_wheel() -> None:
     } | {"hypic_rag.kernels"}
     assets = ROOT / "hypic_rag" / "assets"
     data_packages = {".".join(path.relative_to(ROOT).parts) for path in [assets, *assets.rglob("*")]
-                     if path.is_dir() and path.name != "__pycache__"}
+                     if path.is_dir() and path.name != "__pycache__"} | {"hypic_rag.server.static"}
     assert on_disk | data_packages == listed
 
 
