@@ -355,6 +355,7 @@ class RagPipeline:
         for (number, text, policy), hits in zip(valid, found):
             sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt
             # keeps retrieval order (direct hits, then the hop's, whose scores against the question are lower)
+            hits = prompt_order(hits)
             try:
                 request = self.request_for(text, [list(hit.chunk.token_ids) for hit in hits],
                                            [hit.hop_query is not None for hit in hits], tokenizer=tokenizer)
@@ -396,6 +397,18 @@ class RagPipeline:
 def _policy_label(policy: Any, seam_tokens: int) -> str:
     """The spec of `policy` with its seam made explicit (`whole:1@8`), or its text for a custom rule."""
     return policy.resolved(seam_tokens).spec if isinstance(policy, RecomputePolicy) else str(policy)
+
+
+def prompt_order(hits: Sequence[Any]) -> list[Any]:
+    """The retrieved hits (`SearchHit`s, retrieval order: direct hits best first, then the hop's) in the order the
+    prompt lays them out: the chunks of one document together and in document order (`chunk.position`), at the
+    place of that document's first hit; documents in the order of their first hits. A document cut into several
+    chunks reads as written (chunk j right after chunk j-1 when both are retrieved); hits of distinct documents
+    keep retrieval order."""
+    groups: dict[str, list[Any]] = {}
+    for hit in hits:
+        groups.setdefault(hit.chunk.doc_id, []).append(hit)
+    return [hit for group in groups.values() for hit in sorted(group, key=lambda hit: hit.chunk.position)]
 
 
 def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:
