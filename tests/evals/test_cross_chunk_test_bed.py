@@ -127,3 +127,26 @@ def test_the_pipeline_lays_out_retrieved_chunks_in_document_order(tmp_path: Path
                 assert [places[n][1] for n in numbers] == sorted(places[n][1] for n in numbers)  # in order
             reordered += [h.chunk.chunk_id for h in hits] != [h.chunk.chunk_id for h in laid_out]
         assert reordered > 0  # retrieval order alone would not have been document order
+
+
+def case(kind: str, retrieved: bool) -> SimpleNamespace:
+    return SimpleNamespace(question=SimpleNamespace(kind=kind, needed_chunks=(0, 1) if kind == "cross" else (0,)),
+                           needed_retrieved=retrieved)
+
+
+def test_the_evaluation_reports_recall_and_em_per_question_subset() -> None:
+    from evals.recompute_policies import main, needed_recall, subset_rows, subsets_markdown
+
+    cases = [case("cross", True), case("cross", False), case("single", True), case("single", True)]
+    recall = needed_recall(cases)
+    assert recall == {"all": 0.75, "cross": 0.5, "single": 1.0}
+    subsets = subset_rows(cases, [True, False, True, False], [True, True, True, True])
+    assert subsets["cross"] == {"questions": 2, "exact_match": 0.5, "em_minus_full": -0.5}
+    assert subsets["needed_retrieved"]["questions"] == 3
+    assert subsets["cross_needed_retrieved"] == {"questions": 1, "exact_match": 1.0, "em_minus_full": 0.0}
+    text = subsets_markdown([{"variant": "seam@8", "subsets": subsets}], recall)
+    assert "cross 50.0%" in text and "| seam@8 | 50.0% (-50.0) |" in text
+    # the default test bed's cases have no subsets: its reports keep their layout
+    assert subset_rows([SimpleNamespace(question=SimpleNamespace(hops=1))], [True], [True]) == {}
+    with pytest.raises(SystemExit):
+        main(["--test-bed", "no-such-bed"])
