@@ -255,18 +255,22 @@ class RagPipeline:
     # ----------------------------------------------------------------------------------------------------------
 
     def request_for(
-        self, question: str, chunk_token_ids: list[list[int]], from_hop: Sequence[bool] = (), *, tokenizer: Any = None
+        self, question: str, chunk_token_ids: list[list[int]], from_hop: Sequence[bool] = (), *, tokenizer: Any = None,
+        follows: Sequence[bool] = (),
     ) -> Request:
         """The request of `question` over chunks given as token ids of their formatted segments
         (`ModelSession.request`; tokenizer: the session's unless given), its chunks ranked for recompute policies by
-        `retrieval_ranks(from_hop)` (prompt order when `from_hop` is empty); `PipelineError` for an empty question
-        or one holding a lone surrogate."""
+        `retrieval_ranks(from_hop)` (prompt order when `from_hop` is empty) and marked with `follows`
+        (`Request.chunk_follows`, see `chunk_follows`); `PipelineError` for an empty question or one holding a lone
+        surrogate."""
         try:
             request = self.session.request(question, chunk_token_ids, tokenizer=tokenizer)
         except ValueError as error:
             raise PipelineError(str(error)) from None
         if from_hop and len(from_hop) == len(request.chunk_ids):
             request.chunk_ranks = retrieval_ranks(from_hop)
+        if any(follows) and len(follows) == len(request.chunk_ids):
+            request.chunk_follows = list(follows)
         return request
 
     def stream(
@@ -358,7 +362,8 @@ class RagPipeline:
             hits = prompt_order(hits)
             try:
                 request = self.request_for(text, [list(hit.chunk.token_ids) for hit in hits],
-                                           [hit.hop_query is not None for hit in hits], tokenizer=tokenizer)
+                                           [hit.hop_query is not None for hit in hits], tokenizer=tokenizer,
+                                           follows=chunk_follows(hits))
             except PipelineError as error:
                 results[number] = error
                 continue
@@ -409,6 +414,13 @@ def prompt_order(hits: Sequence[Any]) -> list[Any]:
     for hit in hits:
         groups.setdefault(hit.chunk.doc_id, []).append(hit)
     return [hit for group in groups.values() for hit in sorted(group, key=lambda hit: hit.chunk.position)]
+
+
+def chunk_follows(hits: Sequence[Any]) -> list[bool]:
+    """For hits in prompt order (`prompt_order`): whether hit i is the next chunk of hit i-1's document (same
+    `chunk.doc_id`, `chunk.position` one more), what a chained recompute policy reads (`Request.chunk_follows`)."""
+    return [number > 0 and hit.chunk.doc_id == hits[number - 1].chunk.doc_id
+            and hit.chunk.position == hits[number - 1].chunk.position + 1 for number, hit in enumerate(hits)]
 
 
 def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:
