@@ -285,9 +285,18 @@ class Tally:
 
 
 def build_requests(cases: Sequence[Any], encoder: Any) -> list[Any]:
+    """The requests of `cases`: prefix, retrieved chunks in prompt order, question; a chunk that follows its
+    document's previous chunk is marked (`Request.chunk_follows`, what chained policies read)."""
+    from hypic_rag.pipeline import follows_of
     from hypic_rag.runtime.request import Request
 
-    return [Request(list(encoder.prefix()), case.chunk_token_ids, encoder.question(case.question.text)) for case in cases]
+    requests = []
+    for case in cases:
+        positions = getattr(case, "chunk_positions", None)
+        follows = follows_of(case.retrieved_doc_ids, positions) if positions else []
+        requests.append(Request(list(encoder.prefix()), case.chunk_token_ids, encoder.question(case.question.text),
+                                chunk_follows=follows if any(follows) else []))
+    return requests
 
 
 def evaluate(engine: Any, cases: Sequence[Any], variants: Sequence[Variant], stop: str,

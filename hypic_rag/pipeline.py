@@ -419,8 +419,14 @@ def prompt_order(hits: Sequence[Any]) -> list[Any]:
 def chunk_follows(hits: Sequence[Any]) -> list[bool]:
     """For hits in prompt order (`prompt_order`): whether hit i is the next chunk of hit i-1's document (same
     `chunk.doc_id`, `chunk.position` one more), what a chained recompute policy reads (`Request.chunk_follows`)."""
-    return [number > 0 and hit.chunk.doc_id == hits[number - 1].chunk.doc_id
-            and hit.chunk.position == hits[number - 1].chunk.position + 1 for number, hit in enumerate(hits)]
+    return follows_of([hit.chunk.doc_id for hit in hits], [hit.chunk.position for hit in hits])
+
+
+def follows_of(doc_ids: Sequence[str], positions: Sequence[int]) -> list[bool]:
+    """Whether chunk i (of document `doc_ids[i]`, at `positions[i]` in it) is the next chunk of chunk i-1's
+    document."""
+    return [number > 0 and doc_ids[number] == doc_ids[number - 1] and positions[number] == positions[number - 1] + 1
+            for number in range(len(doc_ids))]
 
 
 def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:
