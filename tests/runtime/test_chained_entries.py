@@ -99,3 +99,22 @@ def test_precompute_plans_the_chained_entries_ask_reads(tiny_model) -> None:
                                         "hypic")
         assert result.stats.cache_misses == 0 and result.stats.encoded_tokens == 0
         assert result.stats.recomputed_tokens == 3
+
+
+def test_calibration_offers_chained_policies_and_prefers_anchored_on_a_tie(engine: Engine) -> None:
+    """Where no chunk follows its document's previous one, a chained policy reads the anchored entries: the same
+    scores, and the anchored one is chosen (nothing extra to precompute)."""
+    from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, calibrate
+
+    specs = [policy.spec for policy in DEFAULT_CANDIDATES]
+    assert specs.index("seam@0+anchored") < specs.index("seam@0+chained")
+    requests = [random_request(seed, [9, 11, 10]) for seed in (7, 8)]
+    tied = calibrate(engine, requests, ["seam@0+chained", "seam@0+anchored"], kl_target=10.0)
+    assert tied.chosen.spec == "seam@0+anchored"
+    scores = {score.spec: score.mean_kl for score in tied.candidates}
+    assert scores["seam@0+chained"] == scores["seam@0+anchored"]
+    for request in requests:
+        request.chunk_follows = [False, True, True]
+    followed = calibrate(engine, requests, ["seam@0+anchored", "seam@0+chained"], kl_target=0.0)
+    scores = {score.spec: score.mean_kl for score in followed.candidates}
+    assert scores["seam@0+chained"] < scores["seam@0+anchored"]  # the chained entries saw their antecedents
