@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             moved = sum((truth[number][name] - cached[number][name]).pow(2).sum(dim=(0, 2)) for name in last_kv)
             tokens += [(number, row, float(attention[begin + row]), float(moved[row])) for row in range(end - begin)]
         for count in (16, 64, 128):
-            for label, key in (("att", 2), ("dev", 3)):
+            for label, key in (("att", 2),) if args.test_bed == "cross-chunk" else (("att", 2), ("dev", 3)):
                 picked = sorted(tokens, key=lambda item: -item[key])[:count]
                 rows: list[torch.Tensor | None] = [None] * len(spans)
                 for number in range(len(spans)):
@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         prefix = list(request.prefix_ids)
         anchored = conditioned(anchor_of(prefix))
         measure("anchored", anchored, lambda n, t: True)
-        measure("anchored+generic", conditioned(prefix + encoder.chunk(GENERIC_CONTEXT)), lambda n, t: True)
-        if args.test_bed == "cross-chunk":
+        if args.test_bed == "default":
+            measure("anchored+generic", conditioned(prefix + encoder.chunk(GENERIC_CONTEXT)), lambda n, t: True)
+        if args.test_bed == "cross-chunk":  # (the generic context and the deviation selection: default test bed only)
             count = len(request.chunk_ids)
             dependent = tuple(bool(request.chunk_follows and request.chunk_follows[n]) for n in range(count))
             antecedent = tuple(n + 1 < count and dependent[n + 1] for n in range(count))
