@@ -19,7 +19,8 @@ subject) also: `dependent` / `antecedent` / `neither` (everything, for the chunk
 previous chunk in the prompt / that such a chunk follows / the others), and what runtime plans recover, each one
 part recomputed or re-encoded at a time: `plan:SPEC` (a runtime policy: `seam@8`, `seam@0+anchored`,
 `seam@0+chained`, ...), `whole:dependent` / `whole:antecedent` (those chunks recomputed whole in context, the others
-from anchored entries at seam 0).
+from anchored entries at seam 0), `seam@W:dependent` (seams sized per chunk: W tokens of each dependent chunk
+recomputed, the others at seam 0, anchored entries).
 
     OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_error_sources --seed 930000000 --questions 200 \\
         --out docs/benchmarks/recompute_error_sources.json --markdown docs/benchmarks/recompute_error_sources.md
@@ -53,18 +54,17 @@ CROSS_CHUNK_PLANS = ("seam@8", "seam@8+anchored", "seam@0+anchored", "seam@0+cha
 
 
 @dataclass(frozen=True, slots=True)
-class ChosenWhole:
-    """Study rule: the chunks whose `chosen` flag is set recomputed whole, the others at seam `seam` from anchored
-    entries (a plan-like rule the engine accepts as a policy)."""
+class ChunkSeams:
+    """Study rule: chunk i at seam `seams[i]` (None: recomputed whole), read from anchored entries (a plan-like rule
+    the engine accepts as a policy): whole chunks or seams sized per chunk."""
 
-    chosen: tuple[bool, ...]
-    seam: int = 0
+    seams: tuple[int | None, ...]
     anchored: bool = True
 
     def plan(self, chunk_lengths: Sequence[int], default_seam: int, ranks: Sequence[int] = ()):
-        from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePlan
+        from hypic_rag.runtime.recompute_policy import RecomputePlan
 
-        return RecomputePlan(tuple(WHOLE if chosen else self.seam for chosen in self.chosen))
+        return RecomputePlan(self.seams)
 
 
 class _LayerInputs:
@@ -263,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
             measure("antecedent", truth, lambda n, t: antecedent[n])
             measure("neither", truth, lambda n, t: not dependent[n] and not antecedent[n])
             rules = [(f"plan:{spec}", spec) for spec in CROSS_CHUNK_PLANS]
-            rules += [("whole:dependent", ChosenWhole(dependent)), ("whole:antecedent", ChosenWhole(antecedent))]
+            rules += [("whole:dependent", ChunkSeams(tuple(None if flag else 0 for flag in dependent))),
+                      ("whole:antecedent", ChunkSeams(tuple(None if flag else 0 for flag in antecedent)))]
+            rules += [(f"seam@{width}:dependent", ChunkSeams(tuple(width if flag else 0 for flag in dependent)))
+                      for width in (8, 16)]
             for name, rule in rules:
                 result = engine.prefill(request, "hypic", policy=rule)
                 answer = greedy_decode(engine, result.logits, result.state, stop)

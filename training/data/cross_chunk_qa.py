@@ -281,12 +281,6 @@ def check_dependencies(document: CrossChunkDocument, chunk_texts: Sequence[str],
     return problems
 
 
-def training_documents(world: CrossChunkWorld) -> list[Document]:
-    """Every chunk of `world` as a `synthetic_qa.Document` (doc_id `<doc>#<position>`), documents in order."""
-    return [Document(f"{document.doc_id}#{position}", document.entity_id, document.name, text)
-            for document in world.documents for position, text in enumerate(document.paragraphs)]
-
-
 def sample_cross_chunk_context(seed: int, num_documents: int, num_questions: int,
                                partial_share: float = 0.3) -> tuple[list[Document], list[CrossChunkQuestion]]:
     """A fully attended training context from the cross-chunk world of `seed`: `num_documents` documents, each
