@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hypic_rag.pipeline import RagPipeline, prompt_order
+from hypic_rag.pipeline import RagPipeline, chunk_follows, prompt_order
 from hypic_rag.retrieval.loading import Document
 from training.data.cross_chunk_qa import (
     CROSS_CHUNK_TOKENS,
@@ -112,8 +112,8 @@ def test_the_pipeline_lays_out_retrieved_chunks_in_document_order(tmp_path: Path
                                                         ("Cy", "green", "stairs")])
     }
     index_dir = build_index(tmp_path / "index", tiny_model, documents, chunk_tokens=CROSS_CHUNK_TOKENS)
-    with RagPipeline.open(index_dir, device="cpu") as pipeline:
-        reordered = 0
+    with RagPipeline.open(index_dir, device="cpu", recompute_policy="seam@0+chained") as pipeline:
+        reordered = followed = 0
         for question in ("Where does the green lamp stand?", "What does paragraph 2 say about the blue lamp?",
                          "Which lamp stands by the door?"):
             hits = pipeline.index.search(question, 6, hop_slots=pipeline.hop_slots)
@@ -126,7 +126,13 @@ def test_the_pipeline_lays_out_retrieved_chunks_in_document_order(tmp_path: Path
                 assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # together
                 assert [places[n][1] for n in numbers] == sorted(places[n][1] for n in numbers)  # in order
             reordered += [h.chunk.chunk_id for h in hits] != [h.chunk.chunk_id for h in laid_out]
+            follows = chunk_follows(laid_out)
+            assert prepared.request.chunk_follows == (follows if any(follows) else [])
+            followed += any(follows)
         assert reordered > 0  # retrieval order alone would not have been document order
+        assert followed > 0
+        answer = pipeline.answer("Where does the green lamp stand?", top_k=6)  # ask's path under a chained policy
+        assert answer.recompute_policy == "seam@0+chained" and answer.usage
 
 
 def case(kind: str, retrieved: bool) -> SimpleNamespace:
