@@ -261,16 +261,21 @@ def run_variant(engine: Any, variant: Variant, request: Any) -> tuple[torch.Tens
     return result.logits, result.state, result.stats.recomputed_tokens
 
 
-def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int) -> float:
-    """Mean bytes a chunk's anchored entry (seam `seam`) holds beyond its plain one: the anchor's K/V rows."""
-    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key
+def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int, policy: Any = None) -> float:
+    """Mean bytes a chunk's entry read under an anchored (or chained) `policy` at seam `seam` holds beyond the chunk's
+    own: the anchor's K/V rows (a chained entry's: the anchor's and its antecedent chunk's). `policy` None: anchored
+    at `seam`. An index under a chained policy also keeps each chained chunk's anchored entry (not counted here)."""
+    from hypic_rag.runtime.anchoring import anchored_extra_bytes
     from hypic_rag.runtime.engine import PrefillStats
+    from hypic_rag.runtime.recompute_policy import RecomputePolicy
 
-    anchor = anchor_of(request.prefix_ids)
-    keys = [anchored_key(anchor, chunk, seam) for chunk in request.chunk_ids]
+    policy = policy if policy is not None else RecomputePolicy("seam", seam_tokens=seam, anchored=True)
+    plain = RecomputePolicy("seam", seam_tokens=seam, anchored=policy.anchored, chained=policy.chained)
+    keys = engine.segment_entry_keys(request, "hypic", policy=plain)[1 if request.prefix_ids else 0:]
     stats = PrefillStats(mode="hypic")
-    entries = [engine.fetch_entries([list(ids)], entry_seam, stats)[0] for entry_seam, ids in keys]
-    return sum(anchored_extra_bytes(entry, len(anchor)) for entry in entries) / max(1, len(entries))
+    extra = [anchored_extra_bytes(engine.fetch_entries([list(ids)], entry_seam, stats)[0], entry_seam - seam)
+             for entry_seam, ids in keys]
+    return sum(extra) / max(1, len(extra))
 
 
 @dataclass(slots=True)
@@ -326,7 +331,7 @@ def evaluate(engine: Any, cases: Sequence[Any], variants: Sequence[Variant], sto
             tally.kl.append(kl_divergence(full_logits, logits))
             tally.recomputed.append(recomputed)
             policy = variant.policy
-            tally.extra_bytes.append(anchored_bytes_per_chunk(engine, request, variant.seam)
+            tally.extra_bytes.append(anchored_bytes_per_chunk(engine, request, variant.seam, policy)
                                      if getattr(policy, "anchored", False) else variant.extra_bytes_per_chunk)
     prompt_tokens = sum(request.prompt_tokens for request in requests) / len(requests)
     question_tokens = sum(len(request.question_ids) for request in requests) / len(requests)
