@@ -14,8 +14,18 @@ the gold documents' chunks only), `kv-last@att:M` (the last attention layer's K/
 question attends to most in the seam-0 pass), `kv-last@dev:M` (of the M tokens whose K/V moved most), `anchored`,
 `anchored+generic`.
 
+On the cross-chunk test bed (`--test-bed cross-chunk`: two-chunk documents whose second chunk never names its
+subject) also: `dependent` / `antecedent` / `neither` (everything, for the chunks that follow their document's
+previous chunk in the prompt / that such a chunk follows / the others), and what runtime plans recover, each one
+part recomputed or re-encoded at a time: `plan:SPEC` (a runtime policy: `seam@8`, `seam@0+anchored`,
+`seam@0+chained`, ...), `whole:dependent` / `whole:antecedent` (those chunks recomputed whole in context, the others
+from anchored entries at seam 0), `seam@W:dependent` (seams sized per chunk: W tokens of each dependent chunk
+recomputed, the others at seam 0, anchored entries).
+
     OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_error_sources --seed 930000000 --questions 200 \\
         --out docs/benchmarks/recompute_error_sources.json --markdown docs/benchmarks/recompute_error_sources.md
+    OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_error_sources --test-bed cross-chunk --seed 920000000 \\
+        --questions 200 --model evals/cross_chunk_model --out docs/benchmarks/recompute_error_sources_cross_chunk.json
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +49,22 @@ GENERIC_CONTEXT = "Note: the documents below are about people, places, organisat
 
 Selector = Callable[[int, str], bool]
 """(chunk number, tensor name) -> take the in-context tensor?"""
+CROSS_CHUNK_PLANS = ("seam@8", "seam@8+anchored", "seam@0+anchored", "seam@0+chained", "seam@8+chained")
+"""The runtime policies measured on the cross-chunk test bed beside the substitutions."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSeams:
+    """Study rule: chunk i at seam `seams[i]` (None: recomputed whole), read from anchored entries (a plan-like rule
+    the engine accepts as a policy): whole chunks or seams sized per chunk."""
+
+    seams: tuple[int | None, ...]
+    anchored: bool = True
+
+    def plan(self, chunk_lengths: Sequence[int], default_seam: int, ranks: Sequence[int] = ()):
+        from hypic_rag.runtime.recompute_policy import RecomputePlan
+
+        return RecomputePlan(self.seams)
 
 
 class _LayerInputs:
@@ -49,19 +76,20 @@ class _LayerInputs:
         self.stack = stack
         self.inputs: dict[int, torch.Tensor] = {}
         self.active = False
-        self._recurrent, self._attention = stack._recurrent_mixer, stack._attention_mixer
+        self._recurrent, self._attention = stack.recurrent_layer, stack._attention_layer
 
-        def recurrent(mixer, layer_index, x, plan, previous):  # noqa: ANN001, ANN202
+        def recurrent(mixer, layer_index, x, *rest):  # noqa: ANN001, ANN002, ANN202
             if self.active:
                 self.inputs[layer_index] = x.detach().clone()
-            return self._recurrent(mixer, layer_index, x, plan, previous)
+            return self._recurrent(mixer, layer_index, x, *rest)
 
-        def attention(mixer, layer_index, x, plan, previous):  # noqa: ANN001, ANN202
+        def attention(mixer, layer_index, x, *rest):  # noqa: ANN001, ANN002, ANN202
             if self.active:
                 self.inputs[layer_index] = x.detach().clone()
-            return self._attention(mixer, layer_index, x, plan, previous)
+            return self._attention(mixer, layer_index, x, *rest)
 
-        stack._recurrent_mixer, stack._attention_mixer = recurrent, attention
+        # the stack's pass looks both layer functions up in its module at call time
+        stack.recurrent_layer, stack._attention_layer = recurrent, attention
 
     def capture(self, model: Any, token_ids: list[int]) -> dict[int, torch.Tensor]:
         """Each layer's mixer input rows of a plain pass over `token_ids`."""
@@ -107,6 +135,7 @@ def in_context_parts(model: Any, inputs: dict[int, torch.Tensor], begin: int, en
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="default: evals/stage3_model")
+    parser.add_argument("--test-bed", choices=("default", "cross-chunk"), default="default")
     parser.add_argument("--seed", type=int, default=930_000_000)
     parser.add_argument("--questions", type=int, default=200)
     parser.add_argument("--k", type=int, default=8)
@@ -146,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     last = last_attention_layer(model)
     last_kv = (tensor_name(last, "key"), tensor_name(last, "value"))
     layer_of = lambda name: int(name.split(".")[1])  # noqa: E731
-    cases = load_cases(args.seed, args.questions, model.tokenizer, args.k)
+    cases = load_cases(args.seed, args.questions, model.tokenizer, args.k, test_bed=args.test_bed)
     requests = build_requests(cases, encoder)
     flags: dict[str, list[bool]] = {}
     kls: dict[str, list[float]] = {}
+    recomputed: dict[str, list[int]] = {}
     started = time.perf_counter()
     for case, request in tqdm(list(zip(cases, requests)), desc="questions", file=sys.stderr):
         full = engine.prefill(request, "full")
@@ -213,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             moved = sum((truth[number][name] - cached[number][name]).pow(2).sum(dim=(0, 2)) for name in last_kv)
             tokens += [(number, row, float(attention[begin + row]), float(moved[row])) for row in range(end - begin)]
         for count in (16, 64, 128):
-            for label, key in (("att", 2), ("dev", 3)):
+            for label, key in (("att", 2),) if args.test_bed == "cross-chunk" else (("att", 2), ("dev", 3)):
                 picked = sorted(tokens, key=lambda item: -item[key])[:count]
                 rows: list[torch.Tensor | None] = [None] * len(spans)
                 for number in range(len(spans)):
@@ -223,23 +253,56 @@ def main(argv: list[str] | None = None) -> int:
         prefix = list(request.prefix_ids)
         anchored = conditioned(anchor_of(prefix))
         measure("anchored", anchored, lambda n, t: True)
-        measure("anchored+generic", conditioned(prefix + encoder.chunk(GENERIC_CONTEXT)), lambda n, t: True)
+        if args.test_bed == "default":
+            measure("anchored+generic", conditioned(prefix + encoder.chunk(GENERIC_CONTEXT)), lambda n, t: True)
+        if args.test_bed == "cross-chunk":  # (the generic context and the deviation selection: default test bed only)
+            count = len(request.chunk_ids)
+            dependent = tuple(bool(request.chunk_follows and request.chunk_follows[n]) for n in range(count))
+            antecedent = tuple(n + 1 < count and dependent[n + 1] for n in range(count))
+            measure("dependent", truth, lambda n, t: dependent[n])
+            measure("antecedent", truth, lambda n, t: antecedent[n])
+            measure("neither", truth, lambda n, t: not dependent[n] and not antecedent[n])
+            rules = [(f"plan:{spec}", spec) for spec in CROSS_CHUNK_PLANS]
+            rules += [("whole:dependent", ChunkSeams(tuple(None if flag else 0 for flag in dependent))),
+                      ("whole:antecedent", ChunkSeams(tuple(None if flag else 0 for flag in antecedent)))]
+            rules += [(f"seam@{width}:dependent", ChunkSeams(tuple(width if flag else 0 for flag in dependent)))
+                      for width in (8, 16)]
+            for name, rule in rules:
+                result = engine.prefill(request, "hypic", policy=rule)
+                answer = greedy_decode(engine, result.logits, result.state, stop)
+                flags.setdefault(name, []).append(EvalItem(case.question, answer).exact)
+                kls.setdefault(name, []).append(kl_divergence(full.logits, result.logits))
+                recomputed.setdefault(name, []).append(result.stats.recomputed_tokens)
     rows_out = {}
     for name in kls:
         difference = paired_difference(flags[name], flags["full"])
         rows_out[name] = {"exact_match": sum(flags[name]) / len(flags[name]), "kl": sum(kls[name]) / len(kls[name]),
                           **difference}
-    report = {"model": str(model_path), "seed": args.seed, "questions": len(requests), "k": args.k,
+        if name in recomputed:
+            rows_out[name]["recomputed_tokens"] = sum(recomputed[name]) / len(recomputed[name])
+        kinds = [getattr(case.question, "kind", None) for case in cases]
+        if "cross" in kinds:
+            rows_out[name]["cross_exact_match"] = sum(flag for flag, kind in zip(flags[name], kinds)
+                                                      if kind == "cross") / kinds.count("cross")
+            rows_out[name]["cross_em_minus_full"] = rows_out[name]["cross_exact_match"] - sum(
+                flag for flag, kind in zip(flags["full"], kinds) if kind == "cross") / kinds.count("cross")
+    report = {"model": str(model_path), "test_bed": args.test_bed, "seed": args.seed, "questions": len(requests), "k": args.k,
               "full_exact_match": sum(flags["full"]) / len(flags["full"]), "attention_layers": attention_layers,
               "recurrent_layers": recurrent_layers, "rows": rows_out,
               "seconds": round(time.perf_counter() - started, 1)}
     lines = [f"{len(requests)} questions (seed {args.seed}), k = {args.k}, `{Path(model_path).name}`; every chunk at "
              f"seam 0; `full` EM {100 * report['full_exact_match']:.1f}%. Parts replaced by their in-context values:",
-             "", "| parts in context | EM | EM - full [95% paired] | KL(full ‖ ·) |", "| --- | --- | --- | --- |"]
+             "", "| parts in context | EM | EM - full [95% paired] | KL(full ‖ ·) |"
+             + (" EM - full, cross-chunk questions | recomputed tokens |" if args.test_bed == "cross-chunk" else ""),
+             "| --- | --- | --- | --- |" + (" --- | --- |" if args.test_bed == "cross-chunk" else "")]
     for name, row in rows_out.items():
         low, high = row["em_minus_full_ci95"]
-        lines.append(f"| {name} | {100 * row['exact_match']:.1f}% | {100 * row['em_minus_full']:+.1f} "
-                     f"[{100 * low:+.1f}, {100 * high:+.1f}] | {row['kl']:.4f} |")
+        line = (f"| {name} | {100 * row['exact_match']:.1f}% | {100 * row['em_minus_full']:+.1f} "
+                f"[{100 * low:+.1f}, {100 * high:+.1f}] | {row['kl']:.4f} |")
+        if args.test_bed == "cross-chunk":
+            tokens = row.get("recomputed_tokens")
+            line += f" {100 * row.get('cross_em_minus_full', 0.0):+.1f} | {'' if tokens is None else f'{tokens:.1f}'} |"
+        lines.append(line)
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -7,6 +7,14 @@ mean KL(full || variant) of the first answer token's distribution, the tokens it
 whole chunks, the question, and a probe pass's tokens), the passes it runs and the bytes it stores per chunk beyond
 a plain entry. JSON (`--out`), markdown tables (`--markdown`) and a plot (`--plot`).
 
+Test beds (`--test-bed`): `default`, the held-out worlds above (every document one chunk); `cross-chunk` (issue 42,
+`training/data/cross_chunk_qa.py`): two-chunk documents cut by the project's chunker at 48 tokens, the second chunk
+never naming its subject, half the questions needing both chunks. Its reports add the retrieval recall of the needed
+chunks and EM per question subset (`QUESTION_SUBSETS`: cross-chunk, single-chunk, needed chunks all retrieved).
+
+    OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies --test-bed cross-chunk --model evals/cross_chunk_model \\
+        --worlds 911000000 --questions 200 --variants full,seam@8,seam@0+anchored
+
 Worlds: `--worlds S1,S2,...` evaluates `--questions` questions of each world seed S (the held-out benchmark's
 layout: 50 questions per generated world, worlds S, S+1, ...), reports each world with paired 95% intervals of
 EM - full, and their mean (`summarize_worlds`). Worlds used to develop or calibrate a policy must not be the worlds
@@ -47,6 +55,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from training.data.cross_chunk_qa import CROSS_CHUNK_HELDOUT_SEED
 from training.data.synthetic_qa import HELDOUT_SEED
 from training.evaluate import EvalItem, summarize
 
@@ -54,6 +63,14 @@ STAGE3_MODEL = Path(__file__).resolve().parent / "stage3_model"
 CALIBRATION_SEED = 950_000_000
 """Worlds of the calibration questions: apart from training (< 40,000,000), validation (500,000,000+) and the
 held-out set (900,000,000+, 50 questions per world: 200 questions use 4 worlds)."""
+CROSS_CHUNK_CALIBRATION_SEED = 955_000_000
+"""Cross-chunk worlds of the calibration questions (`--test-bed cross-chunk`)."""
+TEST_BEDS = ("default", "cross-chunk")
+"""`default`: the held-out worlds of one-chunk documents (`training/data/synthetic_qa.py`); `cross-chunk`: two-chunk
+documents whose second chunk never names its subject (`training/data/cross_chunk_qa.py`, issue 42)."""
+QUESTION_SUBSETS = ("cross", "single", "needed_retrieved", "cross_needed_retrieved")
+"""Subsets of the cross-chunk test bed's questions reported apart: cross-chunk and single-chunk questions, those
+whose needed chunks were all retrieved, and the cross-chunk ones among them."""
 RANKINGS = ("prompt", "alternate", "score", "nearest", "oracle")
 DEFAULT_VARIANTS = (
     "full,transition_rope,addition,seam@0,seam@2,seam@4,seam@8,seam@16,seam@32,"
@@ -244,16 +261,21 @@ def run_variant(engine: Any, variant: Variant, request: Any) -> tuple[torch.Tens
     return result.logits, result.state, result.stats.recomputed_tokens
 
 
-def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int) -> float:
-    """Mean bytes a chunk's anchored entry (seam `seam`) holds beyond its plain one: the anchor's K/V rows."""
-    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key
+def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int, policy: Any = None) -> float:
+    """Mean bytes a chunk's entry read under an anchored (or chained) `policy` at seam `seam` holds beyond the chunk's
+    own: the anchor's K/V rows (a chained entry's: the anchor's and its antecedent chunk's). `policy` None: anchored
+    at `seam`. An index under a chained policy also keeps each chained chunk's anchored entry (not counted here)."""
+    from hypic_rag.runtime.anchoring import anchored_extra_bytes
     from hypic_rag.runtime.engine import PrefillStats
+    from hypic_rag.runtime.recompute_policy import RecomputePolicy
 
-    anchor = anchor_of(request.prefix_ids)
-    keys = [anchored_key(anchor, chunk, seam) for chunk in request.chunk_ids]
+    policy = policy if policy is not None else RecomputePolicy("seam", seam_tokens=seam, anchored=True)
+    plain = RecomputePolicy("seam", seam_tokens=seam, anchored=policy.anchored, chained=policy.chained)
+    keys = engine.segment_entry_keys(request, "hypic", policy=plain)[1 if request.prefix_ids else 0:]
     stats = PrefillStats(mode="hypic")
-    entries = [engine.fetch_entries([list(ids)], entry_seam, stats)[0] for entry_seam, ids in keys]
-    return sum(anchored_extra_bytes(entry, len(anchor)) for entry in entries) / max(1, len(entries))
+    extra = [anchored_extra_bytes(engine.fetch_entries([list(ids)], entry_seam, stats)[0], entry_seam - seam)
+             for entry_seam, ids in keys]
+    return sum(extra) / max(1, len(extra))
 
 
 @dataclass(slots=True)
@@ -268,9 +290,18 @@ class Tally:
 
 
 def build_requests(cases: Sequence[Any], encoder: Any) -> list[Any]:
+    """The requests of `cases`: prefix, retrieved chunks in prompt order, question; a chunk that follows its
+    document's previous chunk is marked (`Request.chunk_follows`, what chained policies read)."""
+    from hypic_rag.pipeline import follows_of
     from hypic_rag.runtime.request import Request
 
-    return [Request(list(encoder.prefix()), case.chunk_token_ids, encoder.question(case.question.text)) for case in cases]
+    requests = []
+    for case in cases:
+        positions = getattr(case, "chunk_positions", None)
+        follows = follows_of(case.retrieved_doc_ids, positions) if positions else []
+        requests.append(Request(list(encoder.prefix()), case.chunk_token_ids, encoder.question(case.question.text),
+                                chunk_follows=follows if any(follows) else []))
+    return requests
 
 
 def evaluate(engine: Any, cases: Sequence[Any], variants: Sequence[Variant], stop: str,
@@ -300,7 +331,7 @@ def evaluate(engine: Any, cases: Sequence[Any], variants: Sequence[Variant], sto
             tally.kl.append(kl_divergence(full_logits, logits))
             tally.recomputed.append(recomputed)
             policy = variant.policy
-            tally.extra_bytes.append(anchored_bytes_per_chunk(engine, request, variant.seam)
+            tally.extra_bytes.append(anchored_bytes_per_chunk(engine, request, variant.seam, policy)
                                      if getattr(policy, "anchored", False) else variant.extra_bytes_per_chunk)
     prompt_tokens = sum(request.prompt_tokens for request in requests) / len(requests)
     question_tokens = sum(len(request.question_ids) for request in requests) / len(requests)
@@ -319,6 +350,41 @@ def paired_difference(flags: Sequence[bool], reference: Sequence[bool]) -> dict[
     half = 1.959963984540054 * (variance / count) ** 0.5
     return {"em_minus_full": mean, "em_minus_full_ci95": [mean - half, mean + half],
             "only_variant_right": differences.count(1), "only_full_right": differences.count(-1)}
+
+
+def in_subset(case: Any, subset: str) -> bool:
+    """Whether a cross-chunk case belongs to `subset` (one of `QUESTION_SUBSETS`)."""
+    kind = getattr(case.question, "kind", "single")
+    if subset in ("cross", "single"):
+        return kind == subset
+    if subset == "needed_retrieved":
+        return case.needed_retrieved
+    return kind == "cross" and case.needed_retrieved
+
+
+def subset_rows(cases: Sequence[Any], exact: Sequence[bool], full_exact: Sequence[bool]) -> dict[str, Any]:
+    """Per `QUESTION_SUBSETS` subset (cross-chunk cases only; empty otherwise): questions, EM, EM - full."""
+    if not cases or not hasattr(cases[0].question, "needed_chunks"):
+        return {}
+    subsets = {}
+    for subset in QUESTION_SUBSETS:
+        chosen = [number for number, case in enumerate(cases) if in_subset(case, subset)]
+        if chosen:
+            em = sum(exact[n] for n in chosen) / len(chosen)
+            subsets[subset] = {"questions": len(chosen), "exact_match": em,
+                               "em_minus_full": em - sum(full_exact[n] for n in chosen) / len(chosen)}
+    return subsets
+
+
+def needed_recall(cases: Sequence[Any]) -> dict[str, float]:
+    """Retrieval recall of the chunks each question needs: the share of questions whose needed chunks were all
+    retrieved, over all questions and per question kind (cross-chunk cases; the gold documents' otherwise)."""
+    recall = {"all": sum(case.needed_retrieved for case in cases) / len(cases)}
+    for kind in ("cross", "single"):
+        chosen = [case for case in cases if getattr(case.question, "kind", "single") == kind]
+        if chosen:
+            recall[kind] = sum(case.needed_retrieved for case in chosen) / len(chosen)
+    return recall
 
 
 def row_of(variant: Variant, tally: Tally, cases: Sequence[Any], full_answers: Sequence[str]) -> dict[str, Any]:
@@ -343,6 +409,7 @@ def row_of(variant: Variant, tally: Tally, cases: Sequence[Any], full_answers: S
         "seconds": round(tally.seconds, 2),
         **paired_difference([item.exact for item in items], full_exact),
         "exact_flags": "".join("1" if item.exact else "0" for item in items),
+        "subsets": subset_rows(cases, [item.exact for item in items], full_exact),
     }
 
 
@@ -387,7 +454,26 @@ def markdown_table(report: dict[str, Any], reference: str = "seam@8") -> str:
             f"{100 * row['agreement']:.1f}% | {row['kl']:.4f} | {row['kl_median']:.4f} | {'yes' if on_em else ''} | "
             f"{'yes' if on_kl else ''} | {row['notes']} |"
         )
+    if rows and rows[0].get("subsets"):
+        lines += ["", subsets_markdown(rows, report.get("needed_recall"))]
     return "\n".join(lines) + "\n"
+
+
+def subsets_markdown(rows: Sequence[dict[str, Any]], recall: dict[str, float] | None = None) -> str:
+    """EM (and EM - full, points) per question subset of the cross-chunk test bed, one line per variant."""
+    present = [subset for subset in QUESTION_SUBSETS if subset in rows[0]["subsets"]]
+    counts = ", ".join(f"{subset} {rows[0]['subsets'][subset]['questions']}" for subset in present)
+    lines = [f"By question ({counts} questions)"
+             + ("; retrieval recall of the needed chunks: " + ", ".join(f"{name} {100 * value:.1f}%"
+                                                                     for name, value in recall.items())
+                if recall else "") + ":", "",
+             "| variant | " + " | ".join(f"EM {subset} (- full)" for subset in present) + " |",
+             "| --- |" + " --- |" * len(present)]
+    for row in rows:
+        cells = [f"{100 * row['subsets'][subset]['exact_match']:.1f}% ({100 * row['subsets'][subset]['em_minus_full']:+.1f})"
+                 for subset in present]
+        lines.append(f"| {row['variant']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _interval(row: dict[str, Any]) -> str:
@@ -465,8 +551,22 @@ def summarize_worlds(worlds: Sequence[dict[str, Any]], reference: str = "seam@8"
             "extra_passes": rows[0].get("extra_passes", 0),
             "extra_bytes_per_chunk": sum(row.get("extra_bytes_per_chunk", 0.0) for row in rows) / len(rows),
             "extra_entries_per_chunk": rows[0].get("extra_entries_per_chunk", 0),
+            "subsets": _mean_subsets([row.get("subsets", {}) for row in rows]),
         }
     return summary
+
+
+def _mean_subsets(per_world: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The worlds' subset rows pooled: questions summed, EM and EM - full weighted by questions."""
+    pooled: dict[str, Any] = {}
+    for subset in QUESTION_SUBSETS:
+        found = [subsets[subset] for subsets in per_world if subset in subsets]
+        if found and len(found) == len(per_world):
+            count = sum(item["questions"] for item in found)
+            pooled[subset] = {"questions": count,
+                              "exact_match": sum(item["exact_match"] * item["questions"] for item in found) / count,
+                              "em_minus_full": sum(item["em_minus_full"] * item["questions"] for item in found) / count}
+    return pooled
 
 
 def _cost(row: dict[str, Any]) -> str:
@@ -516,6 +616,11 @@ def worlds_markdown(report: dict[str, Any]) -> str:
             cells.append(f"{100 * (item['exact_match'] - world['rows']['full']['exact_match']):+.1f}"
                          f"{_interval(item)}")
         lines.append(f"| {row['variant']} | " + " | ".join(cells) + " |")
+    if summary and summary[0].get("subsets"):
+        recalls = [world.get("needed_recall") for world in worlds]
+        pooled = {name: sum(recall[name] for recall in recalls) / len(recalls) for name in recalls[0]} \
+            if all(recalls) else None
+        lines += ["", "**By question, over the worlds**", "", subsets_markdown(summary, pooled)]
     for world in worlds:
         lines += ["", f"**World {world['seed']}**", "", markdown_table(world)]
     return "\n".join(lines) + "\n"
@@ -567,19 +672,27 @@ def plot_worlds(report: dict[str, Any], path: Path) -> None:
 
 
 # ============================================================================================== main
-def load_cases(seed: int, count: int, tokenizer: Any, k: int, progress: bool = True) -> list[Any]:
-    from training.heldout_retrieval import retrieved_cases
+def load_cases(seed: int, count: int, tokenizer: Any, k: int, progress: bool = True,
+               test_bed: str = "default") -> list[Any]:
+    """`count` held-out cases of worlds `seed`+ of `test_bed` (one of `TEST_BEDS`), retrieved with k chunks."""
+    from training.heldout_retrieval import retrieved_cases, retrieved_cross_chunk_cases
 
-    return list(tqdm(retrieved_cases(seed, count, tokenizer, num_chunks=k), total=count, desc="retrieve",
+    if test_bed not in TEST_BEDS:
+        raise ValueError(f"unknown test bed {test_bed!r}; choose one of {', '.join(TEST_BEDS)}")
+    source = retrieved_cross_chunk_cases if test_bed == "cross-chunk" else retrieved_cases
+    return list(tqdm(source(seed, count, tokenizer, num_chunks=k), total=count, desc="retrieve",
                      file=sys.stderr, disable=not progress))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--test-bed", choices=TEST_BEDS, default="default", help="the worlds: `default` (one-chunk "
+                        "documents) or `cross-chunk` (two-chunk documents whose second chunk never names its subject)")
     parser.add_argument("--model", type=Path, default=STAGE3_MODEL)
     parser.add_argument("--model-label", default=None, help="name in the table (default: the directory's)")
     parser.add_argument("--questions", type=int, default=200, help="questions per world")
-    parser.add_argument("--seed", type=int, default=HELDOUT_SEED, help="the world when --worlds is not given")
+    parser.add_argument("--seed", type=int, default=None, help="the world when --worlds is not given (default: the "
+                        "test bed's held-out seed)")
     parser.add_argument("--worlds", default="", help="world seeds, comma-separated (each: --questions questions)")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--seam-tokens", type=int, default=8, help="the engine's (index's) seam")
@@ -590,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-questions", type=int, default=50)
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
                         "`hypic_rag.runtime.calibration.DEFAULT_CANDIDATES`)")
-    parser.add_argument("--calibration-seed", type=int, default=CALIBRATION_SEED)
+    parser.add_argument("--calibration-seed", type=int, default=None, help="default: the test bed's calibration seed")
     parser.add_argument("--calibrate-only", action="store_true", help="calibrate (--calibrate) and stop: no world "
                         "is evaluated")
     parser.add_argument("--threads", type=int, default=2)
@@ -600,6 +713,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out: its worlds and its "
                         "calibration are kept, only the worlds it lacks are evaluated (same model, questions, k)")
     args = parser.parse_args(argv)
+    cross_chunk = args.test_bed == "cross-chunk"
+    if args.seed is None:
+        args.seed = CROSS_CHUNK_HELDOUT_SEED if cross_chunk else HELDOUT_SEED
+    if args.calibration_seed is None:
+        args.calibration_seed = CROSS_CHUNK_CALIBRATION_SEED if cross_chunk else CALIBRATION_SEED
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -619,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(args.model), "model_label": args.model_label or args.model.name, "questions": args.questions,
         "k": args.k, "seam_tokens": args.seam_tokens,
     }
+    if cross_chunk:  # the default test bed's reports keep their layout
+        header["test_bed"] = args.test_bed
     calibration, world_reports = None, []
     if args.resume:
         calibration, world_reports = resumed_report(args.out, header)
@@ -641,8 +761,10 @@ def main(argv: list[str] | None = None) -> int:
     done = {world["seed"] for world in world_reports}
     for seed in [seed for seed in worlds if seed not in done]:
         began = time.perf_counter()
-        cases = load_cases(seed, args.questions, model.tokenizer, args.k)
+        cases = load_cases(seed, args.questions, model.tokenizer, args.k, test_bed=args.test_bed)
         world = {**header, "seed": seed, "gold_recall": sum(case.gold_retrieved for case in cases) / len(cases)}
+        if cross_chunk:
+            world["needed_recall"] = needed_recall(cases)
         world.update(evaluate(engine, cases, variants, stop))
         del world["full_answers"]  # not kept (the rows hold the summaries)
         world["seconds"] = round(time.perf_counter() - began, 1)
@@ -683,8 +805,8 @@ def resumed_report(path: Path | None, header: dict[str, Any]) -> tuple[dict[str,
     if path is None or not path.exists():
         return None, []
     report = json.loads(path.read_text())
-    for name in ("model", "questions", "k", "seam_tokens"):
-        if report.get(name) != header[name]:
+    for name in ("model", "questions", "k", "seam_tokens", "test_bed"):
+        if report.get(name) != header.get(name):
             raise ValueError(f"--resume: {path} has {name} {report.get(name)!r}, this run {header[name]!r}")
     worlds = report["worlds"] if "worlds" in report else \
         [{name: value for name, value in report.items() if name != "calibration"}]
@@ -716,7 +838,8 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, calibrate
     from training.packing import SegmentEncoder
 
-    cases = load_cases(args.calibration_seed, args.calibration_questions, engine.model.tokenizer, args.k)
+    cases = load_cases(args.calibration_seed, args.calibration_questions, engine.model.tokenizer, args.k,
+                       test_bed=args.test_bed)
     requests = [dataclasses.replace(request, chunk_ranks=retrieval_ranks(case.from_hop))
                 for request, case in zip(build_requests(cases, SegmentEncoder(engine.model.tokenizer)), cases)]
     choices = []

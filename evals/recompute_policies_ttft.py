@@ -9,8 +9,9 @@ the requests, its ratio to seam 8's, and the tokens recomputed. A variant is a r
 `evals/policy_signals.py` (`attention:N@W`: its probe pass is timed with it; `deviation:N@W`: its per-chunk
 statistic is computed beforehand, as ingestion would). The variants are timed side by side in one process (each
 round runs every variant on every request, in rotated order), and the JSON also records each shape's entry bytes per
-chunk, plain and anchored. Chunks are ranked in prompt order (random requests have no retrieval). One run; the
-machine may be shared (the JSON records the load).
+chunk (plain, anchored, chained) and encoding seconds per chunk. Chunks are ranked in prompt order (random requests
+have no retrieval); chunk 2m+1 is marked as following chunk 2m (two-chunk documents, read by `+chained` policies).
+One run; the machine may be shared (the JSON records the load).
 
     OMP_WAIT_POLICY=PASSIVE python -m evals.recompute_policies_ttft --shapes 8x256,16x512,8x34 \\
         --out docs/benchmarks/recompute_policies_ttft_worlds.json --markdown docs/benchmarks/recompute_policies_ttft_worlds.md
@@ -71,6 +72,9 @@ def measure(model: Any, top_k: int, chunk_tokens: int, variants: list[str], requ
                         warmup=1)
     engine = Engine(model, seam_tokens=8, memory_cache_bytes=16 << 30)
     functions = {variant: prefill_function(engine, variant) for variant in variants}
+    for request in workload.warmup + workload.requests:  # documents of two chunks, both retrieved, in order: only
+        # chained policies read this (chunk 2m+1 follows chunk 2m)
+        request.chunk_follows = [number % 2 == 1 for number in range(len(request.chunk_ids))]
 
     def once(variant: str, request: Any) -> tuple[float, int]:
         began = time.perf_counter()
@@ -105,22 +109,38 @@ def measure(model: Any, top_k: int, chunk_tokens: int, variants: list[str], requ
 
 
 def entry_bytes(engine: Any, request: Any, seam: int) -> dict[str, float]:
-    """Mean bytes per chunk of `request`'s entries for seam `seam`: the plain entry, and what its anchored entry
-    holds beyond it (the anchor's K/V rows and token ids)."""
+    """Mean bytes per chunk of `request`'s entries for seam `seam`: the plain entry, what its anchored entry holds
+    beyond it (the anchor's K/V rows and token ids), what a chained entry holds beyond it (the anchor's and the
+    antecedent chunk's: chunk 2m+1 after chunk 2m), and the seconds to encode each kind of entry per chunk (a
+    fresh engine, nothing cached; precompute's cost, never a request's)."""
     from hypic_rag.entry import entry_tensor_bytes
-    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key
-    from hypic_rag.runtime.engine import PrefillStats
+    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key, chained_anchor
+    from hypic_rag.runtime.engine import Engine, PrefillStats
 
     stats = PrefillStats(mode="hypic")
     chunks = [list(chunk) for chunk in request.chunk_ids]
-    plain = engine.fetch_entries(chunks, seam, stats)
     anchor = anchor_of(request.prefix_ids)
-    anchored = [engine.fetch_entries([list(ids)], entry_seam, stats)[0]
-                for entry_seam, ids in (anchored_key(anchor, chunk, seam) for chunk in chunks)]
-    plain_bytes = sum(entry_tensor_bytes(entry) for entry in plain) / len(plain)
-    extra = sum(anchored_extra_bytes(entry, len(anchor)) for entry in anchored) / len(anchored)
+    keys = {
+        "plain": [(seam, tuple(chunk)) for chunk in chunks],
+        "anchored": [anchored_key(anchor, chunk, seam) for chunk in chunks],
+        "chained": [anchored_key(chained_anchor(anchor, chunks[number - 1]), chunks[number], seam)
+                    for number in range(1, len(chunks), 2)],
+    }
+    fresh = Engine(engine.model, seam_tokens=seam, memory_cache_bytes=16 << 30)
+    seconds: dict[str, float] = {}
+    entries: dict[str, list[Any]] = {}
+    for kind, found in keys.items():
+        began = time.perf_counter()
+        entries[kind] = [fresh.fetch_entries([list(ids)], entry_seam, stats)[0] for entry_seam, ids in found]
+        seconds[kind] = (time.perf_counter() - began) / len(found)
+    plain_bytes = sum(entry_tensor_bytes(entry) for entry in entries["plain"]) / len(chunks)
+    extra = sum(anchored_extra_bytes(entry, len(anchor)) for entry in entries["anchored"]) / len(chunks)
+    chained_extra = sum(anchored_extra_bytes(entry, entry_seam - seam) for entry, (entry_seam, _)
+                        in zip(entries["chained"], keys["chained"])) / len(keys["chained"])
     return {"seam": seam, "anchor_tokens": len(anchor), "plain_bytes_per_chunk": plain_bytes,
-            "anchored_extra_bytes_per_chunk": extra, "anchored_extra_fraction": extra / plain_bytes}
+            "anchored_extra_bytes_per_chunk": extra, "anchored_extra_fraction": extra / plain_bytes,
+            "chained_extra_bytes_per_chunk": chained_extra, "chained_extra_fraction": chained_extra / plain_bytes,
+            "encode_seconds_per_chunk": seconds}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -138,7 +158,12 @@ def markdown(result: dict[str, Any]) -> str:
         if sizes:
             lines += ["", f"Entry bytes per chunk (seam {sizes['seam']}): plain {sizes['plain_bytes_per_chunk'] / 2**20:.2f} "
                           f"MiB; anchored +{sizes['anchored_extra_bytes_per_chunk'] / 2**10:.1f} KiB "
-                          f"(+{100 * sizes['anchored_extra_fraction']:.1f}%, a {sizes['anchor_tokens']}-token anchor)."]
+                          f"(+{100 * sizes['anchored_extra_fraction']:.1f}%, a {sizes['anchor_tokens']}-token anchor)"
+                          + (f"; chained +{sizes['chained_extra_bytes_per_chunk'] / 2**20:.2f} MiB "
+                             f"(+{100 * sizes['chained_extra_fraction']:.1f}%, the anchor and the antecedent chunk). "
+                             "Encoding per chunk (precompute): " + ", ".join(
+                                 f"{kind} {value:.3f} s" for kind, value in sizes["encode_seconds_per_chunk"].items())
+                             if "chained_extra_bytes_per_chunk" in sizes else "") + "."]
         lines.append("")
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ from typing import Any
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, FormatChoice, calibrate_format
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
+from hypic_rag.pipeline import chunk_follows, prompt_order
 from hypic_rag.retrieval.multi_hop import sentences_of
 from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, Calibration, calibrate
 from hypic_rag.runtime.recompute_policy import RecomputePolicy
@@ -122,9 +123,9 @@ def calibration_requests(pipeline: Any, questions: Sequence[str], top_k: int) ->
     """The requests `ask` would assemble for `questions` (retrieval with the pipeline's hop, chunks ranked)."""
     requests = []
     for question in questions:
-        hits = pipeline.index.search(question, top_k, hop_slots=pipeline.hop_slots)
+        hits = prompt_order(pipeline.index.search(question, top_k, hop_slots=pipeline.hop_slots))
         requests.append(pipeline.request_for(question, [list(hit.chunk.token_ids) for hit in hits],
-                                             [hit.hop_query is not None for hit in hits]))
+                                             [hit.hop_query is not None for hit in hits], follows=chunk_follows(hits)))
     return requests
 
 

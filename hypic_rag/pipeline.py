@@ -261,18 +261,22 @@ class RagPipeline:
     # ----------------------------------------------------------------------------------------------------------
 
     def request_for(
-        self, question: str, chunk_token_ids: list[list[int]], from_hop: Sequence[bool] = (), *, tokenizer: Any = None
+        self, question: str, chunk_token_ids: list[list[int]], from_hop: Sequence[bool] = (), *, tokenizer: Any = None,
+        follows: Sequence[bool] = (),
     ) -> Request:
         """The request of `question` over chunks given as token ids of their formatted segments
         (`ModelSession.request`; tokenizer: the session's unless given), its chunks ranked for recompute policies by
-        `retrieval_ranks(from_hop)` (prompt order when `from_hop` is empty); `PipelineError` for an empty question
-        or one holding a lone surrogate."""
+        `retrieval_ranks(from_hop)` (prompt order when `from_hop` is empty) and marked with `follows`
+        (`Request.chunk_follows`, see `chunk_follows`); `PipelineError` for an empty question or one holding a lone
+        surrogate."""
         try:
             request = self.session.request(question, chunk_token_ids, tokenizer=tokenizer)
         except ValueError as error:
             raise PipelineError(str(error)) from None
         if from_hop and len(from_hop) == len(request.chunk_ids):
             request.chunk_ranks = retrieval_ranks(from_hop)
+        if any(follows) and len(follows) == len(request.chunk_ids):
+            request.chunk_follows = list(follows)
         return request
 
     def stream(
@@ -361,9 +365,11 @@ class RagPipeline:
         for (number, text, policy), hits in zip(valid, found):
             sources = sorted((_source_of(hit) for hit in hits), key=lambda source: -source.score)  # the prompt
             # keeps retrieval order (direct hits, then the hop's, whose scores against the question are lower)
+            hits = prompt_order(hits)
             try:
                 request = self.request_for(text, [list(hit.chunk.token_ids) for hit in hits],
-                                           [hit.hop_query is not None for hit in hits], tokenizer=tokenizer)
+                                           [hit.hop_query is not None for hit in hits], tokenizer=tokenizer,
+                                           follows=chunk_follows(hits))
             except PipelineError as error:
                 results[number] = error
                 continue
@@ -418,6 +424,31 @@ def prompt_parts(request: Request, prefill: PrefillStats, chunk_ids: Sequence[st
 def _policy_label(policy: Any, seam_tokens: int) -> str:
     """The spec of `policy` with its seam made explicit (`whole:1@8`), or its text for a custom rule."""
     return policy.resolved(seam_tokens).spec if isinstance(policy, RecomputePolicy) else str(policy)
+
+
+def prompt_order(hits: Sequence[Any]) -> list[Any]:
+    """The retrieved hits (`SearchHit`s, retrieval order: direct hits best first, then the hop's) in the order the
+    prompt lays them out: the chunks of one document together and in document order (`chunk.position`), at the
+    place of that document's first hit; documents in the order of their first hits. A document cut into several
+    chunks reads as written (chunk j right after chunk j-1 when both are retrieved); hits of distinct documents
+    keep retrieval order."""
+    groups: dict[str, list[Any]] = {}
+    for hit in hits:
+        groups.setdefault(hit.chunk.doc_id, []).append(hit)
+    return [hit for group in groups.values() for hit in sorted(group, key=lambda hit: hit.chunk.position)]
+
+
+def chunk_follows(hits: Sequence[Any]) -> list[bool]:
+    """For hits in prompt order (`prompt_order`): whether hit i is the next chunk of hit i-1's document (same
+    `chunk.doc_id`, `chunk.position` one more), what a chained recompute policy reads (`Request.chunk_follows`)."""
+    return follows_of([hit.chunk.doc_id for hit in hits], [hit.chunk.position for hit in hits])
+
+
+def follows_of(doc_ids: Sequence[str], positions: Sequence[int]) -> list[bool]:
+    """Whether chunk i (of document `doc_ids[i]`, at `positions[i]` in it) is the next chunk of chunk i-1's
+    document."""
+    return [number > 0 and doc_ids[number] == doc_ids[number - 1] and positions[number] == positions[number - 1] + 1
+            for number in range(len(doc_ids))]
 
 
 def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:

@@ -342,7 +342,10 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
         hooks = {} if scale_out is None else scale_out.ingest_hooks(index, corpus, chunker)
         ingest = index.ingest(corpus, chunker, show_progress=options.show_progress, **hooks)
         fit = bundled_model_fit(options.model_path, model.tokenizer, index)
-        plans = session.plan([list(chunk.token_ids) for chunk in index.docstore.iter_chunks()])
+        chunks = list(index.docstore.iter_chunks())  # by document, then position
+        successors = [(list(before.token_ids), list(chunk.token_ids)) for before, chunk in zip(chunks, chunks[1:])
+                      if chunk.doc_id == before.doc_id and chunk.position == before.position + 1]
+        plans = session.plan([list(chunk.token_ids) for chunk in chunks], successors=successors)
         cache = session.segment_source
         if scale_out is not None:  # with a remote tier, the actors write their entries there themselves
             direct = {} if remote is None or remote.read_only else {"remote": remote, "namespace": cache.namespace}

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
 from hypic_rag.prompting.matching import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
-from hypic_rag.runtime.anchoring import anchor_of, anchored_key
+from hypic_rag.runtime.anchoring import anchor_of, anchored_key, chained_anchor
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.get_or_encode import (
     COMMIT_BYTES,
@@ -45,6 +45,7 @@ from hypic_rag.runtime.get_or_encode import (
     FillReport,
     SegmentPlan,
     TaskEncoder,
+    distinct_segments,
     plan_segments,
 )
 from hypic_rag.runtime.model import HybridModel
@@ -345,19 +346,29 @@ class ModelSession:
     # ------------------------------------------------------------------------------------------- filling
     def plan(
         self, chunk_segments: Sequence[Sequence[int]] = (), *, include_prefix: bool = True, mode: str = "hypic",
-        distinct: bool = True,
+        distinct: bool = True, successors: Sequence[tuple[Sequence[int], Sequence[int]]] = (),
     ) -> list[SegmentPlan]:
         """The entries `mode` requests over these chunk segments compose (`plan_segments`), with the prompt
         prefix's when `include_prefix`; in `hypic` the chunks' entries are for the recompute policy's seam (the
         chunks a policy recomputes whole read none, but which ones depends on the request), and an anchored policy's
-        are those of the prompt prefix's anchor followed by each chunk (`runtime.anchoring`)."""
+        are those of the prompt prefix's anchor followed by each chunk (`runtime.anchoring`). A chained policy's
+        also include, per (antecedent, chunk) pair of `successors` (consecutive chunks of one document), the entry
+        of the chunk encoded after the anchor and its antecedent (`anchoring.chained_anchor`)."""
         prefix = self._prefix_ids if include_prefix else ()
         seam = self.recompute_policy.chunk_seam(self.seam_tokens) if mode == "hypic" else self.seam_tokens
+        chained: dict[int, list[list[int]]] = {}
+        if mode == "hypic" and self.recompute_policy.chained:
+            anchor = anchor_of(self._prefix_ids)
+            for antecedent, chunk in successors:
+                entry_seam, ids = anchored_key(chained_anchor(anchor, antecedent), chunk, seam)
+                chained.setdefault(entry_seam, []).append(list(ids))
         if mode == "hypic" and self.recompute_policy.anchored and self._prefix_ids:
             anchor = anchor_of(self._prefix_ids)
             chunk_segments = [list(anchored_key(anchor, ids, seam)[1]) for ids in chunk_segments]
             seam += len(anchor)
         plans = plan_segments(prefix, chunk_segments, seam, mode, distinct=distinct)
+        plans += [SegmentPlan(entry_seam, distinct_segments(segments) if distinct else segments)
+                  for entry_seam, segments in sorted(chained.items())]
         return [plan for plan in plans if plan.segments]
 
     def fill_steps(

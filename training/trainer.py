@@ -16,11 +16,13 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from training.data.cross_chunk_qa import sample_cross_chunk_context
 from training.block_layout import BlockLayout, block_layout_logits, build_layout
 from training.evaluate import EvalItem, greedy_answer, heldout_cases, prompt_ids, summarize
 from training.model_config import ModelShape, build_config
@@ -74,6 +76,12 @@ class TrainSettings:
     encoded standalone and composed, as `hypic` serves them; the rest are fully attended."""
     block_seams: tuple[int, ...] = (8,)
     """Seam windows a cached-layout context draws from (one per context)."""
+    cross_chunk_share: float = 0.0
+    """Share of QA contexts drawn from the cross-chunk worlds (`data/cross_chunk_qa.py`: documents of two chunks,
+    the second never naming its subject), fully attended like the others."""
+    init_weights: str = ""
+    """An exported model directory (`Trainer.export`'s layout, e.g. `evals/stage3_model`) whose weights and
+    tokenizer start this run, with a fresh optimizer (`init_from` takes a run directory's checkpoint instead)."""
     init_from: str = ""
     """A run directory whose checkpoint (weights and optimizer moments) starts this run: a second training stage
     with its own seed (fresh worlds) and learning-rate schedule. Its tokenizer is reused."""
@@ -129,7 +137,11 @@ def batch_at(settings: TrainSettings, step: int, encoder: SegmentEncoder) -> lis
         world_seed = settings.seed * TRAIN_WORLD_SEED_STRIDE + 1 + step * settings.batch_size + index
         spec = ContextSpec(documents_at(settings, step, rng), settings.questions_per_context, settings.two_hop_share,
                            settings.hard_negative_share)
-        documents, questions = sample_training_context(world_seed, spec)
+        if settings.cross_chunk_share > 0 and rng.random() < settings.cross_chunk_share:
+            documents, questions = sample_cross_chunk_context(world_seed, max(2, (spec.num_documents + 1) // 2),
+                                                              settings.questions_per_context)
+        else:
+            documents, questions = sample_training_context(world_seed, spec)
         recap = rng.sample(documents, min(settings.recap_documents, len(documents)))
         examples.append(pack_example(encoder, documents, questions, answer_weight=settings.answer_weight,
                                      text_weight=settings.text_weight, recap=recap, recap_weight=settings.recap_weight))
@@ -208,6 +220,30 @@ def validation_exact_match(model, encoder: SegmentEncoder, num_questions: int, n
 
 
 @torch.no_grad()
+def validation_cross_chunk(model, encoder: SegmentEncoder, num_questions: int) -> dict:
+    """EM on `num_questions` cross-chunk validation questions (`validation_cross_chunk_cases`), fully attended: every
+    question, and the cross-chunk ones apart."""
+    model.eval()
+    items = [(question.kind, EvalItem(question, greedy_answer(model, encoder, prompt_ids(encoder, chunks, question.text))))
+             for chunks, question in validation_cross_chunk_cases(num_questions)]
+    model.train()
+    return {**summarize([item for _, item in items]),
+            "cross_chunk_exact_match": summarize([item for kind, item in items if kind == "cross"])["exact_match"]}
+
+
+def validation_cross_chunk_cases(num_questions: int, num_documents: int = 5) -> list[tuple[list, Any]]:
+    """(chunks, question) pairs of the cross-chunk validation worlds (`VALIDATION_SEED` + 1,000,000 and on): each
+    question's context is drawn as training's (`sample_cross_chunk_context`), its first question asked."""
+    cases = []
+    seed = VALIDATION_SEED + 1_000_000
+    while len(cases) < num_questions:
+        chunks, questions = sample_cross_chunk_context(seed, num_documents, 1)
+        cases += [(chunks, question) for question in questions[:1]]
+        seed += 1
+    return cases
+
+
+@torch.no_grad()
 def validation_exact_match_hypic(model, encoder: SegmentEncoder, num_questions: int, seam_tokens: int = 8,
                                  num_chunks: int = 8) -> dict:
     """As `validation_exact_match`, answered by the runtime under `hypic` (standalone chunk entries, composed)."""
@@ -250,7 +286,12 @@ class Trainer:
         torch.manual_seed(self.settings.seed)
         tokenizer_dir = self.run_dir / "tokenizer"
         if not tokenizer_dir.exists():
-            if self.settings.init_from:
+            if self.settings.init_weights:
+                tokenizer_dir.mkdir()
+                for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                    if (Path(self.settings.init_weights) / name).is_file():
+                        shutil.copy(Path(self.settings.init_weights) / name, tokenizer_dir / name)
+            elif self.settings.init_from:
                 shutil.copytree(Path(self.settings.init_from) / "tokenizer", tokenizer_dir)
             else:
                 train_tokenizer().save_pretrained(tokenizer_dir)
@@ -287,7 +328,18 @@ class Trainer:
 
     def _load_checkpoint(self) -> None:
         if not self.checkpoint_path.exists():
-            if self.settings.init_from:
+            if self.settings.init_weights:
+                from safetensors.torch import load_file
+
+                weights = load_file(str(Path(self.settings.init_weights) / "model.safetensors"))
+                missing, unexpected = self.model.load_state_dict(weights, strict=False)
+                if unexpected or any("lm_head" not in name for name in missing):
+                    raise ValueError(f"{self.settings.init_weights} does not fit this shape: missing {missing}, "
+                                     f"unexpected {unexpected}")
+                if "lm_head.weight" in missing:  # tied embeddings are saved once
+                    self.model.tie_weights()
+                logger.info("initialised %s from the weights of %s", self.run_dir, self.settings.init_weights)
+            elif self.settings.init_from:
                 source = Path(self.settings.init_from) / "checkpoint.pt"
                 state = torch.load(source, map_location="cpu", weights_only=False)
                 self.model.load_state_dict(state["model"])
@@ -353,6 +405,9 @@ class Trainer:
                       "lr": learning_rate_at(settings, self.step - 1), "minutes": self.elapsed_seconds / 60}
             if self.step % settings.eval_every == 0 or self.step == settings.total_steps:
                 record["validation"] = validation_exact_match(self.model, self.encoder, settings.eval_questions)
+                if settings.cross_chunk_share > 0:
+                    record["validation_cross_chunk"] = validation_cross_chunk(self.model, self.encoder,
+                                                                              settings.eval_questions)
                 if settings.block_layout_share > 0:
                     record["validation_hypic"] = validation_exact_match_hypic(self.model, self.encoder, settings.eval_questions)
                 logger.info("step %d: loss %.3f answer %.3f validation %s hypic %s", self.step, running_loss,

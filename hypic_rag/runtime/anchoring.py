@@ -18,6 +18,12 @@ it under its usual key (the segment's token ids and entry seam). What it costs: 
 again with every chunk, and its K/V rows stored with every chunk's entry (`anchored_extra_bytes`).
 
 A chunk at position 0 (a request without a prefix) has no anchor: its anchored entry is its plain one.
+
+*Chained entries* generalise this to documents longer than a chunk: the entry of chunk j of a document encoded after
+the anchor and chunk j-1 (`chained_anchor`), read when chunk j comes right after chunk j-1 in the prompt
+(`Request.chunk_follows`, the pipeline's `prompt_order` puts a document's chunks together in document order). Its
+tokens then saw their real antecedent ("she", "the company", "two years later" refer to it); a chunk that does not
+follow its antecedent reads its anchored entry. The same `chunk_view` reads it: the anchor is longer.
 """
 
 from __future__ import annotations
@@ -47,6 +53,13 @@ def anchored_key(anchor: Sequence[int], chunk_ids: Sequence[int], seam_tokens: i
     `len(anchor) + seam_tokens` (the plain key when the anchor is empty)."""
     check_seam_tokens(seam_tokens)
     return len(anchor) + seam_tokens, tuple(int(token) for token in anchor) + tuple(int(token) for token in chunk_ids)
+
+
+def chained_anchor(anchor: Sequence[int], antecedent_ids: Sequence[int]) -> list[int]:
+    """What a chained entry is encoded after: the request's anchor [A] and the chunk [L'] that precedes the chunk
+    in its document (and in the prompt). A chunk right after the prefix's anchor and its antecedent composes from
+    it exactly as `full` computes it."""
+    return [int(token) for token in anchor] + [int(token) for token in antecedent_ids]
 
 
 def chunk_view(entry: Entry, anchor_length: int, seam_tokens: int) -> Entry:

@@ -27,13 +27,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_CANDIDATES: tuple[RecomputePolicy, ...] = tuple(
     RecomputePolicy.parse(spec)
     for spec in ("seam", "budget:1.5", "whole:1", "budget:2", "whole:2", "budget:3", "whole:3", "whole:4",
-                 "seam@0+anchored", "seam+anchored", "budget:2+anchored", "budget:3+anchored")
+                 "seam@0+anchored", "seam@0+chained", "seam+anchored", "seam+chained", "budget:2+anchored",
+                 "budget:2+chained", "budget:3+anchored")
 )
 """What `calibrate` compares by default: the fixed seam and whole-chunk policies of growing cost (reading the
 entries the index holds: its seam), and anchored entries (`anchoring.py`; encoded on first use, or by `precompute`
 once an anchored policy is recorded) with no seam, the index's seam, and two budgets of whole chunks. On both
 test-bed models anchored entries beat every plain policy at equal recomputed tokens (docs/recompute_policies.md);
-the plain ones stay for models they may not suit."""
+the plain ones stay for models they may not suit. Chained entries (`+chained`, documents longer than a chunk) follow
+their anchored counterparts: where no retrieved chunk follows its document's previous one they read the same
+entries and score the same, and `choose` prefers the anchored one (no extra entries to precompute)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +127,12 @@ def score_candidates(
 
 
 def choose(scores: Sequence[CandidateScore], kl_target: float) -> Calibration:
-    """The cheapest candidate (fewest recomputed tokens, then lower KL) with mean KL <= `kl_target`; else the one
-    of lowest KL, not met."""
+    """The cheapest candidate (fewest recomputed tokens, then lower KL, then one that needs no chained entries)
+    with mean KL <= `kl_target`; else the one of lowest KL, not met."""
     if not scores:
         raise RecomputePolicyError("no candidates to choose from")
-    ordered = tuple(sorted(scores, key=lambda c: (c.recomputed_tokens, c.mean_kl)))
+    ordered = tuple(sorted(scores, key=lambda c: (c.recomputed_tokens, c.mean_kl,
+                                                  RecomputePolicy.parse(c.spec).chained)))
     meeting = [candidate for candidate in ordered if candidate.mean_kl <= kl_target]
     if meeting:
         return Calibration(RecomputePolicy.parse(meeting[0].spec), kl_target, True, ordered)

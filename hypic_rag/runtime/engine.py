@@ -36,7 +36,7 @@ import torch
 
 from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
 from hypic_rag.entry_storage.formats import decompress_entries
-from hypic_rag.runtime.anchoring import EntryKey, anchor_of, anchored_key, chunk_view
+from hypic_rag.runtime.anchoring import EntryKey, anchor_of, anchored_key, chained_anchor, chunk_view
 from hypic_rag.utils.lru import ByteBudgetLRU
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
@@ -333,17 +333,24 @@ class Engine:
         """Where the entry each of `request`'s segments reads under the assembly is kept: (entry seam, the encoded
         segment's token ids), None for a chunk recomputed whole. The segment and its seam (`segment_seams`, or
         `seams` when given) unless the `hypic` policy is anchored: then a chunk's entry is that of the prompt
-        prefix's anchor followed by the chunk (`anchoring.anchored_key`)."""
+        prefix's anchor followed by the chunk (`anchoring.anchored_key`); under a chained policy a chunk that
+        follows its document's previous chunk (`Request.chunk_follows`) reads the entry of the anchor, that chunk
+        and itself (`anchoring.chained_anchor`)."""
         chosen = self.assembly(mode, seam_tokens=seam_tokens, policy=policy)
         if seams is None:
             seams = self.segment_seams(request, chosen)
         anchored = chosen.spec.seam_repair and bool(getattr(chosen.policy, "anchored", False))  # a plan-like rule: no
+        chained = anchored and bool(getattr(chosen.policy, "chained", False))
         anchor = anchor_of(request.prefix_ids) if anchored else []
         first_chunk = 1 if request.prefix_ids else 0
         keys: list[EntryKey | None] = []
         for number, (segment, entry_seam) in enumerate(zip(request.segments, seams)):
+            chunk_number = number - first_chunk
             if entry_seam is WHOLE:
                 keys.append(None)
+            elif chained and chunk_number > 0 and request.chunk_follows and request.chunk_follows[chunk_number]:
+                keys.append(anchored_key(chained_anchor(anchor, request.chunk_ids[chunk_number - 1]), segment,
+                                         entry_seam))
             elif anchor and number >= first_chunk:
                 keys.append(anchored_key(anchor, segment, entry_seam))
             else:

@@ -48,7 +48,7 @@ WHOLE = None
 """A chunk recomputed whole: no entry, every token through the model in context."""
 
 POLICY_KINDS = ("seam", "whole", "budget", "tokens")
-SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W], tokens:N[@W], each optionally +anchored"
+SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W], tokens:N[@W], each optionally +anchored or +chained"
 """The spec forms, for help texts and error messages."""
 
 DEFAULT_KL_TARGET = 0.002
@@ -61,9 +61,12 @@ earlier default, 0.1, dates from before anchored entries, when no cheap policy c
 
 ANCHORED_SUFFIX = "+anchored"
 """The spec suffix of a policy that reads anchored entries (`anchoring.py`)."""
+CHAINED_SUFFIX = "+chained"
+"""The spec suffix of a policy that reads chained entries (`anchoring.chained_anchor`): a chunk that follows its
+document's previous chunk in the prompt reads the entry encoded after that chunk; the others read anchored ones."""
 
 _SPEC = re.compile(
-    r"^(?P<kind>[a-z]+)(?::(?P<amount>[0-9]+(?:\.[0-9]+)?))?(?:@(?P<seam>[0-9]+))?(?P<anchored>\+anchored)?$"
+    r"^(?P<kind>[a-z]+)(?::(?P<amount>[0-9]+(?:\.[0-9]+)?))?(?:@(?P<seam>[0-9]+))?(?P<anchored>\+anchored|\+chained)?$"
 )
 
 
@@ -114,6 +117,8 @@ class RecomputePolicy:
     seam_tokens: the seam of the chunks not recomputed whole; None: the engine's (the index's) seam.
     anchored: the chunks not recomputed whole read anchored entries (encoded after the prompt prefix,
     `anchoring.py`) instead of standalone ones.
+    chained: anchored, and a chunk that follows its document's previous chunk in the prompt (`Request.chunk_follows`)
+    reads the entry encoded after the anchor and that chunk (`anchoring.chained_anchor`). Implies `anchored`.
     """
 
     kind: str = "seam"
@@ -122,6 +127,7 @@ class RecomputePolicy:
     tokens: int = 0
     seam_tokens: int | None = None
     anchored: bool = False
+    chained: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
@@ -143,6 +149,10 @@ class RecomputePolicy:
             raise RecomputePolicyError(f"policy {self.kind} takes no budget")
         if not isinstance(self.anchored, bool):
             raise RecomputePolicyError(f"a recompute policy's anchored flag must be a bool, got {self.anchored!r}")
+        if not isinstance(self.chained, bool):
+            raise RecomputePolicyError(f"a recompute policy's chained flag must be a bool, got {self.chained!r}")
+        if self.chained:
+            object.__setattr__(self, "anchored", True)
         object.__setattr__(self, "budget", float(self.budget))
 
     # ------------------------------------------------------------------------------------------------ specs
@@ -159,10 +169,11 @@ class RecomputePolicy:
         # every number of a spec is checked against its range here, before any is used (whatever the kind)
         seam_tokens = None if seam is None else _parse_number(SEAM_TOKENS, seam, "the seam (@W)", spec)
         anchored = match.group("anchored") is not None
+        chained = match.group("anchored") == CHAINED_SUFFIX
         if kind == "seam":
             if amount is not None:
                 raise RecomputePolicyError(f"policy seam takes no amount (seam or seam@W), got {spec!r}")
-            return cls("seam", seam_tokens=seam_tokens, anchored=anchored)
+            return cls("seam", seam_tokens=seam_tokens, anchored=anchored, chained=chained)
         if amount is None:
             raise RecomputePolicyError(f"policy {kind} needs an amount ({kind}:N), got {spec!r}")
         if kind in ("whole", "tokens"):
@@ -170,18 +181,18 @@ class RecomputePolicy:
                 raise RecomputePolicyError(f"policy {kind} takes a whole number, got {spec!r}")
             if kind == "tokens":
                 return cls("tokens", tokens=_parse_number(POLICY_TOKENS, amount, "N of tokens:N", spec),
-                           seam_tokens=seam_tokens, anchored=anchored)
+                           seam_tokens=seam_tokens, anchored=anchored, chained=chained)
             return cls("whole", chunks=_parse_number(POLICY_CHUNKS, amount, "N of whole:N", spec),
-                       seam_tokens=seam_tokens, anchored=anchored)
+                       seam_tokens=seam_tokens, anchored=anchored, chained=chained)
         return cls("budget", budget=_parse_number(POLICY_BUDGET, amount, "X of budget:X", spec), seam_tokens=seam_tokens,
-                   anchored=anchored)
+                   anchored=anchored, chained=chained)
 
     @property
     def spec(self) -> str:
         """The spec `parse` reads back into this policy."""
         seam = "" if self.seam_tokens is None else f"@{self.seam_tokens}"
         if self.anchored:
-            seam += ANCHORED_SUFFIX
+            seam += CHAINED_SUFFIX if self.chained else ANCHORED_SUFFIX
         if self.kind == "whole":
             return f"whole:{self.chunks}{seam}"
         if self.kind == "tokens":
@@ -224,7 +235,7 @@ class RecomputePolicy:
     def resolved(self, default_seam: int) -> RecomputePolicy:
         """This policy with its seam made explicit (`default_seam` unless it names one)."""
         return RecomputePolicy(self.kind, chunks=self.chunks, budget=self.budget, tokens=self.tokens,
-                               seam_tokens=self.chunk_seam(default_seam), anchored=self.anchored)
+                               seam_tokens=self.chunk_seam(default_seam), anchored=self.anchored, chained=self.chained)
 
     def entry_seams(self, default_seam: int) -> set[int]:
         """The chunk seams the plans of this policy read (an anchored entry's own seam adds the anchor's length:

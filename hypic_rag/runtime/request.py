@@ -14,7 +14,8 @@ class Request:
     """prefix_ids: instruction at position 0 (may be empty); chunk_ids: one token list per retrieved chunk;
     question_ids: the final segment (non-empty: its last token's logits start generation); chunk_ranks: how
     much each chunk matters, 0 = most (e.g. its retrieval rank), read by recompute policies that recompute some
-    chunks whole (`recompute_policy.py`); empty: prompt order. answer_lead: whitespace taken off the end of the
+    chunks whole (`recompute_policy.py`); empty: prompt order. chunk_follows: whether chunk i is the next chunk of
+    chunk i-1's document (read by chained recompute policies, `anchoring.chained_anchor`; empty: none is). answer_lead: whitespace taken off the end of the
     prompt's text (`prompt.split_trailing_space`): the model writes it as its answer's first character, and the
     generation's text leaves it out there."""
 
@@ -24,6 +25,7 @@ class Request:
     chunk_labels: list[str] = field(default_factory=list)
     chunk_ranks: list[int] = field(default_factory=list)
     answer_lead: str = ""
+    chunk_follows: list[bool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.question_ids:
@@ -32,6 +34,10 @@ class Request:
             raise ValueError("chunks must not be empty")
         if self.chunk_ranks and len(self.chunk_ranks) != len(self.chunk_ids):
             raise ValueError(f"{len(self.chunk_ranks)} chunk ranks for {len(self.chunk_ids)} chunks")
+        if self.chunk_follows and len(self.chunk_follows) != len(self.chunk_ids):
+            raise ValueError(f"{len(self.chunk_follows)} chunk_follows flags for {len(self.chunk_ids)} chunks")
+        if self.chunk_follows and self.chunk_follows[0]:
+            raise ValueError("the first chunk follows no chunk (chunk_follows[0] must be False)")
 
     @property
     def segments(self) -> list[list[int]]:
