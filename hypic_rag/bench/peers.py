@@ -142,8 +142,11 @@ def load_llama(path: Path, context_tokens: int) -> Any:
 
 
 def llama_logits(llm: Any) -> torch.Tensor:
-    """The next-token logits [vocab] after the last token `llm` evaluated (float32)."""
-    return torch.from_numpy(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32, copy=True))
+    """The next-token logits [vocab] after the last token `llm` evaluated (float32; llama.cpp's
+    `llama_get_logits_ith(ctx, -1)`)."""
+    llama_cpp = require_llama_cpp()
+    pointer = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(llm.n_vocab(),)).copy())
 
 
 def agreement(model: Any, llm: Any, request: Any, steps: int = GREEDY_STEPS) -> dict[str, Any]:
@@ -317,7 +320,7 @@ def machine() -> dict[str, Any]:
         "avx512": "avx512f" in flags, "amx": "amx_tile" in flags, "threads": THREADS,
         "python": platform.python_version(), "torch": torch.__version__,
         "transformers": importlib.metadata.version("transformers"),
-        "llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
+        "llama_cpp_python": require_llama_cpp().__version__,
         "hypic_rag": importlib.metadata.version("hypic-rag"),
     }
 
@@ -375,6 +378,65 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
     return result
 
 
+ROWS = (
+    ("llama.cpp f32 cold ttft", "llama.cpp F32, cold"),
+    ("llama.cpp f32 exact repeat ttft", "llama.cpp F32, exact repeat of the prompt it just answered"),
+    ("llama.cpp f32 reordered ttft", "llama.cpp F32, same chunks reordered + new question (its reuse)"),
+    ("llama.cpp q8_0 cold ttft", "llama.cpp Q8_0, cold"),
+    ("llama.cpp q8_0 exact repeat ttft", "llama.cpp Q8_0, exact repeat"),
+    ("llama.cpp q8_0 reordered ttft", "llama.cpp Q8_0, same chunks reordered (its reuse)"),
+    ("full ttft", "hypic-rag `full` (no reuse)"),
+    ("prefix ttft", "hypic-rag `prefix` (exact-prefix checkpoints)"),
+    ("hypic ttft", "hypic-rag `hypic` (warm entries)"),
+)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The markdown tables of a `run` result: TTFT medians per prompt shape, then end to end and decode."""
+    lines: list[str] = []
+    for name, entry in result["models"].items():
+        for check_type, check in entry["agreement"].items():
+            lines.append(f"- {name} {check_type.upper()}: largest |logit difference| {check['max_abs_logit_difference']:.2e} "
+                         f"({check['relative_to_largest_logit']:.2e} of the largest |logit|), greedy tokens equal for "
+                         f"{check['greedy_equal_steps']} of {check['greedy_steps']} steps")
+    for name, entry in result["models"].items():
+        for speed in entry.get("speed", []):
+            medians = speed["medians"]
+            lines += ["", f"**{name}, {speed['shape']}** ({speed['prompt_tokens']} prompt tokens, {speed['requests']} "
+                      "requests, medians)", "", "| time to first token | seconds | hypic is faster by |", "|---|---|---|"]
+            for key, label in ROWS:
+                if key in medians:
+                    lines.append(f"| {label} | {medians[key]:.3f} | {medians[key] / medians['hypic ttft']:.1f}x |")
+            lines += ["", f"| {speed['new_tokens']} new tokens | end to end, s | decode tokens/s |", "|---|---|---|"]
+            for label, prefix in (("llama.cpp F32 (cold)", "llama.cpp f32"), ("llama.cpp Q8_0 (cold)", "llama.cpp q8_0"),
+                                  ("hypic-rag `hypic`", "hypic")):
+                if f"{prefix} e2e" in medians:
+                    lines.append(f"| {label} | {medians[f'{prefix} e2e']:.3f} | {medians[f'{prefix} decode tok/s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Bar chart of the TTFT medians of every shape (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    speeds = [(name, speed) for name, entry in result["models"].items() for speed in entry.get("speed", [])]
+    figure, axes = plt.subplots(1, max(1, len(speeds)), figsize=(7 * max(1, len(speeds)), 4.5), squeeze=False)
+    for axis, (name, speed) in zip(axes[0], speeds):
+        rows = [(label, speed["medians"][key]) for key, label in ROWS if key in speed["medians"]]
+        axis.barh([label.replace("hypic-rag ", "").replace("`", "") for label, _ in rows], [v for _, v in rows],
+                  color=["#c44" if label.startswith("llama") else "#48c" for label, _ in rows])
+        axis.set_xscale("log")
+        axis.set_xlabel("time to first token, s (median, log scale)")
+        axis.set_title(f"{name} model, {speed['shape']}, {result['machine']['threads']} threads")
+        axis.invert_yaxis()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp-source", type=Path, required=True, metavar="DIR",
@@ -398,7 +460,9 @@ def main() -> None:
     text = json.dumps(result, indent=2)
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")
-    print(text)
+        options.json.with_suffix(".table.md").write_text(table(result), encoding="utf-8")
+        plot(result, options.json.with_suffix(".png"))
+    print(table(result))
 
 
 if __name__ == "__main__":
