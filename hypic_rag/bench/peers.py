@@ -460,7 +460,6 @@ def main() -> None:
     text = json.dumps(result, indent=2)
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")
-        options.json.with_suffix(".table.md").write_text(table(result), encoding="utf-8")
         plot(result, options.json.with_suffix(".png"))
     print(table(result))
 
