@@ -34,17 +34,17 @@ logger = logging.getLogger(__name__)
 ONE_CLIENT, CONCURRENT = "one_client", "concurrent"
 
 
-def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4, workers: int = 1,
-                   prefill_wait_s: float | None = None) -> dict[str, Any]:
+def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4, workers: int | str = 1,
+                   prefill_wait_s: float | None = None, read_only: bool = False) -> dict[str, Any]:
     """The row (see the module docstring); `config.clients` is not used (the cells are 1 and `clients`). workers:
-    the server's `--workers` (model processes behind its endpoint; 1: the single-process server); prefill_wait_s:
-    the server's `--prefill-wait` (None: its default)."""
+    the server's `--workers` (model processes behind its endpoint; 1: the single-process server; "auto": its
+    rule); prefill_wait_s: the server's `--prefill-wait` (None: its default); read_only: `serve --read-only`."""
     import httpx
 
     from hypic_rag.bench.foreign_corpus import questions
 
     asked = questions()
-    extra = [] if prefill_wait_s is None else ["--prefill-wait", str(prefill_wait_s)]
+    extra = ([] if prefill_wait_s is None else ["--prefill-wait", str(prefill_wait_s)]) + (["--read-only"] if read_only else [])
     with foreign_corpus_server(workers, max(64, 4 * clients), extra) as (url, _):
         local = threading.local()
 
@@ -76,11 +76,11 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
     one = summarize(1, cells[ONE_CLIENT])
     many = summarize(clients, cells[CONCURRENT])
     ratio = many["requests_per_second"] / one["requests_per_second"] if one["requests_per_second"] else float("nan")
-    logger.info("server (%d workers), 1 client %.3f req/s, %d clients %.3f req/s (%.2fx), %d answers differ from alone",
+    logger.info("server (%s workers), 1 client %.3f req/s, %d clients %.3f req/s (%.2fx), %d answers differ from alone",
                 workers, one["requests_per_second"], clients, many["requests_per_second"], ratio, len(mismatches))
     return {
         "endpoint": f"/v1/ask (streamed, top_k {top_k})", "corpus": "foreign_corpus (15 invented documents)",
-        "workers": workers,
+        "workers": workers, "read_only": read_only,
         "prefill_wait_s": prefill_wait_s,
         "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
         "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
@@ -166,7 +166,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48, help="requests per cell (split over the repeats)")
     parser.add_argument("--seconds", type=float, default=120.0, help="wall time per cell")
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=1, help="the server's --workers (model processes)")
+    parser.add_argument("--workers", default="1", help="the server's --workers (model processes, or auto)")
+    parser.add_argument("--read-only", action="store_true", help="serve --read-only")
     parser.add_argument("--prefill-wait", type=float, default=None, metavar="S",
                         help="the server's --prefill-wait (default: the server's default)")
     parser.add_argument("--json", type=Path, default=None, help="write the row here")
@@ -174,7 +175,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     row = server_clients(ThroughputConfig(clients=(1, options.clients), max_requests=options.requests,
                                           max_seconds=options.seconds), clients=options.clients,
-                         workers=options.workers, prefill_wait_s=options.prefill_wait)
+                         workers=options.workers, prefill_wait_s=options.prefill_wait, read_only=options.read_only)
     text = json.dumps(row, indent=2)
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")

@@ -117,10 +117,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="serve an address other than loopback without any key (logged as a warning)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="server log level (info)")
-    parser.add_argument("--workers", type=int_in(1, 256), default=1, metavar="N",
+    parser.add_argument("--workers", type=worker_count_or_auto, default=AUTO, metavar="N|auto",
                         help="model worker processes on this host behind this endpoint, each request to the least "
-                             "loaded (data parallel over the cores, no Ray; each loads the model; read-only). 1: this "
-                             "process serves alone")
+                             "loaded (data parallel over the cores, no Ray; each loads the model; read-only; the "
+                             "cores shared out as intra-op threads). 1: this process serves alone. auto (the "
+                             "default): one worker per core this process may use (at most 8) when the index is "
+                             "served --read-only on a CPU with at least 2 cores and the model's weights are at most "
+                             "64 MiB, else 1: a writable index keeps its document endpoints")
     scale = parser.add_argument_group("scale-out (Ray; needs the ray extra)")
     scale.add_argument("--replicas", type=int_in(1, 1_024), default=1, metavar="N",
                        help="model replicas behind this endpoint, as Ray Serve deployments; each request goes to the "
@@ -157,10 +160,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypic_rag.server.config import ServerConfig
     from hypic_rag.server.runner import AddressInUseError, bind_socket, serve
 
+    if args.workers == AUTO and args.replicas > 1:
+        args.workers = 1  # --replicas N: the model runs on Ray Serve, not in local workers
     _check_scale_out_options(args)
     _keys_from_environment(args)
     _check_exposure(args)
-    if args.replicas > 1 or args.encode_actors or args.workers > 1:  # its processes end with it, however it ends
+    if args.replicas > 1 or args.encode_actors or (args.workers != AUTO and args.workers > 1):  # they end with it
         from hypic_rag.utils.reaper import reap_on_exit
 
         reap_on_exit()
@@ -177,6 +182,12 @@ def run_serve(args: argparse.Namespace) -> int:
     manifest = IndexManifest.load(index_dir.resolve())  # an unreadable one: IndexCorruptError, exit 1
     manifest.check_cache_format(args.cache_format, args.index)  # another format: IndexMismatchError, exit 3
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
+    if args.workers == AUTO:
+        args.workers = _auto_workers(args, model_path)
+        if args.workers > 1:
+            from hypic_rag.utils.reaper import reap_on_exit
+
+            reap_on_exit()
     cache_dir = _cache_dir(args)
     try:
         config = ServerConfig(
@@ -255,10 +266,33 @@ def run_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+AUTO = "auto"
+
+
+def worker_count_or_auto(text: str) -> int | str:
+    """The argparse `type` of --workers: "auto" or an integer in 1..256."""
+    return AUTO if text.strip().lower() == AUTO else int_in(1, 256)(text)
+
+
+def _auto_workers(args: argparse.Namespace, model_path: Path) -> int:
+    """`--workers auto` resolved (`auto_workers`: this process's cores, the model's weight bytes, --read-only, the
+    device), logged."""
+    import torch
+
+    from hypic_rag.distributed.local_workers import auto_workers, host_cores, weight_bytes
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cores, size = host_cores(), weight_bytes(model_path)
+    chosen = auto_workers(cores, size, read_only=args.read_only, device=device)
+    logger.info("--workers auto: %d (%d cores, %.1f MB of weights, %s, %s)", chosen, cores, size / 1e6, device,
+                "read-only" if args.read_only else "writable index")
+    return chosen
+
+
 def _check_scale_out_options(args: argparse.Namespace) -> None:
     """Options that would do nothing are refused (exit 2), not ignored: --ray names the cluster of --replicas N
     (N > 1) and --encode-actors K, and means nothing without one of them."""
-    if args.workers > 1 and args.replicas > 1:
+    if args.replicas > 1 and args.workers > 1:
         raise CliError("--workers N runs the model in N processes on this host and --replicas N on Ray Serve; "
                        "choose one", EXIT_BAD_INPUT)
     if args.ray is not None and args.replicas < 2 and not args.encode_actors:

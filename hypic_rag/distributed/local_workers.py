@@ -58,9 +58,37 @@ def worker_names(count: int) -> list[str]:
 
 def worker_threads(count: int, cores: int | None = None) -> int:
     """Intra-op threads of each of `count` workers: the host's cores shared out, at least one each."""
-    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                             else os.cpu_count() or 1)
+    cores = cores if cores is not None else host_cores()
     return max(1, cores // count)
+
+
+SMALL_MODEL_BYTES = 64 << 20
+"""Weights up to this size (the bundled model: ~9 MB) make `auto_workers` run one worker per core: a step of such
+a model is thousands of small operations run by one Python thread, so only processes use a second core. Larger
+models are matrix-bound: one process, batching, with every core's threads."""
+
+MAX_AUTO_WORKERS = 8
+"""The most workers `auto_workers` starts (each holds a copy of the model and its own retrieval stage)."""
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity set)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def weight_bytes(model_path: Path) -> int:
+    """Bytes of the checkpoint's weight files (`*.safetensors`, `*.bin`) in `model_path` (0 if none are found)."""
+    return sum(path.stat().st_size for pattern in ("*.safetensors", "*.bin") for path in model_path.glob(pattern))
+
+
+def auto_workers(cores: int, model_bytes: int, *, read_only: bool, device: str | None) -> int:
+    """`serve --workers auto`: the model processes to start. One per core (at most `MAX_AUTO_WORKERS`) when the
+    index is served read-only on a CPU, the host has at least 2 cores and the weights are at most
+    `SMALL_MODEL_BYTES`; otherwise 1. A writable index always gets 1: workers serve the index read-only, and the
+    default must not take the document endpoints away (pass --read-only, or --workers N, to get workers)."""
+    if not read_only or cores < 2 or model_bytes > SMALL_MODEL_BYTES or (device or "cpu") != "cpu":
+        return 1
+    return min(cores, MAX_AUTO_WORKERS)
 
 
 def run_worker(config: ServerConfig, name: str, socket_path: str, threads: int, log_level: str,

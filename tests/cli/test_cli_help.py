@@ -33,3 +33,13 @@ def test_precompute_help_names_every_format_the_loader_reads(capsys: pytest.Capt
 def test_ask_help_points_to_serve_for_many_questions(capsys: pytest.CaptureFixture[str]) -> None:
     text = " ".join(run_here(capsys, "ask", "--help").stdout.split())
     assert "hypic-rag serve" in text and "--timings" in text
+
+
+def test_serve_help_states_the_workers_auto_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    from hypic_rag.distributed.local_workers import MAX_AUTO_WORKERS, SMALL_MODEL_BYTES
+
+    text = " ".join(run_here(capsys, "serve", "--help").stdout.split())
+    assert "--workers N|auto" in text and "auto (the default)" in text
+    for part in ("one worker per core", f"at most {MAX_AUTO_WORKERS}", "--read-only", f"{SMALL_MODEL_BYTES >> 20} MiB",
+                 "a writable index keeps its document endpoints"):
+        assert part in text, part
