@@ -57,6 +57,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
     from hypic_rag.testing.browser import BrowserError
+    from hypic_rag.bench.peers import PeerMissingError
 
     return {
         HypicError: EXIT_FAILURE,
@@ -97,6 +98,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         SequenceCancelled: EXIT_FAILURE,
         SchedulerStopped: EXIT_FAILURE,
         BrowserError: EXIT_FAILURE,  # the page's picture script (docs/service.md, "The page")
+        PeerMissingError: EXIT_FAILURE,  # the peers benchmark without llama.cpp (docs/benchmarks/peers.md)
     }
 
 
