@@ -64,12 +64,6 @@ def retrieved_cases(
     """Held-out cases of worlds `seed`, `seed + 1`, ... (the same questions as `evaluate.heldout_cases`), each
     world indexed in its own corpus index under `work_dir` (a temporary directory by default) and searched as the
     product's pipeline searches it (`hop_slots` of the k places from one retrieval hop)."""
-    from hypic_rag.retrieval.chunking import Chunker
-    from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
-    from hypic_rag.retrieval.embeddings import SentenceEmbedder
-    from hypic_rag.retrieval.loading import load_corpus
-    from hypic_rag.retrieval.manifest import ModelIdentity
-    from hypic_rag.runtime.model import tokenizer_digest
 
     def world_of(world_seed: int, count: int) -> tuple[World, list[Question]]:
         world = generate_world(world_seed)

@@ -165,10 +165,6 @@ def run_serve(args: argparse.Namespace) -> int:
     _check_scale_out_options(args)
     _keys_from_environment(args)
     _check_exposure(args)
-    if args.replicas > 1 or args.encode_actors or (args.workers != AUTO and args.workers > 1):  # they end with it
-        from hypic_rag.utils.reaper import reap_on_exit
-
-        reap_on_exit()
     index_dir = Path(args.index).expanduser()
     if not (index_dir / MANIFEST_FILE).is_file():
         raise CliError(
@@ -184,10 +180,10 @@ def run_serve(args: argparse.Namespace) -> int:
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
     if args.workers == AUTO:
         args.workers = _auto_workers(args, model_path)
-        if args.workers > 1:
-            from hypic_rag.utils.reaper import reap_on_exit
+    if args.replicas > 1 or args.encode_actors or args.workers > 1:  # its processes end with it, however it ends
+        from hypic_rag.utils.reaper import reap_on_exit
 
-            reap_on_exit()
+        reap_on_exit()
     cache_dir = _cache_dir(args)
     try:
         config = ServerConfig(
