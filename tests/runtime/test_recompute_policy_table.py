@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError
+from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError, calibration_candidates
 
 TABLE = Path(__file__).with_name("data") / "recompute_policy_table.json"
 
@@ -39,6 +39,12 @@ BAD_SPECS: tuple[Any, ...] = (
 """Specs that are not valid, each with the error message it got."""
 
 DEFAULT_SEAMS = (0, 4, 16)
+
+CALIBRATION_CANDIDATES = ("seam", "budget:1.5", "whole:1", "budget:2", "whole:2", "budget:3", "whole:3", "whole:4",
+                          "seam@0+anchored", "seam@0+chained", "seam+anchored", "seam+chained", "budget:2+anchored",
+                          "budget:2+chained", "budget:3+anchored")
+"""What `hypic-rag calibrate` compared by default at the branch point, in that order (of equal cost and KL the
+earlier is chosen, so the order is part of the choice)."""
 
 
 def layouts() -> list[dict[str, Any]]:
@@ -99,6 +105,10 @@ def test_bad_specs_keep_their_one_line_errors(recorded: dict[str, Any]) -> None:
     errors = outputs()["errors"]
     assert errors == recorded["errors"]
     assert all("\n" not in message and "policy" in message for message in errors.values())
+
+
+def test_calibration_compares_the_same_candidates_in_the_same_order() -> None:
+    assert tuple(policy.spec for policy in calibration_candidates()) == CALIBRATION_CANDIDATES
 
 
 if __name__ == "__main__":
