@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
-from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, FormatChoice, calibrate_format
+from hypic_rag.format_calibration import FormatChoice, calibrate_format
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.pipeline import chunk_follows, prompt_order
 from hypic_rag.retrieval.multi_hop import sentences_of
@@ -168,7 +168,7 @@ def calibrate_index_format(
     questions: Sequence[str] | None = None,
     requests: int = 32,
     top_k: int = 8,
-    formats: Sequence[str] = DEFAULT_FORMAT_CANDIDATES,
+    formats: Sequence[str] | None = None,
     policy: RecomputePolicy | str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[FormatChoice, dict[str, Any]]:

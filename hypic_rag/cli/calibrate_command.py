@@ -155,12 +155,12 @@ def calibrate_format_step(
 ) -> tuple[Any, dict[str, Any]]:
     """The cache format step on the same requests, under the chosen `policy`: (the `FormatChoice`, its record)."""
     from hypic_rag.calibration import calibrate_index_format
-    from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, DEFAULT_FORMAT_KL_TARGET
+    from hypic_rag.format_calibration import DEFAULT_FORMAT_KL_TARGET
 
     target = DEFAULT_FORMAT_KL_TARGET if args.format_kl_target is None else args.format_kl_target
     return calibrate_index_format(
         pipeline, kl_target=target, questions=questions, requests=args.requests, top_k=args.top_k,
-        formats=args.cache_format or DEFAULT_FORMAT_CANDIDATES, policy=policy, on_progress=progress,
+        formats=args.cache_format or None, policy=policy, on_progress=progress,
     )
 
 
