@@ -221,11 +221,9 @@ class CacheFormat:
 
 
 CONV_TAIL_8 = "int8/128"
-"""Conv tails of the group formats, grouped along the channels (measured: KL below 1e-4 of the float32 entries'
-on random models of every family, 3e-6 on the trained checkpoints; about 1% of an entry at published shapes)."""
+"""Conv tails of the group formats, grouped along the channels (their error: docs/cache.md)."""
 KEY_VALUE_8 = "int8/128+cols"
-"""K/V of the mixed formats: measured on the trained checkpoints, K/V carry nearly all of a format's error (their
-P and Z take 4 bits at the KL of 8), and evening out the key channels cuts it further (docs/cache.md)."""
+"""K/V of the mixed (`-kv8`) formats: 8 bits with the key channels evened out (docs/cache.md says why)."""
 
 
 def _format(name: str, state: str, key_value: str, summary: str, *, conv_tail: str = CONV_TAIL_8) -> CacheFormat:
