@@ -25,7 +25,7 @@ import torch
 
 from hypic_rag.entry import tensor_name
 from hypic_rag.runtime.anchoring import anchor_of, anchored_key, chunk_view
-from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePlan, RecomputePolicy
+from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePlan, SeamPolicy
 
 SIGNAL_RULE = re.compile(r"(?P<signal>attention|deviation):(?P<chunks>\d+)@(?P<seam>\d+)")
 """`attention:N@W` or `deviation:N@W`."""
@@ -92,7 +92,7 @@ def prefill_by_attention(engine: Any, request: Any, chunks: int, seam: int):
     attention layer) recomputed whole. Returns (logits [vocab], state, tokens recomputed by both passes, chosen)."""
     from hypic_rag.runtime.stack import run_batch
 
-    probe_plan = engine.plan_prefill(request, "hypic", policy=RecomputePolicy("seam", seam_tokens=seam))
+    probe_plan = engine.plan_prefill(request, "hypic", policy=SeamPolicy(seam_tokens=seam))
     observer = QuestionAttention(len(request.question_ids))
     item = probe_plan.item()
     item.observe_attention = observer

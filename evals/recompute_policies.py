@@ -267,10 +267,10 @@ def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int, policy: Any =
     at `seam`. An index under a chained policy also keeps each chained chunk's anchored entry (not counted here)."""
     from hypic_rag.runtime.anchoring import anchored_extra_bytes
     from hypic_rag.runtime.engine import PrefillStats
-    from hypic_rag.runtime.recompute_policy import RecomputePolicy
+    from hypic_rag.runtime.recompute_policy import SeamPolicy
 
-    policy = policy if policy is not None else RecomputePolicy("seam", seam_tokens=seam, anchored=True)
-    plain = RecomputePolicy("seam", seam_tokens=seam, anchored=policy.anchored, chained=policy.chained)
+    policy = policy if policy is not None else SeamPolicy(seam_tokens=seam, anchored=True)
+    plain = SeamPolicy(seam_tokens=seam, anchored=policy.anchored, chained=policy.chained)
     keys = engine.segment_entry_keys(request, "hypic", policy=plain)[1 if request.prefix_ids else 0:]
     stats = PrefillStats(mode="hypic")
     extra = [anchored_extra_bytes(engine.fetch_entries([list(ids)], entry_seam, stats)[0], entry_seam - seam)
@@ -702,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
                         "questions of worlds --calibration-seed with `hypic_rag.runtime.calibration`, record the choice")
     parser.add_argument("--calibration-questions", type=int, default=50)
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
-                        "`hypic_rag.runtime.calibration.DEFAULT_CANDIDATES`)")
+                        "`hypic_rag.runtime.recompute_policy.calibration_candidates`)")
     parser.add_argument("--calibration-seed", type=int, default=None, help="default: the test bed's calibration seed")
     parser.add_argument("--calibrate-only", action="store_true", help="calibrate (--calibrate) and stop: no world "
                         "is evaluated")
@@ -835,7 +835,7 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     import dataclasses
 
     from hypic_rag.pipeline import retrieval_ranks
-    from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, calibrate
+    from hypic_rag.runtime.calibration import calibrate
     from training.packing import SegmentEncoder
 
     cases = load_cases(args.calibration_seed, args.calibration_questions, engine.model.tokenizer, args.k,
@@ -845,7 +845,7 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     choices = []
     targets = [float(value) for value in args.calibrate.split(",") if value.strip()]
     measured = None
-    candidates = [spec.strip() for spec in args.candidates.split(",") if spec.strip()] or DEFAULT_CANDIDATES
+    candidates = [spec.strip() for spec in args.candidates.split(",") if spec.strip()] or None
     for target in targets:
         result = calibrate(engine, requests, candidates, target, measured=measured)
         measured = result.candidates

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
-from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, FormatChoice, calibrate_format
+from hypic_rag.format_calibration import FormatChoice, calibrate_format
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.pipeline import chunk_follows, prompt_order
 from hypic_rag.retrieval.multi_hop import sentences_of
-from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, Calibration, calibrate
+from hypic_rag.runtime.calibration import Calibration, calibrate
 from hypic_rag.runtime.recompute_policy import RecomputePolicy
 from hypic_rag.runtime.request import Request
 
@@ -136,10 +136,11 @@ def calibrate_index(
     questions: Sequence[str] | None = None,
     requests: int = 32,
     top_k: int = 8,
-    candidates: Sequence[RecomputePolicy | str] = DEFAULT_CANDIDATES,
+    candidates: Sequence[RecomputePolicy | str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
-    """Calibrate on `questions` (None: `requests` probes of the index) at `top_k`; returns the calibration and the
+    """Calibrate `candidates` (None: the registered policies' own, `recompute_policy.calibration_candidates`) on
+    `questions` (None: `requests` probes of the index) at `top_k`; returns the calibration and the
     record to keep in the manifest (the calibration, how many requests, their source, top_k, when)."""
     built, source = _requests_of(pipeline, questions, requests, top_k)
     result = calibrate(pipeline.engine, built, candidates, kl_target, on_progress=on_progress)
@@ -167,7 +168,7 @@ def calibrate_index_format(
     questions: Sequence[str] | None = None,
     requests: int = 32,
     top_k: int = 8,
-    formats: Sequence[str] = DEFAULT_FORMAT_CANDIDATES,
+    formats: Sequence[str] | None = None,
     policy: RecomputePolicy | str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[FormatChoice, dict[str, Any]]:

@@ -31,8 +31,12 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_FORMAT_KL_TARGET = 1e-3
 """Largest mean KL(float32 entries || format entries) of the next-token distribution a chosen format may cost."""
-DEFAULT_FORMAT_CANDIDATES: tuple[str, ...] = tuple(name for name in CACHE_FORMATS if name != DEFAULT_CACHE_FORMAT)
-"""What `calibrate` compares by default: every registered format but float32 (the fallback, KL 0)."""
+
+
+def format_candidates() -> tuple[str, ...]:
+    """What `calibrate` compares by default: every registered format (`CACHE_FORMATS`) but float32 (the fallback,
+    KL 0)."""
+    return tuple(name for name in CACHE_FORMATS if name != DEFAULT_CACHE_FORMAT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +145,17 @@ def choose_format(scores: Sequence[FormatScore], kl_target: float) -> FormatChoi
 def calibrate_format(
     engine: Engine,
     requests: Sequence[Any],
-    formats: Sequence[str | CacheFormat] = DEFAULT_FORMAT_CANDIDATES,
+    formats: Sequence[str | CacheFormat] | None = None,
     kl_target: float = DEFAULT_FORMAT_KL_TARGET,
     *,
     policy: RecomputePolicy | str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> FormatChoice:
-    """Score `formats` on `requests` (`score_formats`) and choose for `kl_target` (`choose_format`)."""
+    """Score `formats` (None: `format_candidates()`) on `requests` (`score_formats`) and choose for `kl_target`
+    (`choose_format`)."""
     FormatChoice(DEFAULT_CACHE_FORMAT, kl_target, True)  # checks the target before any work
+    if formats is None:
+        formats = format_candidates()
     result = choose_format(score_formats(engine, requests, formats, policy=policy, on_progress=on_progress), kl_target)
     score = result.score
     logger.info("cache format calibration: %s (mean KL %.3g, %.1f%% of float32's bytes; target %.3g%s)", result.chosen,

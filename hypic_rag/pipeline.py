@@ -28,7 +28,7 @@ from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import Scheduler, SchedulerConfig
-from hypic_rag.session import CacheOptions, ModelSession
+from hypic_rag.session import CacheConfig, ModelSession
 from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
 from hypic_rag.vocabulary import prompt_part_record, source_record
 
@@ -221,7 +221,7 @@ class RagPipeline:
         if not (model_path / "config.json").is_file():
             raise PipelineError(f"model directory {str(model_path)!r} does not exist or has no config.json; pass --model")
         # best effort: a damaged cache is disabled (warned), a failed write is logged; answers go on
-        cache = CacheOptions(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes,
+        cache = CacheConfig(readonly=readonly_cache, best_effort=True, hot_budget_bytes=hot_budget_bytes,
                              remote=remote_cache, cache_format=cache_format)
         began = time.perf_counter()
         session = ModelSession.for_index(

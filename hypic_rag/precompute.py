@@ -3,7 +3,7 @@
 It builds an index (`retrieval`) and fills the cache of the `session.ModelSession` it was built for, so it sits
 above both, as `pipeline.py` does (the retrieval package never imports the session).
 
-    summary = precompute(PrecomputeOptions(corpus="docs/", index_dir="index/", model_path="model/"))
+    summary = precompute(PrecomputeConfig(corpus="docs/", index_dir="index/", model_path="model/"))
     summary = build_index("docs/", "index/")   # the same from Python, on the bundled model unless `model=...`
 
 Resumable at every step: documents are committed one by one (an unchanged document is skipped by its content
@@ -35,18 +35,18 @@ from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,
     LOCK_FILE,
     CorpusIndex,
-    IndexSettings,
+    IndexConfig,
     IngestReport,
     check_index_location,
 )
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
-from hypic_rag.retrieval.encoding_pool import EncoderSpec, SegmentEncoder, threads_per_worker
+from hypic_rag.retrieval.encoding_pool import EncoderConfig, SegmentEncoder, threads_per_worker
 from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
-from hypic_rag.session import CacheOptions, ModelSession
+from hypic_rag.session import CacheConfig, ModelSession
 from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "EncodeReport",
-    "PrecomputeOptions",
+    "PrecomputeConfig",
     "PrecomputeSummary",
     "ScaleOut",
     "SegmentPlan",
@@ -75,7 +75,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class PrecomputeOptions:
+class PrecomputeConfig:
     """What to precompute and how.
 
     corpus: directory or file to load. index_dir: the index directory (created if absent). model_path: local
@@ -134,7 +134,7 @@ class PrecomputeOptions:
 
 
 class ScaleOut(Protocol):
-    """Where precompute's work runs when not all in this process (`PrecomputeOptions.scale_out`); this process
+    """Where precompute's work runs when not all in this process (`PrecomputeConfig.scale_out`); this process
     stays the index's and cache's single writer, in corpus order, so the result is a local run's."""
 
     def load_corpus(self, path: Path) -> LoadedCorpus:
@@ -146,7 +146,7 @@ class ScaleOut(Protocol):
         ...
 
     def encoder(
-        self, engine: Any, spec: EncoderSpec, *, remote: RemoteTierConfig | None = None,
+        self, engine: Any, spec: EncoderConfig, *, remote: RemoteTierConfig | None = None,
         namespace: CacheNamespace | None = None,
     ) -> AbstractContextManager[TaskEncoder]:
         """An encoder of `spec`'s model running `engine`'s batches (closed at the end of the `with`). With `remote`
@@ -298,7 +298,7 @@ def check_locations(index_dir: Path, cache_dir: Path | None = None) -> Path:
     return cache_dir
 
 
-def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -> PrecomputeSummary:
+def precompute(options: PrecomputeConfig, corpus: LoadedCorpus | None = None) -> PrecomputeSummary:
     """Load (unless `corpus` is given, loaded from `options.corpus`), chunk, embed, index and encode.
 
     Every path is checked first (`check_locations`), and the segment cache is opened before the index is
@@ -317,7 +317,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
     recorded_format = recorded_cache_format(options.index_dir)
     chosen_format = options.cache_format or recorded_format or DEFAULT_CACHE_FORMAT
     embedder = SentenceEmbedder(options.embedder_path, batch_size=options.embed_batch_size)
-    settings = IndexSettings(
+    settings = IndexConfig(
         model=ModelIdentity.of(Path(options.model_path).resolve(), model),
         chunker=ChunkerConfig(chunk_tokens=options.chunk_tokens),
         prompt_format=options.prompt_format,
@@ -329,7 +329,7 @@ def precompute(options: PrecomputeOptions, corpus: LoadedCorpus | None = None) -
     # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
     remote = options.remote_cache
     # precompute fills the remote tier: an upload waits for room in the queue instead of being dropped
-    cache_options = CacheOptions(remote=remote.with_options(wait_when_full=True) if remote is not None else None,
+    cache_options = CacheConfig(remote=remote.with_options(wait_when_full=True) if remote is not None else None,
                                  cache_format=chosen_format)
     with (
         ModelSession.of_model(
@@ -396,7 +396,7 @@ def build_index(
 
     corpus: a folder (or one file) of .txt, .md, .jsonl, .pdf, .html and .docx documents. index_dir: created if
     absent. model: a local checkpoint directory (None: the bundled default model). options: any other field of
-    `PrecomputeOptions` (chunk_tokens=256, seam_tokens=8, workers, device, dtype, cache_dir, cache_format,
+    `PrecomputeConfig` (chunk_tokens=256, seam_tokens=8, workers, device, dtype, cache_dir, cache_format,
     remote_cache, show_progress, ...). Rerun on an unchanged corpus it embeds and encodes nothing; on a changed one,
     only what changed. Returns the run's `PrecomputeSummary` (documents, chunks, tokens, what was encoded, bytes,
     seconds); open the index with `RagPipeline.open(index_dir)`. Bad paths and options raise before anything is
@@ -404,7 +404,7 @@ def build_index(
     """
     from hypic_rag.default_model import resolve_model_path
 
-    return precompute(PrecomputeOptions(
+    return precompute(PrecomputeConfig(
         corpus=Path(corpus).expanduser(), index_dir=Path(index_dir).expanduser(), model_path=resolve_model_path(model),
         **options,
     ))
@@ -452,10 +452,10 @@ def publish_to_remote(
     return stats
 
 
-def encoder_spec(options: PrecomputeOptions, model: Any, *, threads: int | None = None) -> EncoderSpec:
+def encoder_spec(options: PrecomputeConfig, model: Any, *, threads: int | None = None) -> EncoderConfig:
     """How each encoding worker process (or Ray actor) rebuilds `model` (same path, device, dtype and
     fingerprint); `threads`: torch threads of each (None: this process's shared out over `options.workers`)."""
-    return EncoderSpec(
+    return EncoderConfig(
         model_path=str(options.model_path),
         device=str(model.device),
         dtype=model.dtype_name,

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
-from hypic_rag.prompting.matching import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
+from hypic_rag.prompting.matching import MatchConfig, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.anchoring import anchor_of, anchored_key, chained_anchor
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.get_or_encode import (
@@ -66,7 +66,7 @@ DEFAULT_SEAM_TOKENS = 8
 
 # ==================================================================================================== building
 @dataclass(frozen=True, slots=True)
-class CacheOptions:
+class CacheConfig:
     """How a session opens its persistent segment cache (`hypic_rag.cache.segment_cache.SegmentCache.open`).
 
     readonly: misses are computed, not stored (the directory must exist). best_effort: a damaged store disables
@@ -156,7 +156,7 @@ class ModelSession:
         dtype: str | None = None,
         seam_tokens: int = DEFAULT_SEAM_TOKENS,
         cache_dir: str | Path | None = None,
-        cache: CacheOptions = CacheOptions(),
+        cache: CacheConfig = CacheConfig(),
         prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
         recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
@@ -184,7 +184,7 @@ class ModelSession:
         device: str | None = None,
         dtype: str | None = None,
         seam_tokens: int | None = None,
-        cache: CacheOptions = CacheOptions(),
+        cache: CacheConfig = CacheConfig(),
         recompute_policy: RecomputePolicy | str | None = None,
         cache_dir: str | Path | None = None,
     ) -> ModelSession:
@@ -222,7 +222,7 @@ class ModelSession:
         model_path: str | Path = "",
         seam_tokens: int = DEFAULT_SEAM_TOKENS,
         cache_dir: str | Path | None = None,
-        cache: CacheOptions = CacheOptions(),
+        cache: CacheConfig = CacheConfig(),
         prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
         recompute_policy: RecomputePolicy | str | None = None,
     ) -> ModelSession:
@@ -334,7 +334,7 @@ class ModelSession:
         matcher = self.matcher if match and self.matcher.settings.enabled else None
         return segment_prompt(self.tokenizer, pieces, matcher=matcher, prefix=self.prompt_format.prefix)
 
-    def set_matching(self, settings: MatchSettings) -> None:
+    def set_matching(self, settings: MatchConfig) -> None:
         """Match with `settings` from now on (the segments known so far are forgotten)."""
         self.matcher = SegmentMatcher(settings)
 
@@ -397,7 +397,7 @@ class ModelSession:
         return drain(self.fill_steps(plans, encoder=encoder, commit_entries=commit_entries), on_progress)
 
 
-def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: CacheOptions) -> SegmentSource:
+def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: CacheConfig) -> SegmentSource:
     """`directory` opened as the persistent segment cache of `model`'s entries (over its remote tier, if any)."""
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache

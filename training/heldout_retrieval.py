@@ -109,7 +109,7 @@ def _indexed_cases(
     hits laid out in prompt order, `pipeline.prompt_order`)."""
     from hypic_rag.pipeline import prompt_order
     from hypic_rag.retrieval.chunking import Chunker
-    from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
+    from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexConfig
     from hypic_rag.retrieval.embeddings import SentenceEmbedder
     from hypic_rag.retrieval.loading import load_corpus
     from hypic_rag.retrieval.manifest import ModelIdentity
@@ -124,7 +124,7 @@ def _indexed_cases(
             world, questions = world_of(world_seed, min(questions_per_world, num_questions - produced))
             documents_dir = write(world, questions, Path(scratch) / f"world-{world_seed}")
             index_dir = Path(scratch) / f"index-{world_seed}"
-            with CorpusIndex.open_for_update(index_dir, embedder, IndexSettings(model=identity, chunker=chunker.config)) as index:
+            with CorpusIndex.open_for_update(index_dir, embedder, IndexConfig(model=identity, chunker=chunker.config)) as index:
                 index.ingest(load_corpus(documents_dir), chunker)
                 for question in questions:
                     hits = prompt_order(index.search(question.text, k=num_chunks, hop_slots=hop_slots))

@@ -326,7 +326,7 @@ def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dic
 
     from hypic_rag.default_model import default_model_path, example_corpus_path
     from hypic_rag.example_corpus import read_questions
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.precompute import PrecomputeConfig, precompute
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
 
@@ -335,7 +335,7 @@ def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dic
     limits = {ONE_AT_A_TIME: 1, BATCHED: max_running}
     with tempfile.TemporaryDirectory(prefix="hypic-bench-server-") as directory:
         built = Path(directory) / "index"
-        precompute(PrecomputeOptions(corpus=example_corpus_path() / "documents", index_dir=built,
+        precompute(PrecomputeConfig(corpus=example_corpus_path() / "documents", index_dir=built,
                                      model_path=default_model_path(), device="cpu", show_progress=False))
         servers: dict[str, ServerThread] = {}
         clients: dict[str, httpx.Client] = {}

@@ -78,9 +78,9 @@ def _timed(run: Any, repeats: int) -> list[float]:
 
 def run_scaling(config: ScalingConfig = QUICK, *, ray_address: str = "local") -> dict[str, Any]:
     """Measure and return the JSON-ready result (tokens/s of this process alone and of each actor count)."""
-    from hypic_rag.distributed.cluster import ClusterOptions, connect, disconnect_if_local
+    from hypic_rag.distributed.cluster import ClusterConfig, connect, disconnect_if_local
     from hypic_rag.distributed.ray_encoder import RayEncoderPool
-    from hypic_rag.retrieval.encoding_pool import EncoderSpec
+    from hypic_rag.retrieval.encoding_pool import EncoderConfig
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
     from hypic_rag.testing import save_tiny_checkpoint
@@ -101,10 +101,10 @@ def run_scaling(config: ScalingConfig = QUICK, *, ray_address: str = "local") ->
 
         rows = [{"encoder": "this process", "actors": 0, "threads": torch.get_num_threads(),
                  "seconds": _timed(here, config.repeats)}]
-        cluster = ClusterOptions(address=ray_address)
+        cluster = ClusterConfig(address=ray_address)
         ray = connect(cluster)
         try:
-            spec = EncoderSpec(model_path=str(model_path), device="cpu", dtype=model.dtype_name,
+            spec = EncoderConfig(model_path=str(model_path), device="cpu", dtype=model.dtype_name,
                                seam_tokens=config.seam_tokens, fingerprint=model.fingerprint, threads_per_worker=1,
                                preload_modules=())
             for actors in config.actor_counts:

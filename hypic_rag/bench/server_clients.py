@@ -97,13 +97,13 @@ def foreign_corpus_server(workers: int, queue_size: int, extra: list[str] | None
 
     from hypic_rag.bench.foreign_corpus import write_foreign_corpus
     from hypic_rag.default_model import default_model_path
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.precompute import PrecomputeConfig, precompute
     from hypic_rag.testing import free_port
 
     with tempfile.TemporaryDirectory(prefix="hypic-bench-server-") as directory:
         corpus = write_foreign_corpus(Path(directory) / "corpus")
         index = Path(directory) / "index"
-        precompute(PrecomputeOptions(corpus=corpus, index_dir=index, model_path=default_model_path(), device="cpu",
+        precompute(PrecomputeConfig(corpus=corpus, index_dir=index, model_path=default_model_path(), device="cpu",
                                      show_progress=False))
         port = free_port()
         url = f"http://127.0.0.1:{port}"

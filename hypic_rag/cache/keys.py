@@ -25,7 +25,7 @@ import torch
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.entry_storage.formats import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, CacheFormat, cache_format
 
-FORMAT_VERSION = 2  # 2: entries no longer carry a chunk_state per linear layer
+FORMAT_VERSION = 2  # the entry contents' version (docs/cache.md, "Keys", lists them)
 """Version of the entry contents (tensor names and meaning, see docs/CONTRACTS.md). Bump when they change."""
 
 MODEL_DTYPES: dict[str, torch.dtype] = {

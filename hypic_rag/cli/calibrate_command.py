@@ -36,7 +36,7 @@ from hypic_rag.cli.common import (
     recompute_policy_spec,
 )
 from hypic_rag.utils.limits import HOP_SLOTS, TOP_K, NumberRange
-from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET
+from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET, calibration_candidates
 
 KL_TARGET = NumberRange(0, 1_000, integer=False)
 """--kl-target: a mean KL divergence in nats (0.1 by default; a target above a few nats accepts any policy)."""
@@ -74,8 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop (2, as ask)")
     parser.add_argument("--candidates", type=_candidates, metavar="SPECS",
-                        help="comma-separated policies to compare (default: seam, budget:1.5, whole:1, budget:2, "
-                             "whole:2, budget:3, whole:3, whole:4)")
+                        help="comma-separated policies to compare (default: "
+                             f"{', '.join(policy.spec for policy in calibration_candidates())})")
     parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
     parser.add_argument("--device", type=device_name, help="model device (default: cuda when available)")
     add_dtype_argument(parser, "default: the one the index was built with")
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from hypic_rag.calibration import DEFAULT_CANDIDATES, calibrate_index, read_questions
+    from hypic_rag.calibration import calibrate_index, read_questions
     from hypic_rag.pipeline import RagPipeline
     from hypic_rag.retrieval.corpus_index import check_not_locked, record_cache_format_choice, record_recompute_policy
     from hypic_rag.retrieval.errors import IndexLockedError
@@ -117,7 +117,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     try:
         result, record = calibrate_index(
             pipeline, kl_target=args.kl_target, questions=questions, requests=args.requests, top_k=args.top_k,
-            candidates=args.candidates or DEFAULT_CANDIDATES, on_progress=None if args.json else progress,
+            candidates=args.candidates or None, on_progress=None if args.json else progress,
         )
         formats = None if args.no_cache_format else calibrate_format_step(
             args, pipeline, questions, result.chosen, None if args.json else progress)
@@ -155,12 +155,12 @@ def calibrate_format_step(
 ) -> tuple[Any, dict[str, Any]]:
     """The cache format step on the same requests, under the chosen `policy`: (the `FormatChoice`, its record)."""
     from hypic_rag.calibration import calibrate_index_format
-    from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, DEFAULT_FORMAT_KL_TARGET
+    from hypic_rag.format_calibration import DEFAULT_FORMAT_KL_TARGET
 
     target = DEFAULT_FORMAT_KL_TARGET if args.format_kl_target is None else args.format_kl_target
     return calibrate_index_format(
         pipeline, kl_target=target, questions=questions, requests=args.requests, top_k=args.top_k,
-        formats=args.cache_format or DEFAULT_FORMAT_CANDIDATES, policy=policy, on_progress=progress,
+        formats=args.cache_format or None, policy=policy, on_progress=progress,
     )
 
 

@@ -118,12 +118,13 @@ def recompute_policy_spec(text: str) -> str:
 
 
 def add_recompute_policy_argument(parser: argparse.ArgumentParser) -> None:
-    """The `--recompute-policy` option of ask and serve."""
+    """The `--recompute-policy` option of ask and serve (the forms of every registered policy)."""
+    from hypic_rag.runtime.recompute_policy import policy_help
+
     parser.add_argument(
         "--recompute-policy", type=recompute_policy_spec, metavar="SPEC",
-        help="what hypic recomputes: seam, seam@W, whole:N[@W] (the N top-ranked chunks whole, seam W for the rest), "
-             "budget:X[@W] (whole chunks while at most X times the seam's tokens), tokens:N[@W] (while at most N "
-             "chunk tokens); default: the index's calibrated policy (hypic-rag calibrate), else seam",
+        help=f"what hypic recomputes: {policy_help()}; default: the index's calibrated policy (hypic-rag calibrate), "
+             "else seam",
     )
 
 

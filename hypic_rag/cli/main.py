@@ -26,8 +26,8 @@ from hypic_rag.errors import HypicError
 
 __all__ = ["CliError", "build_parser", "main"]  # CliError: its home is hypic_rag.cli.common
 
-# Before torch loads OpenMP: spinning worker threads slow every step ~10x whenever another process shares the
-# cores (measured on 2-core machines). An explicit OMP_WAIT_POLICY in the environment wins.
+# Before torch loads OpenMP: spinning worker threads slow every step whenever another process shares the cores
+# (docs/runtime.md). An explicit OMP_WAIT_POLICY in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 COMMAND_MODULES = (  # in the order `hypic-rag --help` lists them: the way a new user meets them
@@ -106,7 +106,7 @@ def run() -> None:
     """The `hypic-rag` command: `main()`, then exit without collecting garbage.
 
     The interpreter's own shutdown runs the cycle collector over every object the imports made (torch's and
-    transformers' module tables): about 1 s of a one-shot `ask` on 2 cores, after its output is printed. Nothing is
+    transformers' module tables) after its output is printed (docs/verification.md). Nothing is
     left to flush or close by then (stores commit per write); freezing the heap skips that work.
     """
     code = main()

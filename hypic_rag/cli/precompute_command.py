@@ -134,7 +134,7 @@ def run_precompute(args: argparse.Namespace) -> int:
     created. Errors reach `hypic_rag.cli.main` as they are (each carries its exit code)."""
     from hypic_rag.retrieval.faiss_index import VectorIndexConfig
     from hypic_rag.retrieval.loading import load_corpus
-    from hypic_rag.precompute import PrecomputeOptions, check_locations, precompute
+    from hypic_rag.precompute import PrecomputeConfig, check_locations, precompute
 
     if args.ray is not None and args.workers > 1:
         raise CliError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")
@@ -159,7 +159,7 @@ def run_precompute(args: argparse.Namespace) -> int:
         corpus = scale_out.load_corpus(Path(args.corpus))
     model_path = resolve_model_path(args.model)
     try:
-        options = PrecomputeOptions(
+        options = PrecomputeConfig(
             corpus=Path(args.corpus),
             index_dir=Path(args.index),
             model_path=model_path,

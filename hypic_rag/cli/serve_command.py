@@ -350,13 +350,13 @@ def _miss_encoders(args: argparse.Namespace):  # noqa: ANN202 - a RayMissEncoder
 
 def _serve_replicated(args: argparse.Namespace, config, port: int, sock, announce) -> bool:  # noqa: ANN001
     """`--replicas N`: the replicas on Ray Serve (the cluster of --ray), the front here."""
-    from hypic_rag.distributed.cluster import ClusterOptions
+    from hypic_rag.distributed.cluster import ClusterConfig
     from hypic_rag.distributed.serve_front import serve_with_replicas
-    from hypic_rag.distributed.serve_replicas import ReplicaOptions
+    from hypic_rag.distributed.serve_replicas import ReplicaConfig
 
     try:
-        cluster = ClusterOptions(address=args.ray or "local")
-        options = ReplicaOptions(replicas=args.replicas, replica_cpus=args.replica_cpus,
+        cluster = ClusterConfig(address=args.ray or "local")
+        options = ReplicaConfig(replicas=args.replicas, replica_cpus=args.replica_cpus,
                                  gpu=str(args.device or "").startswith("cuda"))
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

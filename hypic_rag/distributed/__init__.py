@@ -9,7 +9,7 @@ gate), so `hypic-rag` without `--ray` never loads it. See docs/scale.md.
 | `actors.py` | `EncoderActor`: one model per actor, encodes batches (precompute and query-time misses); with a remote tier, uploads its entries itself |
 | `ray_encoder.py` | `RayEncoderPool`: LPT scheduling of encoding batches over actors (a `session.SegmentEncoder`, an `Engine.miss_encoder`); `RayMissEncoders` |
 | `ray_ingest.py` | load, chunk and embed as Ray tasks, feeding the index's single writer in corpus order |
-| `ray_scale_out.py` | `RayScaleOut`: the `PrecomputeOptions.scale_out` of `precompute --ray` |
+| `ray_scale_out.py` | `RayScaleOut`: the `PrecomputeConfig.scale_out` of `precompute --ray` |
 | `rendezvous.py` | rendezvous (HRW) routing over retrieved chunk ids with in-flight load as tie-break (no Ray) |
 | `asgi_bridge.py` | one HTTP request through an in-process ASGI app, streamed back in parts (no Ray) |
 | `front.py` | the HTTP front of `serve --replicas N`: retrieve, route, forward, aggregate stats (no Ray) |

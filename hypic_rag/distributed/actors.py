@@ -22,7 +22,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from hypic_rag.entry import Entry
-from hypic_rag.retrieval.encoding_pool import EncoderSpec
+from hypic_rag.retrieval.encoding_pool import EncoderConfig
 from hypic_rag.runtime.get_or_encode import StoredRemotely
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class EncoderActor:
     A model that fails to load, or has another fingerprint than the driver's, fails the actor's construction (the
     driver reports it as one line)."""
 
-    def __init__(self, spec: EncoderSpec, encode_batch_tokens: int) -> None:
+    def __init__(self, spec: EncoderConfig, encode_batch_tokens: int) -> None:
         import torch
 
         from hypic_rag.runtime.engine import Engine

@@ -53,7 +53,7 @@ def ray_module() -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterOptions:
+class ClusterConfig:
     """How to reach (or start) a cluster.
 
     address: "local" (a private instance started here), "auto" (the cluster running on this machine) or an address
@@ -75,7 +75,7 @@ class ClusterOptions:
                 raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-def connect(options: ClusterOptions | str = LOCAL) -> Any:
+def connect(options: ClusterConfig | str = LOCAL) -> Any:
     """Initialise Ray for this process (once; a process already connected is left as it is) and return `ray`.
 
     A private instance ("local") listens on 127.0.0.1 only when Ray is first imported here (the environment may
@@ -83,7 +83,7 @@ def connect(options: ClusterOptions | str = LOCAL) -> Any:
 
     RayUnavailableError when Ray is missing or the address cannot be reached."""
     if isinstance(options, str):
-        options = ClusterOptions(address=options)
+        options = ClusterConfig(address=options)
     if options.address == LOCAL and "ray" not in sys.modules:  # a private instance listens on 127.0.0.1 only
         os.environ.setdefault(LOOPBACK_ONLY_VARIABLE, "0")
     ray = ray_module()
@@ -140,7 +140,7 @@ def encoder_slots(ray: Any, *, gpu: bool) -> int:
     return max(1, int(resources.get("GPU" if gpu else "CPU", 0)))
 
 
-def disconnect_if_local(ray: Any, options: ClusterOptions) -> None:
+def disconnect_if_local(ray: Any, options: ClusterConfig) -> None:
     """End the private instance `connect` started for "local" (a shared cluster is left running)."""
     if options.address == LOCAL and ray.is_initialized():
         ray.shutdown()

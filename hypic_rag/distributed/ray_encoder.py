@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.entry import Entry
-from hypic_rag.retrieval.encoding_pool import EncoderSpec, EncodingPoolError
+from hypic_rag.retrieval.encoding_pool import EncoderConfig, EncodingPoolError
 from hypic_rag.runtime.encode import plan_encode_batches
 from hypic_rag.runtime.get_or_encode import SegmentTask, StoredRemotely, encoding_batches
 
@@ -76,7 +76,7 @@ class RayEncoderPool:
     """
 
     def __init__(
-        self, ray: Any, spec: EncoderSpec, *, actors: int, encode_batch_tokens: int, gpu: bool = False,
+        self, ray: Any, spec: EncoderConfig, *, actors: int, encode_batch_tokens: int, gpu: bool = False,
         in_flight_per_actor: int = IN_FLIGHT_PER_ACTOR, remote: RemoteTierConfig | None = None,
         namespace: CacheNamespace | None = None,
     ) -> None:
@@ -255,7 +255,7 @@ def pool_for_engine(ray: Any, engine: Any, model_path: str, *, actors: int | Non
     model = engine.model
     device = str(model.device)
     gpu = device.startswith("cuda")
-    spec = EncoderSpec(
+    spec = EncoderConfig(
         model_path=str(model_path), device="cuda" if gpu else device, dtype=model.dtype_name,
         seam_tokens=engine.seam_tokens, fingerprint=model.fingerprint, threads_per_worker=1,
         preload_modules=(),

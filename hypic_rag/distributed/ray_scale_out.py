@@ -1,7 +1,7 @@
 """`RayScaleOut`: precompute's loading, chunking and embedding as Ray tasks and its encoding on Ray actors
-(`PrecomputeOptions.scale_out`; what `hypic-rag precompute --ray` passes).
+(`PrecomputeConfig.scale_out`; what `hypic-rag precompute --ray` passes).
 
-    precompute(PrecomputeOptions(corpus=..., index_dir=..., model_path=..., scale_out=RayScaleOut("auto")))
+    precompute(PrecomputeConfig(corpus=..., index_dir=..., model_path=..., scale_out=RayScaleOut("auto")))
 
 The driver stays the index's single writer, and the cache's, unless a shared remote tier is given: then the
 actors write their entries there themselves; see `ray_ingest` and `ray_encoder`.
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypic_rag.distributed.cluster import ClusterOptions, connect, encoder_slots
+from hypic_rag.distributed.cluster import ClusterConfig, connect, encoder_slots
 from hypic_rag.distributed.ray_encoder import RayEncoderPool
 from hypic_rag.distributed.ray_ingest import IngestFeeder, RayFileLoader
-from hypic_rag.retrieval.encoding_pool import EncoderSpec
+from hypic_rag.retrieval.encoding_pool import EncoderConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, load_corpus
 
 if TYPE_CHECKING:
@@ -40,13 +40,13 @@ class RayScaleOut:
     actors: int | None = None
 
     def __post_init__(self) -> None:
-        ClusterOptions(address=self.address)  # validates the address
+        ClusterConfig(address=self.address)  # validates the address
         if self.actors is not None and self.actors < 1:
             raise ValueError(f"actors must be >= 1, got {self.actors}")
 
     def connect(self) -> Any:
         """`ray`, connected to this cluster."""
-        return connect(ClusterOptions(address=self.address))
+        return connect(ClusterConfig(address=self.address))
 
     def load_corpus(self, path: Path) -> LoadedCorpus:
         """The corpus loaded by Ray tasks (the same documents and skips, in the same order, as a local load)."""
@@ -58,7 +58,7 @@ class RayScaleOut:
         logger.info("%d changed documents to chunk and embed on Ray", feeder.changed_documents)
         return {"cut": feeder.cut, "embed": feeder.embed}
 
-    def encoder(self, engine: Any, spec: EncoderSpec, *, remote: RemoteTierConfig | None = None,
+    def encoder(self, engine: Any, spec: EncoderConfig, *, remote: RemoteTierConfig | None = None,
                 namespace: CacheNamespace | None = None) -> RayEncoderPool:
         """Encoding actors of `spec`'s model running `engine`'s batches (they start on first use); with `remote`
         and `namespace` (the cache's), each actor stores its entries in that remote tier itself."""

@@ -1,7 +1,7 @@
 """Running `hypic-rag serve --replicas N` (replicas on Ray Serve) and `serve --workers N` (worker processes on this
 host, `local_workers.py`), the front on uvicorn in this process.
 
-    serve_with_replicas(config, ReplicaOptions(replicas=2), "127.0.0.1", 8000, cluster="local")
+    serve_with_replicas(config, ReplicaConfig(replicas=2), "127.0.0.1", 8000, cluster="local")
     serve_with_workers(config, 2, "127.0.0.1", 8000, sock=bind_socket("127.0.0.1", 8000))
 
 Start-up in the order of the single server's (`server.runner.serve`): the port is bound first (by the caller),
@@ -20,9 +20,9 @@ from typing import Any
 
 import uvicorn
 
-from hypic_rag.distributed.cluster import ClusterOptions, connect, disconnect_if_local
+from hypic_rag.distributed.cluster import ClusterConfig, connect, disconnect_if_local
 from hypic_rag.distributed.front import Front, IndexRetriever, create_front_app
-from hypic_rag.distributed.serve_replicas import ReplicaOptions, deploy_replicas, remove_replicas
+from hypic_rag.distributed.serve_replicas import ReplicaConfig, deploy_replicas, remove_replicas
 from hypic_rag.errors import HypicError
 from hypic_rag.server import ServerConfig
 
@@ -34,7 +34,7 @@ class ReplicaStartError(HypicError):
     loading, or the cluster lacks the resources)."""
 
 
-def start_replicas(config: ServerConfig, options: ReplicaOptions, cluster: ClusterOptions) -> tuple[Any, Front, IndexRetriever]:
+def start_replicas(config: ServerConfig, options: ReplicaConfig, cluster: ClusterConfig) -> tuple[Any, Front, IndexRetriever]:
     """Connect, deploy the replicas, open the front's retriever; (ray, front, retriever)."""
     ray = connect(cluster)
     try:
@@ -49,11 +49,11 @@ def start_replicas(config: ServerConfig, options: ReplicaOptions, cluster: Clust
 
 def serve_with_replicas(
     config: ServerConfig,
-    options: ReplicaOptions,
+    options: ReplicaConfig,
     host: str,
     port: int,
     *,
-    cluster: ClusterOptions,
+    cluster: ClusterConfig,
     sock: socket.socket,
     log_level: str = "info",
     on_ready: Callable[[], None] | None = None,

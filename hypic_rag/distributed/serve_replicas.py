@@ -71,7 +71,7 @@ class ReplicaServer:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaOptions:
+class ReplicaConfig:
     """How many replicas, and what each holds: `replica_cpus` CPU slots, one GPU when `gpu`. Serve lets up to
     `queue_size + 16` requests reach one replica at once; its own queue answers 429 beyond `queue_size`."""
 
@@ -108,7 +108,7 @@ def replica_names(count: int) -> list[str]:
     return [f"{APP_PREFIX}{number}" for number in range(count)]
 
 
-def deploy_replicas(ray: Any, config: ServerConfig, options: ReplicaOptions) -> dict[str, ServeReplicaClient]:
+def deploy_replicas(ray: Any, config: ServerConfig, options: ReplicaConfig) -> dict[str, ServeReplicaClient]:
     """Start Serve (no HTTP proxy) on the connected cluster and `options.replicas` replica applications, and wait
     until every one has loaded its model; replica id -> client. The replicas open the index read-only
     (`ServerConfig.for_replica`)."""

@@ -18,7 +18,8 @@ The stored form of a compressed tensor ``X`` is a set of parts (`hypic_rag.entry
 say how they were made, and it runs on whatever device the parts are moved to first. State tensors decode to
 float32 (composition runs in float32), K/V to the model's dtype.
 
-`CACHE_FORMATS` names the formats users choose from (`--cache-format`); `float32` stores entries as encoded.
+`CACHE_FORMATS` names the formats users choose from (`--cache-format`; `register_cache_format` adds one); `float32`
+stores entries as encoded.
 """
 
 from __future__ import annotations
@@ -220,11 +221,9 @@ class CacheFormat:
 
 
 CONV_TAIL_8 = "int8/128"
-"""Conv tails of the group formats, grouped along the channels (measured: KL below 1e-4 of the float32 entries'
-on random models of every family, 3e-6 on the trained checkpoints; about 1% of an entry at published shapes)."""
+"""Conv tails of the group formats, grouped along the channels (their error: docs/cache.md)."""
 KEY_VALUE_8 = "int8/128+cols"
-"""K/V of the mixed formats: measured on the trained checkpoints, K/V carry nearly all of a format's error (their
-P and Z take 4 bits at the KL of 8), and evening out the key channels cuts it further (docs/cache.md)."""
+"""K/V of the mixed (`-kv8`) formats: 8 bits with the key channels evened out (docs/cache.md says why)."""
 
 
 def _format(name: str, state: str, key_value: str, summary: str, *, conv_tail: str = CONV_TAIL_8) -> CacheFormat:
@@ -240,7 +239,23 @@ def _format(name: str, state: str, key_value: str, summary: str, *, conv_tail: s
     )
 
 
-def _registry() -> dict[str, CacheFormat]:
+CACHE_FORMATS: dict[str, CacheFormat] = {}
+"""The formats a cache can be built in, by name (`--cache-format`), in registration order: the one list that
+`--cache-format`, `hypic-rag cache formats`, the service's config, format calibration's candidates and the cache
+formats bench read."""
+
+
+def register_cache_format(cache_format: CacheFormat) -> CacheFormat:
+    """Register `cache_format` under its name; ValueError for a name registered to another format."""
+    known = CACHE_FORMATS.get(cache_format.name)
+    if known is not None and known != cache_format:
+        raise ValueError(f"cache format {cache_format.name!r} is registered already")
+    CACHE_FORMATS[cache_format.name] = cache_format
+    return cache_format
+
+
+def _builtin_formats() -> list[CacheFormat]:
+    """The formats this package registers: float32 first (the reference), then by falling bits per value."""
     formats = [
         CacheFormat("float32", *(TensorCoding("float32") for _ in TENSOR_KINDS),
                     summary="every tensor as encoded (the reference)"),
@@ -258,11 +273,11 @@ def _registry() -> dict[str, CacheFormat]:
     ]
     if float8_supported():
         formats.insert(3, _format("fp8", "fp8/128", "fp8/128", "float8 e4m3 groups of 128 with a bfloat16 scale"))
-    return {cache_format.name: cache_format for cache_format in formats}
+    return formats
 
 
-CACHE_FORMATS: dict[str, CacheFormat] = _registry()
-"""The formats a cache can be built in, by name (`--cache-format`)."""
+for _cache_format in _builtin_formats():
+    register_cache_format(_cache_format)
 DEFAULT_CACHE_FORMAT = "float32"
 
 

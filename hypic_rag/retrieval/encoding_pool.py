@@ -32,7 +32,7 @@ from hypic_rag.retrieval.errors import RetrievalError
 from hypic_rag.runtime.get_or_encode import SegmentTask, encoding_batches, lpt_order  # noqa: F401 (lpt_order re-exported)
 
 __all__ = [
-    "EncoderSpec",
+    "EncoderConfig",
     "EncodingPoolError",
     "SegmentEncoder",
     "SegmentTask",
@@ -63,7 +63,7 @@ class WorkerStartError(HypicError, RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class EncoderSpec:
+class EncoderConfig:
     """How a worker rebuilds the parent's encoder: model path, device, dtype name, default seam, fingerprint."""
 
     model_path: str
@@ -80,7 +80,7 @@ class EncoderSpec:
             raise ValueError(f"threads_per_worker must be positive, got {self.threads_per_worker}")
 
 
-def _initialise_worker(spec: EncoderSpec) -> None:
+def _initialise_worker(spec: EncoderConfig) -> None:
     """Load the model in a worker process (runs once per worker).
 
     Never raises: a failure is kept and raised by every task this worker is given (`WorkerStartError`), so the
@@ -115,7 +115,7 @@ class SegmentEncoder:
     """Encodes segments with `engine` in-process (workers=1) or in a pool of worker processes; a
     `hypic_rag.runtime.get_or_encode.TaskEncoder` (what `SegmentEntries.fill_steps` takes)."""
 
-    def __init__(self, engine: Any, spec: EncoderSpec, workers: int = 1) -> None:
+    def __init__(self, engine: Any, spec: EncoderConfig, workers: int = 1) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.engine = engine

@@ -20,24 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypic_rag.runtime.quality import kl_divergence
-from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET, RecomputePolicy, RecomputePolicyError, as_policy
+from hypic_rag.runtime.recompute_policy import (
+    DEFAULT_KL_TARGET,
+    SEAM_POLICY,
+    RecomputePolicy,
+    RecomputePolicyError,
+    as_policy,
+    calibration_candidates,
+)
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CANDIDATES: tuple[RecomputePolicy, ...] = tuple(
-    RecomputePolicy.parse(spec)
-    for spec in ("seam", "budget:1.5", "whole:1", "budget:2", "whole:2", "budget:3", "whole:3", "whole:4",
-                 "seam@0+anchored", "seam@0+chained", "seam+anchored", "seam+chained", "budget:2+anchored",
-                 "budget:2+chained", "budget:3+anchored")
-)
-"""What `calibrate` compares by default: the fixed seam and whole-chunk policies of growing cost (reading the
-entries the index holds: its seam), and anchored entries (`anchoring.py`; encoded on first use, or by `precompute`
-once an anchored policy is recorded) with no seam, the index's seam, and two budgets of whole chunks. On both
-test-bed models anchored entries beat every plain policy at equal recomputed tokens (docs/recompute_policies.md);
-the plain ones stay for models they may not suit. Chained entries (`+chained`, documents longer than a chunk) follow
-their anchored counterparts: where no retrieved chunk follows its document's previous one they read the same
-entries and score the same, and `choose` prefers the anchored one (no extra entries to precompute)."""
-
 
 @dataclass(frozen=True, slots=True)
 class CandidateScore:
@@ -143,14 +135,17 @@ def choose(scores: Sequence[CandidateScore], kl_target: float) -> Calibration:
 def calibrate(
     engine: Any,
     requests: Sequence[Any],
-    candidates: Sequence[RecomputePolicy | str] = DEFAULT_CANDIDATES,
+    candidates: Sequence[RecomputePolicy | str] | None = None,
     kl_target: float = DEFAULT_KL_TARGET,
     *,
     measured: Sequence[CandidateScore] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
-    """Score `candidates` on `requests` (or reuse `measured` scores) and choose for `kl_target` (`choose`)."""
-    Calibration(RecomputePolicy(), kl_target, True)  # checks the target before any work
+    """Score `candidates` (None: every registered policy's, `recompute_policy.calibration_candidates`) on
+    `requests` (or reuse `measured` scores) and choose for `kl_target` (`choose`)."""
+    Calibration(SEAM_POLICY, kl_target, True)  # checks the target before any work
+    if candidates is None:
+        candidates = calibration_candidates()
     scores = list(measured) if measured is not None else score_candidates(engine, requests, candidates,
                                                                           on_progress=on_progress)
     result = choose(scores, kl_target)

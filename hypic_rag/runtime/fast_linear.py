@@ -1,9 +1,7 @@
 """Linear layers through oneDNN on CPU: `onednn_linear`, `FastLinear`, `fast_view`.
 
-On CPU, `torch.nn.functional.linear` in float32 goes to the BLAS library's sgemm, which is slow for a few rows: a
-batched decode step (one row per running sequence) multiplies [8, 768] by [768, 3104] about 4x slower than 8
-one-row products would take, and the LM head [8, 768] x [768, 32000] 4-5x slower than oneDNN's inner product on
-the same weight (measured on 2 cores: 34 ms against 8-12 ms). oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`,
+On CPU, `torch.nn.functional.linear` in float32 goes to the BLAS library's sgemm, which is slow for a few rows (a
+batched decode step: one row per running sequence; docs/runtime.md has the measurements). oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`,
 what inductor calls) reads the same dense weight, so the fast path costs no memory; its results agree with
 `F.linear`, and a row's result alone with the same row among others, to float32 round-off (it may choose another
 kernel for one row than for eight; tests/runtime/test_fast_linear.py).
@@ -47,10 +45,9 @@ ONEDNN = _onednn_available()
 PRIMITIVE_CACHE_CAPACITY = 128
 """How many compiled oneDNN primitives a process keeps (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, set here unless the
 environment sets it; oneDNN reads it when it first builds one, so importing this module first bounds it). oneDNN
-compiles one per distinct problem shape (rows x weight) and keeps 1024 by default: a service's prefills of ever
-new lengths kept adding them, so a worker's resident memory grew burst after burst (docs/service.md, "Memory under
-bursts": 657 -> 788 MiB over 6 bursts of 64 streams in process, 605 -> 669 MiB with 128). A shape evicted is
-compiled again when it comes back (its cost on decode speed is not measured yet)."""
+compiles one per distinct problem shape (rows x weight) and keeps 1024 by default, and a service's prefills of ever
+new lengths keep adding them, so a worker's resident memory would grow burst after burst (docs/service.md, "Memory
+under bursts"). A shape evicted is compiled again when it comes back."""
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
 
@@ -80,10 +77,8 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 PACKED_MAX_ROWS = 128
-"""Up to this many rows, `FastLinear` uses its packed weight (beyond, the dense one is as fast). Measured on 2 cores
-for the timing model's shapes ([rows, 768] x [768, 2048 .. 4096], [rows, 2048] x [2048, 768]): the packed product
-is 20-30% faster at 24 rows, 5-15% at 88-128 (a hypic prefill's seam windows and question), and no faster or
-slower from about 144 rows on."""
+"""Up to this many rows, `FastLinear` uses its packed weight (beyond, the dense one is as fast: docs/runtime.md,
+"CPU measurements behind the runtime's constants")."""
 
 
 def packed_enabled() -> bool:
@@ -108,9 +103,8 @@ few rows through it are bound by reading the weight, which two threads do faster
 
 
 def _worth_widening(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x [..., in] times weight [out, in] should run on every thread inside a serial section. Measured on 2
-    cores (PASSIVE), widening every linear against this rule: the bundled model's batched decode step of 8 sequences
-    17.5 against 13.9 ms, the timing model's 131 against 113 ms, prefills unchanged."""
+    """Whether x [..., in] times weight [out, in] should run on every thread inside a serial section (the rule's
+    measurements: docs/runtime.md)."""
     size = weight.numel()
     return size >= WIDE_MIN_WEIGHT or (x.numel() // max(x.shape[-1], 1)) * size >= WIDE_MIN_MULTIPLY_ADDS
 

@@ -179,8 +179,8 @@ def weights_digest(weights: nn.Module | dict[str, torch.Tensor], samples_per_ten
     """sha256 over every tensor's name, shape, dtype, a strided sample of its raw bytes and an exact checksum of
     all its bytes (`weights`: a module, whose state dict is digested, or named tensors).
 
-    Exact: it depends on the bytes only, never on torch's thread count or device (an earlier float sum did, so the
-    same model got different fingerprints in processes with different thread counts). The sample catches moved
+    Exact: it depends on the bytes only, never on torch's thread count or device (docs/families.md, "Upgrading").
+    The sample catches moved
     values, the checksum a change anywhere; hashing every byte of a 70 GB checkpoint would cost minutes, the
     checksum costs one pass at memory speed.
     """
@@ -254,7 +254,7 @@ def wrap_model(hf_model: nn.Module, tokenizer: Any | None = None, *, family: Fam
     problem = family.structure_problem(hf_model)
     if problem is not None:
         raise UnsupportedModelError(problem)
-    # oneDNN for CPU float32 linears (many times faster for a few rows: batched decode), on a view: the caller's
+    # oneDNN for CPU float32 linears (the few rows of batched decode, `fast_linear`), on a view: the caller's
     # object keeps its own nn.Linear layers, so its forward stays transformers' own
     runtime_model = fast_view(hf_model).eval()
     try:

@@ -8,14 +8,12 @@ the question (recomputed). A policy decides, per chunk, one of
 Both are exact compositions of what the cache stores (a whole chunk needs nothing at all), so no policy here
 changes the stack pass.
 
-The policies (`RecomputePolicy.kind`):
-- `seam`: every chunk seam w (today's fixed seam; w = the index's seam unless the spec says another).
-- `whole`: the `chunks` highest-ranked chunks recomputed whole, seam w for the rest.
-- `budget`: chunks recomputed whole in rank order while the chunk tokens recomputed stay within `budget` times
-  those of the seam plan (scale-free: the same spec costs at most that factor whatever the chunk length), seam w
-  for the rest. A chunk that does not fit is skipped and the next one tried.
-- `tokens`: the same with an absolute budget: at most `tokens` chunk tokens recomputed per request, seams
-  included (a request whose seams alone exceed it keeps its seams).
+The policies are small classes registered by kind (`register_policy`, `POLICIES`): `SeamPolicy` (`seam`: every
+chunk at seam w), `WholePolicy` (`whole:N`: the N highest-ranked chunks whole), `BudgetPolicy` (`budget:X`: whole
+chunks in rank order within X times the seam plan's tokens), `TokensPolicy` (`tokens:N`: the same within N tokens).
+Each gives its spec word, its amount and its range, its help text, its calibration candidates and which chunks it
+recomputes whole (`RecomputePolicy.whole_chunks`); the base parses, prints, checks and plans every kind alike.
+A new policy is one class plus `@register_policy` (docs/recompute_policies.md, "Adding a policy").
 
 Any of them may read *anchored* entries (`+anchored`, `anchoring.py`): each chunk's entry encoded after the prompt
 prefix instead of alone, so that its cached tokens were computed with the attention sink the real prompt has. That
@@ -28,17 +26,17 @@ the retrieval hop's hits alternately, see `pipeline.retrieval_ranks`), or prompt
 Specs (CLI `--recompute-policy`, the service's config, the index manifest): `seam`, `seam@16`, `whole:1`,
 `whole:2@8`, `budget:2`, `budget:1.5@8`, `tokens:96@0`, `seam@0+anchored`; `@w` sets the seam of the chunks that are
 not recomputed whole, `+anchored` makes the plan read anchored entries. Every number of a spec is checked against
-its range (`hypic_rag.utils.limits`) when the spec is parsed, whatever its kind: W in 0..65536, whole:N in 1..4096,
-budget:X in 1..10000, tokens:N in 1..16777216; the error names the number and the range.
+its range (`hypic_rag.utils.limits`: W in 0..65536, each kind's amount in its `PolicyAmount.allowed`) when the spec
+is parsed, whatever its kind; the error names the number and the range.
 `docs/recompute_policies.md` has the measurements that chose among them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from hypic_rag.entry import check_seam_tokens
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
@@ -47,17 +45,9 @@ from hypic_rag.utils.limits import POLICY_BUDGET, POLICY_CHUNKS, POLICY_TOKENS, 
 WHOLE = None
 """A chunk recomputed whole: no entry, every token through the model in context."""
 
-POLICY_KINDS = ("seam", "whole", "budget", "tokens")
-SPEC_HELP = "seam, seam@W, whole:N[@W], budget:X[@W], tokens:N[@W], each optionally +anchored or +chained"
-"""The spec forms, for help texts and error messages."""
-
 DEFAULT_KL_TARGET = 0.002
 """Calibration's default target (`runtime.calibration`, `hypic-rag calibrate`): the mean first-token
-KL(full || policy) accepted. Chosen on the calibration worlds (950,000,000+) and judged on development worlds
-(docs/recompute_policies.md): on both test-bed models the policies whose calibration KL was at most 0.002 came within
-half a point of `full`'s exact match, while those at 0.003-0.005 (anchored entries without a recomputed chunk) lost
-about a point on the model never trained for composition, and the fixed seam (KL 0.5-0.8 there) 14 points. The
-earlier default, 0.1, dates from before anchored entries, when no cheap policy came below it."""
+KL(full || policy) accepted (docs/recompute_policies.md, "Calibration", says how it was chosen)."""
 
 ANCHORED_SUFFIX = "+anchored"
 """The spec suffix of a policy that reads anchored entries (`anchoring.py`)."""
@@ -107,53 +97,100 @@ class RecomputePlan:
                                    for seam, length in zip(self.chunk_seams, chunk_lengths)))
 
 
-@dataclass(frozen=True, slots=True)
-class RecomputePolicy:
-    """A rule that turns a request's chunks into a `RecomputePlan` (see the module docstring).
+@dataclass(frozen=True)
+class PolicyAmount:
+    """The number of a spec `kind:AMOUNT`: the policy field it fills, its range (`hypic_rag.utils.limits`), its
+    letter in the spec forms (N, X) and what it counts, for error messages."""
 
-    kind: "seam", "whole", "budget" or "tokens". chunks: for "whole", how many top-ranked chunks are recomputed
-    whole. budget: for "budget", the most chunk tokens recomputed, as a multiple (>= 1) of the seam plan's.
-    tokens: for "tokens", the most chunk tokens recomputed per request.
+    field: str
+    allowed: NumberRange
+    letter: str = "N"
+    noun: str = "amount"
+
+
+POLICIES: dict[str, type[RecomputePolicy]] = {}
+"""The registered policy classes by kind, in registration order (the order of the spec forms in help texts)."""
+
+_KIND = re.compile(r"[a-z]+")
+
+
+def register_policy(policy_class: type[RecomputePolicy]) -> type[RecomputePolicy]:
+    """Register `policy_class` under its `kind` (a class decorator): specs of that kind parse to it, the help texts
+    and error messages name its form, and `hypic-rag calibrate` compares its `candidates`."""
+    kind = getattr(policy_class, "kind", "")
+    if not (isinstance(kind, str) and _KIND.fullmatch(kind)):
+        raise ValueError(f"a recompute policy kind is lower-case letters, got {kind!r}")
+    if kind in POLICIES and POLICIES[kind] is not policy_class:
+        raise ValueError(f"recompute policy {kind!r} is registered already ({POLICIES[kind].__name__})")
+    amount = policy_class.amount
+    if amount is not None and amount.field not in {item.name for item in fields(policy_class)}:
+        raise ValueError(f"{policy_class.__name__} has no field {amount.field!r} for its amount")
+    POLICIES[kind] = policy_class
+    return policy_class
+
+
+def spec_help() -> str:
+    """The spec forms of every registered policy, for error messages ("seam, seam@W, whole:N[@W], ...")."""
+    return f"{', '.join(policy.form for policy in POLICIES.values())}, each optionally {ANCHORED_SUFFIX} or {CHAINED_SUFFIX}"
+
+
+def policy_help() -> str:
+    """The spec forms with what each recomputes, for the CLI's and the service's help texts."""
+    forms = ", ".join(f"{policy.form} ({policy.meaning})" if policy.meaning else policy.form
+                      for policy in POLICIES.values())
+    return f"{forms}; each optionally {ANCHORED_SUFFIX} (entries encoded after the prompt prefix) or {CHAINED_SUFFIX}"
+
+
+def calibration_candidates() -> tuple[RecomputePolicy, ...]:
+    """What `hypic-rag calibrate` compares unless told: every registered policy's `candidates`, by position."""
+    listed = sorted((position, number, spec) for number, policy in enumerate(POLICIES.values())
+                    for position, spec in policy.candidates)
+    return tuple(RecomputePolicy.parse(spec) for _, _, spec in listed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecomputePolicy:
+    """A rule that turns a request's chunks into a `RecomputePlan` (see the module docstring); the base of the
+    registered policy classes (`register_policy`), one per kind.
+
     seam_tokens: the seam of the chunks not recomputed whole; None: the engine's (the index's) seam.
     anchored: the chunks not recomputed whole read anchored entries (encoded after the prompt prefix,
     `anchoring.py`) instead of standalone ones.
     chained: anchored, and a chunk that follows its document's previous chunk in the prompt (`Request.chunk_follows`)
     reads the entry encoded after the anchor and that chunk (`anchoring.chained_anchor`). Implies `anchored`.
+
+    A policy class gives its `kind` (the spec's word), `form` and `meaning` (help texts), `amount` (the number of
+    `kind:AMOUNT`, None for a kind that takes none), `candidates` ((position, spec) pairs `hypic-rag calibrate`
+    compares by default, listed by position: of equal cost and KL the earlier wins) and `whole_chunks`.
     """
 
-    kind: str = "seam"
-    chunks: int = 0
-    budget: float = 1.0
-    tokens: int = 0
+    kind: ClassVar[str] = ""
+    form: ClassVar[str] = ""
+    meaning: ClassVar[str] = ""
+    amount: ClassVar[PolicyAmount | None] = None
+    candidates: ClassVar[tuple[tuple[float, str], ...]] = ()
+
     seam_tokens: int | None = None
     anchored: bool = False
     chained: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in POLICY_KINDS:
-            raise RecomputePolicyError(f"unknown recompute policy {self.kind!r}; choose one of: {SPEC_HELP}")
+        if POLICIES.get(self.kind) is not type(self):
+            raise RecomputePolicyError(f"{type(self).__name__} is not a registered recompute policy; choose one of: "
+                                       f"{spec_help()}")
         if self.seam_tokens is not None:
             _check_number(SEAM_TOKENS, self.seam_tokens, "a recompute policy's seam (@W)")
-        _check_number(NumberRange(0, POLICY_CHUNKS.maximum), self.chunks, "a recompute policy's chunk count")
-        _check_number(POLICY_BUDGET, self.budget, "a recompute policy's budget")
-        _check_number(NumberRange(0, POLICY_TOKENS.maximum), self.tokens, "a recompute policy's token budget")
-        if self.kind == "whole" and self.chunks < 1:
-            raise RecomputePolicyError("policy whole needs a chunk count >= 1 (whole:N)")
-        if self.kind == "tokens" and self.tokens < 1:
-            raise RecomputePolicyError("policy tokens needs a token count >= 1 (tokens:N)")
-        if self.kind != "tokens" and self.tokens:
-            raise RecomputePolicyError(f"policy {self.kind} takes no token count")
-        if self.kind != "whole" and self.chunks:
-            raise RecomputePolicyError(f"policy {self.kind} takes no chunk count")
-        if self.kind != "budget" and self.budget != 1:
-            raise RecomputePolicyError(f"policy {self.kind} takes no budget")
+        if self.amount is not None:
+            value = getattr(self, self.amount.field)
+            _check_number(self.amount.allowed, value, f"a recompute policy's {self.amount.noun}")
+            if not self.amount.allowed.integer:
+                object.__setattr__(self, self.amount.field, float(value))
         if not isinstance(self.anchored, bool):
             raise RecomputePolicyError(f"a recompute policy's anchored flag must be a bool, got {self.anchored!r}")
         if not isinstance(self.chained, bool):
             raise RecomputePolicyError(f"a recompute policy's chained flag must be a bool, got {self.chained!r}")
         if self.chained:
             object.__setattr__(self, "anchored", True)
-        object.__setattr__(self, "budget", float(self.budget))
 
     # ------------------------------------------------------------------------------------------------ specs
     @classmethod
@@ -162,44 +199,41 @@ class RecomputePolicy:
         `seam@0+anchored`); `RecomputePolicyError` naming the forms for anything else."""
         match = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
         if match is None:
-            raise RecomputePolicyError(f"not a recompute policy: {_shown_spec(spec)}; expected one of: {SPEC_HELP}")
+            raise RecomputePolicyError(f"not a recompute policy: {_shown_spec(spec)}; expected one of: {spec_help()}")
         kind, amount, seam = match.group("kind"), match.group("amount"), match.group("seam")
-        if kind not in POLICY_KINDS:
-            raise RecomputePolicyError(f"unknown recompute policy {kind!r}; expected one of: {SPEC_HELP}")
+        policy_class = POLICIES.get(kind)
+        if policy_class is None:
+            raise RecomputePolicyError(f"unknown recompute policy {kind!r}; expected one of: {spec_help()}")
         # every number of a spec is checked against its range here, before any is used (whatever the kind)
         seam_tokens = None if seam is None else _parse_number(SEAM_TOKENS, seam, "the seam (@W)", spec)
-        anchored = match.group("anchored") is not None
-        chained = match.group("anchored") == CHAINED_SUFFIX
-        if kind == "seam":
+        suffix = match.group("anchored")
+        settings: dict[str, Any] = {"seam_tokens": seam_tokens, "anchored": suffix is not None,
+                                    "chained": suffix == CHAINED_SUFFIX}
+        wanted = policy_class.amount
+        if wanted is None:
             if amount is not None:
-                raise RecomputePolicyError(f"policy seam takes no amount (seam or seam@W), got {spec!r}")
-            return cls("seam", seam_tokens=seam_tokens, anchored=anchored, chained=chained)
+                raise RecomputePolicyError(f"policy {kind} takes no amount ({kind} or {kind}@W), got {spec!r}")
+            return policy_class(**settings)
         if amount is None:
             raise RecomputePolicyError(f"policy {kind} needs an amount ({kind}:N), got {spec!r}")
-        if kind in ("whole", "tokens"):
-            if "." in amount:
-                raise RecomputePolicyError(f"policy {kind} takes a whole number, got {spec!r}")
-            if kind == "tokens":
-                return cls("tokens", tokens=_parse_number(POLICY_TOKENS, amount, "N of tokens:N", spec),
-                           seam_tokens=seam_tokens, anchored=anchored, chained=chained)
-            return cls("whole", chunks=_parse_number(POLICY_CHUNKS, amount, "N of whole:N", spec),
-                       seam_tokens=seam_tokens, anchored=anchored, chained=chained)
-        return cls("budget", budget=_parse_number(POLICY_BUDGET, amount, "X of budget:X", spec), seam_tokens=seam_tokens,
-                   anchored=anchored, chained=chained)
+        if wanted.allowed.integer and "." in amount:
+            raise RecomputePolicyError(f"policy {kind} takes a whole number, got {spec!r}")
+        settings[wanted.field] = _parse_number(wanted.allowed, amount, f"{wanted.letter} of {kind}:{wanted.letter}",
+                                               spec)
+        return policy_class(**settings)
 
     @property
     def spec(self) -> str:
         """The spec `parse` reads back into this policy."""
-        seam = "" if self.seam_tokens is None else f"@{self.seam_tokens}"
+        text = self.kind
+        if self.amount is not None:
+            value = getattr(self, self.amount.field)
+            text += f":{value}" if self.amount.allowed.integer else f":{value:g}"
+        if self.seam_tokens is not None:
+            text += f"@{self.seam_tokens}"
         if self.anchored:
-            seam += CHAINED_SUFFIX if self.chained else ANCHORED_SUFFIX
-        if self.kind == "whole":
-            return f"whole:{self.chunks}{seam}"
-        if self.kind == "tokens":
-            return f"tokens:{self.tokens}{seam}"
-        if self.kind == "budget":
-            return f"budget:{self.budget:g}{seam}"
-        return f"seam{seam}"
+            text += CHAINED_SUFFIX if self.chained else ANCHORED_SUFFIX
+        return text
 
     def __str__(self) -> str:
         return self.spec
@@ -208,6 +242,11 @@ class RecomputePolicy:
     def chunk_seam(self, default_seam: int) -> int:
         """The seam window of the chunks this policy does not recompute whole."""
         return check_seam_tokens(default_seam if self.seam_tokens is None else self.seam_tokens)
+
+    def whole_chunks(self, order: Sequence[int], chunk_lengths: Sequence[int], seam: int) -> Iterable[int]:
+        """The chunks this policy recomputes whole: numbers into `chunk_lengths` [n], given all n of them most
+        important first (`order`) and the seam `seam` of the others. The base recomputes none."""
+        return ()
 
     def plan(self, chunk_lengths: Sequence[int], default_seam: int, ranks: Sequence[int] = ()) -> RecomputePlan:
         """The plan for chunks of `chunk_lengths` [n] ranked by `ranks` [n] (lower = more important; ties and an
@@ -219,23 +258,13 @@ class RecomputePolicy:
             raise ValueError(f"{len(ranks)} ranks for {count} chunks")
         seams: list[int | None] = [seam] * count
         order = sorted(range(count), key=lambda number: (ranks[number] if ranks else 0, number))
-        if self.kind == "whole":
-            for number in order[: self.chunks]:
-                seams[number] = WHOLE
-        elif self.kind in ("budget", "tokens"):
-            spent = sum(min(seam, length) for length in chunk_lengths)
-            allowed = self.budget * spent if self.kind == "budget" else float(self.tokens)
-            for number in order:
-                extra = chunk_lengths[number] - min(seam, chunk_lengths[number])
-                if extra and spent + extra <= allowed + 1e-9:
-                    seams[number] = WHOLE
-                    spent += extra
+        for number in self.whole_chunks(order, chunk_lengths, seam):
+            seams[number] = WHOLE
         return RecomputePlan(tuple(seams))
 
     def resolved(self, default_seam: int) -> RecomputePolicy:
         """This policy with its seam made explicit (`default_seam` unless it names one)."""
-        return RecomputePolicy(self.kind, chunks=self.chunks, budget=self.budget, tokens=self.tokens,
-                               seam_tokens=self.chunk_seam(default_seam), anchored=self.anchored, chained=self.chained)
+        return replace(self, seam_tokens=self.chunk_seam(default_seam))
 
     def entry_seams(self, default_seam: int) -> set[int]:
         """The chunk seams the plans of this policy read (an anchored entry's own seam adds the anchor's length:
@@ -251,6 +280,87 @@ class RecomputePolicy:
         if not isinstance(data, dict) or not isinstance(data.get("spec"), str):
             raise RecomputePolicyError(f"a recorded recompute policy must be an object with a spec, got {data!r}")
         return cls.parse(data["spec"])
+
+
+def whole_within(order: Sequence[int], chunk_lengths: Sequence[int], seam: int, allowed: float) -> list[int]:
+    """Chunks recomputed whole in `order` while the chunk tokens recomputed (every chunk's seam counted from the
+    start) stay within `allowed`; a chunk that does not fit is skipped and the next one tried."""
+    spent = sum(min(seam, length) for length in chunk_lengths)
+    chosen = []
+    for number in order:
+        extra = chunk_lengths[number] - min(seam, chunk_lengths[number])
+        if extra and spent + extra <= allowed + 1e-9:
+            chosen.append(number)
+            spent += extra
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------------- policies
+@register_policy
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SeamPolicy(RecomputePolicy):
+    """`seam`, `seam@W`: every chunk at seam W (the engine's, the index's, unless the spec names one)."""
+
+    kind: ClassVar[str] = "seam"
+    form: ClassVar[str] = "seam, seam@W"
+    candidates: ClassVar[tuple[tuple[float, str], ...]] = (
+        (0, "seam"), (8, "seam@0+anchored"), (9, "seam@0+chained"), (10, "seam+anchored"), (11, "seam+chained"))
+
+
+@register_policy
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WholePolicy(RecomputePolicy):
+    """`whole:N[@W]`: the `chunks` highest-ranked chunks recomputed whole, seam W for the rest."""
+
+    kind: ClassVar[str] = "whole"
+    form: ClassVar[str] = "whole:N[@W]"
+    meaning: ClassVar[str] = "the N top-ranked chunks whole, seam W for the rest"
+    amount: ClassVar[PolicyAmount | None] = PolicyAmount("chunks", POLICY_CHUNKS, "N", "chunk count")
+    candidates: ClassVar[tuple[tuple[float, str], ...]] = ((2, "whole:1"), (4, "whole:2"), (6, "whole:3"),
+                                                           (7, "whole:4"))
+
+    chunks: int
+
+    def whole_chunks(self, order: Sequence[int], chunk_lengths: Sequence[int], seam: int) -> Iterable[int]:
+        return order[: self.chunks]
+
+
+@register_policy
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetPolicy(RecomputePolicy):
+    """`budget:X[@W]`: chunks recomputed whole in rank order while the chunk tokens recomputed stay within `budget`
+    times those of the seam plan (scale-free: the same spec costs at most that factor whatever the chunk length),
+    seam W for the rest; a chunk that does not fit is skipped and the next one tried."""
+
+    kind: ClassVar[str] = "budget"
+    form: ClassVar[str] = "budget:X[@W]"
+    meaning: ClassVar[str] = "whole chunks while at most X times the seam's tokens"
+    amount: ClassVar[PolicyAmount | None] = PolicyAmount("budget", POLICY_BUDGET, "X", "budget")
+    candidates: ClassVar[tuple[tuple[float, str], ...]] = (
+        (1, "budget:1.5"), (3, "budget:2"), (5, "budget:3"), (12, "budget:2+anchored"), (13, "budget:2+chained"),
+        (14, "budget:3+anchored"))
+
+    budget: float
+
+    def whole_chunks(self, order: Sequence[int], chunk_lengths: Sequence[int], seam: int) -> Iterable[int]:
+        return whole_within(order, chunk_lengths, seam, self.budget * sum(min(seam, n) for n in chunk_lengths))
+
+
+@register_policy
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokensPolicy(RecomputePolicy):
+    """`tokens:N[@W]`: as `budget` with an absolute budget: at most `tokens` chunk tokens recomputed per request,
+    seams included (a request whose seams alone exceed it keeps its seams)."""
+
+    kind: ClassVar[str] = "tokens"
+    form: ClassVar[str] = "tokens:N[@W]"
+    meaning: ClassVar[str] = "whole chunks while at most N chunk tokens"
+    amount: ClassVar[PolicyAmount | None] = PolicyAmount("tokens", POLICY_TOKENS, "N", "token budget")
+
+    tokens: int
+
+    def whole_chunks(self, order: Sequence[int], chunk_lengths: Sequence[int], seam: int) -> Iterable[int]:
+        return whole_within(order, chunk_lengths, seam, float(self.tokens))
 
 
 def _shown_spec(spec: object) -> str:
@@ -274,7 +384,7 @@ def _parse_number(allowed: NumberRange, text: str, name: str, spec: str) -> Any:
         raise RecomputePolicyError(f"in recompute policy {_shown_spec(spec)}: {name} {error}") from None
 
 
-SEAM_POLICY = RecomputePolicy()
+SEAM_POLICY: RecomputePolicy = SeamPolicy()
 """Today's fixed seam at the engine's (the index's) seam width: the default."""
 
 

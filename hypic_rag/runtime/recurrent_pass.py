@@ -139,7 +139,7 @@ def recurrent_layer(
         waves: list[_Walk] = []
         mapped: list[_Walk] = []
         # one item with several runs: its own packed scan; several such items: the wavefront batches their runs
-        # (8 prefills of 6 runs each on 2 cores: a step 8% shorter than 8 packed scans, tests/runtime/test_batch_*)
+        # (shorter than packed scans, docs/runtime.md; exactness: tests/runtime/test_batch_*)
         packing = mixer.scans_runs and sum(len(walk.runs) > 1 for walk in walks) == 1
         for walk in walks:
             several = fast and len(walk.runs) > 1

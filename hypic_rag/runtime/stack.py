@@ -130,9 +130,7 @@ def run_batch(model: HybridModel, items: list[StackItem], *, want_all_logits: bo
     trim = not want_all_logits and len(flat_ids) > len(layouts)
     # small ops on one thread when every item's own work is small (decode steps, seams and questions), however many
     # items: an item's recurrence and cached maps are as small in a batch as alone, and the large ops (linears,
-    # attention, products of large states) widen by their own size (`runtime/threads.py`). Measured on 2 cores, 8
-    # hypic RAG prefills (k = 8 x 256) in one pass: Jamba's timing model 6.4 -> 4.7 s, Qwen's 6.2 -> 5.5 s, against
-    # the pass's total rows (704) as the size
+    # attention, products of large states) widen by their own size (`runtime/threads.py`; docs/runtime.md)
     with serial_section(max(layout.recomputed for layout in layouts), device):
         hidden = model.embed(ids)  # [R, hidden]
         context = BlockContext(embeddings=hidden)

@@ -3,9 +3,9 @@
 A hypic prefill recomputes a few dozen rows (seam windows and the question) and runs thousands of small torch
 operations on them (norms, gates, the conv, the scan's batched products, the state compositions). Each of those
 opens an OpenMP parallel region; under `OMP_WAIT_POLICY=PASSIVE` (what the CLI sets, and what a shared machine needs)
-the pool's threads sleep between regions, so every small operation pays for waking them. Measured on 2 cores with a
-[88, 768] RMS norm: ~300 us on two threads, ~70 us on one. The few large operations of such a pass (the linear
-layers, attention over every cached key) still want every thread.
+the pool's threads sleep between regions, so every small operation pays for waking them (docs/runtime.md has the
+measurements). The few large operations of such a pass (the linear layers, attention over every cached key) still
+want every thread.
 
 `serial_section(size)` runs a pass over at most `SERIAL_MAX_ROWS` rows (or other small work, with the caller's own
 limit: the packed delta-rule scan) with ONE intra-op thread, and `wide()` / `wide_for(multiply_adds)` give one large
@@ -66,9 +66,8 @@ def serial_section(size: int, device: torch.device | str = "cpu", limit: int = S
 
 
 WIDE_MIN_MULTIPLY_ADDS = 1 << 24
-"""A product inside a serial section gets every thread (`wide_for`) from about this many multiply-adds on. Measured
-on 2 cores (PASSIVE): S <- P S + Z over 16 heads of 64 x 64 (4M) takes 120 us on one thread and 245 us on two;
-over 16 heads of 128 x 128 (34M), 970 us on one and 630 us on two."""
+"""A product inside a serial section gets every thread (`wide_for`) from about this many multiply-adds on
+(docs/runtime.md, "CPU measurements behind the runtime's constants")."""
 
 
 def wide_for(multiply_adds: int):

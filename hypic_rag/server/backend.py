@@ -21,7 +21,7 @@ from typing import Any
 
 from hypic_rag.pipeline import RagPipeline
 from hypic_rag.prompting.format import tokenize_segment
-from hypic_rag.prompting.matching import NO_MATCHING, MatchSettings, SegmentedPrompt
+from hypic_rag.prompting.matching import NO_MATCHING, MatchConfig, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request
@@ -33,7 +33,7 @@ from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundErro
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.jobs import Job, JobRegistry
 from hypic_rag.server.worker import TaskContext
-from hypic_rag.session import CacheOptions, ModelSession
+from hypic_rag.session import CacheConfig, ModelSession
 from hypic_rag.usage import usage_of
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class ServiceBackend:
         # policy may read (`validation.checked_recompute_policy`)
         self.entry_seams = frozenset({session.seam_tokens, session.recompute_policy.chunk_seam(session.seam_tokens)})
         pipeline.session.set_matching(
-            MatchSettings(enabled=config.match_segments, max_segments=config.max_segments)
+            MatchConfig(enabled=config.match_segments, max_segments=config.max_segments)
         )
         if config.match_segments:
             known = pipeline.session.know_chunks(pipeline.index.docstore.iter_chunk_texts())
@@ -136,14 +136,14 @@ class ServiceBackend:
         the index was built for another model (or tokenizer), RetrievalError when another process holds the
         index's writer lock, ModelLoadError for a model directory that cannot load (or has no tokenizer)."""
         from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
-        from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
+        from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexConfig
         from hypic_rag.retrieval.embeddings import SentenceEmbedder
         from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
 
         index_dir = config.index_dir.resolve()
         manifest = IndexManifest.load(index_dir)
         # best effort: a damaged cache is disabled (warned), a failed write is logged; the service goes on
-        cache = CacheOptions(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache,
+        cache = CacheConfig(best_effort=True, hot_budget_bytes=config.hot_cache_bytes, remote=config.remote_cache,
                              cache_format=config.cache_format)
         session = ModelSession.for_index(
             manifest, index_dir, model_path=config.model_path, device=config.device, dtype=config.dtype, cache=cache,
@@ -160,7 +160,7 @@ class ServiceBackend:
                     chunk_tokens=int(manifest.chunker["chunk_tokens"]),
                     paragraph_fill=float(manifest.chunker.get("paragraph_fill", ChunkerConfig().paragraph_fill)),
                 )
-                settings = IndexSettings(
+                settings = IndexConfig(
                     model=ModelIdentity.of(session.model_path, session.model),
                     chunker=chunker_config,
                     prompt_format=session.prompt_format,

@@ -52,16 +52,13 @@ class ServerConfig:
     `hypic_rag.distributed.ray_encoder.RayMissEncoders`: Ray actors, longest batches first); None: here, in batches.
     recompute_policy: what `hypic` requests recompute (a spec of `hypic_rag.runtime.recompute_policy`, e.g.
     "whole:1"; None: the index's recorded policy, else the fixed seam); a request may name another.
-    retrieval_batch: the most questions the retrieval stage embeds and searches in one batch. On CPU a question's
-    embedding is compute-bound (MiniLM on 2 cores: one question 10 ms, eight 33 ms), so batches of more than a few
-    save little and hold every question back from the model worker until the last is embedded; smaller batches let
-    the next batch's retrieval overlap the worker's prefill of this one (8 clients of the bundled model: 27-30 req/s
-    at 4 against 23-25 at 64, docs/service.md). Raise it where embedding batches scale (a GPU).
+    retrieval_batch: the most questions the retrieval stage embeds and searches in one batch: small, so that the
+    next batch's retrieval overlaps the worker's prefill of this one (docs/service.md says why 4, measured); raise
+    it where embedding batches scale (a GPU).
     prefill_wait_s: how long the model worker may hold a step whose prefills wait for admission while the
     retrieval stage is retrieving a batch, so that the batch's prefills join the same pass (a lone client's
-    question never waits: nothing else is being retrieved; 0: never hold). 8 clients of the bundled model on 2
-    cores, `--workers 2`, six alternating runs each: 27.3 against 24.8 req/s (means) at 0.05 against 0, ratio to one
-    client 2.55-2.94x against 2.30-3.10x (docs/service.md, "Measured").
+    question never waits: nothing else is being retrieved; 0: never hold; docs/service.md, "Measured", has its
+    effect).
     cache_format: the cache format the index's entries must be in (None: the index's; another raises
     `IndexMismatchError` when the service opens, docs/cache.md).
     api_key / admin_key / metrics_need_key: the keys requests must carry (`hypic_rag.server.auth`: None: open;

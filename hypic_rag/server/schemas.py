@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hypic_rag.utils.limits import MAX_NEW_TOKENS, TOP_K
+from hypic_rag.runtime.recompute_policy import policy_help
 from hypic_rag.runtime.sampling import SEED_MAX
 from hypic_rag.utils.text import unencodable_message
 
@@ -70,9 +71,8 @@ class AskRequest(_Strict):
     )
     recompute_policy: str | None = Field(
         None,
-        description="What a hypic answer recomputes: seam, seam@W, whole:N[@W] (the N top-ranked chunks recomputed "
-                    "whole), budget:X[@W], tokens:N[@W]; default: the server's (the index's calibrated policy, else "
-                    "seam).",
+        description=f"What a hypic answer recomputes: {policy_help()}; default: the server's (the index's "
+                    "calibrated policy, else seam).",
     )
     stream: bool = Field(False, description="Answer as server-sent events (text/event-stream).")
     timeout_s: float | None = Field(

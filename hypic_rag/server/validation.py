@@ -25,8 +25,7 @@ def checked_recompute_policy(spec: str | None, entry_seams: Collection[int] | No
     `longest_chunk` long (then every chunk is recomputed whole and no entry is read).
 
     What a client may make the server store is so bounded: entries of the seams the index was built for, at most
-    one per retrieved chunk (`top_k`) or prompt segment (`max_segments`); a client varying `seam@W` used to add a
-    new entry per chunk and width (30 asks: 480 entries, 154 MiB)."""
+    one per retrieved chunk (`top_k`) or prompt segment (`max_segments`)."""
     if spec is None:
         return None
     try:

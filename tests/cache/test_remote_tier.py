@@ -46,7 +46,7 @@ from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry  # noqa: E402
 from hypic_rag.cache.errors import RemoteTierConfigError  # noqa: E402
 from hypic_rag.cli.main import main  # noqa: E402
 from hypic_rag.pipeline import RagPipeline  # noqa: E402
-from hypic_rag.precompute import PrecomputeOptions, precompute  # noqa: E402
+from hypic_rag.precompute import PrecomputeConfig, precompute  # noqa: E402
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM  # noqa: E402
 from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port  # noqa: E402
@@ -400,7 +400,7 @@ def host_a(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index, tiny_index
     bucket = f"hypic-{uuid.uuid4().hex[:12]}"
     s3_client(s3.url).create_bucket(Bucket=bucket)
     index = copy_tiny_index(tmp_path_factory.mktemp("host_a") / "index")
-    summary = precompute(PrecomputeOptions(
+    summary = precompute(PrecomputeConfig(
         corpus=tiny_index_master.with_name(tiny_index_master.name + ".corpus"), index_dir=index,
         model_path=tiny_model, chunk_tokens=96, seam_tokens=8, device="cpu", show_progress=False,
         remote_cache=RemoteTierConfig.from_url(f"s3://{bucket}/segments", endpoint_url=s3.url),

@@ -40,9 +40,9 @@ from hypic_rag.cache.segment_cache import SegmentCache
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
 from hypic_rag.cli.main import main
 from hypic_rag.retrieval.chunking import ChunkerConfig
-from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
+from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexConfig
 from hypic_rag.retrieval.errors import IndexWriteError
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.precompute import PrecomputeConfig, precompute
 from hypic_rag.testing import (
     SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
 )
@@ -103,8 +103,8 @@ def cut(data_file: Path, size: int) -> None:
     os.truncate(data_file, size)
 
 
-def options(corpus: Path, index: Path, model: Path, cache: Path | None = None) -> PrecomputeOptions:
-    return PrecomputeOptions(corpus=corpus, index_dir=index, model_path=model, chunk_tokens=CHUNK_TOKENS,
+def options(corpus: Path, index: Path, model: Path, cache: Path | None = None) -> PrecomputeConfig:
+    return PrecomputeConfig(corpus=corpus, index_dir=index, model_path=model, chunk_tokens=CHUNK_TOKENS,
                              cache_dir=cache, device="cpu", show_progress=False)
 
 
@@ -354,7 +354,7 @@ def test_disk_full_while_writing_the_index(small_disk: Path, tmp_path: Path, mod
         assert opened.search(QUESTION, 1)[0].chunk.doc_id == "glassblowing.md"
         manifest = opened.manifest
     # the FAISS file fails to write after the docstore changed: one error, the old file kept, no temporary left
-    settings = IndexSettings(model=manifest.model, chunker=ChunkerConfig(chunk_tokens=CHUNK_TOKENS), cache_dir=cache)
+    settings = IndexConfig(model=manifest.model, chunker=ChunkerConfig(chunk_tokens=CHUNK_TOKENS), cache_dir=cache)
     vectors = index / "vectors.faiss"
     vectors_before = vectors.read_bytes()
     from hypic_rag.retrieval.embeddings import SentenceEmbedder

@@ -88,7 +88,7 @@ def test_the_python_api_takes_the_format_and_refuses_another(index: Path) -> Non
     from hypic_rag.pipeline import RagPipeline
     from hypic_rag.retrieval.errors import IndexMismatchError
     from hypic_rag.server.config import ServerConfig
-    from hypic_rag.session import CacheOptions
+    from hypic_rag.session import CacheConfig
 
     recorded = manifest(index)["cache_format"]
     other = "int4" if recorded != "int4" else "int8"
@@ -102,7 +102,7 @@ def test_the_python_api_takes_the_format_and_refuses_another(index: Path) -> Non
     with pytest.raises(ValueError, match="unknown cache format"):
         ServerConfig(index_dir=index, cache_format="int2")
     with pytest.raises(ValueError, match="unknown cache format"):
-        CacheOptions(cache_format="float64")
+        CacheConfig(cache_format="float64")
 
 
 def test_calibrate_records_the_smallest_format_meeting_its_target(capsys, tmp_path: Path, index: Path) -> None:

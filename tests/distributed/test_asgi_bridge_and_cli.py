@@ -179,10 +179,10 @@ def test_replicas_stats_merge_per_process_and_per_store_counters() -> None:
 
 
 def test_malformed_addresses_are_refused_before_any_connection() -> None:
-    from hypic_rag.distributed.cluster import ClusterOptions, RayUnavailableError, check_reachable
+    from hypic_rag.distributed.cluster import ClusterConfig, RayUnavailableError, check_reachable
 
     for address in ("no-port", "host:", "ray://:80"):
         with pytest.raises(RayUnavailableError, match="not a Ray address"):
             check_reachable(address)
     with pytest.raises(ValueError):
-        ClusterOptions(address=" ")
+        ClusterConfig(address=" ")

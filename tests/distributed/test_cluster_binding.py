@@ -31,8 +31,8 @@ def test_a_private_instance_listens_on_loopback_only() -> None:
     from pathlib import Path
 
     pytest.importorskip("ray", reason="ray is not installed")
-    code = ("from hypic_rag.distributed.cluster import ClusterOptions, connect, disconnect_if_local\n"
-            "options = ClusterOptions(address='local', num_cpus=1)\n"
+    code = ("from hypic_rag.distributed.cluster import ClusterConfig, connect, disconnect_if_local\n"
+            "options = ClusterConfig(address='local', num_cpus=1)\n"
             "ray = connect(options)\n"
             "print(ray.get_runtime_context().gcs_address)\n"
             "disconnect_if_local(ray, options)\n")

@@ -21,11 +21,11 @@ SEAM = 2
 @pytest.fixture(scope="module")
 def actor(tiny_model: Path) -> Any:
     from hypic_rag.distributed.actors import EncoderActor
-    from hypic_rag.retrieval.encoding_pool import EncoderSpec
+    from hypic_rag.retrieval.encoding_pool import EncoderConfig
     from hypic_rag.runtime.model import load_model
 
     fingerprint = load_model(tiny_model, device="cpu").fingerprint
-    spec = EncoderSpec(model_path=str(tiny_model), device="cpu", dtype="float32", seam_tokens=SEAM,
+    spec = EncoderConfig(model_path=str(tiny_model), device="cpu", dtype="float32", seam_tokens=SEAM,
                        fingerprint=fingerprint)
     return EncoderActor(spec, encode_batch_tokens=1024)
 

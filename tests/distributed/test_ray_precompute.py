@@ -24,7 +24,7 @@ from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.distributed.ray_scale_out import RayScaleOut
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.precompute import PrecomputeConfig, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,11 +62,11 @@ def model(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("model"), texts)
 
 
-def options(corpus: Path, index: Path, model: Path, **changes: Any) -> PrecomputeOptions:
+def options(corpus: Path, index: Path, model: Path, **changes: Any) -> PrecomputeConfig:
     values: dict[str, Any] = dict(corpus=corpus, index_dir=index, model_path=model, chunk_tokens=CHUNK_TOKENS,
                                   device="cpu", show_progress=False)
     values.update(changes)
-    return PrecomputeOptions(**values)
+    return PrecomputeConfig(**values)
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,7 @@ def test_ingest_feeder_predicts_every_embedding_batch(ray_cluster: Any, corpus: 
     """Small embedding batches and chunking tasks, a short lookahead: the feeder's batches are the writer's."""
     from hypic_rag.distributed.ray_ingest import IngestFeeder
     from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
-    from hypic_rag.retrieval.corpus_index import IndexSettings
+    from hypic_rag.retrieval.corpus_index import IndexConfig
     from hypic_rag.retrieval.embeddings import SentenceEmbedder
     from hypic_rag.retrieval.loading import load_corpus
     from hypic_rag.retrieval.manifest import ModelIdentity
@@ -191,7 +191,7 @@ def test_ingest_feeder_predicts_every_embedding_batch(ray_cluster: Any, corpus: 
     loaded.documents[:] = loaded.documents[:12]
     tiny = load_model(model, device="cpu", require_tokenizer=True)
     chunker = Chunker(tiny.tokenizer, ChunkerConfig(chunk_tokens=CHUNK_TOKENS))
-    settings = IndexSettings(model=ModelIdentity.of(model, tiny), chunker=chunker.config, embed_batch_chunks=8)
+    settings = IndexConfig(model=ModelIdentity.of(model, tiny), chunker=chunker.config, embed_batch_chunks=8)
     embedder = SentenceEmbedder()
     reports, feeders = [], []
     for name, distributed in (("here", False), ("ray", True)):

@@ -35,6 +35,7 @@ RUN_ELSEWHERE = {
     "README.md": ("tests/e2e/test_docs_and_examples.py", 2),
     "docs/llama_index.md": ("tests/integrations/test_llama_index_docs.py", 4),
     "docs/service.md": ("tests/server/test_server_retrieval_stage.py", 1),
+    "docs/recompute_policies.md": ("tests/runtime/test_recompute_policy_registry.py", 1),
 }
 """Document -> (the test that runs all of its ```python blocks, how many it has)."""
 

@@ -13,7 +13,7 @@ import pytest
 
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, tokenize_segment
 from hypic_rag.prompting.matching import (
-    MatchSettings,
+    MatchConfig,
     Occurrence,
     Piece,
     SegmentMatcher,
@@ -43,7 +43,7 @@ def tokenizer(tiny_model: Path):
 
 
 def matcher_of(*texts: str, **settings) -> SegmentMatcher:
-    matcher = SegmentMatcher(MatchSettings(**settings))
+    matcher = SegmentMatcher(MatchConfig(**settings))
     for text in texts:
         matcher.add_chunk(text, FMT.chunk(text))
     return matcher
@@ -76,7 +76,7 @@ def test_occurrences_equal_the_naive_search(seed: int, collapse: bool) -> None:
         return "".join(rng.choice(words) + rng.choice(spaces) for _ in range(length))
 
     corpus = text(80)
-    matcher = SegmentMatcher(MatchSettings(min_chars=6, collapse_whitespace=collapse))
+    matcher = SegmentMatcher(MatchConfig(min_chars=6, collapse_whitespace=collapse))
     for _ in range(25):  # substrings of one text: many overlaps and shared anchors
         start = rng.randrange(len(corpus) - 10)
         matcher.add_chunk(corpus[start : start + rng.randint(6, 40)], corpus[start : start + 60])
@@ -226,7 +226,7 @@ def test_the_prompt_prefix_becomes_the_prefix_segment_when_chunks_are_found(toke
 
 
 def test_short_texts_are_not_known_and_seen_segments_are_bounded() -> None:
-    matcher = SegmentMatcher(MatchSettings(min_chars=64, seen_capacity=2))
+    matcher = SegmentMatcher(MatchConfig(min_chars=64, seen_capacity=2))
     assert not matcher.add_chunk("A short chunk.", "A short chunk.\n")
     for text in (CHESS, BIKES, GLASS):
         assert matcher.add_seen(text + "\n")
@@ -235,9 +235,9 @@ def test_short_texts_are_not_known_and_seen_segments_are_bounded() -> None:
     for number in range(3):
         matcher.add_seen(f"{GLASS} Note {number}.")
     assert matcher.counts() == {"index": 1, "seen": 2} and len(matcher.find(f"x {BIKES} y")) == 1
-    assert not SegmentMatcher(MatchSettings(enabled=False)).add_seen(CHESS)
+    assert not SegmentMatcher(MatchConfig(enabled=False)).add_seen(CHESS)
     with pytest.raises(ValueError):
-        MatchSettings(min_chars=0)
+        MatchConfig(min_chars=0)
 
 
 def test_thousands_of_known_chunks_are_found_in_a_long_prompt() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
-from hypic_rag.retrieval.corpus_index import DOCSTORE_FILE, VECTORS_FILE, CorpusIndex, IndexSettings
+from hypic_rag.retrieval.corpus_index import DOCSTORE_FILE, VECTORS_FILE, CorpusIndex, IndexConfig
 from hypic_rag.retrieval.docstore import DocStore
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
 from hypic_rag.retrieval.faiss_index import VectorIndex
@@ -32,7 +32,7 @@ OPEN_WRITER = '''
 from pathlib import Path
 
 from hypic_rag.retrieval.chunking import ChunkerConfig
-from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
+from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexConfig
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
 from hypic_rag.retrieval.manifest import IndexManifest
 
@@ -40,7 +40,7 @@ from hypic_rag.retrieval.manifest import IndexManifest
 def open_writer(directory):
     """The index opened for update with the settings its manifest records (as `serve` opens it)."""
     manifest = IndexManifest.load(Path(directory))
-    settings = IndexSettings(model=manifest.model, chunker=ChunkerConfig(
+    settings = IndexConfig(model=manifest.model, chunker=ChunkerConfig(
         chunk_tokens=manifest.chunker["chunk_tokens"], paragraph_fill=manifest.chunker["paragraph_fill"]),
                              prompt_format=manifest.prompt_format, seam_tokens=manifest.seam_tokens)
     return CorpusIndex.open_for_update(directory, SentenceEmbedder(), settings)
@@ -95,7 +95,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("delete_kills")
     corpus = write_corpus(base / "corpus", {name: text * 3 for name, text in SMALL_CORPUS.items()})
     chunker = Chunker(train_tiny_tokenizer(list(SMALL_CORPUS.values()) * 3), ChunkerConfig(chunk_tokens=32))
-    settings = IndexSettings(model=ModelIdentity(path="tiny", fingerprint="m", tokenizer_fingerprint="t"),
+    settings = IndexConfig(model=ModelIdentity(path="tiny", fingerprint="m", tokenizer_fingerprint="t"),
                              chunker=ChunkerConfig(chunk_tokens=32))
     with CorpusIndex.open_for_update(base / "index", SentenceEmbedder(), settings) as index:
         index.ingest(load_corpus(corpus), chunker)

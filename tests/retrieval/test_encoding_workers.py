@@ -86,13 +86,14 @@ WORKER_SCRIPT = textwrap.dedent(
     import signal
     import sys
 
-    from hypic_rag.retrieval.encoding_pool import EncoderSpec, EncodingPoolError, SegmentEncoder, SegmentTask
+    from hypic_rag.retrieval.encoding_pool import EncoderConfig, EncodingPoolError, SegmentEncoder, SegmentTask
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
 
 
     def encode(model, model_path: str, fingerprint: str) -> str:
-        spec = EncoderSpec(model_path=model_path, device="cpu", dtype="float32", seam_tokens=4, fingerprint=fingerprint)
+        spec = EncoderConfig(model_path=model_path, device="cpu", dtype="float32", seam_tokens=4,
+                             fingerprint=fingerprint)
         tasks = [SegmentTask(tuple(range(3, 3 + length)), 4) for length in (9, 17, 5, 12)]
         try:
             with SegmentEncoder(Engine(model, seam_tokens=4), spec, workers=2) as encoder:
@@ -102,7 +103,7 @@ WORKER_SCRIPT = textwrap.dedent(
 
 
     def encode_and_kill_a_worker(model, model_path: str) -> str:
-        spec = EncoderSpec(model_path=model_path, device="cpu", dtype="float32", seam_tokens=4,
+        spec = EncoderConfig(model_path=model_path, device="cpu", dtype="float32", seam_tokens=4,
                            fingerprint=model.fingerprint)
         tasks = [SegmentTask(tuple(range(3, 200)), 4) for _ in range(200)]  # ~40 batches: many still pending at the kill
         try:

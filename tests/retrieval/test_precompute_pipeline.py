@@ -16,7 +16,7 @@ from hypic_rag.cli.main import main
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.embeddings import default_embedder_path
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.precompute import PrecomputeConfig, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 
 DOCUMENTS = {
@@ -79,10 +79,10 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, captured.out, captured.err
 
 
-def options_for(corpus: Path, index: Path, model_dir: Path, **changes) -> PrecomputeOptions:
+def options_for(corpus: Path, index: Path, model_dir: Path, **changes) -> PrecomputeConfig:
     values = dict(corpus=corpus, index_dir=index, model_path=model_dir, chunk_tokens=CHUNK_TOKENS, show_progress=False)
     values.update(changes)
-    return PrecomputeOptions(**values)
+    return PrecomputeConfig(**values)
 
 
 def namespace_of(index: Path) -> CacheNamespace:

@@ -20,7 +20,7 @@ from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.precompute import PrecomputeConfig, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 from hypic_rag.cli.in_process import run_cli_here
 
@@ -114,7 +114,7 @@ def test_killed_precompute_resumes_and_indexes_every_chunk_once(tmp_path: Path) 
         assert all(store.contains(segment_key(namespace, chunk.token_ids)) for chunk in chunks)
         assert store.counters().entries == segments
 
-    again = precompute(PrecomputeOptions(corpus=corpus, index_dir=index, model_path=model,
+    again = precompute(PrecomputeConfig(corpus=corpus, index_dir=index, model_path=model,
                                          chunk_tokens=CHUNK_TOKENS, show_progress=False))
     assert not again.did_work and again.chunks == len(chunks)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
-from hypic_rag.retrieval.corpus_index import VECTORS_FILE, CorpusIndex, IndexSettings
+from hypic_rag.retrieval.corpus_index import VECTORS_FILE, CorpusIndex, IndexConfig
 from hypic_rag.retrieval.embeddings import SentenceEmbedder, default_embedder_path
 from hypic_rag.retrieval.errors import IndexMismatchError, IndexNotFoundError, RetrievalError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
@@ -59,10 +59,10 @@ def chunker() -> Chunker:
     return Chunker(train_tiny_tokenizer(texts * 3), ChunkerConfig(chunk_tokens=32))
 
 
-def settings(**changes) -> IndexSettings:
+def settings(**changes) -> IndexConfig:
     base = dict(model=MODEL, chunker=ChunkerConfig(chunk_tokens=32))
     base.update(changes)
-    return IndexSettings(**base)
+    return IndexConfig(**base)
 
 
 def top_doc(index: CorpusIndex, question: str) -> str:

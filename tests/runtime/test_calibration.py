@@ -13,7 +13,7 @@ from hypic_rag.runtime.calibration import CandidateScore, Calibration, calibrate
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.quality import kl_divergence
-from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError
+from hypic_rag.runtime.recompute_policy import SEAM_POLICY, RecomputePolicy, RecomputePolicyError
 from hypic_rag.runtime.request import Request
 from hypic_rag.testing import build_tiny_model
 
@@ -100,7 +100,7 @@ def test_the_choice_round_trips_through_the_manifest_into_ask_and_serve_sessions
     index = copy_tiny_index(tmp_path / "index")
     pipeline = RagPipeline.open(index, device="cpu")
     try:
-        assert pipeline.session.recompute_policy == RecomputePolicy()  # nothing recorded: the fixed seam
+        assert pipeline.session.recompute_policy == SEAM_POLICY  # nothing recorded: the fixed seam
         assert len(probe_questions(pipeline.index, 3)) == 3
         result, record = calibrate_index(pipeline, kl_target=0.0, requests=3, top_k=3,
                                          candidates=("seam", "whole:1", "whole:3"))

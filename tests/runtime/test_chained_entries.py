@@ -104,9 +104,10 @@ def test_precompute_plans_the_chained_entries_ask_reads(tiny_model) -> None:
 def test_calibration_offers_chained_policies_and_prefers_anchored_on_a_tie(engine: Engine) -> None:
     """Where no chunk follows its document's previous one, a chained policy reads the anchored entries: the same
     scores, and the anchored one is chosen (nothing extra to precompute)."""
-    from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, calibrate
+    from hypic_rag.runtime.calibration import calibrate
+    from hypic_rag.runtime.recompute_policy import calibration_candidates
 
-    specs = [policy.spec for policy in DEFAULT_CANDIDATES]
+    specs = [policy.spec for policy in calibration_candidates()]
     assert specs.index("seam@0+anchored") < specs.index("seam@0+chained")
     requests = [random_request(seed, [9, 11, 10]) for seed in (7, 8)]
     tied = calibrate(engine, requests, ["seam@0+chained", "seam@0+anchored"], kl_target=10.0)

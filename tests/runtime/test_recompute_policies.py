@@ -12,9 +12,13 @@ from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.recompute_policy import (
     WHOLE,
+    BudgetPolicy,
     RecomputePlan,
     RecomputePolicy,
     RecomputePolicyError,
+    SeamPolicy,
+    TokensPolicy,
+    WholePolicy,
     as_policy,
 )
 from hypic_rag.runtime.request import Request
@@ -53,8 +57,8 @@ def test_a_bad_spec_is_a_one_line_error_naming_the_forms(spec: str) -> None:
 
 def test_as_policy_accepts_specs_policies_and_none() -> None:
     assert as_policy(None) is None
-    assert as_policy("whole:2") == RecomputePolicy("whole", chunks=2)
-    policy = RecomputePolicy("budget", budget=3)
+    assert as_policy("whole:2") == WholePolicy(chunks=2)
+    policy = BudgetPolicy(budget=3)
     assert as_policy(policy) is policy
     with pytest.raises(RecomputePolicyError):
         as_policy(3)
@@ -62,7 +66,7 @@ def test_as_policy_accepts_specs_policies_and_none() -> None:
 
 # ------------------------------------------------------------------------------------------------------- plans
 def test_seam_plan_gives_every_chunk_the_seam() -> None:
-    assert RecomputePolicy().plan([10, 3, 7], SEAM).chunk_seams == (SEAM, SEAM, SEAM)
+    assert SeamPolicy().plan([10, 3, 7], SEAM).chunk_seams == (SEAM, SEAM, SEAM)
     assert RecomputePolicy.parse("seam@9").plan([10, 3], SEAM).chunk_seams == (9, 9)
 
 
@@ -86,7 +90,7 @@ def test_budget_plan_never_exceeds_its_budget_and_spends_it_in_rank_order() -> N
         ranks = rng.sample(range(count), count)
         budget = rng.choice([1.0, 1.5, 2.0, 3.0, 10.0])
         seam = rng.choice([0, 2, 4, 8])
-        plan = RecomputePolicy("budget", budget=budget).plan(lengths, seam, ranks)
+        plan = BudgetPolicy(budget=budget).plan(lengths, seam, ranks)
         seam_tokens = sum(min(seam, length) for length in lengths)
         assert plan.recomputed_chunk_tokens(lengths) <= budget * seam_tokens + 1e-9
         assert all(s in (seam, WHOLE) for s in plan.chunk_seams)
@@ -107,7 +111,7 @@ def test_token_budget_plan_never_exceeds_its_tokens_unless_the_seams_alone_do() 
         lengths = [rng.randint(1, 60) for _ in range(count)]
         ranks = rng.sample(range(count), count)
         seam, limit = rng.choice([0, 4, 8]), rng.randint(1, 300)
-        plan = RecomputePolicy("tokens", tokens=limit, seam_tokens=seam).plan(lengths, SEAM, ranks)
+        plan = TokensPolicy(tokens=limit, seam_tokens=seam).plan(lengths, SEAM, ranks)
         seams_only = sum(min(seam, length) for length in lengths)
         assert plan.recomputed_chunk_tokens(lengths) <= max(limit, seams_only)
         left = [n for n in range(count) if plan.chunk_seams[n] is not WHOLE and lengths[n] > seam]

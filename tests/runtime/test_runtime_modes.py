@@ -217,10 +217,10 @@ def test_the_mode_table_is_what_engine_bench_and_precompute_use(tiny) -> None:
 @pytest.mark.parametrize("seam", [-1, True, 2.0, "8", 65_537, 2**70])
 def test_every_seam_width_is_checked_by_the_one_validator(tiny, seam) -> None:
     from hypic_rag.cache.keys import CacheNamespace
-    from hypic_rag.retrieval.corpus_index import IndexSettings
-    from hypic_rag.retrieval.encoding_pool import EncoderSpec
+    from hypic_rag.retrieval.corpus_index import IndexConfig
+    from hypic_rag.retrieval.encoding_pool import EncoderConfig
     from hypic_rag.retrieval.manifest import ModelIdentity
-    from hypic_rag.precompute import PrecomputeOptions, SegmentPlan
+    from hypic_rag.precompute import PrecomputeConfig, SegmentPlan
     from hypic_rag.runtime.encode import encode_segment
 
     _, engine = tiny
@@ -231,10 +231,10 @@ def test_every_seam_width_is_checked_by_the_one_validator(tiny, seam) -> None:
         "prefill": lambda: engine.prefill(request, "hypic", seam_tokens=seam),
         "encode": lambda: encode_segment(engine.model, [1, 2, 3], seam),
         "namespace": lambda: CacheNamespace("m", "t", seam_tokens=seam),
-        "settings": lambda: IndexSettings(ModelIdentity("p", "m", "t"), seam_tokens=seam),
-        "options": lambda: PrecomputeOptions(Path("c"), Path("i"), Path("m"), seam_tokens=seam),
+        "settings": lambda: IndexConfig(ModelIdentity("p", "m", "t"), seam_tokens=seam),
+        "options": lambda: PrecomputeConfig(Path("c"), Path("i"), Path("m"), seam_tokens=seam),
         "plan": lambda: SegmentPlan(seam, [[1]]),
-        "encoder": lambda: EncoderSpec("p", "cpu", "float32", seam, "f"),
+        "encoder": lambda: EncoderConfig("p", "cpu", "float32", seam, "f"),
     }
     for name, attempt in attempts.items():  # every place refuses it, with the same message
         with pytest.raises(ValueError, match=message):

@@ -19,13 +19,13 @@ from hypic_rag.prompting.matching.cutting import (
     separated_pieces,
 )
 from hypic_rag.prompting.matching.known import KnownSegment
-from hypic_rag.prompting.matching.matcher import Match, MatchSettings, Occurrence, SegmentMatcher, select_occurrences
+from hypic_rag.prompting.matching.matcher import Match, MatchConfig, Occurrence, SegmentMatcher, select_occurrences
 
 __all__ = [
     "NO_MATCHING",
     "KnownSegment",
     "Match",
-    "MatchSettings",
+    "MatchConfig",
     "Occurrence",
     "Piece",
     "PromptSegment",

@@ -1,6 +1,6 @@
 """`SegmentMatcher`: finds the text of known segments (indexed chunks, segments seen before) inside a prompt.
 
-    matcher = SegmentMatcher(MatchSettings(min_chars=64))
+    matcher = SegmentMatcher(MatchConfig(min_chars=64))
     matcher.add_chunk(chunk_text, prompt_format.chunk(chunk_text))  # an indexed chunk and its cached segment
     matcher.add_seen(segment_text)                                  # a segment a request carried explicitly
     matches = matcher.find(prompt)        # non-overlapping `Match`es, in prompt order
@@ -37,7 +37,7 @@ and short text recurs by chance."""
 
 
 @dataclass(frozen=True, slots=True)
-class MatchSettings:
+class MatchConfig:
     """enabled: match at all (off: prompts are cut only at explicit separators, as before); min_chars: the
     shortest core matched, also the width of the hashed window; collapse_whitespace: match with whitespace runs
     collapsed (off: exact text only); seen_capacity: how many segments seen in requests are remembered (least
@@ -118,7 +118,7 @@ def select_occurrences(occurrences: Sequence[Occurrence]) -> list[Occurrence]:
 class SegmentMatcher:
     """Known segments and the anchors that find them in prompts (see the module docstring). Thread-safe."""
 
-    def __init__(self, settings: MatchSettings = MatchSettings()) -> None:
+    def __init__(self, settings: MatchConfig = MatchConfig()) -> None:
         self.settings = settings
         self._known: dict[str, KnownSegment] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()

@@ -1,7 +1,7 @@
 """Hybrid models built straight from a checkpoint directory, without importing transformers.
 
-Importing transformers and its model code costs a one-shot `hypic-rag ask` about 3.5 s of its ~6 s on a 2-core
-machine, more than everything else it does. For the families implemented here (Qwen3.5 dense: the bundled default
+Importing transformers and its model code would be most of a one-shot `hypic-rag ask` (docs/verification.md,
+"Start-up of a one-shot `ask`"). For the families implemented here (Qwen3.5 dense: the bundled default
 model's), `load_native` builds a module tree with transformers' names and shapes from config.json and the
 safetensors files, and `runtime.model.load_model` drives it as it drives transformers' model (same blocks, same
 fingerprint, same outputs: tests/runtime/test_native_models.py). Every other checkpoint loads through transformers,

@@ -221,8 +221,7 @@ def chunk_gated_delta_rule(
 
 SMALL_OPS_MAX_ELEMENTS = 1 << 20
 """A packed scan whose values hold at most this many elements runs as a serial section (`runtime/threads.py`): its
-many few-microsecond products on one CPU thread (measured on 2 cores: a scan step of 16 heads x 8 tokens x 64 x 64
-took 147 us on two threads and 81 us on one), large compositions still widened by `wide_for`."""
+many few-microsecond products on one CPU thread (docs/runtime.md), large compositions still widened by `wide_for`."""
 
 
 BetweenRuns = Callable[[int, torch.Tensor], torch.Tensor]

@@ -21,8 +21,8 @@ import torch
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import unit_lower_inverse
 
 DEFAULT_CHUNK_SIZE = 32
-"""The [C, C, K] pairwise decay makes the intra-chunk work grow with C: on CPU (B=1, H=8, T=2048, K=V=64, a shared
-machine) 16 and 32 took ~0.36 s, 64 took 0.64 s (transformers' torch path: 0.84 s)."""
+"""Tokens per chunk. The [C, C, K] pairwise decay makes the intra-chunk work grow with C (docs/runtime.md has the
+sizes tried)."""
 PAIRWISE_BUDGET = 1 << 24
 """Most elements of the [B, H, G, C, C, K] pairwise decay tensor built at once (64 MiB in float32)."""
 
