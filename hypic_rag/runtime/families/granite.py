@@ -36,14 +36,13 @@ class GraniteHybrid(Family):
     input_layernorm, post_attention_layernorm, `block_sparse_moe` (None without experts) and `shared_mlp`."""
 
     model_types = ("granitemoehybrid",)
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
 
     def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        if unknown:
-            return f"unknown layer type {unknown[0]!r}"
-        if config.position_embedding_type not in (None, "nope", "rope"):
+        problem = super().unsupported_reason(config)
+        if problem is None and config.position_embedding_type not in (None, "nope", "rope"):
             return f"position_embedding_type {config.position_embedding_type!r} is not supported (rope or none)"
-        return None
+        return problem
 
     def positions(self, hf_model: nn.Module) -> Positioner:
         rotary = getattr(self.backbone(hf_model), "rotary_emb", None)

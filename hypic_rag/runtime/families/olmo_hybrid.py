@@ -3,8 +3,6 @@ h += norm(attn(h)); h += norm(mlp(h))); NoPE unless the config sets a RoPE theta
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -35,10 +33,7 @@ class OlmoHybrid(Family):
     or "full_attention" (`self_attn`, post_attention_layernorm, post_feedforward_layernorm)."""
 
     model_types = ("olmo_hybrid",)
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
 
     def positions(self, hf_model: nn.Module) -> Positioner:
         """RoPE through the model's rotary module when it has one; the released checkpoints have none (NoPE)."""

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
@@ -20,16 +18,8 @@ class QwenHybrid(Family):
     (`layer.self_attn`), each with input_layernorm, post_attention_layernorm and mlp."""
 
     model_types = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
-
-    def structure_problem(self, hf_model: nn.Module) -> str | None:
-        problem = super().structure_problem(hf_model)
-        if problem is None and getattr(self.backbone(hf_model), "rotary_emb", None) is None:
-            return f"{type(hf_model).__name__} has no rotary embedding"
-        return problem
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
+    needs_rotary_embedding = True
 
     def positions(self, hf_model: nn.Module) -> Positioner:
         """How the attention layers position queries and keys: the model's rotary embedding."""
