@@ -54,18 +54,18 @@ class TinyModel:
     mixer_of: Callable[[Engine], torch.nn.Module] = lambda engine: engine.model.blocks[0].mixer
 
 
-MAMBA2_CONTRACT = {"tokens": 41, "split": 17, "seed": 5}
+MAMBA_CONTRACT = {"tokens": 41, "split": 17, "seed": 5}  # the Mamba families' mixer contract inputs
 TINY = {
-    "bamba": TinyModel("bamba", **MAMBA2_CONTRACT, moves_keys=True),
-    "falcon_h1": TinyModel("falcon_h1", **MAMBA2_CONTRACT, moves_keys=True,
+    "bamba": TinyModel("bamba", **MAMBA_CONTRACT, moves_keys=True),
+    "falcon_h1": TinyModel("falcon_h1", **MAMBA_CONTRACT, moves_keys=True,
                            mixer_of=lambda engine: engine.model.blocks[0].branches[0].mixer),
-    "jamba": TinyModel("jamba", **MAMBA2_CONTRACT, moves_keys=False),
-    "nemotron_h": TinyModel("nemotron_h", **MAMBA2_CONTRACT, moves_keys=False),
-    "zamba2-nope": TinyModel("zamba2", {"use_mem_rope": False}, **MAMBA2_CONTRACT, moves_keys=False),
-    "zamba2-rope": TinyModel("zamba2", {"use_mem_rope": True}, **MAMBA2_CONTRACT, moves_keys=True),
-    "granitemoehybrid-nope": TinyModel("granitemoehybrid", {"position_embedding_type": "nope"}, **MAMBA2_CONTRACT,
+    "jamba": TinyModel("jamba", **MAMBA_CONTRACT, moves_keys=False),
+    "nemotron_h": TinyModel("nemotron_h", **MAMBA_CONTRACT, moves_keys=False),
+    "zamba2-nope": TinyModel("zamba2", {"use_mem_rope": False}, **MAMBA_CONTRACT, moves_keys=False),
+    "zamba2-rope": TinyModel("zamba2", {"use_mem_rope": True}, **MAMBA_CONTRACT, moves_keys=True),
+    "granitemoehybrid-nope": TinyModel("granitemoehybrid", {"position_embedding_type": "nope"}, **MAMBA_CONTRACT,
                                        moves_keys=False),
-    "granitemoehybrid-rope": TinyModel("granitemoehybrid", {"position_embedding_type": "rope"}, **MAMBA2_CONTRACT,
+    "granitemoehybrid-rope": TinyModel("granitemoehybrid", {"position_embedding_type": "rope"}, **MAMBA_CONTRACT,
                                        moves_keys=True),
     "bailing_hybrid": TinyModel("bailing_hybrid"),
     "kimi_linear": TinyModel("kimi_linear"),
