@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from hypic_rag.runtime.blocks import Block
+from hypic_rag.runtime.mixers.attention import RotaryPositions
+from hypic_rag.runtime.mixers.base import NoPositions, Positioner
 
 
 def text_backbone(hf_model: nn.Module) -> nn.Module:
@@ -62,6 +64,12 @@ class Family(ABC):
         if self.needs_rotary_embedding and getattr(backbone, "rotary_emb", None) is None:
             return f"{type(hf_model).__name__} has no rotary embedding"
         return None
+
+    def positions(self, hf_model: nn.Module) -> Positioner:
+        """How the attention layers position queries and keys: RoPE through the backbone's rotary module when it
+        has one, else none (NoPE)."""
+        rotary = getattr(self.backbone(hf_model), "rotary_emb", None)
+        return NoPositions() if rotary is None else RotaryPositions(rotary)
 
     @abstractmethod
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:

@@ -8,8 +8,7 @@ from torch import nn
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
 from hypic_rag.runtime.blocks import Block, ResidualBlock
 from hypic_rag.runtime.families.base import Family, register_family
-from hypic_rag.runtime.mixers.attention import ProjectedAttention, RotaryPositions
-from hypic_rag.runtime.mixers.base import Positioner
+from hypic_rag.runtime.mixers.attention import ProjectedAttention
 from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
 
 
@@ -20,10 +19,6 @@ class QwenHybrid(Family):
     model_types = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
     known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
     needs_rotary_embedding = True
-
-    def positions(self, hf_model: nn.Module) -> Positioner:
-        """How the attention layers position queries and keys: the model's rotary embedding."""
-        return RotaryPositions(self.backbone(hf_model).rotary_emb)
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         backbone = self.backbone(hf_model)
