@@ -26,16 +26,15 @@ import json
 import logging
 import shutil
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hypic_rag.bench import workloads as W
 from hypic_rag.bench.family_models import build_family_timing_model
-from hypic_rag.bench.measure import percentile, warm_entries
+from hypic_rag.bench.measure import LoopSamples, RunOne, closed_loop, percentile, warm_entries
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import HybridModel, wrap_model
 from hypic_rag.runtime.modes import check_mode, entry_seams
@@ -46,10 +45,6 @@ from hypic_rag.scheduler import Scheduler, SchedulerConfig
 logger = logging.getLogger(__name__)
 
 BATCHED, ONE_AT_A_TIME = "batched", "one_at_a_time"
-
-RunOne = Callable[[int], tuple[float, int]]
-"""Sends request number n and waits for its answer: (seconds to its first token, completion tokens)."""
-
 
 @dataclass(frozen=True, slots=True)
 class ThroughputConfig:
@@ -70,55 +65,6 @@ class ThroughputConfig:
         if self.max_requests < 1 or self.max_seconds <= 0 or self.new_tokens < 1 or self.repeats < 1:
             raise ValueError("max_requests, max_seconds, new_tokens and repeats must be positive")
         check_mode(self.mode)
-
-
-@dataclass(slots=True)
-class LoopSamples:
-    """What one closed-loop run measured: per completed request its time to first token, latency and completion
-    tokens; the failures; the run's wall time."""
-
-    ttfts: list[float] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def closed_loop(run_one: RunOne, clients: int, max_requests: int, max_seconds: float, first: int = 0) -> LoopSamples:
-    """`clients` threads each sending requests (numbers `first`, `first` + 1, ...) one after the other until
-    `max_requests` were started or `max_seconds` passed."""
-    lock = threading.Lock()
-    samples = LoopSamples()
-    started = [0]
-    began = time.perf_counter()
-
-    def client() -> None:
-        while True:
-            with lock:
-                if started[0] >= max_requests or time.perf_counter() - began > max_seconds:
-                    return
-                number = first + started[0]
-                started[0] += 1
-            sent = time.perf_counter()
-            try:
-                ttft, completion = run_one(number)
-            except Exception as error:  # reported in the cell, not raised: a cell measures what completed
-                logger.warning("request %d failed: %s", number, error)
-                with lock:
-                    samples.errors.append(f"{type(error).__name__}: {error}")
-                continue
-            with lock:
-                samples.ttfts.append(ttft)
-                samples.latencies.append(time.perf_counter() - sent)
-                samples.tokens.append(completion)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=max_seconds + 1200)
-    samples.seconds = time.perf_counter() - began
-    return samples
 
 
 def summarize(clients: int, parts: Sequence[LoopSamples]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,59 @@ logger = logging.getLogger(__name__)
 
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
+
+
+RunOne = Callable[[int], tuple[float, int]]
+"""Sends request number n and waits for its answer: (seconds to its first token, completion tokens)."""
+
+
+@dataclass(slots=True)
+class LoopSamples:
+    """What one closed-loop run measured: per completed request its time to first token, latency and completion
+    tokens; the failures; the run's wall time."""
+
+    ttfts: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def closed_loop(run_one: RunOne, clients: int, max_requests: int, max_seconds: float, first: int = 0) -> LoopSamples:
+    """`clients` threads each sending requests (numbers `first`, `first` + 1, ...) one after the other until
+    `max_requests` were started or `max_seconds` passed."""
+    lock = threading.Lock()
+    samples = LoopSamples()
+    started = [0]
+    began = time.perf_counter()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if started[0] >= max_requests or time.perf_counter() - began > max_seconds:
+                    return
+                number = first + started[0]
+                started[0] += 1
+            sent = time.perf_counter()
+            try:
+                ttft, completion = run_one(number)
+            except Exception as error:  # reported in the cell, not raised: a cell measures what completed
+                logger.warning("request %d failed: %s", number, error)
+                with lock:
+                    samples.errors.append(f"{type(error).__name__}: {error}")
+                continue
+            with lock:
+                samples.ttfts.append(ttft)
+                samples.latencies.append(time.perf_counter() - sent)
+                samples.tokens.append(completion)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=max_seconds + 1200)
+    samples.seconds = time.perf_counter() - began
+    return samples
 
 
 def distinct_segments(requests: Sequence[Request]) -> list[list[int]]:
@@ -129,41 +183,25 @@ def closed_loop_throughput(
     max_seconds: float, new_tokens: int,
 ) -> dict[str, float]:
     """N client threads share one model worker (a scheduler running one sequence at a time): requests/s and
-    latency, bounded in count and time."""
-    lock = threading.Lock()
-    latencies: list[float] = []
-    next_index = [0]
+    latency, bounded in count and time (`closed_loop`)."""
     params = SamplingParams(max_new_tokens=new_tokens)
     scheduler = Scheduler(engine, SchedulerConfig(max_running=1, max_waiting=None)).start()
-    began = time.perf_counter()
 
-    def client() -> None:
-        while True:
-            with lock:
-                if next_index[0] >= max_requests or time.perf_counter() - began > max_seconds:
-                    return
-                request = requests[next_index[0] % len(requests)]
-                next_index[0] += 1
-            sent = time.perf_counter()
-            scheduler.generate(request, assembly, params)
-            latencies.append(time.perf_counter() - sent)
+    def run_one(number: int) -> tuple[float, int]:
+        generation = scheduler.generate(requests[number % len(requests)], assembly, params)
+        return generation.time_to_first_token, len(generation.token_ids)
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=max_seconds + 600)
+        samples = closed_loop(run_one, clients, max_requests, max_seconds)
     finally:
         scheduler.stop()
-    elapsed = time.perf_counter() - began
     return {
         "clients": clients,
-        "completed": len(latencies),
-        "seconds": elapsed,
-        "requests_per_second": len(latencies) / elapsed if elapsed > 0 else 0.0,
-        "latency_p50": percentile(latencies, 50),
-        "latency_p95": percentile(latencies, 95),
+        "completed": len(samples.latencies),
+        "seconds": samples.seconds,
+        "requests_per_second": len(samples.latencies) / samples.seconds if samples.seconds > 0 else 0.0,
+        "latency_p50": percentile(samples.latencies, 50),
+        "latency_p95": percentile(samples.latencies, 95),
     }
 
 

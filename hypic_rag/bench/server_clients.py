@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.bench.batching import ThroughputConfig, closed_loop, summarize
+from hypic_rag.bench.batching import ThroughputConfig, summarize
+from hypic_rag.bench.measure import closed_loop
 
 logger = logging.getLogger(__name__)
 

@@ -22,11 +22,8 @@ from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     CliError,
-    add_cache_format_argument,
-    add_dtype_argument,
-    add_remote_cache_arguments,
+    add_index_model_arguments,
     add_recompute_policy_argument,
-    device_name,
     number_in,
     process_seconds,
     remote_cache_config,
@@ -53,12 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_recompute_policy_argument(parser)
     parser.add_argument("--max-new-tokens", type=number_in(MAX_NEW_TOKENS), default=32, metavar="N",
                         help="answer length cap (32; 1..65536)")
-    parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
+    add_index_model_arguments(parser)
     parser.add_argument("--embedder", metavar="PATH", help="sentence-transformers directory (default: the index's)")
-    parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
-    add_dtype_argument(parser, "default: the one the index was built with")
-    add_cache_format_argument(parser, "default: the index's; naming another fails in one line")
-    add_remote_cache_arguments(parser)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: question, answer, sources (by score), usage, timings (seconds, "
                              "the whole run's included), note")

@@ -128,6 +128,16 @@ def add_recompute_policy_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_index_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ask and serve that say how to run the model an index was built for: `--model`, `--device`,
+    `--dtype`, `--cache-format` (each the index's by default) and the remote cache tier."""
+    parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
+    parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
+    add_dtype_argument(parser, "default: the one the index was built with")
+    add_cache_format_argument(parser, "default: the index's; naming another fails in one line")
+    add_remote_cache_arguments(parser)
+
+
 def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> None:
     """The `--dtype` option shared by precompute, ask and serve."""
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, help=f"dtype the model runs in ({default_help})")

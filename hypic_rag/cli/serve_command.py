@@ -34,11 +34,8 @@ from hypic_rag.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     CliError,
-    add_cache_format_argument,
-    add_dtype_argument,
-    add_remote_cache_arguments,
+    add_index_model_arguments,
     add_recompute_policy_argument,
-    device_name,
     int_in,
     number_in,
     remote_cache_config,
@@ -61,11 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--index", required=True, metavar="DIR", help="index directory made by precompute")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument("--port", type=int_in(0, 65_535), default=8000, help="port to bind (8000; 0 picks a free one)")
-    parser.add_argument("--model", metavar="PATH", help="model checkpoint (default: the one the index was built for)")
-    parser.add_argument("--device", type=device_name, help="model device, e.g. cpu or cuda (default: cuda when available)")
-    add_dtype_argument(parser, "default: the one the index was built with")
-    add_cache_format_argument(parser, "default: the index's; naming another fails in one line")
-    add_remote_cache_arguments(parser)
+    add_index_model_arguments(parser)
     parser.add_argument("--cache", metavar="DIR",
                         help="segment cache directory (default: the index's), e.g. a local disk when the index lies "
                              "on a shared file system; with --replicas, {replica} in DIR becomes each replica's name")

@@ -354,12 +354,18 @@ def _run_waves(
             for index, number in enumerate(group):
                 outputs.write(runs[number].row, runs[number].count, results[index])
                 running[number].state = finals[index]
-        cached = [(walk, step) for walk, step in current if step.run is None]
-        if cached:
-            _apply_cached_steps([walk for walk, _ in cached], [step for _, step in cached], layer_index, kind)
-        for walk, step in current:
-            walk.keep_checkpoint(step, layer_index)
-            walk.next_step += 1
+        _end_steps(current, layer_index, kind)
+
+
+def _end_steps(current: list[tuple[_Walk, _Step]], layer_index: int, kind: str) -> None:
+    """The end of one lockstep step of the walks (each with its current step, whose runs are done): the cached
+    maps of the steps without a run applied together, then every walk's checkpoint kept and its next step taken."""
+    cached = [(walk, step) for walk, step in current if step.run is None]
+    if cached:
+        _apply_cached_steps([walk for walk, _ in cached], [step for _, step in cached], layer_index, kind)
+    for walk, step in current:
+        walk.keep_checkpoint(step, layer_index)
+        walk.next_step += 1
 
 
 def _apply_run_maps(stepping: list[tuple[_Walk, tuple[TransitionRun, int]]], kind: str) -> None:
@@ -404,12 +410,7 @@ def _run_mapped(
             for walk, number in stepping:
                 starts[number] = walk.state
             _apply_run_maps([(walk, evaluated[number]) for walk, number in stepping], kind)
-        cached = [(walk, step) for walk, step in current if step.run is None]
-        if cached:
-            _apply_cached_steps([walk for walk, _ in cached], [step for _, step in cached], layer_index, kind)
-        for walk, step in current:
-            walk.keep_checkpoint(step, layer_index)
-            walk.next_step += 1
+        _end_steps(current, layer_index, kind)
     for group, transition_run in zip(groups, transition_runs):
         start = torch.stack([starts[number] for number in group])
         results = mixer.outputs_from_start(transition_run.zero_outputs, transition_run.transition_outputs, start)

@@ -116,36 +116,6 @@ def test_sampling_is_seeded_and_stop_tokens_stop() -> None:
     assert stopped.token_ids == greedy.token_ids[: greedy.token_ids.index(stop_at)]
 
 
-def _linear_only_engine(conv_kernel: int) -> tuple[object, Engine]:
-    hf_model = build_tiny_model(
-        "qwen3_5", seed=9, num_hidden_layers=1, layer_types=["linear_attention"], linear_conv_kernel_dim=conv_kernel
-    )
-    return hf_model, Engine(wrap_model(hf_model), seam_tokens=3)
-
-
-@pytest.mark.parametrize("chunks", [2, 4, 6])
-def test_linear_only_transition_is_exact_with_conv_kernel_one(chunks: int) -> None:
-    _, engine = _linear_only_engine(conv_kernel=1)
-    generator = torch.Generator().manual_seed(chunks)
-    lengths = torch.randint(3, 30, (chunks,), generator=generator).tolist()
-    request = random_request(generator, lengths, prefix=0)
-    full = engine.prefill(request, "full")
-    transition = engine.prefill(request, "transition")
-    torch.testing.assert_close(transition.logits, full.logits, atol=1e-5, rtol=1e-5)
-    for layer_index, state in full.state.linear.items():
-        torch.testing.assert_close(transition.state.linear[layer_index].recurrent, state.recurrent, atol=1e-5, rtol=1e-5)
-
-
-def test_linear_only_conv_kernel_four_needs_the_seam() -> None:
-    _, engine = _linear_only_engine(conv_kernel=4)
-    request = random_request(torch.Generator().manual_seed(12), [15, 22, 9, 30], prefix=0)
-    full = engine.prefill(request, "full").logits
-    transition = engine.prefill(request, "transition").logits
-    hypic = engine.prefill(request, "hypic", seam_tokens=3).logits
-    assert (transition - full).abs().max() > 1e-3  # the first 3 tokens of each chunk saw zeros in their conv
-    torch.testing.assert_close(hypic, full, atol=1e-5, rtol=1e-5)
-
-
 def test_single_attention_layer_needs_repositioning() -> None:
     hf_model = build_tiny_model("qwen3_5", seed=4, num_hidden_layers=1, layer_types=["full_attention"])
     engine = Engine(wrap_model(hf_model), seam_tokens=0)

@@ -9,40 +9,57 @@ reused from turn to turn.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
-from llama_index.core.callbacks import CallbackManager
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.chat_engine.types import AgentChatResponse
 from llama_index.core.response_synthesizers import BaseSynthesizer
+from llama_index.core.retrievers import BaseRetriever
 
-from hypic_rag.integrations.llama_index.llm import HypicLLM
+from hypic_rag.integrations.llama_index.options import refuse_unknown_options
 from hypic_rag.integrations.llama_index.synthesizer import HypicSynthesizer, hypic_llm
 
-__all__ = ["CHAT_OPTIONS", "chat_llm", "checked_chat_options", "segment_synthesizer"]
+__all__ = ["CHAT_OPTIONS"]
 
 CHAT_OPTIONS = ("mode", "max_new_tokens", "metadata_mode")
 """`HypicSynthesizer` options a hypic-rag chat engine takes besides LlamaIndex's own."""
 
 
-def chat_llm(llm: Any) -> HypicLLM:
-    """The engine's LLM: a `HypicLLM` (None: `Settings.llm` when it is one, else the bundled model)."""
-    return hypic_llm(llm)
+class _SegmentChatEngine:
+    """What a hypic-rag chat engine adds to a LlamaIndex context chat engine (the class after it in the bases):
+    `from_defaults` also takes `CHAT_OPTIONS` (checked when the engine is made, not at its first turn) and refuses
+    what neither takes; every turn's synthesizer is a `HypicSynthesizer` with the question-answering prompt of the
+    one LlamaIndex built; `_with_usage` gives a reply the answer's usage and timings as its `metadata`."""
 
+    LLAMA_INDEX_OPTIONS: tuple[str, ...] = ()
+    """The `from_defaults` options of the LlamaIndex engine this one extends."""
 
-def checked_chat_options(llm: HypicLLM, options: Mapping[str, Any]) -> dict[str, Any]:
-    """`options` (of `CHAT_OPTIONS`) once a synthesizer accepts them: bad values fail when the engine is made,
-    not at its first turn."""
-    HypicSynthesizer(llm=llm, **options)
-    return dict(options)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hypic_options: dict[str, Any] = {}
+        self._last_synthesizer: HypicSynthesizer | None = None
 
+    @classmethod
+    def from_defaults(cls, retriever: BaseRetriever, llm: Any = None, **options: Any) -> Self:
+        refuse_unknown_options(f"{cls.__name__}.from_defaults", options, (*cls.LLAMA_INDEX_OPTIONS, *CHAT_OPTIONS))
+        llm = hypic_llm(llm)
+        hypic = {key: options.pop(key) for key in CHAT_OPTIONS if key in options}
+        HypicSynthesizer(llm=llm, **hypic)  # bad values fail here
+        engine = super().from_defaults(retriever, llm=llm, **options)  # type: ignore[misc]
+        engine._hypic_options = hypic
+        return engine
 
-def segment_synthesizer(
-    llm: HypicLLM, stock: BaseSynthesizer, streaming: bool, callback_manager: CallbackManager,
-    options: Mapping[str, Any],
-) -> HypicSynthesizer:
-    """A `HypicSynthesizer` with the question-answering prompt of `stock` (the synthesizer LlamaIndex built for
-    this turn)."""
-    template = stock.get_prompts()["text_qa_template"]
-    return HypicSynthesizer(
-        llm=llm, text_qa_template=template, streaming=streaming, callback_manager=callback_manager, **options
-    )
+    def _get_response_synthesizer(self, chat_history: list[ChatMessage], streaming: bool = False) -> Any:
+        stock: BaseSynthesizer = super()._get_response_synthesizer(  # type: ignore[misc]
+            chat_history, streaming=streaming
+        )
+        self._last_synthesizer = HypicSynthesizer(
+            llm=hypic_llm(self._llm), text_qa_template=stock.get_prompts()["text_qa_template"], streaming=streaming,
+            callback_manager=self.callback_manager, **self._hypic_options,
+        )
+        return self._last_synthesizer
+
+    def _with_usage(self, response: AgentChatResponse) -> AgentChatResponse:
+        if self._last_synthesizer is not None:
+            response.metadata = self._last_synthesizer.last_metadata
+        return response

@@ -15,12 +15,7 @@ class BailingHybrid(KimiLinear):
     """As `KimiLinear`; MLA's last `qk_rope_head_dim` query / key dims carry interleaved-pair RoPE."""
 
     model_types = ("bailing_hybrid",)
-
-    def structure_problem(self, hf_model: nn.Module) -> str | None:
-        problem = super().structure_problem(hf_model)
-        if problem is None and getattr(self.backbone(hf_model), "rotary_emb", None) is None:
-            return f"{type(hf_model).__name__} has no rotary embedding"
-        return problem
+    needs_rotary_embedding = True
 
     def positions(self, hf_model: nn.Module) -> Positioner:
         return InterleavedTailRotary(self.backbone(hf_model).rotary_emb, hf_model.config.qk_rope_head_dim)

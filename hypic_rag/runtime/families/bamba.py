@@ -4,8 +4,6 @@ norm is `final_layernorm`. docs/families_ssm.md, sections 1 and 2."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
@@ -21,10 +19,8 @@ class Bamba(Family):
 
     model_types = ("bamba",)
     final_norm_name = "final_layernorm"
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layers_block_type if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
+    layer_kinds_field = "layers_block_type"
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         positions = RotaryPositions(self.backbone(hf_model).rotary_emb)

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from hypic_rag.runtime.blocks import Block
+from hypic_rag.runtime.mixers.attention import RotaryPositions
+from hypic_rag.runtime.mixers.base import NoPositions, Positioner
 
 
 def text_backbone(hf_model: nn.Module) -> nn.Module:
@@ -32,10 +34,19 @@ class Family(ABC):
     """The backbone's token embedding module (`embeddings` in Nemotron-H)."""
     final_norm_name: str = "norm"
     """The backbone's final norm (`final_layernorm` in Jamba, Bamba, Falcon-H1, Zamba2; `norm_f` in Nemotron-H)."""
+    layer_kinds_field: str = "layer_types"
+    """The config list naming each layer's kind (`layers_block_type` in Jamba, Bamba, Nemotron-H)."""
+    known_layer_kinds: tuple[str, ...] = ()
+    """The layer kinds this family builds blocks for (empty: the config's layer kinds are not checked)."""
+    needs_rotary_embedding: bool = False
+    """Whether the backbone must have a rotary embedding (`rotary_emb`) for its attention layers."""
 
     def unsupported_reason(self, config: Any) -> str | None:
-        """Why this runtime cannot serve a model of `config` (one line), or None when it can."""
-        return None
+        """Why this runtime cannot serve a model of `config` (one line), or None when it can: by default a layer
+        kind outside `known_layer_kinds`."""
+        kinds = getattr(config, self.layer_kinds_field) if self.known_layer_kinds else ()
+        unknown = sorted({kind for kind in kinds if kind not in self.known_layer_kinds})
+        return f"unknown layer type {unknown[0]!r}" if unknown else None
 
     def backbone(self, hf_model: nn.Module) -> nn.Module:
         """The decoder stack (its embeddings, layers, final norm)."""
@@ -50,7 +61,15 @@ class Family(ABC):
                 f"{type(hf_model).__name__} is not a causal LM with a language-model head; pass a ...ForCausalLM or "
                 "...ForConditionalGeneration model"
             )
+        if self.needs_rotary_embedding and getattr(backbone, "rotary_emb", None) is None:
+            return f"{type(hf_model).__name__} has no rotary embedding"
         return None
+
+    def positions(self, hf_model: nn.Module) -> Positioner:
+        """How the attention layers position queries and keys: RoPE through the backbone's rotary module when it
+        has one, else none (NoPE)."""
+        rotary = getattr(self.backbone(hf_model), "rotary_emb", None)
+        return NoPositions() if rotary is None else RotaryPositions(rotary)
 
     @abstractmethod
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:

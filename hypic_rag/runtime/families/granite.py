@@ -13,8 +13,7 @@ from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
 from hypic_rag.runtime.blocks import Block, ResidualBlock
 from hypic_rag.runtime.families.base import Family, register_family
 from hypic_rag.runtime.layers import call_mlp
-from hypic_rag.runtime.mixers.attention import ProjectedAttention, RotaryPositions
-from hypic_rag.runtime.mixers.base import NoPositions, Positioner
+from hypic_rag.runtime.mixers.attention import ProjectedAttention
 from hypic_rag.runtime.mixers.ssd import Mamba2Mixer
 
 
@@ -36,18 +35,13 @@ class GraniteHybrid(Family):
     input_layernorm, post_attention_layernorm, `block_sparse_moe` (None without experts) and `shared_mlp`."""
 
     model_types = ("granitemoehybrid",)
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
 
     def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        if unknown:
-            return f"unknown layer type {unknown[0]!r}"
-        if config.position_embedding_type not in (None, "nope", "rope"):
+        problem = super().unsupported_reason(config)
+        if problem is None and config.position_embedding_type not in (None, "nope", "rope"):
             return f"position_embedding_type {config.position_embedding_type!r} is not supported (rope or none)"
-        return None
-
-    def positions(self, hf_model: nn.Module) -> Positioner:
-        rotary = getattr(self.backbone(hf_model), "rotary_emb", None)
-        return NoPositions() if rotary is None else RotaryPositions(rotary)
+        return problem
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         positions = self.positions(hf_model)

@@ -4,8 +4,6 @@ is `final_layernorm`. docs/families_ssm.md, sections 2 and 3."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from hypic_rag.runtime.blocks import Block, ResidualBlock
@@ -23,10 +21,8 @@ class Jamba(Family):
 
     model_types = ("jamba",)
     final_norm_name = "final_layernorm"
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layers_block_type if kind not in JAMBA_LAYER_KINDS})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
+    layer_kinds_field = "layers_block_type"
+    known_layer_kinds = JAMBA_LAYER_KINDS
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         positions = NoPositions()

@@ -3,8 +3,6 @@ MLP in the first `first_k_dense_replace` layers and a group-routed MoE with a sh
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
@@ -20,10 +18,7 @@ class KimiLinear(Family):
     (`self_attn` is MLA), each with input_layernorm, post_attention_layernorm and mlp (dense or MoE)."""
 
     model_types = ("kimi_linear",)
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
 
     def positions(self, hf_model: nn.Module) -> Positioner:
         """How the MLA layers position queries and keys: Kimi's MLA has no RoPE."""

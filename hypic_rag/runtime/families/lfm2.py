@@ -4,8 +4,6 @@ and RoPE attention with per-head q/k layer norms; every layer then a SwiGLU MLP.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -21,10 +19,7 @@ class Lfm2(Family):
     operator_norm, ffn_norm and feed_forward."""
 
     model_types = ("lfm2",)
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in ("conv", ATTENTION_LAYER)})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
+    known_layer_kinds = ("conv", ATTENTION_LAYER)
 
     def structure_problem(self, hf_model: nn.Module) -> str | None:
         backbone = self.backbone(hf_model)

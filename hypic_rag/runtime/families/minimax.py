@@ -38,19 +38,13 @@ class MiniMax(Family):
     (softmax attention), each with input_layernorm, post_attention_layernorm and the MoE `mlp`."""
 
     model_types = ("minimax",)
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
+    needs_rotary_embedding = True
 
     def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        if unknown:
-            return f"unknown layer type {unknown[0]!r}"
-        if getattr(config, "sliding_window", None) is not None:
+        problem = super().unsupported_reason(config)
+        if problem is None and getattr(config, "sliding_window", None) is not None:
             return "sliding-window attention (config.sliding_window) is not supported; only full attention is"
-        return None
-
-    def structure_problem(self, hf_model: nn.Module) -> str | None:
-        problem = super().structure_problem(hf_model)
-        if problem is None and getattr(self.backbone(hf_model), "rotary_emb", None) is None:
-            return f"{type(hf_model).__name__} has no rotary embedding"
         return problem
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:

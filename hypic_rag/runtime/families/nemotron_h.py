@@ -6,8 +6,6 @@ Embeddings are `embeddings`, the final norm `norm_f`. docs/families_ssm.md, sect
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
@@ -27,11 +25,8 @@ class NemotronH(Family):
     model_types = ("nemotron_h",)
     embeddings_name = "embeddings"
     final_norm_name = "norm_f"
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        known = (LINEAR_LAYER, ATTENTION_LAYER, *FEED_FORWARD_KINDS)
-        unknown = sorted({kind for kind in config.layers_block_type if kind not in known})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
+    layer_kinds_field = "layers_block_type"
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER, *FEED_FORWARD_KINDS)
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         positions = NoPositions()

@@ -3,8 +3,6 @@ h += norm(attn(h)); h += norm(mlp(h))); NoPE unless the config sets a RoPE theta
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -12,8 +10,7 @@ from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
 from hypic_rag.runtime.blocks import Block, BlockContext, MixFunction, ResidualBlock
 from hypic_rag.runtime.families.base import Family, register_family
 from hypic_rag.runtime.layers import call_mlp
-from hypic_rag.runtime.mixers.attention import RotaryPositions
-from hypic_rag.runtime.mixers.base import AttentionMixer, NoPositions, Positioner
+from hypic_rag.runtime.mixers.base import AttentionMixer
 from hypic_rag.runtime.mixers.olmo_hybrid import OlmoGatedDeltaNetMixer, WholeNormAttention
 
 
@@ -32,18 +29,11 @@ class PostNormBlock(Block):
 
 class OlmoHybrid(Family):
     """Layers of `config.layer_types`: "linear_attention" (`linear_attn`, input_layernorm, post_attention_layernorm)
-    or "full_attention" (`self_attn`, post_attention_layernorm, post_feedforward_layernorm)."""
+    or "full_attention" (`self_attn`, post_attention_layernorm, post_feedforward_layernorm); attention is NoPE in
+    the released checkpoints (no rotary module), RoPE when the config sets a theta."""
 
     model_types = ("olmo_hybrid",)
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
-
-    def positions(self, hf_model: nn.Module) -> Positioner:
-        """RoPE through the model's rotary module when it has one; the released checkpoints have none (NoPE)."""
-        rotary = getattr(self.backbone(hf_model), "rotary_emb", None)
-        return NoPositions() if rotary is None else RotaryPositions(rotary)
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         positions = self.positions(hf_model)

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
 from hypic_rag.runtime.blocks import Block, ResidualBlock
 from hypic_rag.runtime.families.base import Family, register_family
-from hypic_rag.runtime.mixers.attention import ProjectedAttention, RotaryPositions
-from hypic_rag.runtime.mixers.base import Positioner
+from hypic_rag.runtime.mixers.attention import ProjectedAttention
 from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
 
 
@@ -20,20 +17,8 @@ class QwenHybrid(Family):
     (`layer.self_attn`), each with input_layernorm, post_attention_layernorm and mlp."""
 
     model_types = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-
-    def unsupported_reason(self, config: Any) -> str | None:
-        unknown = sorted({kind for kind in config.layer_types if kind not in (LINEAR_LAYER, ATTENTION_LAYER)})
-        return f"unknown layer type {unknown[0]!r}" if unknown else None
-
-    def structure_problem(self, hf_model: nn.Module) -> str | None:
-        problem = super().structure_problem(hf_model)
-        if problem is None and getattr(self.backbone(hf_model), "rotary_emb", None) is None:
-            return f"{type(hf_model).__name__} has no rotary embedding"
-        return problem
-
-    def positions(self, hf_model: nn.Module) -> Positioner:
-        """How the attention layers position queries and keys: the model's rotary embedding."""
-        return RotaryPositions(self.backbone(hf_model).rotary_emb)
+    known_layer_kinds = (LINEAR_LAYER, ATTENTION_LAYER)
+    needs_rotary_embedding = True
 
     def build_blocks(self, hf_model: nn.Module) -> tuple[Block, ...]:
         backbone = self.backbone(hf_model)

@@ -1,5 +1,5 @@
 """What every hybrid family must satisfy on tiny random fp32 models (docs/runtime.md, "Mixers"), as plain functions
-the per-family test files call with their own models:
+test_every_family.py runs over every family's tiny models (and per-family files call on models of their own):
 - `full` equals transformers' own forward (logits within 1e-4) and its 16 greedy tokens;
 - `hypic` with a seam covering every chunk equals `full` (1e-4), `prefix` equals `full` (1e-5);
 - a one-layer, linear-only model (conv kernel 1) composes any chunks exactly in `transition` (1e-5);
@@ -12,12 +12,18 @@ from __future__ import annotations
 import torch
 
 from hypic_rag.runtime.engine import Engine
+from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.testing import random_request
+from hypic_rag.testing import build_tiny_model, random_request
 
 
+def tiny_engine(model_type: str, **options) -> tuple[torch.nn.Module, Engine]:
+    """The family's tiny random model (`build_tiny_model(model_type, seed=3, **options)`) and an engine over it with
+    a seam of 4."""
+    hf_model = build_tiny_model(model_type, seed=3, **options)
+    return hf_model, Engine(wrap_model(hf_model), seam_tokens=4)
 
 
 def check_full_matches_transformers(hf_model, engine: Engine, seed: int = 0) -> None:

@@ -1,8 +1,10 @@
 """What every Mamba-family hybrid (jamba, bamba, nemotron_h, falcon_h1, zamba2) must satisfy on tiny random fp32
-models (issue 18, "What must hold"), as plain functions the per-family test files call with their own models."""
+models (issue 18, "What must hold") beyond the checks every family runs (test_every_family.py), as plain functions
+the per-family test files call with their own models."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -13,18 +15,10 @@ from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.cli.in_process import run_cli_here
-from family_modes import (  # noqa: F401  (the checks every family runs; re-exported for the Mamba tests)
-    check_conv_tail_needs_the_seam,
-    check_deviation_ordering,
-    check_full_matches_transformers,
-    check_linear_only_transition_is_exact,
-    check_seams_and_prefix_are_exact,
-    mean_deviations,
-    random_request,
-)
 from hypic_rag.testing import (
     SMALL_CORPUS,
     SMALL_CORPUS_QUESTIONS,
+    random_request,
     train_tiny_tokenizer,
     write_corpus,
 )
@@ -44,6 +38,43 @@ def check_entry_shapes(engine: Engine, layer: int, transition: tuple[int, ...], 
     assert tuple(entry[tensor_name(layer, "transition")].shape) == transition
     assert tuple(entry[tensor_name(layer, "suffix_state")].shape) == state
     assert tuple(entry[tensor_name(layer, "conv_tail")].shape) == conv_tail
+
+
+def check_mamba2_entry_shapes(engine: Engine, layer: int, *, heads: int, state: int, head_dim: int, groups: int,
+                              conv_kernel: int) -> None:
+    """`check_entry_shapes` of a Mamba2 (SSD) layer: a scalar transition per head [heads, 1, 1], the state
+    [heads, state, head_dim], the conv tail over x, B and C [heads * head_dim + 2 * groups * state, conv_kernel - 1]."""
+    check_entry_shapes(engine, layer, transition=(heads, 1, 1), state=(heads, state, head_dim),
+                       conv_tail=(heads * head_dim + 2 * groups * state, conv_kernel - 1))
+
+
+def served_from_a_segment_cache(engine: Engine, directory: Path, cache_format: str
+                                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`hypic` logits [vocab] of a random request (seed 7; chunks of 19, 26 and 11 tokens, seam 4): from `engine`
+    alone, and through an LMDB segment cache at `directory` in `cache_format`, first on a miss (entries encoded
+    and stored), then on a hit (none encoded): (expected, {"encode": logits, "hit": logits})."""
+    from hypic_rag.cache.keys import CacheNamespace
+    from hypic_rag.cache.segment_cache import SegmentCache
+
+    request = random_request(torch.Generator().manual_seed(7), [19, 26, 11])
+    expected = engine.prefill(request, "hypic").logits
+    namespace = CacheNamespace.for_model(engine.model, 4, cache_format=cache_format)
+    served = {}
+    for attempt in ("encode", "hit"):
+        cache = SegmentCache.open(directory, namespace=namespace)
+        try:
+            result = Engine(engine.model, seam_tokens=4, segment_source=cache).prefill(request, "hypic")
+        finally:
+            cache.close()
+        assert (result.stats.cache_misses == 0) == (attempt == "hit")
+        served[attempt] = result.logits
+    return expected, served
+
+
+def published_layout(directory: Path) -> tuple[dict, set[str]]:
+    """A sharded stand-in's config.json and the tensor names its safetensors index maps."""
+    config = json.loads((directory / "config.json").read_text())
+    return config, set(json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"])
 
 
 def check_published_checkpoint_loads(directory: Path, instance) -> Engine:
