@@ -1,11 +1,13 @@
-"""One loaded model in use: the model, its engine, where its segment entries come from, and the prompt format.
+"""One loaded model in use: the model, its engine, its scheduler, where its segment entries come from, and the prompt
+format.
 
     session = ModelSession.open("model/", cache_dir="cache/")             # from a model path
     session = ModelSession.for_index(manifest, "index/")                  # from an index manifest
     session = ModelSession.of_model(model, cache_dir=index.cache_dir)     # from an already-loaded model
     request = session.request("Who keeps bees?", [chunk_ids, ...])        # prefix + chunk segments + question
     report = session.fill_cache(session.plan(chunk_segments))             # get-or-encode many entries
-    session.close()                                                       # closes (flushes) its cache
+    generation = session.scheduler.generate(request)                      # the model's one scheduler
+    session.close()                                                       # stops its scheduler, flushes its cache
 
 Why a *session*: this object is the span during which one loaded model is used with one segment source. It is
 opened (the model loaded, its cache bound to the model's namespace), serves any number of requests, and is closed
@@ -14,7 +16,12 @@ prompt text nor the persistent cache (it must not import `hypic_rag.cache`), whi
 owns the prompt format. It is not "the engine", which assembles one request from entries, nor "the pipeline",
 which adds retrieval over an index. It sits between them: the runtime and the cache below, the ways in above
 (`pipeline.RagPipeline`, the service's `ServiceBackend`, the LlamaIndex `HypicRuntime`, precompute), which are
-all built on a session and never build a model, an engine, a cache or a prompt layout themselves.
+all built on a session and never build a model, an engine, a scheduler, a cache or a prompt layout themselves.
+
+A session owns its model's one `Scheduler` (`scheduler`, built on first use from `scheduler_config`; the service
+sets its limits first, `configure_scheduler`), as nano-vllm's engine owns its scheduler: the pipeline's answers,
+the service's generations and the LlamaIndex components all go through it. `new_scheduler` is the one place a
+`Scheduler` is constructed (benchmarks that measure several limits on one bare engine call it too).
 
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
@@ -52,6 +59,7 @@ from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_source import SegmentSource
+from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.prompting.segments import segmented_request
 from hypic_rag.utils.streaming import drain
 from hypic_rag.utils.text import unencodable_message
@@ -62,6 +70,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEAM_TOKENS = 8
+SESSION_SCHEDULER = SchedulerConfig(max_waiting=None)
+"""A session's scheduler limits unless it is given others: no bound on waiting sequences (the pipeline's callers
+and the LlamaIndex components bound their own; the service sets its flags, `ModelSession.configure_scheduler`)."""
+
+
+def new_scheduler(engine: Engine, config: SchedulerConfig | None = None, *, name: str = "hypic-scheduler") -> Scheduler:
+    """The one place a `Scheduler` is constructed: a loaded model's (`ModelSession.scheduler`), or a benchmark's
+    over a bare engine (several limits measured on one engine). Not started."""
+    return Scheduler(engine, config, name=name)
 
 
 # ==================================================================================================== building
@@ -131,12 +148,14 @@ class ModelSession:
 
     Build it with `open` (a model path), `for_index` (an index manifest) or `of_model` (a loaded model); the
     constructor takes an engine already made. Not thread-safe, as the engine is not: one thread uses a session
-    at a time (the service's worker thread; the LlamaIndex `HypicRuntime` adds a lock). `close` closes the
-    segment source.
+    at a time (the service's worker thread; the LlamaIndex `HypicRuntime` holds the scheduler's lock). Generations
+    go through `scheduler`, the model's one scheduler, built on first use from `scheduler_config`. `close` stops
+    the scheduler and closes the segment source.
     """
 
     def __init__(
-        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = ""
+        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = "",
+        scheduler_config: SchedulerConfig = SESSION_SCHEDULER,
     ) -> None:
         if engine.model.tokenizer is None:
             raise ValueError("the model has no tokenizer; a model session needs one to tokenize its segments")
@@ -146,6 +165,8 @@ class ModelSession:
         self._prefix_ids = tuple(self.tokenize_segment(prompt_format.prefix, "the prompt prefix"))
         self.matcher = SegmentMatcher()
         """The chunks and seen segments prompts without separators are matched against (`hypic_rag.prompting.matching`)."""
+        self.scheduler_config = scheduler_config
+        self._scheduler: Scheduler | None = None
 
     @classmethod
     def open(
@@ -240,8 +261,14 @@ class ModelSession:
             raise
 
     def close(self) -> None:
-        """Close the segment source (a persistent cache writes its pending access notes)."""
-        self.engine.segment_source.close()
+        """Stop the scheduler (its thread, if started; sequences left fail with `SchedulerStopped`), then close the
+        segment source (a persistent cache writes its pending access notes) between steps."""
+        if self._scheduler is None:
+            self.engine.segment_source.close()
+            return
+        self._scheduler.stop()
+        with self._scheduler.lock:
+            self.engine.segment_source.close()
 
     def __enter__(self) -> ModelSession:
         return self
@@ -270,6 +297,24 @@ class ModelSession:
     @property
     def segment_source(self) -> SegmentSource:
         return self.engine.segment_source
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The model's one scheduler (`hypic_rag.scheduler`), built on first use from `scheduler_config`, not
+        started: a `stream` consumer steps it in its own thread until an owner starts it (`start`: the LlamaIndex
+        components) or drives its steps (the service's model worker)."""
+        if self._scheduler is None:
+            self._scheduler = new_scheduler(self.engine, self.scheduler_config)
+        return self._scheduler
+
+    def configure_scheduler(self, config: SchedulerConfig) -> Scheduler:
+        """Give the scheduler the limits `config` sets (the service's --max-running, --step-tokens), before it has
+        work (RuntimeError otherwise); returns it."""
+        scheduler = self.scheduler
+        if scheduler.has_work:
+            raise RuntimeError("the scheduler's limits can change only while it has no work")
+        self.scheduler_config = scheduler.config = config
+        return scheduler
 
     @property
     def model_name(self) -> str:

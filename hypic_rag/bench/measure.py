@@ -22,7 +22,8 @@ from hypic_rag.runtime.modes import MODES, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.scheduler import SchedulerConfig
+from hypic_rag.session import new_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def closed_loop_throughput(
     latencies: list[float] = []
     next_index = [0]
     params = SamplingParams(max_new_tokens=new_tokens)
-    scheduler = Scheduler(engine, SchedulerConfig(max_running=1, max_waiting=None)).start()
+    scheduler = new_scheduler(engine, SchedulerConfig(max_running=1, max_waiting=None)).start()
     began = time.perf_counter()
 
     def client() -> None:
