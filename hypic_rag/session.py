@@ -1,5 +1,4 @@
-"""One loaded model in use: the model, its engine, its scheduler, where its segment entries come from, and the prompt
-format.
+"""One loaded model in use: the model, its engine and scheduler, where its segment entries come from, the prompt format.
 
     session = ModelSession.open("model/", cache_dir="cache/")             # from a model path
     session = ModelSession.for_index(manifest, "index/")                  # from an index manifest
@@ -16,12 +15,8 @@ prompt text nor the persistent cache (it must not import `hypic_rag.cache`), whi
 owns the prompt format. It is not "the engine", which assembles one request from entries, nor "the pipeline",
 which adds retrieval over an index. It sits between them: the runtime and the cache below, the ways in above
 (`pipeline.RagPipeline`, the service's `ServiceBackend`, the LlamaIndex `HypicRuntime`, precompute), which are
-all built on a session and never build a model, an engine, a scheduler, a cache or a prompt layout themselves.
-
-A session owns its model's one `Scheduler` (`scheduler`, built on first use from `scheduler_config`; the service
-sets its limits first, `configure_scheduler`), as nano-vllm's engine owns its scheduler: the pipeline's answers,
-the service's generations and the LlamaIndex components all go through it. `new_scheduler` is the one place a
-`Scheduler` is constructed (benchmarks that measure several limits on one bare engine call it too).
+all built on a session and never build a model, an engine, a scheduler, a cache or a prompt layout themselves:
+they all generate through the session's one `scheduler` (as nano-vllm's engine owns its scheduler).
 
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
@@ -71,14 +66,13 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SEAM_TOKENS = 8
 SESSION_SCHEDULER = SchedulerConfig(max_waiting=None)
-"""A session's scheduler limits unless it is given others: no bound on waiting sequences (the pipeline's callers
-and the LlamaIndex components bound their own; the service sets its flags, `ModelSession.configure_scheduler`)."""
+"""A session's scheduler limits unless given others (no bound on waiting: its callers bound their own)."""
 
 
-def new_scheduler(engine: Engine, config: SchedulerConfig | None = None, *, name: str = "hypic-scheduler") -> Scheduler:
-    """The one place a `Scheduler` is constructed: a loaded model's (`ModelSession.scheduler`), or a benchmark's
-    over a bare engine (several limits measured on one engine). Not started."""
-    return Scheduler(engine, config, name=name)
+def new_scheduler(engine: Engine, config: SchedulerConfig | None = None) -> Scheduler:
+    """The one place a `Scheduler` is constructed, not started: a session's (`ModelSession.scheduler`), or a
+    benchmark's over a bare engine (several limits measured on one engine)."""
+    return Scheduler(engine, config)
 
 
 # ==================================================================================================== building
@@ -148,8 +142,7 @@ class ModelSession:
 
     Build it with `open` (a model path), `for_index` (an index manifest) or `of_model` (a loaded model); the
     constructor takes an engine already made. Not thread-safe, as the engine is not: one thread uses a session
-    at a time (the service's worker thread; the LlamaIndex `HypicRuntime` holds the scheduler's lock). Generations
-    go through `scheduler`, the model's one scheduler, built on first use from `scheduler_config`. `close` stops
+    at a time (the service's worker thread; the LlamaIndex `HypicRuntime` holds the scheduler's lock). `close` stops
     the scheduler and closes the segment source.
     """
 
@@ -165,8 +158,9 @@ class ModelSession:
         self._prefix_ids = tuple(self.tokenize_segment(prompt_format.prefix, "the prompt prefix"))
         self.matcher = SegmentMatcher()
         """The chunks and seen segments prompts without separators are matched against (`hypic_rag.prompting.matching`)."""
-        self.scheduler_config = scheduler_config
-        self._scheduler: Scheduler | None = None
+        self.scheduler = new_scheduler(engine, scheduler_config)
+        """The model's one scheduler, not started: a `stream` consumer steps it in its own thread unless an owner
+        starts it (the LlamaIndex components) or drives its steps (the service's model worker)."""
 
     @classmethod
     def open(
@@ -261,13 +255,10 @@ class ModelSession:
             raise
 
     def close(self) -> None:
-        """Stop the scheduler (its thread, if started; sequences left fail with `SchedulerStopped`), then close the
-        segment source (a persistent cache writes its pending access notes) between steps."""
-        if self._scheduler is None:
-            self.engine.segment_source.close()
-            return
-        self._scheduler.stop()
-        with self._scheduler.lock:
+        """Stop the scheduler (sequences left fail with `SchedulerStopped`), then close the segment source between
+        steps (a persistent cache writes its pending access notes)."""
+        self.scheduler.stop()
+        with self.scheduler.lock:
             self.engine.segment_source.close()
 
     def __enter__(self) -> ModelSession:
@@ -298,23 +289,13 @@ class ModelSession:
     def segment_source(self) -> SegmentSource:
         return self.engine.segment_source
 
-    @property
-    def scheduler(self) -> Scheduler:
-        """The model's one scheduler (`hypic_rag.scheduler`), built on first use from `scheduler_config`, not
-        started: a `stream` consumer steps it in its own thread until an owner starts it (`start`: the LlamaIndex
-        components) or drives its steps (the service's model worker)."""
-        if self._scheduler is None:
-            self._scheduler = new_scheduler(self.engine, self.scheduler_config)
-        return self._scheduler
-
     def configure_scheduler(self, config: SchedulerConfig) -> Scheduler:
-        """Give the scheduler the limits `config` sets (the service's --max-running, --step-tokens), before it has
-        work (RuntimeError otherwise); returns it."""
-        scheduler = self.scheduler
-        if scheduler.has_work:
+        """Give the scheduler the limits `config` sets (the service's flags) while it has no work (RuntimeError
+        otherwise); returns it."""
+        if self.scheduler.has_work:
             raise RuntimeError("the scheduler's limits can change only while it has no work")
-        self.scheduler_config = scheduler.config = config
-        return scheduler
+        self.scheduler.config = config
+        return self.scheduler
 
     @property
     def model_name(self) -> str:

@@ -60,8 +60,6 @@ DEFAULT_HOT_BUDGET_BYTES = 512 << 20
 
 @dataclass(slots=True)
 class _LookupTally:
-    hits: int = 0
-    misses: int = 0
     corrupt: int = 0
     mismatched: int = 0
 
@@ -179,14 +177,10 @@ class SegmentCache:
         """The cached entries of these token sequences in request order, None for a miss (nothing is computed): hot
         tier, disk, then the remote tier. A corrupt, stale or mismatched entry is logged, counted, removed and
         None. Hits and misses are recorded in the store's counters."""
-        requested = [[int(token) for token in ids] for ids in token_id_lists]
         tally = _LookupTally()
-        found = self._lookup(self._resolve(namespace), requested, tally)
-        tally.hits = sum(entry is not None for entry in found)
-        tally.misses = len(found) - tally.hits
-        self.store.record_lookups(
-            hits=tally.hits, misses=tally.misses, corrupt=tally.corrupt, mismatched=tally.mismatched
-        )
+        found = self._lookup(self._resolve(namespace), [[int(token) for token in ids] for ids in token_id_lists], tally)
+        held = sum(entry is not None for entry in found)
+        self.store.record_lookups(hits=held, misses=len(found) - held, corrupt=tally.corrupt, mismatched=tally.mismatched)
         return found
 
     def put_many(
@@ -200,8 +194,20 @@ class SegmentCache:
         when the counts differ or an entry's token_ids are not its sequence's."""
         if len(entries) != len(token_id_lists):
             raise ValueError(f"{len(entries)} entries given for {len(token_id_lists)} token sequences")
-        requested = [[int(token) for token in ids] for ids in token_id_lists]
-        return self._store_encoded(self._resolve(namespace), requested, entries)
+        namespace = self._resolve(namespace)
+        requests: list[PutRequest] = []
+        returned: list[Entry] = []
+        for ids, entry in zip(token_id_lists, entries):
+            key, stored_form, value = stored_value(namespace, [int(token) for token in ids], entry)
+            sizes = entry_bytes(stored_form)
+            requests.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
+            returned.append(dict(stored_form))
+            self.hot_tier.put(key, returned[-1])
+        if not self.store.readonly:
+            self._tolerate_write_failure(lambda: self.store.batched_put(requests))
+        if self.remote is not None and self._remote_writable:
+            self.remote.put_many([(request.key, request.value) for request in requests])
+        return returned
 
     def _lookup(
         self, namespace: CacheNamespace, requested: list[list[int]], tally: _LookupTally
@@ -309,30 +315,6 @@ class SegmentCache:
             tally.mismatched += 1
             return None
         return decoded.tensors
-
-    # ------------------------------------------------------------------------------------------- stores
-    def _store_encoded(
-        self,
-        namespace: CacheNamespace,
-        token_id_lists: list[list[int]],
-        produced: Sequence[Mapping[str, torch.Tensor]],
-    ) -> list[Entry]:
-        """Encode and put freshly computed entries in one transaction, then hand them to the remote tier; returns them
-        as a hit would."""
-        requests: list[PutRequest] = []
-        returned: list[Entry] = []
-        for ids, entry in zip(token_id_lists, produced):
-            key, stored_form, value = stored_value(namespace, ids, entry)
-            sizes = entry_bytes(stored_form)
-            requests.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
-            as_hit = dict(stored_form)
-            self.hot_tier.put(key, as_hit)
-            returned.append(as_hit)
-        if not self.store.readonly:
-            self._tolerate_write_failure(lambda: self.store.batched_put(requests))
-        if self.remote is not None and self._remote_writable:
-            self.remote.put_many([(request.key, request.value) for request in requests])
-        return returned
 
     def _tolerate_write_failure(self, write: Callable[[], object]) -> None:
         """Run a store write; with ``best_effort`` a `CacheWriteError` (disk full) is logged, not raised: the
