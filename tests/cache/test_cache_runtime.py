@@ -143,6 +143,35 @@ def test_another_model_never_gets_this_models_entries(tmp_path: Path, model, ref
     assert torch.equal(result.logits, expected) and not torch.equal(result.logits, reference_logits)
 
 
+def test_the_get_or_encode_loop_encodes_each_distinct_miss_once_and_keeps_nothing_of_a_stopped_encoding(
+    tmp_path: Path, model
+) -> None:
+    """`SegmentEntries.get_or_encode`, the one loop over a store that only stores: a request's repeated misses are
+    encoded once each (one batch each here: `check` runs before every batch), put in the cache and fetched as hits
+    later, with the same values; an encoding stopped midway puts nothing."""
+    a, b = make_request().chunk_ids[:2]
+    with SegmentCache.open(tmp_path, namespace=namespace_of(model)) as cache:
+        entries = Engine(model, seam_tokens=SEAM, segment_source=cache, encode_batch_tokens=1).entries
+        batches: list[int] = []
+
+        def stop_at_the_second_batch() -> None:
+            batches.append(len(batches))
+            if len(batches) == 2:
+                raise RuntimeError("stopped")
+
+        with pytest.raises(RuntimeError, match="stopped"):
+            entries.get_or_encode([a, b, a], SEAM, check=stop_at_the_second_batch)
+        assert cache.contains_many(SEAM, [a, b]) == [False, False] and cache.stats()["entries"] == 0
+        batches.clear()
+        found = entries.get_or_encode([a, b, a], SEAM, check=lambda: batches.append(0))
+        assert found.hits == [False, False, False] and len(batches) == 2  # a encoded once
+        assert cache.stats()["entries"] == 2 and found.encode_seconds > 0
+        again = entries.get_or_encode([b, a], SEAM, check=lambda: batches.append(0))
+        assert again.hits == [True, True] and len(batches) == 2 and again.encode_seconds == 0
+        for hit, miss in ((again.entries[1], found.entries[0]), (again.entries[0], found.entries[1])):
+            assert hit.keys() == miss.keys() and all(torch.equal(hit[name], miss[name]) for name in hit)
+
+
 def test_the_engine_takes_a_segment_source_the_cache_and_the_memory_source_are_two(
     tmp_path: Path, model, reference_logits: torch.Tensor
 ) -> None:
