@@ -3,8 +3,8 @@
 One `RagPipeline` serves the CLI's `ask` and `demo` and the REST service: an opened index and the
 `session.ModelSession` it was built for (model, engine, segment cache, the index's whole prompt format). Retrieved
 chunks are passed to the runtime as separate segments (their stored token ids), never as one concatenated string.
-Answers are generated through the scheduler, as every way in generates (`hypic_rag.scheduler`): `stream` steps the
-pipeline's own scheduler in the caller's thread; the service hands its prepared questions to its own.
+Answers are generated through the session's scheduler, the model's one (`ModelSession.scheduler`), as every way in
+generates: `stream` steps it in the caller's thread; the service's model worker drives the same scheduler.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.session import CacheConfig, ModelSession
 from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
 from hypic_rag.vocabulary import prompt_part_record, source_record
@@ -156,8 +155,6 @@ class RagPipeline:
         self.session = session
         self.hop_slots = hop_slots
         self.max_question_chars = max_question_chars
-        self.scheduler = Scheduler(session.engine, SchedulerConfig(max_waiting=None), name="hypic-pipeline-scheduler")
-        """Generates the answers of `stream` (not started: stepped by the stream's consumer)."""
         self.open_timings: dict[str, float] = {}
         """Seconds `open` took to load the model (`model_load`), open the index (`index_open`) and load the
         embedder (`embedder_load`); empty for a pipeline built from an opened index and session."""
@@ -308,7 +305,7 @@ class RagPipeline:
         prepared = self.prepare(question, top_k=top_k, mode=mode, policy=policy)
         yield "sources", prepared.sources
         generation: Generation = yield from _relay(
-            self.scheduler.stream(prepared.request, prepared.assembly, params, check=check)
+            self.session.scheduler.stream(prepared.request, prepared.assembly, params, check=check)
         )
         return self.answer_of(prepared, generation)
 

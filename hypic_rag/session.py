@@ -1,11 +1,12 @@
-"""One loaded model in use: the model, its engine, where its segment entries come from, and the prompt format.
+"""One loaded model in use: the model, its engine and scheduler, where its segment entries come from, the prompt format.
 
     session = ModelSession.open("model/", cache_dir="cache/")             # from a model path
     session = ModelSession.for_index(manifest, "index/")                  # from an index manifest
     session = ModelSession.of_model(model, cache_dir=index.cache_dir)     # from an already-loaded model
     request = session.request("Who keeps bees?", [chunk_ids, ...])        # prefix + chunk segments + question
     report = session.fill_cache(session.plan(chunk_segments))             # get-or-encode many entries
-    session.close()                                                       # closes (flushes) its cache
+    generation = session.scheduler.generate(request)                      # the model's one scheduler
+    session.close()                                                       # stops its scheduler, flushes its cache
 
 Why a *session*: this object is the span during which one loaded model is used with one segment source. It is
 opened (the model loaded, its cache bound to the model's namespace), serves any number of requests, and is closed
@@ -14,7 +15,8 @@ prompt text nor the persistent cache (it must not import `hypic_rag.cache`), whi
 owns the prompt format. It is not "the engine", which assembles one request from entries, nor "the pipeline",
 which adds retrieval over an index. It sits between them: the runtime and the cache below, the ways in above
 (`pipeline.RagPipeline`, the service's `ServiceBackend`, the LlamaIndex `HypicRuntime`, precompute), which are
-all built on a session and never build a model, an engine, a cache or a prompt layout themselves.
+all built on a session and never build a model, an engine, a scheduler, a cache or a prompt layout themselves:
+they all generate through the session's one `scheduler` (as nano-vllm's engine owns its scheduler).
 
 Everything that depends on *which* model and *which* prompt format lives here, once: tokenizing one segment
 (`tokenize_segment`), the request builders (`request` for the RAG layout, `segmented_request` for separated
@@ -52,6 +54,7 @@ from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_source import SegmentSource
+from hypic_rag.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.prompting.segments import segmented_request
 from hypic_rag.utils.streaming import drain
 from hypic_rag.utils.text import unencodable_message
@@ -62,6 +65,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEAM_TOKENS = 8
+SESSION_SCHEDULER = SchedulerConfig(max_waiting=None)
+"""A session's scheduler limits unless given others (no bound on waiting: its callers bound their own)."""
+
+
+def new_scheduler(engine: Engine, config: SchedulerConfig | None = None) -> Scheduler:
+    """The one place a `Scheduler` is constructed, not started: a session's (`ModelSession.scheduler`), or a
+    benchmark's over a bare engine (several limits measured on one engine)."""
+    return Scheduler(engine, config)
 
 
 # ==================================================================================================== building
@@ -131,12 +142,13 @@ class ModelSession:
 
     Build it with `open` (a model path), `for_index` (an index manifest) or `of_model` (a loaded model); the
     constructor takes an engine already made. Not thread-safe, as the engine is not: one thread uses a session
-    at a time (the service's worker thread; the LlamaIndex `HypicRuntime` adds a lock). `close` closes the
-    segment source.
+    at a time (the service's worker thread; the LlamaIndex `HypicRuntime` holds the scheduler's lock). `close` stops
+    the scheduler and closes the segment source.
     """
 
     def __init__(
-        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = ""
+        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = "",
+        scheduler_config: SchedulerConfig = SESSION_SCHEDULER,
     ) -> None:
         if engine.model.tokenizer is None:
             raise ValueError("the model has no tokenizer; a model session needs one to tokenize its segments")
@@ -146,6 +158,9 @@ class ModelSession:
         self._prefix_ids = tuple(self.tokenize_segment(prompt_format.prefix, "the prompt prefix"))
         self.matcher = SegmentMatcher()
         """The chunks and seen segments prompts without separators are matched against (`hypic_rag.prompting.matching`)."""
+        self.scheduler = new_scheduler(engine, scheduler_config)
+        """The model's one scheduler, not started: a `stream` consumer steps it in its own thread unless an owner
+        starts it (the LlamaIndex components) or drives its steps (the service's model worker)."""
 
     @classmethod
     def open(
@@ -240,8 +255,11 @@ class ModelSession:
             raise
 
     def close(self) -> None:
-        """Close the segment source (a persistent cache writes its pending access notes)."""
-        self.engine.segment_source.close()
+        """Stop the scheduler (sequences left fail with `SchedulerStopped`), then close the segment source between
+        steps (a persistent cache writes its pending access notes)."""
+        self.scheduler.stop()
+        with self.scheduler.lock:
+            self.engine.segment_source.close()
 
     def __enter__(self) -> ModelSession:
         return self
@@ -270,6 +288,14 @@ class ModelSession:
     @property
     def segment_source(self) -> SegmentSource:
         return self.engine.segment_source
+
+    def configure_scheduler(self, config: SchedulerConfig) -> Scheduler:
+        """Give the scheduler the limits `config` sets (the service's flags) while it has no work (RuntimeError
+        otherwise); returns it."""
+        if self.scheduler.has_work:
+            raise RuntimeError("the scheduler's limits can change only while it has no work")
+        self.scheduler.config = config
+        return self.scheduler
 
     @property
     def model_name(self) -> str:

@@ -41,6 +41,7 @@ from hypic_rag.runtime.modes import check_mode, entry_seams
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.session import new_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -139,8 +140,8 @@ def _runner(scheduler: Scheduler, requests: Sequence[Request], mode: str, params
 
 def _scheduler(engine: Engine, running: int) -> Scheduler:
     """A started scheduler of `engine` running at most `running` sequences at once."""
-    return Scheduler(engine, SchedulerConfig(max_running=running, step_tokens=max(2048, running),
-                                             max_waiting=None)).start()
+    return new_scheduler(engine, SchedulerConfig(max_running=running, step_tokens=max(2048, running),
+                                                 max_waiting=None)).start()
 
 
 def engine_throughput(

@@ -126,19 +126,20 @@ def bench_load(repeats: int, work_dir: Path) -> dict[str, Any]:
         directory = work_dir / f"load_{length}"
         chunks = [[length * 1000 + i] * length for i in range(repeats)]
         with SegmentCache.open(directory, disk_budget_bytes=16 << 30, hot_budget_bytes=0) as cache:
-            cache.get_or_encode_many(namespace, chunks, lambda missing: [
-                synthetic_entry(shape, ids, seed=ids[0]) for ids in missing])
+            cache.put_many(namespace, chunks, [synthetic_entry(shape, ids, seed=ids[0]) for ids in chunks])
             value_bytes = cache.stats()["bytes_per_entry"]
 
-        def fail(_: list[int]) -> Entry:
-            raise AssertionError("expected a hit")
+        def hit(cache: SegmentCache, ids: list[int]) -> Entry:
+            entry = cache.get_many(namespace, [ids])[0]
+            assert entry is not None, "expected a hit"
+            return entry
 
         cold: list[float] = []
         for ids in chunks:  # cold: close the map, drop the file's pages, reopen, read one entry
             _drop_file_from_page_cache(directory / "data.mdb")
             with SegmentCache.open(directory, hot_budget_bytes=0) as cache:
                 began = time.perf_counter()
-                cache.get_or_encode(namespace, ids, fail)
+                hit(cache, ids)
                 cold.append(time.perf_counter() - began)
         warm: list[float] = []
         hot: list[float] = []
@@ -147,10 +148,10 @@ def bench_load(repeats: int, work_dir: Path) -> dict[str, Any]:
         plain_copy: list[float] = []
         with SegmentCache.open(directory, hot_budget_bytes=0) as cache:
             for ids in chunks:
-                cache.get_or_encode(namespace, ids, fail)  # pages now cached
+                hit(cache, ids)  # pages now cached
             for ids in chunks:
                 began = time.perf_counter()
-                cache.get_or_encode(namespace, ids, fail)
+                hit(cache, ids)
                 warm.append(time.perf_counter() - began)
         store: SegmentStore
         with LmdbSegmentStore.open(directory, readonly=True) as store:  # the store alone: copy, then decode
@@ -167,11 +168,11 @@ def bench_load(repeats: int, work_dir: Path) -> dict[str, Any]:
                 del value
         with SegmentCache.open(directory, hot_budget_bytes=4 << 30) as cache:
             for ids in chunks:
-                cache.get_or_encode(namespace, ids, fail)  # fills the hot tier
+                hit(cache, ids)  # fills the hot tier
             for _ in range(5):
                 for ids in chunks:
                     began = time.perf_counter()
-                    cache.get_or_encode(namespace, ids, fail)
+                    hit(cache, ids)
                     hot.append(time.perf_counter() - began)
             assert cache.stats()["hot_hits"] == 5 * len(chunks)
         shutil.rmtree(directory)

@@ -167,7 +167,7 @@ def load_rows(config: CacheFormatsConfig, work_dir: Path) -> list[dict[str, Any]
         directory = work_dir / f"load_{name}"
         with SegmentCache.open(directory, disk_budget_bytes=64 << 30, hot_budget_bytes=0) as cache:
             for number, ids in enumerate(token_lists):
-                cache.put(namespace, synthetic_entry(shape, ids, seed=number))
+                cache.put_many(namespace, [ids], [synthetic_entry(shape, ids, seed=number)])
             stored = cache.stored_bytes(namespace, token_lists) // len(token_lists)
         timings: dict[str, list[float]] = {"disk_cold": [], "disk_warm": [], "decode": []}
         for ids in token_lists:
@@ -176,7 +176,7 @@ def load_rows(config: CacheFormatsConfig, work_dir: Path) -> list[dict[str, Any]
                     drop_page_cache(directory / "data.mdb")
                 with SegmentCache.open(directory, readonly=True, hot_budget_bytes=0) as cache:
                     began = time.perf_counter()
-                    entry = cache.get(namespace, ids)
+                    entry = cache.get_many(namespace, [ids])[0]
                     read = time.perf_counter()
                     assert entry is not None, "a stored entry must hit"
                     decompress_entry(entry, "cpu", torch.float32)
@@ -218,7 +218,7 @@ def ttft_rows(config: CacheFormatsConfig, work_dir: Path) -> dict[str, Any]:
             namespace = CacheNamespace.for_model(model, 8, name)
             with SegmentCache.open(directory, disk_budget_bytes=64 << 30, hot_budget_bytes=0) as cache:
                 for (seam, ids), entry in entries.items():
-                    cache.put(namespace.with_seam(seam), entry)
+                    cache.put_many(namespace.with_seam(seam), [list(ids)], [entry])
                 stored[name] = sum(cache.stored_bytes(namespace.with_seam(seam), [list(ids)]) for seam, ids in entries)
         samples: dict[str, dict[str, list[float]]] = {name: {"warm": [], "cold": [], "load_warm": [], "load_cold": []}
                                                       for name in config.formats}

@@ -23,7 +23,8 @@ from hypic_rag.runtime.modes import MODES, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.scheduler import SchedulerConfig
+from hypic_rag.session import new_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def closed_loop_throughput(
     """N client threads share one model worker (a scheduler running one sequence at a time): requests/s and
     latency, bounded in count and time (`closed_loop`)."""
     params = SamplingParams(max_new_tokens=new_tokens)
-    scheduler = Scheduler(engine, SchedulerConfig(max_running=1, max_waiting=None)).start()
+    scheduler = new_scheduler(engine, SchedulerConfig(max_running=1, max_waiting=None)).start()
 
     def run_one(number: int) -> tuple[float, int]:
         generation = scheduler.generate(requests[number % len(requests)], assembly, params)

@@ -5,7 +5,7 @@ evaluation (`evals/cache_formats.py`) read. It meets the runtime's `SegmentSourc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,8 @@ from hypic_rag.utils.lru import ByteBudgetLRU
 class CompressedSource:
     """A `SegmentSource` handing out another source's entries in `cache_format`'s stored form, each compressed once
     and kept in memory (up to `budget_bytes` of stored tensors): what an engine reads from a cache built in that
-    format, without building one. The inner source is not closed by `close` (its owner closes it)."""
+    format, without building one. Lookups and puts go to the inner source (which holds the float32 entries); the
+    inner source is not closed by `close` (its owner closes it)."""
 
     def __init__(self, inner: Any, storage_format: str | CacheFormat, budget_bytes: int = 1 << 30) -> None:
         self.inner = inner
@@ -32,11 +33,24 @@ class CompressedSource:
     def check_model(self, model_fingerprint: str, tokenizer_fingerprint: str) -> None:
         self.inner.check_model(model_fingerprint, tokenizer_fingerprint)
 
-    def get_or_encode_segments(
-        self, segments: Sequence[Sequence[int]], seam_tokens: int, encode_many: Callable[[list[list[int]]], list[Entry]]
-    ) -> tuple[list[Entry], list[bool]]:
-        entries, hits = self.inner.get_or_encode_segments(segments, seam_tokens, encode_many)
-        return [self._stored_form(seam_tokens, ids, entry) for ids, entry in zip(segments, entries)], hits
+    def contains_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> list[bool]:
+        return self.inner.contains_many(seam_tokens, segments)
+
+    def get_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> list[Entry | None]:
+        entries = self.inner.get_many(seam_tokens, segments)
+        return [None if entry is None else self._stored_form(seam_tokens, ids, entry)
+                for ids, entry in zip(segments, entries)]
+
+    def put_many(
+        self, seam_tokens: int, segments: Sequence[Sequence[int]], entries: Sequence[Mapping[str, torch.Tensor]]
+    ) -> list[Entry]:
+        kept = self.inner.put_many(seam_tokens, segments, entries)
+        return [self._stored_form(seam_tokens, ids, entry) for ids, entry in zip(segments, kept)]
+
+    def remove_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> int:
+        for ids in segments:
+            self._stored.remove((seam_tokens, tuple(int(token) for token in ids)))
+        return self.inner.remove_many(seam_tokens, segments)
 
     def _stored_form(self, seam_tokens: int, token_ids: Sequence[int], entry: Mapping[str, torch.Tensor]) -> Entry:
         key = (seam_tokens, tuple(int(token) for token in token_ids))
@@ -47,9 +61,6 @@ class CompressedSource:
         self.float32_bytes[key] = entry_tensor_bytes(entry)
         self.stored_bytes[key] = entry_tensor_bytes(stored)
         return dict(stored)
-
-    def missing_segments(self, segments: Sequence[Sequence[int]], seam_tokens: int) -> list[list[int]]:
-        return self.inner.missing_segments(segments, seam_tokens)
 
     def stats(self) -> dict[str, Any]:
         return {**self.inner.stats(), "cache_format": self.storage_format.name, "entries_compressed": len(self._stored)}

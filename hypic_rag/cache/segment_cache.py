@@ -1,22 +1,24 @@
 """The persistent segment source of the runtime: hot tier, then disk store, then the shared remote tier (when
-given), then encode (and put) on a miss.
+given). It only stores: what it lacks is encoded by the runtime's get-or-encode home
+(`hypic_rag.runtime.get_or_encode.SegmentEntries`) and put back.
 
     cache = SegmentCache.open(directory, namespace=CacheNamespace.for_model(model, seam_tokens=8))
     engine = Engine(model, segment_source=cache)            # the runtime sees a `SegmentSource`
-    entries, hits = cache.get_or_encode_segments(token_id_lists, seam_tokens, encode_many)
-    entry, hit = cache.get_or_encode(namespace, token_ids, encode)          # any namespace, given explicitly
-    entries, hits = cache.get_or_encode_many(namespace, token_id_lists, encode_many)
+    held = cache.contains_many(8, token_id_lists)           # a seam width: the bound namespace at that width
+    entries = cache.get_many(namespace, token_id_lists)     # or any namespace, given explicitly; None: a miss
+    stored = cache.put_many(namespace, token_id_lists, encoded_entries)
+    removed = cache.remove_many(namespace, token_id_lists)
 
-Opened with a `namespace`, the cache is bound to it: the `SegmentSource` methods (those that take a seam width
-rather than a namespace) use that namespace at the seam width asked for (`CacheNamespace.with_seam`).
+Opened with a `namespace`, the cache is bound to it: given a seam width instead of a namespace, the methods use
+that namespace at that width (`CacheNamespace.with_seam`), which is how the runtime's `SegmentSource` calls them.
 
 An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md); returned tensors may be shared with the hot
 tier, so treat them as read-only. A hit requires the entry's recorded namespace and its stored ``token_ids`` to
 equal the request; a corrupt entry (checksum, truncation, undecodable) or a mismatched one is logged, counted,
-removed and recomputed, never returned. Entries are handed out in their stored form: the namespace's cache format
+removed and reported as a miss (so the get-or-encode home recomputes it), never returned. Entries are handed out in their stored form: the namespace's cache format
 (`hypic_rag.entry_storage`; ``float32``: as encoded, ``int8``, ``int4``, ...: codes and scales), which the runtime
 decodes once per hit on the device it uses the entry on (`decompress_entry`); the hot tier holds that form too.
-A miss returns the stored form a later hit would return, so answers do not depend on whether the cache was warm.
+A put returns the stored form a later hit would return, so answers do not depend on whether the cache was warm.
 
 With ``best_effort=True`` (ask, serve: the cache only saves work) a damaged store is replaced by a `NullStore`
 (the cache is disabled, with a warning) and a failed write (disk full) is logged instead of raised; without it
@@ -24,7 +26,7 @@ With ``best_effort=True`` (ask, serve: the cache only saves work) a damaged stor
 
 With a `remote_tier.RemoteTier` (``remote=``), lookups the local tiers miss are asked of the remote; a remote hit is
 verified like a disk hit (a bad object is deleted there, counted and recomputed) and fills the hot tier and the
-disk store; every entry encoded here is also written to the remote (write-behind). The remote never raises: when
+disk store; every entry put here is also written to the remote (write-behind). The remote never raises: when
 it fails its lookups are misses. A read-only cache writes nowhere, the remote included.
 """
 
@@ -58,8 +60,6 @@ DEFAULT_HOT_BUDGET_BYTES = 512 << 20
 
 @dataclass(slots=True)
 class _LookupTally:
-    hits: int = 0
-    misses: int = 0
     corrupt: int = 0
     mismatched: int = 0
 
@@ -68,9 +68,9 @@ class SegmentCache:
     """Hot tier (in-process LRU by bytes) over a `SegmentStore` (LMDB on disk), over an optional shared
     `RemoteTier`. Use `open`; close when done (the cache closes its remote tier too).
 
-    namespace: what the `SegmentSource` methods (`get_or_encode_segments`, `missing_segments`) are bound to; the
-    runtime's `hypic_rag.runtime.segment_source.SegmentSource` protocol is met structurally (the cache imports
-    nothing from the runtime).
+    namespace: what a seam width given instead of a namespace is resolved in; the runtime's
+    `hypic_rag.runtime.segment_source.SegmentSource` protocol is met structurally (the cache imports nothing from
+    the runtime).
     """
 
     def __init__(
@@ -139,7 +139,10 @@ class SegmentCache:
             raise ValueError("this segment cache was opened without a namespace; pass namespace= to SegmentCache.open")
         return self.namespace.with_seam(seam_tokens)
 
-    # ------------------------------------------------------------------------------------------- segment source
+    def _resolve(self, namespace: CacheNamespace | int) -> CacheNamespace:
+        """`namespace` itself, or for a seam width the bound namespace at that width (`namespace_for`)."""
+        return self.namespace_for(namespace) if isinstance(namespace, int) else namespace
+
     def check_model(self, model_fingerprint: str, tokenizer_fingerprint: str) -> None:
         """Return if the bound namespace is this model's; ValueError otherwise (or when there is none), so that an
         engine is never given a cache bound to another model."""
@@ -152,91 +155,59 @@ class SegmentCache:
                 f"not {model_fingerprint[:12]}; open it with CacheNamespace.for_model(model, ...)"
             )
 
-    def get_or_encode_segments(
-        self,
-        segments: Sequence[Sequence[int]],
-        seam_tokens: int,
-        encode_many: Callable[[list[list[int]]], Sequence[Mapping[str, torch.Tensor]]],
-    ) -> tuple[list[Entry], list[bool]]:
-        """`get_or_encode_many` in the bound namespace at `seam_tokens` (the runtime's `SegmentSource` method)."""
-        return self.get_or_encode_many(self.namespace_for(seam_tokens), segments, encode_many)
-
-    def missing_segments(self, segments: Sequence[Sequence[int]], seam_tokens: int) -> list[list[int]]:
-        """The segments without an entry in the bound namespace at `seam_tokens`, neither on disk nor in the
-        remote tier (asked for those the disk lacks; nothing is read or counted). A remote that fails holds
-        nothing here."""
-        namespace = self.namespace_for(seam_tokens)
-        lacking = [list(ids) for ids, held in zip(segments, self.contains_many(namespace, segments)) if not held]
+    # ------------------------------------------------------------------------------------------- storage
+    def contains_many(self, namespace: CacheNamespace | int, token_id_lists: Sequence[Sequence[int]]) -> list[bool]:
+        """Whether an entry of each token sequence is held, on disk or in the remote tier (asked for those the disk
+        lacks; a remote that fails holds nothing here). Nothing is read, decoded or counted."""
+        namespace = self._resolve(namespace)
+        keys = [segment_key(namespace, ids) for ids in token_id_lists]
+        held = self.store.batched_contains(keys)
+        lacking = [position for position, found in enumerate(held) if not found]
         if lacking and self.remote is not None:
-            remote_held = self.remote.contains_many([segment_key(namespace, ids) for ids in lacking])
-            lacking = [ids for ids, held in zip(lacking, remote_held) if not held]
-        return lacking
-
-    # ------------------------------------------------------------------------------------------- lookups
-    def contains_many(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> list[bool]:
-        """Whether the disk store holds an entry of each token sequence (no access is recorded, nothing is
-        decoded; the remote tier is not asked)."""
-        return self.store.batched_contains([segment_key(namespace, ids) for ids in token_id_lists])
+            for position, found in zip(lacking, self.remote.contains_many([keys[p] for p in lacking])):
+                held[position] = found
+        return held
 
     def stored_bytes(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
         """Bytes the store holds for these token sequences' entries (encoded values; absent ones count 0)."""
         sizes = (self.store.value_bytes(segment_key(namespace, ids)) for ids in token_id_lists)
         return sum(size or 0 for size in sizes)
 
-    def get(self, namespace: CacheNamespace, token_ids: Sequence[int]) -> Entry | None:
-        """The cached entry of `token_ids`, or None (a miss; nothing is computed)."""
-        entries = self._lookup(namespace, [list(token_ids)], _LookupTally())
-        return entries[0]
-
-    def put(self, namespace: CacheNamespace, entry: Mapping[str, torch.Tensor]) -> Entry:
-        """Store `entry` (keyed by its own ``token_ids``); returns it as a later hit would return it."""
-        token_ids = entry[TOKEN_IDS].reshape(-1).tolist()
-        return self._store_encoded(namespace, [token_ids], [entry])[0]
-
-    def get_or_encode(
-        self,
-        namespace: CacheNamespace,
-        token_ids: Sequence[int],
-        encode: Callable[[list[int]], Mapping[str, torch.Tensor]],
-    ) -> tuple[Entry, bool]:
-        """(entry, hit): the cached entry of `token_ids`, else ``encode(token_ids)`` stored and returned."""
-        entries, hits = self.get_or_encode_many(
-            namespace, [token_ids], lambda missing: [encode(ids) for ids in missing]
-        )
-        return entries[0], hits[0]
-
-    def get_or_encode_many(
-        self,
-        namespace: CacheNamespace,
-        token_id_lists: Sequence[Sequence[int]],
-        encode_many: Callable[[list[list[int]]], Sequence[Mapping[str, torch.Tensor]]],
-    ) -> tuple[list[Entry], list[bool]]:
-        """(entries, hits) in request order. Only the misses are encoded, each distinct chunk once, by one
-        ``encode_many`` call; their entries are stored in one transaction."""
-        requested = [[int(token) for token in ids] for ids in token_id_lists]
+    def get_many(self, namespace: CacheNamespace | int, token_id_lists: Sequence[Sequence[int]]) -> list[Entry | None]:
+        """The cached entries of these token sequences in request order, None for a miss (nothing is computed): hot
+        tier, disk, then the remote tier. A corrupt, stale or mismatched entry is logged, counted, removed and
+        None. Hits and misses are recorded in the store's counters."""
         tally = _LookupTally()
-        found = self._lookup(namespace, requested, tally)
-        hits = [entry is not None for entry in found]
-        missing: dict[bytes, list[int]] = {}
-        for ids, entry in zip(requested, found):
-            if entry is None:
-                missing.setdefault(segment_key(namespace, ids), ids)
-        if missing:
-            produced = list(encode_many(list(missing.values())))
-            if len(produced) != len(missing):
-                raise ValueError(f"encode_many returned {len(produced)} entries for {len(missing)} chunks")
-            stored = self._store_encoded(namespace, list(missing.values()), produced)
-            by_key = dict(zip(missing.keys(), stored))
-            found = [entry if entry is not None else dict(by_key[segment_key(namespace, ids)])
-                     for ids, entry in zip(requested, found)]
-        tally.hits += sum(hits)
-        tally.misses += len(hits) - sum(hits)
-        self.store.record_lookups(
-            hits=tally.hits, misses=tally.misses, corrupt=tally.corrupt, mismatched=tally.mismatched
-        )
-        entries = [entry for entry in found if entry is not None]
-        assert len(entries) == len(requested), "every requested chunk has an entry by now"
-        return entries, hits
+        found = self._lookup(self._resolve(namespace), [[int(token) for token in ids] for ids in token_id_lists], tally)
+        held = sum(entry is not None for entry in found)
+        self.store.record_lookups(hits=held, misses=len(found) - held, corrupt=tally.corrupt, mismatched=tally.mismatched)
+        return found
+
+    def put_many(
+        self,
+        namespace: CacheNamespace | int,
+        token_id_lists: Sequence[Sequence[int]],
+        entries: Sequence[Mapping[str, torch.Tensor]],
+    ) -> list[Entry]:
+        """Store freshly encoded entries of these token sequences in one transaction (and hand them to the remote
+        tier, write-behind); returns each as a later hit returns it (in the namespace's cache format). ValueError
+        when the counts differ or an entry's token_ids are not its sequence's."""
+        if len(entries) != len(token_id_lists):
+            raise ValueError(f"{len(entries)} entries given for {len(token_id_lists)} token sequences")
+        namespace = self._resolve(namespace)
+        requests: list[PutRequest] = []
+        returned: list[Entry] = []
+        for ids, entry in zip(token_id_lists, entries):
+            key, stored_form, value = stored_value(namespace, [int(token) for token in ids], entry)
+            sizes = entry_bytes(stored_form)
+            requests.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
+            returned.append(dict(stored_form))
+            self.hot_tier.put(key, returned[-1])
+        if not self.store.readonly:
+            self._tolerate_write_failure(lambda: self.store.batched_put(requests))
+        if self.remote is not None and self._remote_writable:
+            self.remote.put_many([(request.key, request.value) for request in requests])
+        return returned
 
     def _lookup(
         self, namespace: CacheNamespace, requested: list[list[int]], tally: _LookupTally
@@ -345,29 +316,6 @@ class SegmentCache:
             return None
         return decoded.tensors
 
-    # ------------------------------------------------------------------------------------------- stores
-    def _store_encoded(
-        self,
-        namespace: CacheNamespace,
-        token_id_lists: list[list[int]],
-        produced: Sequence[Mapping[str, torch.Tensor]],
-    ) -> list[Entry]:
-        """Encode and put freshly computed entries in one transaction; returns them as a hit would."""
-        requests: list[PutRequest] = []
-        returned: list[Entry] = []
-        for ids, entry in zip(token_id_lists, produced):
-            key, stored_form, value = stored_value(namespace, ids, entry)
-            sizes = entry_bytes(stored_form)
-            requests.append(PutRequest(key, value, sizes.linear_bytes, sizes.kv_bytes))
-            as_hit = dict(stored_form)
-            self.hot_tier.put(key, as_hit)
-            returned.append(as_hit)
-        if not self.store.readonly:
-            self._tolerate_write_failure(lambda: self.store.batched_put(requests))
-        if self.remote is not None and self._remote_writable:
-            self.remote.put_many([(request.key, request.value) for request in requests])
-        return returned
-
     def _tolerate_write_failure(self, write: Callable[[], object]) -> None:
         """Run a store write; with ``best_effort`` a `CacheWriteError` (disk full) is logged, not raised: the
         entries were computed and are returned anyway, only not kept on disk."""
@@ -401,10 +349,11 @@ class SegmentCache:
             result["remote_misses"] = self._remote_misses
         return result
 
-    def remove_many(self, namespace: CacheNamespace, token_id_lists: Sequence[Sequence[int]]) -> int:
+    def remove_many(self, namespace: CacheNamespace | int, token_id_lists: Sequence[Sequence[int]]) -> int:
         """Remove these token sequences' entries of `namespace` from the hot tier and the disk store (a cache
         rebuilt in another format drops the old format's entries); the number removed from disk. The remote tier
         keeps its objects (its lifecycle rules age them out); a read-only cache removes nothing from disk."""
+        namespace = self._resolve(namespace)
         keys = list(dict.fromkeys(segment_key(namespace, ids) for ids in token_id_lists))
         for key in keys:
             self.hot_tier.remove(key)

@@ -9,7 +9,7 @@ Two uses, one pool:
   so a killed run keeps what it stored and resumes like a local one. With a shared remote tier (`remote`,
   `namespace`), each actor writes its entries straight to it and sends back only their sizes
   (`get_or_encode.StoredRemotely`); an entry the remote does not take comes back whole and is stored by the driver.
-  A killed run keeps what the actors uploaded: the rerun's lookup (`SegmentCache.missing_segments`) asks the
+  A killed run keeps what the actors uploaded: the rerun's lookup (`SegmentCache.contains_many`) asks the
   remote, as it asks the disk.
 - query time (`encode_segments(segments, seam, check)`, an `Engine` miss encoder): one request's misses are cut into
   the batches the engine would run (`runtime.encode.plan_encode_batches`), the batches are assigned up front to

@@ -1,10 +1,12 @@
 """Get-or-encode: the one home of segment entries. Which entries a request needs, which of them the segment source
-holds, encoding the misses in bounded batches, keeping what was encoded.
+holds, encoding the misses in bounded batches, keeping what was encoded. The source only stores (`contains_many`,
+`get_many`, `put_many`, `remove_many`: `segment_source.SegmentSource`); this is the one loop that looks up, encodes
+what is missing and puts it.
 
     entries = SegmentEntries(model, source)                       # the engine holds one (`Engine.entries`)
     found = entries.get_or_encode(segments, seam)                 # a request's entries: hits fetched, misses encoded
     missing = entries.missing(segments, seam)                     # a lookup that reads nothing (the scheduler's)
-    entries.keep(seam, {token_ids: entry})                        # entries encoded elsewhere handed to the source
+    entries.keep(seam, {token_ids: entry})                        # entries encoded elsewhere put in the source
     report = drain(entries.fill_steps(plans, encoder=pool))       # precompute, ingestion: many entries, in steps
 
 Every way in uses it: the engine's prefill (`Engine.plan_prefill`), the scheduler (a batch's cold segments, encoded
@@ -233,40 +235,43 @@ class SegmentEntries:
     # ------------------------------------------------------------------------------------------- the source
     def missing(self, segments: Sequence[Sequence[int]], seam_tokens: int) -> list[list[int]]:
         """The segments the source holds no entry of for `seam_tokens` (a lookup that reads and counts nothing)."""
-        return self.source.missing_segments([list(segment) for segment in segments], seam_tokens)
+        segments = [list(segment) for segment in segments]
+        return [segment for segment, held in zip(segments, self.source.contains_many(seam_tokens, segments)) if not held]
 
     def keep(self, seam_tokens: int, encoded: Mapping[tuple[int, ...], Entry]) -> list[Entry]:
-        """Hand entries encoded for `seam_tokens` (by token ids) to the source, in one write, through its own
-        get-or-encode path (an entry it holds meanwhile is not written again). Returns the entries as the source
-        hands them back, in the order of `encoded`: their stored form (a compressed cache format,
+        """Hand entries encoded for `seam_tokens` (by token ids) to the source, in one write. Returns the entries as
+        the source hands them back, in the order of `encoded`: their stored form (a compressed cache format,
         `hypic_rag.entry_storage`), so a miss composes the values a later hit gets."""
         if not encoded:
             return []
-        kept, _ = self.source.get_or_encode_segments(
-            [list(ids) for ids in encoded], seam_tokens, lambda missing: [encoded[tuple(ids)] for ids in missing]
-        )
-        return list(kept)
+        return self.source.put_many(seam_tokens, [list(ids) for ids in encoded], list(encoded.values()))
 
     def get_or_encode(
         self, segments: Sequence[Sequence[int]], seam_tokens: int, *, check: Check | None = None
     ) -> FoundEntries:
         """The entries of `segments` for `seam_tokens`: fetched when the source holds them, else encoded now
-        (`encode`, `check` before each batch) and kept. On the model's device, decoded from the source's stored
-        form (`entry_storage.formats.decompress_entries`: once per hit, state in float32, K/V in the model's dtype)."""
+        (`encode`, each distinct missing segment once, `check` before each batch; if it raises, nothing is kept)
+        and put in the source in one write. On the model's device, decoded from the source's stored form
+        (`entry_storage.formats.decompress_entries`: once per hit, state in float32, K/V in the model's dtype)."""
         began = time.perf_counter()
+        segments = [list(segment) for segment in segments]
+        stored = self.source.get_many(seam_tokens, segments)
+        hits = [entry is not None for entry in stored]
+        missing = distinct_segments([segment for segment, hit in zip(segments, hits) if not hit])
         encode_seconds = 0.0
-
-        def encode_many(missing: list[list[int]]) -> list[Entry]:
-            nonlocal encode_seconds
-            start = time.perf_counter()
-            entries = self.encode(missing, seam_tokens, check=check)
-            encode_seconds += time.perf_counter() - start
-            return entries
-
-        entries, hits = self.source.get_or_encode_segments([list(s) for s in segments], seam_tokens, encode_many)
+        if missing:
+            encoding = time.perf_counter()
+            encoded = self.encode(missing, seam_tokens, check=check)
+            encode_seconds = time.perf_counter() - encoding
+            if len(encoded) != len(missing):
+                raise ValueError(f"the encoder returned {len(encoded)} entries for {len(missing)} segments")
+            kept = dict(zip(map(tuple, missing), self.source.put_many(seam_tokens, missing, encoded)))
+            stored = [entry if entry is not None else dict(kept[tuple(segment)])
+                      for segment, entry in zip(segments, stored)]
+        entries: list[Entry] = stored  # type: ignore[assignment]  # every one held or kept by now
         found = FoundEntries(
             decompress_entries(entries, self.model.device, self.model.dtype),
-            [bool(hit) for hit in hits],
+            hits,
             tensor_bytes=sum(entry_tensor_bytes(entry) for entry in entries),
             encode_seconds=encode_seconds,
         )

@@ -1,13 +1,15 @@
-"""Where the engine gets segment entries: the `SegmentSource` protocol and its in-process implementation.
+"""Where the engine keeps segment entries: the `SegmentSource` storage protocol and its in-process implementation.
 
-The runtime imports nothing from `hypic_rag.cache`. A persistent source is `hypic_rag.cache.segment_cache.SegmentCache`
+A source only stores (contains / get / put / remove, keyed by seam window and token ids); it never computes an
+entry. What it lacks is encoded by the one get-or-encode home, `get_or_encode.SegmentEntries`, and put back.
+The runtime imports nothing from `hypic_rag.cache`: a persistent source is `hypic_rag.cache.segment_cache.SegmentCache`
 opened with a namespace (it meets this protocol structurally); without one the engine keeps entries in a
 `MemorySegmentSource` for the life of the process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -15,31 +17,38 @@ import torch
 from hypic_rag.entry import Entry, entry_tensor_bytes
 from hypic_rag.utils.lru import ByteBudgetLRU
 
-EncodeMany = Callable[[list[list[int]]], Sequence[Mapping[str, torch.Tensor]]]
-"""Encodes segments (token id lists) into their entries, one per segment, in order."""
-
 
 @runtime_checkable
 class SegmentSource(Protocol):
-    """Segment entries for a seam window: fetched when held, else encoded (and kept for later requests).
+    """Storage of one model's segment entries, keyed by (seam window `seam_tokens`, token ids of the segment).
 
     A source holds one model's entries: `check_model` refuses another model, so that no model is ever served
-    another's state (the engine calls it when it is given the source).
+    another's state (the engine calls it when it is given the source). Entries are handed out in the source's
+    stored form (a compressed cache format, `hypic_rag.entry_storage`), the same for a put and a later get.
     """
 
     def check_model(self, model_fingerprint: str, tokenizer_fingerprint: str) -> None:
         """Return if the source holds (or may hold) entries of this model; ValueError otherwise."""
         ...
 
-    def get_or_encode_segments(
-        self, segments: Sequence[Sequence[int]], seam_tokens: int, encode_many: EncodeMany
-    ) -> tuple[list[Entry], list[bool]]:
-        """(entries, hits) in request order for `segments` [L_i] with entries for seam window `seam_tokens`; the
-        segments not held are encoded by one `encode_many` call (if it raises, none of them is kept)."""
+    def contains_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> list[bool]:
+        """Whether an entry of each segment is held for `seam_tokens` (a lookup that reads and counts nothing)."""
         ...
 
-    def missing_segments(self, segments: Sequence[Sequence[int]], seam_tokens: int) -> list[list[int]]:
-        """The segments without an entry for `seam_tokens` (a lookup that reads and counts nothing)."""
+    def get_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> list[Entry | None]:
+        """The held entries of `segments` [L_i] for `seam_tokens` in request order, None for each one not held (a
+        damaged one is dropped, counted and None); counts the hits and misses."""
+        ...
+
+    def put_many(
+        self, seam_tokens: int, segments: Sequence[Sequence[int]], entries: Sequence[Mapping[str, torch.Tensor]]
+    ) -> list[Entry]:
+        """Store the entries of `segments` for `seam_tokens` (one write); returns each as a later `get_many` would
+        (its stored form). ValueError when the counts differ or an entry's token ids are not its segment's."""
+        ...
+
+    def remove_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> int:
+        """Drop the entries of `segments` for `seam_tokens`; the number that were held."""
         ...
 
     def stats(self) -> dict[str, Any]:
@@ -71,27 +80,28 @@ class MemorySegmentSource:
         elif self._model != model:
             raise ValueError("this in-memory segment source holds another model's entries; give each model its own")
 
-    def get_or_encode_segments(
-        self, segments: Sequence[Sequence[int]], seam_tokens: int, encode_many: EncodeMany
-    ) -> tuple[list[Entry], list[bool]]:
-        keys = [(seam_tokens, tuple(segment)) for segment in segments]
-        found = [self._entries.get(key) for key in keys]
-        missing = [list(segment) for segment, entry in zip(segments, found) if entry is None]
-        encoded = iter(encode_many(missing)) if missing else iter(())
-        entries: list[Entry] = []
-        hits: list[bool] = []
-        for key, entry in zip(keys, found):
-            hits.append(entry is not None)
-            if entry is None:
-                entry = dict(next(encoded))
-                self._entries.put(key, entry)
-            entries.append(entry)
-        self.hits += sum(hits)
-        self.misses += len(hits) - sum(hits)
-        return entries, hits
+    def contains_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> list[bool]:
+        return [(seam_tokens, tuple(segment)) in self._entries for segment in segments]
 
-    def missing_segments(self, segments: Sequence[Sequence[int]], seam_tokens: int) -> list[list[int]]:
-        return [list(segment) for segment in segments if (seam_tokens, tuple(segment)) not in self._entries]
+    def get_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> list[Entry | None]:
+        found = [self._entries.get((seam_tokens, tuple(segment))) for segment in segments]
+        held = sum(entry is not None for entry in found)
+        self.hits += held
+        self.misses += len(found) - held
+        return found
+
+    def put_many(
+        self, seam_tokens: int, segments: Sequence[Sequence[int]], entries: Sequence[Mapping[str, torch.Tensor]]
+    ) -> list[Entry]:
+        if len(entries) != len(segments):
+            raise ValueError(f"{len(entries)} entries given for {len(segments)} segments")
+        kept = [dict(entry) for entry in entries]
+        for segment, entry in zip(segments, kept):
+            self._entries.put((seam_tokens, tuple(segment)), entry)
+        return kept
+
+    def remove_many(self, seam_tokens: int, segments: Sequence[Sequence[int]]) -> int:
+        return sum(self._entries.remove((seam_tokens, tuple(segment))) for segment in segments)
 
     def stats(self) -> dict[str, Any]:
         return {

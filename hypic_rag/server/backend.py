@@ -26,7 +26,7 @@ from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
-from hypic_rag.scheduler import CallbackSink, Scheduler, SchedulerConfig
+from hypic_rag.scheduler import CallbackSink, SchedulerConfig
 from hypic_rag.server.channel import TextEvent
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
@@ -120,8 +120,9 @@ class ServiceBackend:
         self.cache_snapshot: dict[str, Any] = {}
         self.miss_encoder: Any = None  # where cache misses are encoded (`ServerConfig.miss_encoders`), closed with us
         self.refresh_cache_snapshot()
-        # the model worker drives its steps (max_waiting None: the worker bounds the queue itself, --queue-size)
-        self.scheduler = Scheduler(pipeline.session.engine, SchedulerConfig(
+        # the model's one scheduler (the pipeline's too), with the server's limits; the model worker drives its
+        # steps (max_waiting None: the worker bounds the queue itself, --queue-size)
+        self.scheduler = session.configure_scheduler(SchedulerConfig(
             max_running=config.max_running, step_tokens=config.step_tokens, max_waiting=None,
         ))
         self.index_lock = threading.RLock()

@@ -143,6 +143,35 @@ def test_another_model_never_gets_this_models_entries(tmp_path: Path, model, ref
     assert torch.equal(result.logits, expected) and not torch.equal(result.logits, reference_logits)
 
 
+def test_the_get_or_encode_loop_encodes_each_distinct_miss_once_and_keeps_nothing_of_a_stopped_encoding(
+    tmp_path: Path, model
+) -> None:
+    """`SegmentEntries.get_or_encode`, the one loop over a store that only stores: a request's repeated misses are
+    encoded once each (one batch each here: `check` runs before every batch), put in the cache and fetched as hits
+    later, with the same values; an encoding stopped midway puts nothing."""
+    a, b = make_request().chunk_ids[:2]
+    with SegmentCache.open(tmp_path, namespace=namespace_of(model)) as cache:
+        entries = Engine(model, seam_tokens=SEAM, segment_source=cache, encode_batch_tokens=1).entries
+        batches: list[int] = []
+
+        def stop_at_the_second_batch() -> None:
+            batches.append(len(batches))
+            if len(batches) == 2:
+                raise RuntimeError("stopped")
+
+        with pytest.raises(RuntimeError, match="stopped"):
+            entries.get_or_encode([a, b, a], SEAM, check=stop_at_the_second_batch)
+        assert cache.contains_many(SEAM, [a, b]) == [False, False] and cache.stats()["entries"] == 0
+        batches.clear()
+        found = entries.get_or_encode([a, b, a], SEAM, check=lambda: batches.append(0))
+        assert found.hits == [False, False, False] and len(batches) == 2  # a encoded once
+        assert cache.stats()["entries"] == 2 and found.encode_seconds > 0
+        again = entries.get_or_encode([b, a], SEAM, check=lambda: batches.append(0))
+        assert again.hits == [True, True] and len(batches) == 2 and again.encode_seconds == 0
+        for hit, miss in ((again.entries[1], found.entries[0]), (again.entries[0], found.entries[1])):
+            assert hit.keys() == miss.keys() and all(torch.equal(hit[name], miss[name]) for name in hit)
+
+
 def test_the_engine_takes_a_segment_source_the_cache_and_the_memory_source_are_two(
     tmp_path: Path, model, reference_logits: torch.Tensor
 ) -> None:
@@ -159,18 +188,18 @@ def test_the_engine_takes_a_segment_source_the_cache_and_the_memory_source_are_t
     with SegmentCache.open(tmp_path / "cache", namespace=namespace_of(model)) as cache:
         assert isinstance(cache, SegmentSource)
         chunks = request.chunk_ids
-        assert cache.missing_segments(chunks, SEAM) == chunks and cache.stored_bytes(namespace_of(model), chunks) == 0
+        assert not any(cache.contains_many(SEAM, chunks)) and cache.stored_bytes(namespace_of(model), chunks) == 0
         result = Engine(model, seam_tokens=SEAM, segment_source=cache).prefill(request, mode="hypic")
         assert torch.equal(result.logits, reference_logits)
-        assert cache.missing_segments(chunks, SEAM) == [] and cache.missing_segments(chunks, SEAM + 1) == chunks
+        assert all(cache.contains_many(SEAM, chunks)) and not any(cache.contains_many(SEAM + 1, chunks))
         assert cache.contains_many(namespace_of(model), chunks) == [True] * len(chunks)
         assert cache.stored_bytes(namespace_of(model), chunks) >= sum(
             entry_bytes(memory.encode_segment(ids)).tensor_bytes for ids in chunks
         )  # the encoded values (float32 state, uncompressed) hold every tensor of the entries
         for ids in chunks:  # what the cache hands back is what the memory source holds for the same segment
-            entries, hits = cache.get_or_encode_segments([ids], SEAM, lambda missing: [])
-            memory_entries, memory_hits = memory.segment_source.get_or_encode_segments([ids], SEAM, lambda m: [])
-            assert hits == memory_hits == [True]
+            entries = cache.get_many(SEAM, [ids])
+            memory_entries = memory.segment_source.get_many(SEAM, [ids])
+            assert entries[0] is not None and memory_entries[0] is not None
             assert entries[0].keys() == memory_entries[0].keys()
             assert all(torch.equal(entries[0][name], memory_entries[0][name]) for name in entries[0])
     other = wrap_model(build_tiny_model("qwen3_5", seed=SEED + 1))
@@ -210,7 +239,7 @@ def test_compressed_entries_answer_alike_on_a_miss_and_a_hit_alone_and_batched(
         engine = Engine(model, seam_tokens=SEAM, segment_source=cache)
         miss = engine.prefill(request, "hypic")
         hit = engine.prefill(request, "hypic")
-        entry = cache.get(namespace, request.chunk_ids[0])
+        entry = cache.get_many(namespace, request.chunk_ids[:1])[0]
         assert entry is not None and is_compressed(entry)  # the hot tier and the disk hold the stored form
         alone = engine.generate(request, "hypic", params)
     assert miss.stats.cache_misses == 4 and hit.stats.cache_hits == 4

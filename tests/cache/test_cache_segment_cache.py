@@ -18,6 +18,7 @@ from hypic_rag.cache.segment_cache import SegmentCache
 from hypic_rag.cache.store import PutRequest
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
 from hypic_rag.entry_storage.formats import compress_entry, decompress_entry
+from storage_support import fetch_or_make, fetch_or_make_many
 
 NS = CacheNamespace(model_fingerprint="model-a", tokenizer_fingerprint="tok-a", seam_tokens=8)
 MIB = 1 << 20
@@ -62,14 +63,14 @@ def flip_byte_on_disk(directory: Path, stored_value: bytes, position: int) -> No
 def test_miss_then_hit_is_bit_exact_and_survives_reopen(tmp_path: Path) -> None:
     encoder = CountingEncoder()
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
-        first, hit = cache.get_or_encode(NS, [3, 1, 4, 1, 5], encoder.one)
+        first, hit = fetch_or_make(cache, NS, [3, 1, 4, 1, 5], encoder.one)
         assert not hit
-        second, hit = cache.get_or_encode(NS, [3, 1, 4, 1, 5], encoder.one)
+        second, hit = fetch_or_make(cache, NS, [3, 1, 4, 1, 5], encoder.one)
         assert hit and len(encoder.calls) == 1
         assert_bit_equal(second, first)
         assert cache.stats()["hot_hits"] == 1
     with SegmentCache.open(tmp_path) as cache:  # a new hot tier: served from disk
-        third, hit = cache.get_or_encode(NS, [3, 1, 4, 1, 5], encoder.one)
+        third, hit = fetch_or_make(cache, NS, [3, 1, 4, 1, 5], encoder.one)
         assert hit and len(encoder.calls) == 1
         assert_bit_equal(third, encoder.entry([3, 1, 4, 1, 5]))
         stats = cache.stats()
@@ -81,14 +82,14 @@ def test_many_encodes_only_distinct_misses_in_one_call(tmp_path: Path) -> None:
     encoder = CountingEncoder()
     chunks = [[1, 2], [3, 4, 5], [1, 2], [6], [3, 4, 5]]
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
-        cache.get_or_encode(NS, [6], encoder.one)
-        entries, hits = cache.get_or_encode_many(NS, chunks, encoder.many)
+        fetch_or_make(cache, NS, [6], encoder.one)
+        entries, hits = fetch_or_make_many(cache, NS, chunks, encoder.many)
         assert hits == [False, False, False, True, False]
         assert encoder.calls[1] == [[1, 2], [3, 4, 5]]  # one call, each missing chunk once
         for ids, entry in zip(chunks, entries):
             assert entry["token_ids"].tolist() == ids
         assert cache.stats()["entries"] == 3
-        _, hits = cache.get_or_encode_many(NS, chunks, encoder.many)
+        _, hits = fetch_or_make_many(cache, NS, chunks, encoder.many)
         assert hits == [True] * 5 and len(encoder.calls) == 2
 
 
@@ -100,18 +101,18 @@ def test_a_flipped_byte_on_disk_is_detected_recomputed_and_replaced(tmp_path: Pa
     ids = list(range(30))
     expected = compress_entry(encoder.entry(ids), cache_format)
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
-        cache.get_or_encode(namespace, ids, encoder.one)
+        fetch_or_make(cache, namespace, ids, encoder.one)
         stored = bytes(cache.store.get(segment_key(namespace, ids), touch=False))
     flip_byte_on_disk(tmp_path, stored, len(stored) - 20)  # inside the last K/V tensor (its codes or scales)
     with SegmentCache.open(tmp_path) as cache, caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
-        entry, hit = cache.get_or_encode(namespace, ids, encoder.one)
+        entry, hit = fetch_or_make(cache, namespace, ids, encoder.one)
         assert not hit and len(encoder.calls) == 2  # recomputed
         assert_bit_equal(entry, expected)  # the correct answer
         assert any("corrupt cache entry" in record.getMessage() for record in caplog.records)
         assert cache.stats()["corrupt"] == 1
         assert bytes(cache.store.get(segment_key(namespace, ids), touch=False)) == stored  # replaced by a good copy
     with SegmentCache.open(tmp_path) as cache:
-        _, hit = cache.get_or_encode(namespace, ids, encoder.one)
+        _, hit = fetch_or_make(cache, namespace, ids, encoder.one)
         assert hit and cache.stats()["corrupt"] == 1
 
 
@@ -130,16 +131,16 @@ def test_an_entry_of_another_namespace_is_never_returned(tmp_path: Path, change:
     ids = [7, 8, 9, 10]
     ours, theirs = CountingEncoder(salt=1), CountingEncoder(salt=2)
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as writer:
-        writer.get_or_encode(other_ns, ids, theirs.one)
+        fetch_or_make(writer, other_ns, ids, theirs.one)
     with SegmentCache.open(tmp_path) as cache:
-        entry, hit = cache.get_or_encode(NS, ids, ours.one)
+        entry, hit = fetch_or_make(cache, NS, ids, ours.one)
         assert not hit
         assert_bit_equal(entry, ours.entry(ids))
         # even planted under our key (a digest collision, a copied file), their entry is refused by its header
         their_value = cache.store.get(segment_key(other_ns, ids), touch=False)
         cache.store.put(PutRequest(segment_key(NS, ids), their_value))
         cache.hot_tier.clear()
-        entry, hit = cache.get_or_encode(NS, ids, ours.one)
+        entry, hit = fetch_or_make(cache, NS, ids, ours.one)
         assert not hit and cache.stats()["mismatched"] == 1
         assert_bit_equal(entry, ours.entry(ids))
 
@@ -149,7 +150,7 @@ def test_stored_token_ids_must_equal_the_request(tmp_path: Path) -> None:
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
         impostor = encoder.entry([1, 2, 3])
         cache.store.put(PutRequest(segment_key(NS, [4, 5, 6]), encode_entry(impostor, NS.canonical())))
-        entry, hit = cache.get_or_encode(NS, [4, 5, 6], encoder.one)
+        entry, hit = fetch_or_make(cache, NS, [4, 5, 6], encoder.one)
         assert not hit and entry["token_ids"].tolist() == [4, 5, 6]
         assert cache.stats()["mismatched"] == 1
 
@@ -162,10 +163,10 @@ def test_a_compressed_format_shrinks_entries_and_a_miss_equals_a_hit(tmp_path: P
     ids = list(range(16))
     compressed_ns = dataclasses.replace(NS, cache_format=cache_format)
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
-        full, _ = cache.get_or_encode(NS, ids, encoder.one)
-        on_miss, _ = cache.get_or_encode(compressed_ns, ids, encoder.one)
+        full, _ = fetch_or_make(cache, NS, ids, encoder.one)
+        on_miss, _ = fetch_or_make(cache, compressed_ns, ids, encoder.one)
     with SegmentCache.open(tmp_path) as cache:
-        on_hit, hit = cache.get_or_encode(compressed_ns, ids, encoder.one)
+        on_hit, hit = fetch_or_make(cache, compressed_ns, ids, encoder.one)
         assert hit
         assert_bit_equal(on_hit, on_miss)  # same answer whether the cache was warm or not
         assert_bit_equal(on_hit, compress_entry(full, cache_format))
@@ -188,25 +189,25 @@ def test_hot_tier_serves_repeats_without_disk_and_evicts_by_bytes(tmp_path: Path
     entry_size = sum(t.numel() * t.element_size() for t in encoder.entry(list(range(10))).values())
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB, hot_budget_bytes=2 * entry_size + 10) as cache:
         for start in (0, 100, 200):
-            cache.get_or_encode(NS, list(range(start, start + 10)), encoder.one)
+            fetch_or_make(cache, NS, list(range(start, start + 10)), encoder.one)
         assert len(cache.hot_tier) == 2 and cache.hot_tier.bytes <= cache.hot_tier.budget_bytes
         cache.store.remove(segment_key(NS, list(range(200, 210))))  # gone from disk, still hot
-        entry, hit = cache.get_or_encode(NS, list(range(200, 210)), encoder.one)
+        entry, hit = fetch_or_make(cache, NS, list(range(200, 210)), encoder.one)
         assert hit and cache.stats()["hot_hits"] == 1
         entry["token_ids"] = torch.tensor([0])  # callers may rebind names in the dict they get...
-        again, _ = cache.get_or_encode(NS, list(range(200, 210)), encoder.one)
+        again, _ = fetch_or_make(cache, NS, list(range(200, 210)), encoder.one)
         assert again["token_ids"].tolist() == list(range(200, 210))  # ...without affecting the cache
-        _, hit = cache.get_or_encode(NS, list(range(10)), encoder.one)  # evicted from hot, served from disk
+        _, hit = fetch_or_make(cache, NS, list(range(10)), encoder.one)  # evicted from hot, served from disk
         assert hit and cache.stats()["disk_hits"] == 1
 
 
 def test_read_only_cache_computes_misses_without_storing(tmp_path: Path) -> None:
     encoder = CountingEncoder()
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
-        cache.get_or_encode(NS, [1], encoder.one)
+        fetch_or_make(cache, NS, [1], encoder.one)
     with SegmentCache.open(tmp_path, readonly=True) as cache:
-        assert cache.get_or_encode(NS, [1], encoder.one)[1]
-        entry, hit = cache.get_or_encode(NS, [2], encoder.one)
+        assert fetch_or_make(cache, NS, [1], encoder.one)[1]
+        entry, hit = fetch_or_make(cache, NS, [2], encoder.one)
         assert not hit and entry["token_ids"].tolist() == [2]
         assert cache.stats()["entries"] == 1
 
@@ -215,9 +216,9 @@ def test_an_encoder_returning_the_wrong_chunk_is_an_error_and_stores_nothing(tmp
     encoder = CountingEncoder()
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
         with pytest.raises(ValueError, match="token_ids"):
-            cache.get_or_encode(NS, [1, 2], lambda ids: encoder.entry([9, 9]))
-        with pytest.raises(ValueError, match="2 entries for 1"):
-            cache.get_or_encode_many(NS, [[5]], lambda missing: [encoder.entry([5])] * 2)
+            fetch_or_make(cache, NS, [1, 2], lambda ids: encoder.entry([9, 9]))
+        with pytest.raises(ValueError, match="2 entries given for 1"):
+            fetch_or_make_many(cache, NS, [[5]], lambda missing: [encoder.entry([5])] * 2)
         assert cache.stats()["entries"] == 0
 
 
@@ -234,12 +235,12 @@ def test_warnings_name_each_corrupt_entry_apart(tmp_path: Path, caplog) -> None:
     encoder = CountingEncoder()
     chunks = [list(range(30)), list(range(40, 70))]
     with SegmentCache.open(tmp_path, disk_budget_bytes=64 * MIB) as cache:
-        cache.get_or_encode_many(NS, chunks, encoder.many)
+        fetch_or_make_many(cache, NS, chunks, encoder.many)
         stored = [bytes(cache.store.get(segment_key(NS, ids), touch=False)) for ids in chunks]
     for value in stored:
         flip_byte_on_disk(tmp_path, value, len(value) - 100)
     with SegmentCache.open(tmp_path) as cache, caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
-        cache.get_or_encode_many(NS, chunks, encoder.many)
+        fetch_or_make_many(cache, NS, chunks, encoder.many)
     named = {record.getMessage().split()[3] for record in caplog.records
              if record.getMessage().startswith("corrupt cache entry")}
     assert len(named) == 2, caplog.messages

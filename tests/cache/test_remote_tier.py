@@ -52,6 +52,7 @@ from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port  # noqa: E402
 from hypic_rag.testing.s3 import TEST_AWS_ENV as AWS_ENV  # noqa: E402
 from hypic_rag.testing.s3 import LocalS3 as MotoServer  # noqa: E402  (moto's server on 127.0.0.1)
+from storage_support import fetch_or_make_many  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NS = CacheNamespace(model_fingerprint="m", tokenizer_fingerprint="t", seam_tokens=8)
@@ -147,7 +148,7 @@ def test_round_trip_is_bit_exact_and_a_remote_hit_fills_the_local_tiers(
     namespace = CacheNamespace(model_fingerprint="m", tokenizer_fingerprint="t", seam_tokens=8,
                                cache_format=cache_format)
     with SegmentCache.open(tmp_path / "a", namespace=namespace, remote=tier(s3.url, bucket)) as host_a:
-        made, hits = host_a.get_or_encode_many(namespace, CHUNKS, encode_synthetic)
+        made, hits = fetch_or_make_many(host_a, namespace, CHUNKS, encode_synthetic)
         assert not any(hits)
         assert host_a.flush_remote(30)
         assert host_a.stats()["remote_puts"] == len(CHUNKS)
@@ -164,8 +165,8 @@ def test_round_trip_is_bit_exact_and_a_remote_hit_fills_the_local_tiers(
 
     with SegmentCache.open(tmp_path / "b", namespace=namespace, remote=remote) as host_b:
         other = list(range(1000, 1010))
-        assert host_b.missing_segments([*CHUNKS, other], 8) == [other]  # what host A uploaded is not missing
-        served, hits = host_b.get_or_encode_many(namespace, CHUNKS, never)
+        assert host_b.contains_many(8, [*CHUNKS, other]) == [True] * len(CHUNKS) + [False]  # what host A uploaded is held
+        served, hits = fetch_or_make_many(host_b, namespace, CHUNKS, never)
         assert all(hits)
         for mine, theirs in zip(made, served):
             assert mine.keys() == theirs.keys()
@@ -175,7 +176,7 @@ def test_round_trip_is_bit_exact_and_a_remote_hit_fills_the_local_tiers(
         assert (stats["remote_hits"], stats["remote_misses"], stats["disk_hits"]) == (len(CHUNKS), 0, 0)
         assert stats["remote_bytes_read"] == sum(len(value) for value in stored.values())
         assert stats["hot_entries"] == len(CHUNKS)
-        again, hits = host_b.get_or_encode_many(namespace, CHUNKS, never)  # now from the hot tier
+        again, hits = fetch_or_make_many(host_b, namespace, CHUNKS, never)  # now from the hot tier
         assert all(hits) and host_b.stats()["remote_lookups"] == len(CHUNKS)
     with LmdbSegmentStore.open(tmp_path / "b", readonly=True) as store_b:  # the disk tier was filled, same bytes
         assert {key: bytes(store_b.get(key)) for key in store_b.keys()} == local_a
@@ -241,7 +242,7 @@ def test_a_corrupt_object_is_detected_deleted_and_replaced_by_good_bytes(
     s3: MotoServer, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with SegmentCache.open(tmp_path / "a", namespace=NS, remote=tier(s3.url, bucket)) as host_a:
-        host_a.get_or_encode_many(NS, CHUNKS, encode_synthetic)
+        fetch_or_make_many(host_a, NS, CHUNKS, encode_synthetic)
         assert host_a.flush_remote(30)
     good = objects(s3.url, bucket)
     remote = tier(s3.url, bucket)
@@ -260,7 +261,7 @@ def test_a_corrupt_object_is_detected_deleted_and_replaced_by_good_bytes(
 
     with caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
         with SegmentCache.open(tmp_path / "b", namespace=NS, remote=remote) as host_b:
-            served, hits = host_b.get_or_encode_many(NS, CHUNKS, encode)
+            served, hits = fetch_or_make_many(host_b, NS, CHUNKS, encode)
             assert encoded == [CHUNKS[2]] and hits == [True, True, False, True, True, True]
             for ids, entry in zip(CHUNKS, served):  # every entry right, the recomputed one included
                 expected = synthetic_entry(TINY_SHAPE, ids)
@@ -336,14 +337,14 @@ def test_a_failing_remote_is_a_miss_and_one_warning(
         with caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
             began = time.monotonic()
             with SegmentCache.open(tmp_path / "cache", namespace=NS, remote=remote) as cache:
-                entries, hits = cache.get_or_encode_many(NS, CHUNKS[:3], encode_synthetic)
+                entries, hits = fetch_or_make_many(cache, NS, CHUNKS[:3], encode_synthetic)
                 assert hits == [False] * 3
                 assert all(torch.equal(e["layers.0.transition"], synthetic_entry(TINY_SHAPE, ids)["layers.0.transition"])
                            for e, ids in zip(entries, CHUNKS))
                 first = time.monotonic() - began
-                more, hits = cache.get_or_encode_many(NS, CHUNKS[3:], encode_synthetic)  # cooling down: not asked
+                more, hits = fetch_or_make_many(cache, NS, CHUNKS[3:], encode_synthetic)  # cooling down: not asked
                 assert hits == [False] * 3
-                assert cache.missing_segments(CHUNKS, 8) == []  # the disk tier has them all now
+                assert all(cache.contains_many(8, CHUNKS))  # the disk tier has them all now
                 stats = cache.stats()
             elapsed = time.monotonic() - began
     finally:
@@ -365,21 +366,21 @@ def test_the_remote_coming_back_ends_the_cool_down(s3: MotoServer, bucket: str, 
     own.stop()  # down from the start
     with caplog.at_level(logging.WARNING, logger="hypic_rag.cache"):
         with SegmentCache.open(tmp_path / "c", namespace=NS, remote=tier(own.url, bucket, cooldown_s=0.2)) as cache:
-            cache.get_or_encode_many(NS, CHUNKS[:2], encode_synthetic)
+            fetch_or_make_many(cache, NS, CHUNKS[:2], encode_synthetic)
             cache.flush_remote(10)
             assert cache.stats()["remote_puts"] == 0
             back = MotoServer(own.port)
             try:
                 time.sleep(0.3)  # past the cool-down: the next call starts a probe in the background, and misses
                 began = time.monotonic()
-                assert cache.get(NS, CHUNKS[0]) is not None and cache.remote.get_many([b"k" * 48]) == [None]
+                assert cache.get_many(NS, CHUNKS[:1])[0] is not None and cache.remote.get_many([b"k" * 48]) == [None]
                 assert time.monotonic() - began < 1
                 deadline = time.monotonic() + 10
                 while cache.remote.health.down and time.monotonic() < deadline:
                     time.sleep(0.05)
                     cache.remote.get_many([b"k" * 48])  # starts a probe whenever a cool-down is over
                 assert not cache.remote.health.down, "the probe found the remote back"
-                cache.get_or_encode_many(NS, CHUNKS[2:4], encode_synthetic)
+                fetch_or_make_many(cache, NS, CHUNKS[2:4], encode_synthetic)
                 assert cache.flush_remote(30)
                 assert cache.publish(NS, CHUNKS[:4]) == 2  # what the outage kept from the remote
                 assert cache.flush_remote(30)

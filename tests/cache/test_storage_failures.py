@@ -47,6 +47,7 @@ from hypic_rag.testing import (
     SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
 )
 from hypic_rag.cli.in_process import run_cli_here, run_cli_in_one_child
+from storage_support import fetch_or_make_many
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIGBUS_EXITS = (-signal.SIGBUS, 128 + signal.SIGBUS)
@@ -94,7 +95,7 @@ def populate(directory: Path, chunks: int = 5) -> list[bytes]:
     """A cache of `chunks` synthetic entries; their keys."""
     ids = [list(range(start, start + 20)) for start in range(0, 20 * chunks, 20)]
     with SegmentCache.open(directory, disk_budget_bytes=64 << 20) as cache:
-        cache.get_or_encode_many(NS, ids, lambda missing: [synthetic_entry(TINY_SHAPE, i) for i in missing])
+        fetch_or_make_many(cache, NS, ids, lambda missing: [synthetic_entry(TINY_SHAPE, i) for i in missing])
     with LmdbSegmentStore.open(directory, readonly=True) as store:
         return sorted(store.keys())
 
@@ -379,11 +380,11 @@ def test_a_failed_cache_write_is_a_warning_for_best_effort_users(small_disk: Pat
     fresh = [list(range(1000 + start, 1020 + start)) for start in range(0, 60, 20)]
     encode = lambda missing: [synthetic_entry(TINY_SHAPE, ids) for ids in missing]  # noqa: E731
     with SegmentCache.open(directory) as strict, pytest.raises(CacheWriteError, match="cannot write to the cache"):
-        strict.get_or_encode_many(NS, fresh, encode)
+        fetch_or_make_many(strict, NS, fresh, encode)
     with caplog.at_level(logging.WARNING, logger="hypic_rag.cache"), SegmentCache.open(
         directory, best_effort=True
     ) as lenient:
-        entries, hits = lenient.get_or_encode_many(NS, fresh, encode)  # served (ask, serve), only not kept
+        entries, hits = fetch_or_make_many(lenient, NS, fresh, encode)  # served (ask, serve), only not kept
     assert len(entries) == 3 and hits == [False] * 3
     assert any("going on without storing" in record.getMessage() for record in caplog.records)
     filler.unlink()

@@ -27,8 +27,9 @@ HYPIC_RAG = str(Path(sys.executable).with_name("hypic-rag"))
 
 def populate(directory: Path, budget: int = 64 * MIB) -> list[bytes]:
     with SegmentCache.open(directory, disk_budget_bytes=budget) as cache:
-        cache.get_or_encode_many(NS, CHUNKS, lambda missing: [synthetic_entry(TINY_SHAPE, ids) for ids in missing])
-        cache.get_or_encode(NS, CHUNKS[0], lambda ids: pytest.fail("should hit"))
+        assert cache.get_many(NS, CHUNKS) == [None] * len(CHUNKS)  # misses
+        cache.put_many(NS, CHUNKS, [synthetic_entry(TINY_SHAPE, ids) for ids in CHUNKS])
+        assert cache.get_many(NS, CHUNKS[:1])[0] is not None  # a hit
         return [segment_key(NS, ids) for ids in CHUNKS]
 
 

@@ -43,7 +43,7 @@ def test_an_actor_uploads_the_bytes_a_cache_stores_and_keeps_what_the_remote_ref
 
     namespace = CacheNamespace.for_model(actor.engine.model, 8, cache_format=cache_format)
     with SegmentCache.open(tmp_path / "cache", namespace=namespace) as cache:  # the driver's way: one put
-        cache.get_or_encode_segments(SEGMENTS, SEAM, lambda missing: actor.engine.encode_segments(missing, SEAM))
+        cache.put_many(SEAM, SEGMENTS, actor.engine.encode_segments(SEGMENTS, SEAM))
     with LmdbSegmentStore.open(tmp_path / "cache", readonly=True) as store:
         stored = {key: bytes(store.get(key, touch=False)) for key in store.keys()}
 

@@ -113,9 +113,8 @@ def test_anchored_entries_are_kept_under_their_own_key(engine: Engine) -> None:
     first = fresh.prefill(request, "hypic", policy="seam+anchored")
     assert first.stats.cache_misses == 4 and first.stats.encoded_tokens == sum(
         len(chunk) - SEAM for chunk in request.chunk_ids) + len(request.prefix_ids)
-    source = fresh.segment_source
-    assert source.missing_segments([list(ids) for _, ids in keys[1:]], len(anchor) + SEAM) == []
-    assert source.missing_segments(request.chunk_ids, SEAM) == request.chunk_ids  # no plain entry made
+    assert fresh.entries.missing([list(ids) for _, ids in keys[1:]], len(anchor) + SEAM) == []
+    assert fresh.entries.missing(request.chunk_ids, SEAM) == request.chunk_ids  # no plain entry made
     again = fresh.prefill(request, "hypic", policy="seam+anchored")
     assert again.stats.cache_hits == 4 and again.stats.encoded_tokens == 0
     torch.testing.assert_close(again.logits, first.logits, atol=0, rtol=0)

@@ -25,6 +25,7 @@ from hypic_rag.scheduler import (
     Scheduler,
     SchedulerConfig,
     SchedulerFullError,
+    SchedulerStopped,
     SequenceCancelled,
 )
 from hypic_rag.testing import build_tiny_model
@@ -389,3 +390,25 @@ def test_a_stream_of_an_idle_scheduler_runs_its_steps_in_the_consumers_thread(qw
     assert_same_generation(stream.result, alone)
     assert text == alone.text and len(reports) >= len(alone.token_ids)
     assert all(report.sequences == 1 for report in reports if report.sequences)
+
+
+def test_a_session_owns_one_scheduler_whose_limits_change_only_while_idle_and_close_stops_it(tiny_model) -> None:
+    """The session that loads a model owns its one scheduler (what the pipeline, the service and the LlamaIndex
+    runtime generate through); `configure_scheduler` sets its limits while it has no work, and `close` stops it."""
+    from hypic_rag.runtime.model import load_model
+    from hypic_rag.session import ModelSession
+
+    session = ModelSession.of_model(load_model(tiny_model, device="cpu"))
+    scheduler = session.scheduler
+    assert scheduler.config.max_waiting is None and scheduler.engine is session.engine
+    assert session.configure_scheduler(SchedulerConfig(max_running=2, step_tokens=64)) is scheduler
+    assert scheduler.config.max_running == 2
+    request = session.request("Who keeps bees?", [session.chunk_ids("Olu keeps bees on Farrow Hill.")])
+    stream = scheduler.stream(request, "hypic", SamplingParams(max_new_tokens=2))
+    with pytest.raises(RuntimeError, match="no work"):
+        session.configure_scheduler(SchedulerConfig())
+    session.close()
+    with pytest.raises(SchedulerStopped):
+        stream.run()
+    with pytest.raises(SchedulerStopped):
+        scheduler.submit(request, sink=QueueSink())

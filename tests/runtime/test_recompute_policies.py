@@ -165,7 +165,7 @@ def test_chunks_recomputed_whole_read_no_entry() -> None:
     request = random_request(2, [10, 12, 8], prefix=0)
     request.chunk_ranks = [1, 0, 2]
     engine.prefill(request, "hypic", policy="whole:1")
-    assert engine.segment_source.missing_segments(request.chunk_ids, SEAM) == [request.chunk_ids[1]]
+    assert engine.entries.missing(request.chunk_ids, SEAM) == [request.chunk_ids[1]]
 
 
 @pytest.mark.parametrize("prefix", [5, 0])

@@ -150,9 +150,9 @@ class RecordingSource(MemorySegmentSource):
         super().__init__()
         self.asked: set[tuple[int, tuple[int, ...]]] = set()
 
-    def get_or_encode_segments(self, segments, seam_tokens, encode_many):
+    def get_many(self, seam_tokens, segments):
         self.asked.update((seam_tokens, tuple(segment)) for segment in segments)
-        return super().get_or_encode_segments(segments, seam_tokens, encode_many)
+        return super().get_many(seam_tokens, segments)
 
 
 def test_the_mode_table_is_what_engine_bench_and_precompute_use(tiny) -> None:

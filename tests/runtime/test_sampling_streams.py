@@ -190,8 +190,8 @@ def test_a_check_that_raises_while_segments_are_encoded_stops_there_and_keeps_no
     texts = ["Olu keeps bees on Farrow Hill.", "Pia tunes organs in Lisle.", "Quade maps caves near Orm.", "Who?"]
     engine = Engine(engine.model, seam_tokens=4, encode_batch_tokens=1)  # one segment per encoding batch
     request = request_of(engine, *texts)
-    source = engine.segment_source
-    assert source.missing_segments(request.chunk_ids, engine.seam_tokens) == request.chunk_ids
+    missing = engine.entries.missing
+    assert missing(request.chunk_ids, engine.seam_tokens) == request.chunk_ids
     calls: list[int] = []
 
     def check() -> None:
@@ -202,9 +202,9 @@ def test_a_check_that_raises_while_segments_are_encoded_stops_there_and_keeps_no
     with pytest.raises(Stop):
         engine.generate(request, "hypic", SamplingParams(max_new_tokens=4), check=check)
     assert len(calls) == 3
-    assert source.missing_segments(request.chunk_ids, engine.seam_tokens) == request.chunk_ids  # none kept
+    assert missing(request.chunk_ids, engine.seam_tokens) == request.chunk_ids  # none kept
     done = engine.generate(request, "hypic", SamplingParams(max_new_tokens=4), check=lambda: None)
-    assert done.prefill.cache_misses == 3 and source.missing_segments(request.chunk_ids, engine.seam_tokens) == []
+    assert done.prefill.cache_misses == 3 and missing(request.chunk_ids, engine.seam_tokens) == []
 
 
 def test_drain_runs_a_stream_object_or_a_bare_generator() -> None:

@@ -197,6 +197,8 @@ def test_a_step_held_for_coming_prefills_runs_them_in_one_pass_answered_as_alone
     with ServerThread(ServerConfig(index_dir=index, device="cpu", max_running=8, retrieval_batch=1)) as held:
         service = held.app.state.service
         worker, scheduler = service.worker, service.worker.scheduler
+        # the model's one scheduler, the pipeline's too, with the server's flags
+        assert scheduler is worker.backend.pipeline.session.scheduler and scheduler.config.max_running == 8
         coming = threading.Event()
         coming.set()
         worker.hold_steps_for(coming.is_set, 120.0)

@@ -275,37 +275,25 @@ def test_the_retrieval_package_does_not_import_the_session() -> None:
 
 
 GET_OR_ENCODE = "hypic_rag.runtime.get_or_encode"
-SOURCE_METHODS = {"get_or_encode_segments", "missing_segments"}
-"""The segment-source methods that find entries in the tiers (and store the misses given): only the one get-or-encode
-home calls them; the cache defines them (and the runtime's protocol and in-memory source)."""
 
 
 def test_one_home_of_the_get_or_encode_step() -> None:
-    """Outside the cache and the segment-source protocol, only `runtime/get_or_encode.py` looks entries up in a
-    segment source or encodes segments with the model (`runtime.encode.encode_segments`), and the step is defined
-    once: no other module defines a `get_or_encode`, `keep` of entries, or encoding batches."""
-    callers: dict[str, set[str]] = {}
+    """Only `runtime/get_or_encode.py` encodes segments with the model (`runtime.encode.encode_segments`), and the
+    step is defined once: no other module defines a `get_or_encode`, `keep` of entries, or encoding batches (the
+    lookup -> encode -> put loop itself: `test_one_home.py`)."""
     definers: dict[str, set[str]] = {}
     for module, path in modules():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SOURCE_METHODS:
-                callers.setdefault(node.func.attr, set()).add(module)
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in (
                 "get_or_encode", "encoding_batches", "plan_encode_batches", "fill_steps", "SegmentTask", "_keep",
             ):
                 definers.setdefault(node.name, set()).add(module)
-    outside = {
-        method: sorted(module for module in found if module != GET_OR_ENCODE and not module.startswith("hypic_rag.cache."))
-        for method, found in callers.items()
-    }
-    assert callers.get("get_or_encode_segments", set()) >= {GET_OR_ENCODE}
-    assert outside == {method: [] for method in callers}, outside
     model_encoders = {module for module, path in modules() if "hypic_rag.runtime.encode" in imported_modules(module, path)
                       and "hypic_rag.runtime.encode.encode_segments" in imported_modules(module, path)}
     assert model_encoders == {GET_OR_ENCODE}
     assert definers.get("_keep", set()) == set(), f"a second keep of encoded entries: {definers.get('_keep')}"
-    assert definers["get_or_encode"] == {GET_OR_ENCODE, "hypic_rag.cache.segment_cache"}
+    assert definers["get_or_encode"] == {GET_OR_ENCODE}
     assert definers["encoding_batches"] == definers["SegmentTask"] == {GET_OR_ENCODE}
     assert definers["plan_encode_batches"] == {"hypic_rag.runtime.encode"}
     assert definers["fill_steps"] <= {GET_OR_ENCODE, "hypic_rag.session"}

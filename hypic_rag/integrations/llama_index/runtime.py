@@ -1,4 +1,4 @@
-"""The state the LlamaIndex components share: one `ModelSession` per model and cache directory, with one scheduler.
+"""The state the LlamaIndex components share: one `ModelSession` per model and cache directory, with its scheduler.
 
 Every generation of the LLM and the query engine goes through the runtime's `Scheduler` (continuous batching), so
 concurrent ones, from threads or async queries (`acomplete`, `aquery`), run together in batched steps."""
@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncGenerator, Generator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
-from hypic_rag.runtime.engine import Engine, PrefillStats
+from hypic_rag.runtime.engine import PrefillStats
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import AsyncQueueSink, Scheduler, SchedulerConfig
+from hypic_rag.scheduler import AsyncQueueSink
 from hypic_rag.session import DEFAULT_SEAM_TOKENS, ModelSession
 from hypic_rag.utils.streaming import ResultStream
 
@@ -25,20 +25,13 @@ __all__ = ["DEFAULT_SEAM_TOKENS", "HypicRuntime", "runtime_for"]
 class HypicRuntime(ModelSession):
     """A model, its engine, segment cache (persistent in `cache_dir`, else in memory) and prompt format (a
     `ModelSession`), shared by the LLM, the query engine and the ingestion transformation. Generations go through
-    `scheduler` (started on first use, in a thread of its own), so concurrent ones batch; the engine is not
-    thread-safe, so anything else that uses it (precompute) holds `lock`, the lock the scheduler holds during each
-    step. `HypicRuntime.open(model_path, cache_dir=..., seam_tokens=..., device=...)` loads one (None: the bundled
+    the session's `scheduler` (started on first use, in a thread of its own), so concurrent ones batch; the engine
+    is not thread-safe, so anything else that uses it (precompute) holds `lock`, the lock the scheduler holds during
+    each step. `HypicRuntime.open(model_path, cache_dir=..., seam_tokens=..., device=...)` loads one (None: the bundled
     default model)."""
 
     _shared: dict[tuple[str, str | None, int, str | None], HypicRuntime] = {}
     _shared_lock = threading.Lock()
-
-    def __init__(
-        self, engine: Engine, *, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT, model_path: str | Path = ""
-    ) -> None:
-        super().__init__(engine, prompt_format=prompt_format, model_path=model_path)
-        self.scheduler = Scheduler(engine, SchedulerConfig(max_waiting=None), name="hypic-llama-index-scheduler")
-        self.lock = self.scheduler.lock
 
     @classmethod
     def shared(
@@ -66,15 +59,18 @@ class HypicRuntime(ModelSession):
                 cls._shared[key] = runtime
             return runtime  # type: ignore[return-value]
 
+    @property
+    def lock(self) -> AbstractContextManager[bool]:
+        """The lock the scheduler holds during each step: hold it to use the engine between steps."""
+        return self.scheduler.lock
+
     def close(self) -> None:
-        """Close the segment cache (if any) and forget this runtime in the shared registry."""
+        """Stop the scheduler, close the segment cache (if any) and forget this runtime in the shared registry."""
         with self._shared_lock:
             for key, runtime in list(self._shared.items()):
                 if runtime is self:
                     del self._shared[key]
-        self.scheduler.stop()
-        with self.lock:
-            super().close()
+        super().close()
 
     # ------------------------------------------------------------------------------------------- tokens
     def tokenize(self, text: str) -> list[int]:
