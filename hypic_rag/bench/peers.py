@@ -26,6 +26,9 @@ longest-common-prefix reuse); this package's `prefix`, `full` and `hypic` (warm 
 
     python -m hypic_rag.bench.peers --llama-cpp-source DIR --json docs/benchmarks/peers.json
 
+`--decode-only`: 8 x 256 only, and only the 48-token generations (llama.cpp cold, `hypic`) with their decode
+tokens/s and hypic's ratio to each (`docs/benchmarks/peers_decode.json`).
+
 DIR: the unpacked llama-cpp-python source distribution (it holds vendor/llama.cpp/convert_hf_to_gguf.py); see
 docs/benchmarks/peers.md for the one command that installs the peer and fetches that source.
 """
