@@ -26,6 +26,9 @@ longest-common-prefix reuse); this package's `prefix`, `full` and `hypic` (warm 
 
     python -m hypic_rag.bench.peers --llama-cpp-source DIR --json docs/benchmarks/peers.json
 
+`--decode-only`: 8 x 256 only, and only the 48-token generations (llama.cpp cold, `hypic`) with their decode
+tokens/s and hypic's ratio to each (`docs/benchmarks/peers_decode.json`).
+
 DIR: the unpacked llama-cpp-python source distribution (it holds vendor/llama.cpp/convert_hf_to_gguf.py); see
 docs/benchmarks/peers.md for the one command that installs the peer and fetches that source.
 """
@@ -251,8 +254,9 @@ def _ours_generate(engine: Any, request: Any, mode: str, new_tokens: int) -> tup
 
 
 def compare(model: Any, llms: dict[str, Any], shape: PromptShape, seed: int, new_tokens: int = NEW_TOKENS,
-            max_seconds: float = 900.0) -> dict[str, Any]:
-    """The speed rows on `shape` (see the module docstring), every request's rows back to back."""
+            max_seconds: float = 900.0, decode_only: bool = False) -> dict[str, Any]:
+    """The speed rows on `shape` (see the module docstring), every request's rows back to back. decode_only: only
+    the rows of the 48-token generations (llama.cpp cold, `hypic`): end to end and decode tokens/s."""
     from hypic_rag.bench.measure import percentile, timed_prefill, warm_entries
     from hypic_rag.runtime.assembly import Assembly
     from hypic_rag.runtime.engine import Engine
@@ -278,10 +282,12 @@ def compare(model: Any, llms: dict[str, Any], shape: PromptShape, seed: int, new
             add(f"llama.cpp {name} cold ttft", ttft)
             add(f"llama.cpp {name} e2e", total)
             add(f"llama.cpp {name} decode tok/s", (new_tokens - 1) / (total - ttft))
+            if decode_only:
+                continue
             add(f"llama.cpp {name} exact repeat ttft", llama_generate(llm, request.all_ids(), 1)[0])
             add(f"llama.cpp {name} reordered ttft", llama_generate(llm, again.all_ids(), 1)[0])
         with torch.no_grad():
-            for mode in ("prefix", "full"):
+            for mode in () if decode_only else ("prefix", "full"):
                 add(f"{mode} ttft", timed_prefill(engine, again, Assembly(mode, engine.seam_tokens))[0])
             ttft, total, tokens = _ours_generate(engine, again, "hypic", new_tokens)
         add("hypic ttft", ttft)
@@ -298,7 +304,10 @@ def compare(model: Any, llms: dict[str, Any], shape: PromptShape, seed: int, new
     if "llama.cpp f32 reordered ttft" in medians:
         best = min(medians["llama.cpp f32 reordered ttft"], medians["llama.cpp f32 cold ttft"])
         result["hypic_ttft_speedup_vs_llama_cpp_f32_best_reuse_reordered"] = best / medians["hypic ttft"]
-        result["hypic_decode_vs_llama_cpp_f32"] = medians["hypic decode tok/s"] / medians["llama.cpp f32 decode tok/s"]
+    for outtype in llms:
+        if f"llama.cpp {outtype} decode tok/s" in medians and "hypic decode tok/s" in medians:
+            result[f"hypic_decode_vs_llama_cpp_{outtype}"] = (
+                medians["hypic decode tok/s"] / medians[f"llama.cpp {outtype} decode tok/s"])
     return result
 
 
@@ -326,7 +335,7 @@ def machine() -> dict[str, Any]:
 
 
 def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, max_seconds: float = 900.0,
-        models: tuple[str, ...] = ("bundled", "medium")) -> dict[str, Any]:
+        models: tuple[str, ...] = ("bundled", "medium"), decode_only: bool = False) -> dict[str, Any]:
     """Convert, check agreement, compare (see the module docstring); the result as a JSON-ready dict."""
     from hypic_rag.bench.timing_model import build_timing_model
     from hypic_rag.default_model import default_model_path
@@ -372,7 +381,7 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             continue
         if name == "bundled":
             continue  # the bundled model is checked for agreement; speed is measured on the timing model
-        entry["speed"] = [compare(model, llms, shape, seed + index, max_seconds=max_seconds)
+        entry["speed"] = [compare(model, llms, shape, seed + index, max_seconds=max_seconds, decode_only=decode_only)
                           for index, shape in enumerate(shapes)]
         del llms
     return result
@@ -404,14 +413,17 @@ def table(result: dict[str, Any]) -> str:
             medians = speed["medians"]
             lines += ["", f"**{name}, {speed['shape']}** ({speed['prompt_tokens']} prompt tokens, {speed['requests']} "
                       "requests, medians)", "", "| time to first token | seconds | hypic is faster by |", "|---|---|---|"]
-            for key, label in ROWS:
+            for key, label in ROWS if "hypic ttft" in medians else ():
                 if key in medians:
                     lines.append(f"| {label} | {medians[key]:.3f} | {medians[key] / medians['hypic ttft']:.1f}x |")
-            lines += ["", f"| {speed['new_tokens']} new tokens | end to end, s | decode tokens/s |", "|---|---|---|"]
+            lines += ["", f"| {speed['new_tokens']} new tokens | end to end, s | decode tokens/s | hypic's decode / this |",
+                      "|---|---|---|---|"]
             for label, prefix in (("llama.cpp F32 (cold)", "llama.cpp f32"), ("llama.cpp Q8_0 (cold)", "llama.cpp q8_0"),
                                   ("hypic-rag `hypic`", "hypic")):
                 if f"{prefix} e2e" in medians:
-                    lines.append(f"| {label} | {medians[f'{prefix} e2e']:.3f} | {medians[f'{prefix} decode tok/s']:.1f} |")
+                    rate = medians[f"{prefix} decode tok/s"]
+                    lines.append(f"| {label} | {medians[f'{prefix} e2e']:.3f} | {rate:.1f} | "
+                                 f"{medians['hypic decode tok/s'] / rate:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -444,6 +456,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5, help="measured requests at 8 x 256 (16 x 512: 2)")
     parser.add_argument("--seconds", type=float, default=900.0, help="wall-time bound per prompt shape")
     parser.add_argument("--models", default="bundled,medium", help="comma-separated: bundled, medium")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="8 x 256 only, and only the 48-token generations (decode tokens/s both ways)")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -453,14 +467,17 @@ def main() -> None:
     except PeerMissingError as error:
         print(f"hypic-rag peers: {error}", file=sys.stderr)
         raise SystemExit(error.exit_code) from None
-    shapes = [PromptShape(8, 256, 24, options.requests), PromptShape(16, 512, 16, 2)]
+    shapes = [PromptShape(8, 256, 24, options.requests)]
+    if not options.decode_only:
+        shapes.append(PromptShape(16, 512, 16, 2))
     with tempfile.TemporaryDirectory(prefix="hypic-peers-") as directory:
         result = run(options.llama_cpp_source, Path(directory), shapes, max_seconds=options.seconds,
-                     models=tuple(options.models.split(",")))
+                     models=tuple(options.models.split(",")), decode_only=options.decode_only)
     text = json.dumps(result, indent=2)
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")
-        plot(result, options.json.with_suffix(".png"))
+        if not options.decode_only:  # the plot shows TTFT rows, which a decode-only run has not
+            plot(result, options.json.with_suffix(".png"))
     print(table(result))
 
 

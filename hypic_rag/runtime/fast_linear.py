@@ -8,8 +8,9 @@ kernel for one row than for eight; tests/runtime/test_fast_linear.py).
 
 `fast_view(module)` is the module tree the runtime drives: a structural copy of `module` whose submodules are new
 objects holding the very same parameters and buffers (shared, never copied), with every plain `nn.Linear` a
-`FastLinear`, whose forward takes the oneDNN path for CPU float32 inputs without autograd and `F.linear` otherwise
-(GPU, other dtypes, gradients, or a torch without oneDNN). The module it was made from is left as it was: its own
+`FastLinear`, whose forward takes the oneDNN path for CPU float32 inputs without autograd (one row: the BLAS
+library's matrix-vector product, `ONE_ROW_BLAS`) and `F.linear` otherwise (GPU, other dtypes, gradients, or a torch
+without oneDNN). The module it was made from is left as it was: its own
 forward is still transformers' stock forward, and the packed weights below live beside it, on the view's linears. For a few rows at a time (2..`PACKED_MAX_ROWS`: a
 batched decode step) it multiplies by a copy of the weight in oneDNN's blocked layout, made on first use and
 remade when the weight changes: the 8-row products of a 174M-parameter model's decode step then take about as long
@@ -69,11 +70,23 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     `onednn_eligible` (float32 round-off apart, the same values), else `F.linear` itself."""
     if not onednn_eligible(x, weight, bias):
         return F.linear(x, weight, bias)
+    return _onednn_product(x, weight, bias)
+
+
+def _onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`onednn_linear` for tensors already known `onednn_eligible`."""
     if not x.is_contiguous():
         x = x.contiguous()
     if not weight.is_contiguous():
         weight = weight.contiguous()
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+ONE_ROW_BLAS = True
+"""Whether `FastLinear` multiplies ONE row (a batch-1 decode step) by the BLAS library's product (`F.linear`; MKL's
+matrix-vector kernel in the PyPI CPU build) instead of oneDNN's: for one row both only stream the weight, and MKL's
+kernel does it faster (docs/benchmarks/peers.md, "Decode"). From two rows on oneDNN stays (`F.linear` is several
+times slower there). False: oneDNN for one row too, the reference the tests compare with."""
 
 
 PACKED_MAX_ROWS = 128
@@ -128,9 +141,11 @@ class FastLinear(nn.Linear):
         if not onednn_eligible(input, weight, bias):
             return F.linear(input, weight, bias)
         rows = input.numel() // input.shape[-1]
-        if 2 <= rows <= PACKED_MAX_ROWS and packed_enabled():
+        if rows == 1:  # one row (a decode step of one sequence): the BLAS library's product, see ONE_ROW_BLAS
+            return F.linear(input, weight, bias) if ONE_ROW_BLAS else _onednn_product(input, weight, bias)
+        if rows <= PACKED_MAX_ROWS and packed_enabled():
             return packed_linear(input, self._packed_weight(), bias)
-        return onednn_linear(input, weight, bias)
+        return _onednn_product(input, weight, bias)
 
     def _packed_weight(self) -> torch.Tensor:
         """The packed copy of the weight, remade when the weight was replaced or written in place."""

@@ -33,3 +33,23 @@ def test_command_without_the_converter_source_exits_with_one_line(tmp_path: Path
     assert done.returncode != 0 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hypic-rag peers: ") and "Traceback" not in done.stderr
+
+
+def test_table_of_a_decode_only_run_puts_each_ratio_beside_its_row() -> None:
+    """A decode-only result (`compare(..., decode_only=True)` rows: cold llama.cpp and `hypic`, no reuse rows)
+    renders every decode rate with hypic's decode over it, and no TTFT row it does not have."""
+    from hypic_rag.bench.peers import table
+
+    check = {"max_abs_logit_difference": 1e-3, "relative_to_largest_logit": 1e-4, "greedy_equal_steps": 32,
+             "greedy_steps": 32}
+    medians = {"llama.cpp f32 cold ttft": 10.0, "llama.cpp f32 e2e": 13.0, "llama.cpp f32 decode tok/s": 16.0,
+               "llama.cpp q8_0 cold ttft": 9.0, "llama.cpp q8_0 e2e": 11.0, "llama.cpp q8_0 decode tok/s": 32.0,
+               "hypic ttft": 0.5, "hypic e2e": 4.0, "hypic decode tok/s": 12.0}
+    result = {"models": {"medium": {"agreement": {"f32": check},
+                                    "speed": [{"shape": "k8x256", "prompt_tokens": 2088, "requests": 5,
+                                               "new_tokens": 48, "medians": medians}]}}}
+    text = table(result)
+    assert "| llama.cpp F32 (cold) | 13.000 | 16.0 | 0.75x |" in text
+    assert "| llama.cpp Q8_0 (cold) | 11.000 | 32.0 | 0.38x |" in text
+    assert "| hypic-rag `hypic` | 4.000 | 12.0 | 1.00x |" in text
+    assert "| llama.cpp F32, cold | 10.000 | 20.0x |" in text and "reordered" not in text

@@ -115,3 +115,51 @@ def test_fast_linear_with_its_packed_weight_matches_and_follows_weight_changes(r
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
     packs = "_packed" in layer.__dict__
     assert packs == (2 <= rows <= fast_linear.PACKED_MAX_ROWS)
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_row_through_blas_matches_the_onednn_reference(bias: bool, monkeypatch) -> None:
+    """One row (a batch-1 decode step) goes through `F.linear` (ONE_ROW_BLAS); it agrees with the oneDNN product of
+    the same row (ONE_ROW_BLAS off, the reference) to float32 round-off, with leading batch dims and strides too."""
+    generator = torch.Generator().manual_seed(11)
+    layer = fast_view(nn.Linear(200, 330, bias=bias))
+    inputs = [torch.randn(1, 200, generator=generator), torch.randn(1, 1, 200, generator=generator),
+              torch.randn(200, 3, generator=generator)[:, 1][None]]  # the last one a strided view
+    with torch.no_grad():
+        fast = [layer(x) for x in inputs]
+        monkeypatch.setattr(fast_linear, "ONE_ROW_BLAS", False)
+        reference = [layer(x) for x in inputs]
+    for x, got, want in zip(inputs, fast, reference):
+        assert got.shape == want.shape == (*x.shape[:-1], 330)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_decode_with_one_row_blas_matches_the_onednn_decode(monkeypatch) -> None:
+    """A random qwen3_5 model's decode (32 greedy steps after a prefill): the same tokens and next-token logits
+    within float32 round-off whether one-row products go through BLAS (the fast path) or oneDNN (the reference)."""
+    from hypic_rag.runtime.engine import Engine
+    from hypic_rag.runtime.model import wrap_model
+    from hypic_rag.testing import build_tiny_model, random_request
+
+    engine = Engine(wrap_model(build_tiny_model("qwen3_5", seed=5)), seam_tokens=4)
+    request = random_request(torch.Generator().manual_seed(1), [19, 33])
+
+    def decode(steps: int = 32) -> tuple[list[int], torch.Tensor]:
+        with torch.no_grad():
+            prefilled = engine.prefill(request, "full")
+            state, token, tokens, logits = prefilled.state, int(prefilled.logits.argmax()), [], []
+            for _ in range(steps):
+                step_logits, state = engine.decode_step(state, token)
+                token = int(step_logits.argmax())
+                tokens.append(token)
+                logits.append(step_logits)
+        return tokens, torch.stack(logits)
+
+    fast_tokens, fast_logits = decode()
+    monkeypatch.setattr(fast_linear, "ONE_ROW_BLAS", False)
+    reference_tokens, reference_logits = decode()
+    assert fast_tokens == reference_tokens
+    torch.testing.assert_close(fast_logits, reference_logits, atol=1e-5, rtol=1e-5)
