@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_rag.runtime.ops.gated_delta_rule.dispatch import gated_delta_rule
+from hypic_rag.runtime.ops.registry import call
 from hypic_rag.runtime.segment_state import SegmentState
 
 
@@ -36,7 +36,8 @@ def gated_delta_rule_with_transition(
     augmented_value = torch.cat([value.float(), value.new_zeros(batch, heads, length, key_dim).float()], dim=-1)
     start = torch.zeros(batch, heads, key_dim, value_dim + key_dim, dtype=torch.float32, device=value.device)
     start[..., value_dim:] = torch.eye(key_dim, dtype=torch.float32, device=value.device)
-    output, end = gated_delta_rule(query, key, augmented_value, log_decay, beta, start, chunk_size)
+    output, end = call("gated_delta_rule", query=query, key=key, value=augmented_value, log_decay=log_decay, beta=beta,
+                       initial_state=start, chunk_size=chunk_size)
     segment = SegmentState(
         transition=end[..., value_dim:].contiguous(),
         state=end[..., :value_dim].contiguous(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from hypic_rag.runtime.ops.kda.chunk import DEFAULT_CHUNK_SIZE
-from hypic_rag.runtime.ops.kda.dispatch import kda
+from hypic_rag.runtime.ops.registry import call
 from hypic_rag.runtime.segment_state import SegmentState
 
 
@@ -37,6 +37,7 @@ def kda_with_transition(
     augmented_value = torch.cat([value.float(), value.new_zeros(batch, heads, length, key_dim).float()], dim=-1)
     start = torch.zeros(batch, heads, key_dim, value_dim + key_dim, dtype=torch.float32, device=value.device)
     start[..., value_dim:] = torch.eye(key_dim, dtype=torch.float32, device=value.device)
-    output, end = kda(query, key, augmented_value, log_decay, beta, start, chunk_size)
+    output, end = call("kda", query=query, key=key, value=augmented_value, log_decay=log_decay, beta=beta,
+                       initial_state=start, chunk_size=chunk_size)
     segment = SegmentState(transition=end[..., value_dim:].contiguous(), state=end[..., :value_dim].contiguous())
     return output[..., :value_dim], output[..., value_dim:], segment
