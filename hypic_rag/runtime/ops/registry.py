@@ -292,56 +292,61 @@ def call(op: str, **arguments: Any) -> Any:
     return OPS[op].run(arguments)
 
 
-def dispatch(op: str) -> Callable[[Declared], Declared]:
-    """The op's public function from its declaration (signature, defaults, docstring; the body is never run): each
-    call runs the backend `OPS[op]` chooses for it."""
+def _public(declared: Declared, signature: inspect.Signature, run: Callable[[dict[str, Any]], Any]) -> Declared:
+    """`declared`'s name and docstring on a function of `signature` that runs `run(arguments by name)`."""
+
+    @functools.wraps(declared)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return run(bound.arguments)
+
+    call.__signature__ = signature  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
+
+
+def dispatch(op: str, like: Callable[..., Any] | None = None) -> Callable[[Declared], Declared]:
+    """The op's public function from its declaration (name, docstring; the body is never run) with the signature
+    of `like` (one of its backends; default: the declaration's own): each call runs the backend `OPS[op]` chooses."""
     entry = OPS[op]
 
     def public(declared: Declared) -> Declared:
-        signature = inspect.signature(declared)
-
-        @functools.wraps(declared)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            return entry.run(bound.arguments)
-
-        return call  # type: ignore[return-value]
+        return _public(declared, inspect.signature(like or declared), entry.run)
 
     return public
 
 
-def dispatch_packed(op: str) -> Callable[[Declared], Declared]:
-    """The op's function for sequences packed along time in a batch of one (the declaration names `cu_seqlens`
-    [S + 1], 0 .. T non-decreasing, and `initial_state` [S, *state] or None): a packing backend when the op
-    chooses one for the longest sequence and every sequence has a token, else the op per sequence. Returns
-    (output shaped like `Packed.output_like`, final states [S, *state]), float32."""
+def dispatch_packed(op: str, like: Callable[..., Any]) -> Callable[[Declared], Declared]:
+    """The op's function for sequences packed along time in a batch of one, with the signature of `like` (the
+    op's reference) and `cu_seqlens` [S + 1] (0 .. T, non-decreasing) after its last timed argument;
+    `initial_state` [S, *state] or None. A packing backend runs the call when the op chooses one for the longest
+    sequence and every sequence has a token, else the op runs per sequence. Returns (output shaped like
+    `Packed.output_like`, final states [S, *state]), float32."""
     entry = OPS[op]
     layout = entry.packed
     assert layout is not None, f"{op} has no packed layout"
+    parameters = list(inspect.signature(like).parameters.values())
+    after = max(index for index, parameter in enumerate(parameters) if parameter.name in layout.timed) + 1
+    bounds_parameter = inspect.Parameter("cu_seqlens", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                         annotation="list[int] | torch.Tensor")
+    signature = inspect.signature(like).replace(parameters=[*parameters[:after], bounds_parameter, *parameters[after:]])
+
+    def run(arguments: dict[str, Any]) -> Any:
+        cu_seqlens, initial_state = arguments.pop("cu_seqlens"), arguments.pop("initial_state")
+        probe = entry.probe(arguments).tensor
+        bounds = packed_bounds(cu_seqlens, probe, initial_state)
+        if layout.prepare is not None:
+            arguments = layout.prepare(arguments)
+        if probe.shape[2] and all(end > begin for begin, end in itertools.pairwise(bounds)):
+            longest = max(end - begin for begin, end in itertools.pairwise(bounds))
+            backend = entry.choose(Probe(probe, longest))
+            if backend.packed:
+                offsets = torch.tensor(bounds, dtype=torch.long, device=probe.device)
+                return backend.call({**arguments, "initial_state": initial_state, "cu_seqlens": offsets})
+        return each_sequence(entry, arguments, layout, bounds, initial_state)
 
     def public(declared: Declared) -> Declared:
-        signature = inspect.signature(declared)
-
-        @functools.wraps(declared)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments = dict(bound.arguments)
-            cu_seqlens, initial_state = arguments.pop("cu_seqlens"), arguments.pop("initial_state")
-            probe = entry.probe(arguments).tensor
-            bounds = packed_bounds(cu_seqlens, probe, initial_state)
-            if layout.prepare is not None:
-                arguments = layout.prepare(arguments)
-            if probe.shape[2] and all(end > begin for begin, end in itertools.pairwise(bounds)):
-                longest = max(end - begin for begin, end in itertools.pairwise(bounds))
-                backend = entry.choose(Probe(probe, longest))
-                if backend.packed:
-                    offsets = torch.tensor(bounds, dtype=torch.long, device=probe.device)
-                    return backend.call({**arguments, "initial_state": initial_state, "cu_seqlens": offsets})
-            return each_sequence(entry, arguments, layout, bounds, initial_state)
-
-        return call  # type: ignore[return-value]
+        return _public(declared, signature, run)
 
     return public
 

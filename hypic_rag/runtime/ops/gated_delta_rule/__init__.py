@@ -7,9 +7,11 @@ identity-start trick. `gated_delta_rule` and `gated_delta_rule_varlen` run the b
 on CUDA, recurrent for a few tokens, chunked).
 """
 
+from typing import Any
+
 import torch
 
-from hypic_rag.runtime.ops.gated_delta_rule.chunk import DEFAULT_CHUNK_SIZE, chunk_gated_delta_rule
+from hypic_rag.runtime.ops.gated_delta_rule.chunk import chunk_gated_delta_rule
 from hypic_rag.runtime.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from hypic_rag.runtime.ops.gated_delta_rule.recurrent import fused_recurrent_gated_delta_rule
 from hypic_rag.runtime.ops.gated_delta_rule.transition import gated_delta_rule_with_transition
@@ -21,30 +23,14 @@ def select_backend(query: torch.Tensor, longest: int | None = None) -> str:
     return select("gated_delta_rule", query, longest)
 
 
-@dispatch("gated_delta_rule")
-def gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch("gated_delta_rule", like=chunk_gated_delta_rule)
+def gated_delta_rule(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule through the backend the registry picks; contract of `chunk_gated_delta_rule`: head-major
     [B, H, T, D] inputs, float32 outputs [B, H, T, V] and state [B, H, K, V]."""
 
 
-@dispatch_packed("gated_delta_rule")
-def gated_delta_rule_varlen(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    cu_seqlens: list[int] | torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch_packed("gated_delta_rule", like=naive_recurrent_gated_delta_rule)
+def gated_delta_rule_varlen(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """N sequences packed along time: query, key [1, H, T, K], value [1, H, T, V], log_decay, beta [1, H, T] with
     sequence n at T-indices cu_seqlens[n] .. cu_seqlens[n+1] - 1 (cu_seqlens [N + 1], 0 .. T, non-decreasing);
     initial_state [N, H, K, V] or None (zeros). Returns output [1, H, T, V] and final states [N, H, K, V], float32.

@@ -9,9 +9,11 @@ the span's transition matrix P [B, H, K, K] via the identity-start trick. `kda` 
 `ops/registry.py` picks (fla's KDA kernels on CUDA).
 """
 
+from typing import Any
+
 import torch
 
-from hypic_rag.runtime.ops.kda.chunk import DEFAULT_CHUNK_SIZE, chunk_kda
+from hypic_rag.runtime.ops.kda.chunk import chunk_kda
 from hypic_rag.runtime.ops.kda.naive import naive_recurrent_kda
 from hypic_rag.runtime.ops.kda.recurrent import fused_recurrent_kda
 from hypic_rag.runtime.ops.kda.transition import kda_with_transition
@@ -23,30 +25,14 @@ def select_kda_backend(query: torch.Tensor, longest: int | None = None) -> str:
     return select("kda", query, longest)
 
 
-@dispatch("kda")
-def kda(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch("kda", like=chunk_kda)
+def kda(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA through the backend the registry picks; contract of `chunk_kda`: head-major [B, H, T, D] inputs, float32
     outputs [B, H, T, V] and state [B, H, K, V]."""
 
 
-@dispatch_packed("kda")
-def kda_varlen(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    cu_seqlens: list[int] | torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch_packed("kda", like=naive_recurrent_kda)
+def kda_varlen(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """N sequences packed along time: query, key [1, H, T, K], value [1, H, T, V], log_decay [1, H, T, K], beta
     [1, H, T], sequence n at T-indices cu_seqlens[n] .. cu_seqlens[n+1] - 1; initial_state [N, H, K, V] or None.
     Returns output [1, H, T, V] and final states [N, H, K, V], float32."""

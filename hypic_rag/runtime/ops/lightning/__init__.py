@@ -10,9 +10,11 @@ chunked (block) form, `recurrent.py` the step path for decode, `simple_gla.py` t
 `lightning_attention` and `lightning_attention_varlen` run the backend `ops/registry.py` picks.
 """
 
+from typing import Any
+
 import torch
 
-from hypic_rag.runtime.ops.lightning.chunk import DEFAULT_CHUNK_SIZE, chunk_lightning
+from hypic_rag.runtime.ops.lightning.chunk import chunk_lightning
 from hypic_rag.runtime.ops.lightning.naive import naive_recurrent_lightning
 from hypic_rag.runtime.ops.lightning.recurrent import fused_recurrent_lightning
 from hypic_rag.runtime.ops.lightning.slopes import minimax_log_decay
@@ -28,29 +30,15 @@ def select_lightning_backend(query: torch.Tensor, longest: int | None = None) ->
     return select("lightning", query, longest)
 
 
-@dispatch("lightning")
-def lightning_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch("lightning", like=chunk_lightning)
+def lightning_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Scalar-decay linear attention through the backend the registry picks; contract of `chunk_lightning`
     (log_decay broadcastable to [B, H, T], e.g. [H, 1] for a constant decay per head): float32 outputs
     [B, H, T, V] and state [B, H, K, V]."""
 
 
-@dispatch_packed("lightning")
-def lightning_attention_varlen(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    cu_seqlens: list[int] | torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch_packed("lightning", like=naive_recurrent_lightning)
+def lightning_attention_varlen(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """N sequences packed along time: query, key [1, H, T, K], value [1, H, T, V], log_decay broadcastable to
     [1, H, T], sequence n at T-indices cu_seqlens[n] .. cu_seqlens[n+1] - 1; initial_state [N, H, K, V] or None.
     Returns output [1, H, T, V] and final states [N, H, K, V], float32."""

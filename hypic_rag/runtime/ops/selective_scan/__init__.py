@@ -9,12 +9,14 @@ token-by-token float32 reference, `scan.py` the blocked log-depth scan (CUDA, mo
 `ops/registry.py` picks. dt comes from `ops.time_step.softplus_time_step` (no clamp for jamba).
 """
 
+from typing import Any
+
 import torch
 
 from hypic_rag.runtime.ops.registry import dispatch, dispatch_packed, select
 from hypic_rag.runtime.ops.selective_scan.naive import naive_selective_scan
 from hypic_rag.runtime.ops.selective_scan.recurrent import recurrent_selective_scan
-from hypic_rag.runtime.ops.selective_scan.scan import DEFAULT_BLOCK_SIZE, blocked_selective_scan
+from hypic_rag.runtime.ops.selective_scan.scan import blocked_selective_scan
 from hypic_rag.runtime.ops.selective_scan.transition import (
     apply_selective_scan_transition,
     compose_selective_scan_transitions,
@@ -28,32 +30,14 @@ def select_backend(x: torch.Tensor) -> str:
     return select("selective_scan", x)
 
 
-@dispatch("selective_scan")
-def selective_scan(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch("selective_scan", like=blocked_selective_scan)
+def selective_scan(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Selective scan through the backend the registry picks; contract of `naive_selective_scan`: channel-major
     x, dt [batch, D, T], float32 outputs [batch, D, T], state [batch, D, N]."""
 
 
-@dispatch_packed("selective_scan")
-def selective_scan_varlen(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    cu_seqlens: list[int] | torch.Tensor,
-    d: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch_packed("selective_scan", like=naive_selective_scan)
+def selective_scan_varlen(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences packed along time: x, dt [1, D, T], b, c [1, T, N], sequence s at T-indices
     cu_seqlens[s] .. cu_seqlens[s+1] - 1 (cu_seqlens [S + 1], 0 .. T, non-decreasing); initial_state [S, D, N] or
     None (zeros). Returns output [1, D, T] and final states [S, D, N], float32.

@@ -9,10 +9,12 @@ torch implementation, `recurrent.py` the step path for decode, `simple_gla.py` S
 `ops/registry.py` picks. dt comes from `ops.time_step.softplus_time_step`.
 """
 
+from typing import Any
+
 import torch
 
 from hypic_rag.runtime.ops.registry import dispatch, dispatch_packed, select
-from hypic_rag.runtime.ops.ssd.chunk import DEFAULT_CHUNK_SIZE, chunk_ssd
+from hypic_rag.runtime.ops.ssd.chunk import chunk_ssd
 from hypic_rag.runtime.ops.ssd.naive import expand_groups, naive_ssd
 from hypic_rag.runtime.ops.ssd.recurrent import recurrent_ssd
 from hypic_rag.runtime.ops.ssd.transition import apply_ssd_transition, compose_ssd_transitions, ssd_with_transition
@@ -23,32 +25,14 @@ def select_backend(x: torch.Tensor, longest: int | None = None) -> str:
     return select("ssd", x, longest)
 
 
-@dispatch("ssd")
-def ssd(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch("ssd", like=chunk_ssd)
+def ssd(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """SSD through the backend the registry picks; contract of `naive_ssd` / `chunk_ssd`: float32 outputs
     [batch, H, T, P] and state [batch, H, N, P]."""
 
 
-@dispatch_packed("ssd")
-def ssd_varlen(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    cu_seqlens: list[int] | torch.Tensor,
-    d: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@dispatch_packed("ssd", like=naive_ssd)
+def ssd_varlen(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences packed along time: x [1, H, T, P], dt [1, H, T], b, c [1, G, T, N], sequence n at T-indices
     cu_seqlens[n] .. cu_seqlens[n+1] - 1 (cu_seqlens [S + 1], 0 .. T, non-decreasing); initial_state [S, H, N, P]
     or None (zeros). Returns output [1, H, T, P] and final states [S, H, N, P], float32. For equal-shape batches of
