@@ -267,7 +267,7 @@ OPS: dict[str, Op] = {
         switch_on("tails"),
     ),
     "rotate_into": Op(
-        "rotate_into", f"{OPS_PACKAGE}.rope.naive:naive_rotate_into",
+        "rotate_into", f"{OPS_PACKAGE}.rope.rotate:naive_rotate_into",
         (
             Backend("triton", f"{OPS_PACKAGE}.rope.rotate:rotate_into_triton", triton_switch),
             Backend("torch", f"{OPS_PACKAGE}.rope.rotate:rotate_into_torch", always),
