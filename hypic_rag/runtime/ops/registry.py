@@ -207,7 +207,9 @@ OPS: dict[str, Op] = {
         "gated_delta_rule", f"{OPS_PACKAGE}.gated_delta_rule.naive:naive_recurrent_gated_delta_rule",
         "hypic_rag.kernels.gated_delta_rule", f"{OPS_PACKAGE}.gated_delta_rule",
     ),
-    "kda": _delta_rule("kda", f"{OPS_PACKAGE}.kda.naive:naive_recurrent_kda", "hypic_rag.kernels.kda", f"{OPS_PACKAGE}.kda"),
+    "kda": _delta_rule(
+        "kda", f"{OPS_PACKAGE}.kda.naive:naive_recurrent_kda", "hypic_rag.kernels.kda", f"{OPS_PACKAGE}.kda",
+    ),
     "lightning": Op(
         "lightning", f"{LIGHTNING}.naive:naive_recurrent_lightning",
         (
