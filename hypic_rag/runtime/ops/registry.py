@@ -37,7 +37,7 @@ RECURRENT_MAX_TOKENS = 4
 no padding to a chunk."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Probe:
     """What a backend's condition sees of a call: `tensor` (device, shape; None where the call has no map to
     probe), `length` (time steps, or the longest packed sequence), `requested` (the caller's `backend=`: "triton",
@@ -295,10 +295,24 @@ def call(op: str, **arguments: Any) -> Any:
 
 
 def _public(declared: Declared, signature: inspect.Signature, run: Callable[[dict[str, Any]], Any]) -> Declared:
-    """`declared`'s name and docstring on a function of `signature` that runs `run(arguments by name)`."""
+    """`declared`'s name and docstring on a function of `signature` that runs `run(arguments by name)`. The
+    arguments are matched to names without `Signature.bind` where the call is well formed (ops run per layer and
+    token: a few microseconds count); anything else goes through `bind`, which raises Python's TypeError."""
+    parameters = signature.parameters
+    positional = tuple(name for name, parameter in parameters.items()
+                       if parameter.kind is parameter.POSITIONAL_OR_KEYWORD)
+    defaults = {name: parameter.default for name, parameter in parameters.items()
+                if parameter.default is not parameter.empty}
+    every = frozenset(parameters)
 
     @functools.wraps(declared)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) <= len(positional):
+            arguments = {**defaults, **dict(zip(positional, args))}
+            if not kwargs or (kwargs.keys() <= every and kwargs.keys().isdisjoint(positional[: len(args)])):
+                arguments.update(kwargs)
+                if len(arguments) == len(every):
+                    return run(arguments)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return run(bound.arguments)
