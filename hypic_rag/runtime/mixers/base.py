@@ -232,6 +232,20 @@ class RecurrentMixer(ABC):
 
 
 
+class ModuleConv:
+    """`conv_channels` and `conv_width` of a mixer whose wrapped `module` names its short conv's channels `conv_dim`
+    and its kernel `conv_kernel_size` (Gated DeltaNet, KDA, Mamba2); listed before the mixer's base class."""
+
+    module: torch.nn.Module
+
+    @property
+    def conv_channels(self) -> int:
+        return int(self.module.conv_dim)
+
+    @property
+    def conv_width(self) -> int:
+        return int(self.module.conv_kernel_size) - 1
+
 class HeadMajorMixer(RecurrentMixer):
     """A recurrent mixer over head-major inputs whose start state S_0 [n, H, K, V] adds (w_t @ S_0) to output t,
     w_t [n, H, T, K] being its `TransitionRun.transition_outputs` (P_t^T q_t for the delta rules, exp(gamma_t) q_t

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
-from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, Projections, valid_steps
+from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, ModuleConv, Projections, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_packed
 
@@ -23,7 +23,7 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-class GatedDeltaNetMixer(DeltaRuleMixer):
+class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
     """Wraps a transformers Gated DeltaNet module (`Qwen3_5GatedDeltaNet`, `Qwen3NextGatedDeltaNet`, ...).
 
     state_shape (H, K, V) with H the value heads; outputs [n, T, H, V]; projections: preconv [.., T, C] (q|k|v),
@@ -38,14 +38,6 @@ class GatedDeltaNetMixer(DeltaRuleMixer):
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
-
-    @property
-    def conv_channels(self) -> int:
-        return int(self.module.conv_dim)
-
-    @property
-    def conv_width(self) -> int:
-        return int(self.module.conv_kernel_size) - 1
 
     @property
     def state_shape(self) -> tuple[int, ...]:

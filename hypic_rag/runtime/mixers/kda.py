@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
-from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, Projections, valid_steps
+from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, ModuleConv, Projections, valid_steps
 from hypic_rag.runtime.ops.kda import kda, kda_with_transition
 
 
@@ -30,7 +30,7 @@ def _token_wise(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return flat.reshape(*x.shape[:-1], *flat.shape[2:])
 
 
-class KdaMixer(DeltaRuleMixer):
+class KdaMixer(ModuleConv, DeltaRuleMixer):
     """Wraps `KimiLinearDeltaAttention` or `BailingHybridDeltaAttention`.
 
     state_shape (H, K, V) with K = V = the linear head dim; outputs [n, T, H, V]; projections: preconv
@@ -47,14 +47,6 @@ class KdaMixer(DeltaRuleMixer):
         self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
         self.heads = int(module.num_heads)
         self.head_dim = int(module.head_dim)
-
-    @property
-    def conv_channels(self) -> int:
-        return int(self.module.conv_dim)
-
-    @property
-    def conv_width(self) -> int:
-        return int(self.module.conv_kernel_size) - 1
 
     @property
     def state_shape(self) -> tuple[int, ...]:

@@ -15,7 +15,14 @@ import torch
 from torch import nn
 
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
-from hypic_rag.runtime.mixers.base import HeadMajorInputs, HeadMajorMixer, Projections, TransitionRun, valid_steps
+from hypic_rag.runtime.mixers.base import (
+    HeadMajorInputs,
+    HeadMajorMixer,
+    ModuleConv,
+    Projections,
+    TransitionRun,
+    valid_steps,
+)
 from hypic_rag.runtime.ops.ssd import ssd, ssd_with_transition
 from hypic_rag.runtime.ops.time_step import softplus_time_step
 from hypic_rag.runtime.segment_state import SegmentState
@@ -31,7 +38,7 @@ class SSDInputs(HeadMajorInputs):
     c: torch.Tensor
 
 
-class Mamba2Mixer(HeadMajorMixer):
+class Mamba2Mixer(ModuleConv, HeadMajorMixer):
     """Wraps a transformers Mamba2-style mixer module with `in_proj`, `conv1d`, `dt_bias`, `A_log`, `D`, `norm`
     (gated RMS norm taking (y, z)), `out_proj`, `num_heads`, `head_dim`, `n_groups`, `ssm_state_size`,
     `intermediate_size`, `conv_dim`, `conv_kernel_size`, `activation`.
@@ -48,14 +55,6 @@ class Mamba2Mixer(HeadMajorMixer):
         limit = time_step_limit if time_step_limit is not None else getattr(module, "time_step_limit", None)
         self.time_step_limit = None if limit is None else (float(limit[0]), float(limit[1]))
         self.activation = activation(module.activation)
-
-    @property
-    def conv_channels(self) -> int:
-        return int(self.module.conv_dim)
-
-    @property
-    def conv_width(self) -> int:
-        return int(self.module.conv_kernel_size) - 1
 
     @property
     def state_shape(self) -> tuple[int, ...]:
