@@ -7,8 +7,9 @@
 - `rope.py`: cached pre-RoPE keys rotated at their true positions straight into the attention K buffer.
 - `gated_delta_rule.py`, `kda.py`, `simple_gla.py`: flash-linear-attention's chunked, fused-recurrent and varlen
   kernels behind the runtime's contract (`fla_support.py`: what they share).
-Each kernel's torch reference and the one dispatch that calls it live in `hypic_rag.runtime.ops/<op>/` (`naive.py`,
-`dispatch.py`): nothing outside `hypic_rag.runtime.ops` imports this package (a structure test holds that). The CPU
+Each kernel's torch reference lives in `hypic_rag.runtime.ops/<op>/naive.py`; the one ops registry
+(`hypic_rag.runtime.ops.registry`) names each kernel with the condition under which it runs: nothing outside
+`hypic_rag.runtime.ops` imports this package (a structure test holds that). The CPU
 tests run the Triton kernels under `TRITON_INTERPRET=1`.
 
 Importing this package never imports triton, fla or a GPU library. `triton_enabled(tensor)` is the switch

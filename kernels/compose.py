@@ -12,7 +12,7 @@ a few 1e-7 of float32 (plain float32 FMA dots spilled registers at K = 128 when 
   seam starts from is the state after the maps before it).
 - `transitions=None` is the `addition` baseline (P = I: S <- S + Z_1 + ... + Z_k).
 The float32 reference the tests hold the kernel to is `hypic_rag.runtime.ops.compose.naive_compose`; the
-runtime reaches this module only through `hypic_rag.runtime.ops.compose` (its dispatch).
+runtime reaches this module only through `hypic_rag.runtime.ops.compose` (the ops registry).
 
 Under `TRITON_INTERPRET=1` the kernel runs on CPU tensors (tests: float32 / float16; the interpreter mishandles
 bfloat16). The interpreter cannot take a loop bound from a runtime value, so the bound is a constexpr (`runs.py`); each

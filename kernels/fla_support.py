@@ -23,7 +23,7 @@ FLA_MODULES = {
     "kda": "fla.ops.kda",
     "simple_gla": "fla.ops.simple_gla",
 }
-"""The fla op modules the runtime calls, by the name the dispatches use."""
+"""The fla op modules the runtime calls, by the name the ops registry uses."""
 
 
 @functools.cache

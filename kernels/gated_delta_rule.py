@@ -1,8 +1,8 @@
 """The gated delta rule on CUDA through flash-linear-attention (fla): chunked and fused-recurrent, varlen.
 
 Same contract as `hypic_rag.runtime.ops.gated_delta_rule.chunk_gated_delta_rule` (head-major [B, H, T, D] inputs,
-query already l2-normalised and scaled, float32 outputs and state); `hypic_rag.runtime.ops.gated_delta_rule`'s
-dispatch calls these for CUDA tensors when `ops.backends.use_fla` says so:
+query already l2-normalised and scaled, float32 outputs and state); the ops registry (`hypic_rag.runtime.ops.registry`)
+calls these for CUDA tensors when `ops.backends.use_fla` says so:
 - `fla_chunk_gated_delta_rule`: encoding, seams with a start state, and the identity-start transition operator
   (that trick only widens the value dimension to V + K);
 - `fla_fused_recurrent_gated_delta_rule`: decode steps (a few tokens, no chunk padding);

@@ -1,8 +1,8 @@
 """Kimi Delta Attention on CUDA through flash-linear-attention (fla): chunked and fused-recurrent, varlen.
 
 Same contract as `hypic_rag.runtime.ops.kda.chunk_kda` (head-major [B, H, T, D] inputs, query already
-l2-normalised and scaled, the per-key-channel log decay [B, H, T, K], float32 outputs and state); the dispatch in
-`hypic_rag.runtime.ops.kda` calls these for CUDA tensors when `ops.backends.use_fla` says so. fla's API (checked
+l2-normalised and scaled, the per-key-channel log decay [B, H, T, K], float32 outputs and state); the ops registry
+(`hypic_rag.runtime.ops.registry`) calls these for CUDA tensors when `ops.backends.use_fla` says so. fla's API (checked
 against fla-core 0.6.0): `chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens=...)`
 and `fused_recurrent_kda(...)` with time-major inputs, `g` [B, T, H, K] the log decay already computed (the
 gate is not fused: `use_gate_in_kernel=False`), `beta` after its sigmoid, float32 `initial_state` [N, H, K, V];

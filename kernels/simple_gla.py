@@ -3,8 +3,9 @@
 S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t with one log decay g_t per head and token: MiniMax's lightning
 attention (g = -slope_h) and, with q = c, k = dt b, v = x, g = dt a, the SSD / Mamba2 recurrence
 (`hypic_rag.runtime.ops.ssd.simple_gla` does that mapping). Head-major [B, H, T, D] inputs, log_decay [B, H, T],
-float32 outputs [B, H, T, V] and states [N, H, K, V]; the dispatches in `runtime/ops/lightning` and `runtime/ops/ssd`
-call these for CUDA tensors when `ops.backends.use_fla` says so. fla's API (checked against fla-core 0.6.0):
+float32 outputs [B, H, T, V] and states [N, H, K, V]; the ops registry runs `runtime/ops/lightning` and
+`runtime/ops/ssd` through these for CUDA tensors when `ops.backends.use_fla` says so.
+fla's API (checked against fla-core 0.6.0):
 `chunk_simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens=...)` and
 `fused_recurrent_simple_gla(...)` with time-major [B, T, H, D] inputs and g [B, T, H].
 """

@@ -1,6 +1,6 @@
-"""Every ```python block of README.md and docs/*.md runs as written: this module runs those of docs/cache.md and
-docs/retrieval.md (each in its own namespace, in a fresh working directory, on the bundled default model and the
-example corpus) and checks what they print; the others are run by the tests named in `RUN_ELSEWHERE`. A block
+"""Every ```python block of README.md and docs/*.md runs as written: this module runs those of docs/cache.md,
+docs/retrieval.md and docs/runtime.md (each in its own namespace, in a fresh working directory, on the bundled
+default model and the example corpus) and checks what they print; the others are run by the tests named in `RUN_ELSEWHERE`. A block
 added, removed or moved to another section without this module or those tests knowing fails here.
 
 The remote tier's block talks to a real S3-compatible server on 127.0.0.1 (moto's, `hypic_rag.testing.s3`): the
@@ -23,11 +23,13 @@ from hypic_rag.default_model import answers_reliably
 ROOT = Path(__file__).resolve().parents[2]
 CACHE_DOC = "docs/cache.md"
 RETRIEVAL_DOC = "docs/retrieval.md"
+RUNTIME_DOC = "docs/runtime.md"
 
 RUN_HERE = {
     (CACHE_DOC, "The persistent segment cache"),
     (CACHE_DOC, "Remote tier (shared by hosts)"),
     (RETRIEVAL_DOC, "Retrieval: from a folder of documents to a searchable, pre-encoded index"),
+    (RUNTIME_DOC, "The ops registry"),
 }
 """(document, the heading its block sits under) of the blocks this module runs."""
 
@@ -119,6 +121,14 @@ def test_every_python_block_of_the_docs_is_run_by_a_test() -> None:
             assert where not in seen_here, f"{document}: two ```python blocks under '{block.heading}'"
             seen_here.add(where)
     assert seen_here == RUN_HERE, f"blocks this module runs are gone: {sorted(RUN_HERE - seen_here)}"
+
+
+def test_the_ops_registry_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/runtime.md's registry block prints the gated delta rule's backends in order and, on CPU, the chunked
+    form for 40 tokens and the step recurrence for one."""
+    monkeypatch.setenv("HYPIC_RAG_KERNELS", "auto")
+    printed = run_block(block_under(RUNTIME_DOC, "The ops registry"), tmp_path)
+    assert printed == ["['fla_recurrent', 'fla', 'recurrent', 'chunk']", "chunk recurrent"]
 
 
 def test_the_block_scanner_sees_headings_and_fences() -> None:

@@ -223,7 +223,7 @@ def test_only_the_ops_import_the_kernels() -> None:
     sources = list(modules())
     names = {module for module, _ in sources}
     assert {"hypic_rag.bench.gpu", "hypic_rag.runtime.stack", "hypic_rag.runtime.layers"} <= names
-    assert {"hypic_rag.runtime.ops.compose.dispatch", "hypic_rag.runtime.ops.rope.dispatch"} <= names
+    assert {"hypic_rag.runtime.ops.compose.fold", "hypic_rag.runtime.ops.rope.rotate", "hypic_rag.runtime.ops.registry"} <= names
     assert kernel_importers(sources) == {}
 
 

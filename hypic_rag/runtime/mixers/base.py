@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 import torch
@@ -50,6 +50,35 @@ class RecurrenceInputs(ABC):
     @abstractmethod
     def select(self: InputsT, rows: slice, start: int, stop: int) -> InputsT:
         """Runs `rows`, steps start..stop-1 (views where possible)."""
+
+
+@dataclass(slots=True)
+class HeadMajorInputs(RecurrenceInputs):
+    """Inputs whose tensors all hold the runs on dim 0 and the steps on dim 2 ([n, H, T, ...], as the head-major ops
+    take them); subclasses declare the tensors as fields, in the order the op takes them."""
+
+    @classmethod
+    def from_time_major(cls: type[InputsT], *tensors: torch.Tensor) -> InputsT:
+        """From time-major tensors [n, T, H, ...], made head-major and contiguous."""
+        return cls(*(tensor.transpose(1, 2).contiguous() for tensor in tensors))
+
+    def select(self: InputsT, rows: slice, start: int, stop: int) -> InputsT:
+        return type(self)(*(tensor[rows, :, start:stop] for tensor in self.as_tuple()))
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, field.name) for field in fields(self))
+
+
+@dataclass(slots=True)
+class DeltaRuleInputs(HeadMajorInputs):
+    """The delta rules' inputs (Gated DeltaNet, KDA): query, key [n, H, T, K] (l2-normalised, query scaled by
+    K^-1/2), value [n, H, T, V], log_decay [n, H, T] (Gated DeltaNet) or [n, H, T, K] (KDA), beta [n, H, T]."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    log_decay: torch.Tensor
+    beta: torch.Tensor
 
 
 @dataclass(slots=True)
@@ -201,6 +230,48 @@ class RecurrentMixer(ABC):
         """Token-wise output path: core [..., T, *output_shape] (recurrence outputs) with the tokens'
         projections [..., T, ...] -> [..., T, hidden] in `dtype`."""
 
+
+
+class ModuleConv:
+    """`conv_channels` and `conv_width` of a mixer whose wrapped `module` names its short conv's channels `conv_dim`
+    and its kernel `conv_kernel_size` (Gated DeltaNet, KDA, Mamba2); listed before the mixer's base class."""
+
+    module: torch.nn.Module
+
+    @property
+    def conv_channels(self) -> int:
+        return int(self.module.conv_dim)
+
+    @property
+    def conv_width(self) -> int:
+        return int(self.module.conv_kernel_size) - 1
+
+class HeadMajorMixer(RecurrentMixer):
+    """A recurrent mixer over head-major inputs whose start state S_0 [n, H, K, V] adds (w_t @ S_0) to output t,
+    w_t [n, H, T, K] being its `TransitionRun.transition_outputs` (P_t^T q_t for the delta rules, exp(gamma_t) q_t
+    for lightning, exp(cumulative dt a) c_t for SSD)."""
+
+    def outputs_from_start(
+        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
+    ) -> torch.Tensor:
+        """zero_outputs [n, T, H, V], transition_outputs [n, H, T, K], start [n, H, K, V] -> [n, T, H, V]."""
+        return zero_outputs + (transition_outputs @ start).transpose(1, 2)
+
+
+class DeltaRuleMixer(HeadMajorMixer):
+    """Gated DeltaNet and KDA: `HeadMajorInputs` (query, key, value, log_decay, beta) through the op `recurrence`
+    and its identity-start form `with_transition` (set by the subclass); outputs [n, T, H, V]."""
+
+    recurrence: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    with_transition: Callable[..., tuple[torch.Tensor, torch.Tensor, SegmentState]]
+
+    def run(self, inputs: RecurrenceInputs, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        output, final = type(self).recurrence(*inputs.as_tuple(), start)
+        return output.transpose(1, 2), final
+
+    def run_with_transition(self, inputs: RecurrenceInputs) -> TransitionRun:
+        zero_outputs, transition_outputs, segment = type(self).with_transition(*inputs.as_tuple())
+        return TransitionRun(zero_outputs.transpose(1, 2), transition_outputs, segment)
 
 # ------------------------------------------------------------------------------------------------- attention
 

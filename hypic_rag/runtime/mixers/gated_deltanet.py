@@ -9,63 +9,35 @@ The recurrence is `runtime/ops/gated_delta_rule` (chunked WY form, fla on CUDA; 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
-from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
+from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, ModuleConv, Projections, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_packed
-
-
-@dataclass(slots=True)
-class GatedDeltaInputs(RecurrenceInputs):
-    """query, key [n, H, T, K] (l2-normalised, query scaled by K^-1/2), value [n, H, T, V], log_decay, beta
-    [n, H, T] (head-major, as the ops take them)."""
-
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    log_decay: torch.Tensor
-    beta: torch.Tensor
-
-    def select(self, rows: slice, start: int, stop: int) -> GatedDeltaInputs:
-        return GatedDeltaInputs(
-            self.query[rows, :, start:stop], self.key[rows, :, start:stop], self.value[rows, :, start:stop],
-            self.log_decay[rows, :, start:stop], self.beta[rows, :, start:stop],
-        )
-
-    def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        return self.query, self.key, self.value, self.log_decay, self.beta
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-class GatedDeltaNetMixer(RecurrentMixer):
+class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
     """Wraps a transformers Gated DeltaNet module (`Qwen3_5GatedDeltaNet`, `Qwen3NextGatedDeltaNet`, ...).
 
     state_shape (H, K, V) with H the value heads; outputs [n, T, H, V]; projections: preconv [.., T, C] (q|k|v),
     extras (z [.., T, H, V], b [.., T, H], a [.., T, H]).
     """
 
+    recurrence = staticmethod(gated_delta_rule)
+    with_transition = staticmethod(gated_delta_rule_with_transition)
+
     transition_kind = "matrix"
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
-
-    @property
-    def conv_channels(self) -> int:
-        return int(self.module.conv_dim)
-
-    @property
-    def conv_width(self) -> int:
-        return int(self.module.conv_kernel_size) - 1
 
     @property
     def state_shape(self) -> tuple[int, ...]:
@@ -93,7 +65,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None
-    ) -> GatedDeltaInputs:
+    ) -> DeltaRuleInputs:
         module = self.module
         _, b, a = projections.extras
         runs, length, _ = convolved.shape
@@ -113,17 +85,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
             valid = valid_steps(lengths, length, convolved.device)
             beta = beta * valid[..., None]
             log_decay = log_decay * valid[..., None]
-        return GatedDeltaInputs(
-            query.transpose(1, 2).contiguous(),
-            key.transpose(1, 2).contiguous(),
-            value.transpose(1, 2).contiguous(),
-            log_decay.transpose(1, 2).contiguous(),
-            beta.transpose(1, 2).contiguous(),
-        )
-
-    def run(self, inputs: GatedDeltaInputs, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        output, final = gated_delta_rule(*inputs.as_tuple(), start)
-        return output.transpose(1, 2), final
+        return DeltaRuleInputs.from_time_major(query, key, value, log_decay, beta)
 
     @property
     def scans_runs(self) -> bool:  # type: ignore[override]
@@ -132,21 +94,11 @@ class GatedDeltaNetMixer(RecurrentMixer):
         return not next(self.module.parameters()).is_cuda
 
     def run_packed(
-        self, inputs: GatedDeltaInputs, lengths: list[int], start: torch.Tensor, before_run: BetweenRuns | None = None
+        self, inputs: DeltaRuleInputs, lengths: list[int], start: torch.Tensor, before_run: BetweenRuns | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed runs of one sequence in one chunked scan (`chunk_gated_delta_rule_packed`): outputs [1, T, H, V]."""
         outputs, final = chunk_gated_delta_rule_packed(*inputs.as_tuple(), lengths, start, before_run)
         return outputs.transpose(1, 2), final
-
-    def run_with_transition(self, inputs: GatedDeltaInputs) -> TransitionRun:
-        zero_outputs, transition_outputs, segment = gated_delta_rule_with_transition(*inputs.as_tuple())
-        return TransitionRun(zero_outputs.transpose(1, 2), transition_outputs, segment)
-
-    def outputs_from_start(
-        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
-    ) -> torch.Tensor:
-        """zero_outputs [n, T, H, V], transition_outputs [n, H, T, K] (P_t^T q_t), start [n, H, K, V]."""
-        return zero_outputs + (transition_outputs @ start).transpose(1, 2)
 
     def output(self, core: torch.Tensor, projections: Projections, dtype: torch.dtype) -> torch.Tensor:
         """Gated RMS norm and output projection: core [..., T, H, V] -> [..., T, hidden]."""

@@ -10,36 +10,13 @@ gate) and `o_proj`. The recurrence is `runtime/ops/kda` (chunked WY form; naive 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
-from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
+from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, ModuleConv, Projections, valid_steps
 from hypic_rag.runtime.ops.kda import kda, kda_with_transition
-
-
-@dataclass(slots=True)
-class KdaInputs(RecurrenceInputs):
-    """query, key [n, H, T, K] (l2-normalised, query scaled by K^-1/2), value [n, H, T, V], log_decay [n, H, T, K],
-    beta [n, H, T] (head-major, as `ops/kda` takes them)."""
-
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    log_decay: torch.Tensor
-    beta: torch.Tensor
-
-    def select(self, rows: slice, start: int, stop: int) -> KdaInputs:
-        return KdaInputs(
-            self.query[rows, :, start:stop], self.key[rows, :, start:stop], self.value[rows, :, start:stop],
-            self.log_decay[rows, :, start:stop], self.beta[rows, :, start:stop],
-        )
-
-    def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        return self.query, self.key, self.value, self.log_decay, self.beta
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -53,12 +30,15 @@ def _token_wise(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return flat.reshape(*x.shape[:-1], *flat.shape[2:])
 
 
-class KdaMixer(RecurrentMixer):
+class KdaMixer(ModuleConv, DeltaRuleMixer):
     """Wraps `KimiLinearDeltaAttention` or `BailingHybridDeltaAttention`.
 
     state_shape (H, K, V) with K = V = the linear head dim; outputs [n, T, H, V]; projections: preconv
     [.., T, 3*H*K] (q | k | v), extras (log_decay [.., T, H, K] float32, b [.., T, H], output gate [.., T, H*K]).
     """
+
+    recurrence = staticmethod(kda)
+    with_transition = staticmethod(kda_with_transition)
 
     transition_kind = "matrix"
 
@@ -67,14 +47,6 @@ class KdaMixer(RecurrentMixer):
         self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
         self.heads = int(module.num_heads)
         self.head_dim = int(module.head_dim)
-
-    @property
-    def conv_channels(self) -> int:
-        return int(self.module.conv_dim)
-
-    @property
-    def conv_width(self) -> int:
-        return int(self.module.conv_kernel_size) - 1
 
     @property
     def state_shape(self) -> tuple[int, ...]:
@@ -96,7 +68,7 @@ class KdaMixer(RecurrentMixer):
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None
-    ) -> KdaInputs:
+    ) -> DeltaRuleInputs:
         log_decay, b, _ = projections.extras
         runs, length, _ = convolved.shape
         query, key, value = (
@@ -110,27 +82,7 @@ class KdaMixer(RecurrentMixer):
             valid = valid_steps(lengths, length, convolved.device)
             beta = beta * valid[..., None]
             log_decay = log_decay * valid[..., None, None]
-        return KdaInputs(
-            query.transpose(1, 2).contiguous(),
-            key.transpose(1, 2).contiguous(),
-            value.transpose(1, 2).contiguous(),
-            log_decay.transpose(1, 2).contiguous(),
-            beta.transpose(1, 2).contiguous(),
-        )
-
-    def run(self, inputs: KdaInputs, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        output, final = kda(*inputs.as_tuple(), start)
-        return output.transpose(1, 2), final
-
-    def run_with_transition(self, inputs: KdaInputs) -> TransitionRun:
-        zero_outputs, transition_outputs, segment = kda_with_transition(*inputs.as_tuple())
-        return TransitionRun(zero_outputs.transpose(1, 2), transition_outputs, segment)
-
-    def outputs_from_start(
-        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
-    ) -> torch.Tensor:
-        """zero_outputs [n, T, H, V], transition_outputs [n, H, T, K] (P_t^T q_t), start [n, H, K, V]."""
-        return zero_outputs + (transition_outputs @ start).transpose(1, 2)
+        return DeltaRuleInputs.from_time_major(query, key, value, log_decay, beta)
 
     def output(self, core: torch.Tensor, projections: Projections, dtype: torch.dtype) -> torch.Tensor:
         """Per-head RMS norm times sigmoid(output gate), then o_proj: core [..., T, H, V] -> [..., T, hidden]."""

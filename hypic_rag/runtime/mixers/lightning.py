@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
+from hypic_rag.runtime.mixers.base import HeadMajorInputs, HeadMajorMixer, Projections, TransitionRun, valid_steps
 from hypic_rag.runtime.ops.lightning import lightning_attention, lightning_with_transition
 from hypic_rag.runtime.segment_state import SegmentState
 
 
 @dataclass(slots=True)
-class LightningInputs(RecurrenceInputs):
+class LightningInputs(HeadMajorInputs):
     """query, key, value [n, H, T, D] (head-major), log_decay [n, H, T] (-s_h; 0 on identity steps)."""
 
     query: torch.Tensor
@@ -29,17 +29,8 @@ class LightningInputs(RecurrenceInputs):
     value: torch.Tensor
     log_decay: torch.Tensor
 
-    def select(self, rows: slice, start: int, stop: int) -> LightningInputs:
-        return LightningInputs(
-            self.query[rows, :, start:stop], self.key[rows, :, start:stop], self.value[rows, :, start:stop],
-            self.log_decay[rows, :, start:stop],
-        )
 
-    def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        return self.query, self.key, self.value, self.log_decay
-
-
-class LightningMixer(RecurrentMixer):
+class LightningMixer(HeadMajorMixer):
     """Wraps `MiniMaxLightningAttention`: state (H, D, D); outputs [n, T, H, D]; projections: preconv [.., T, 0] (no
     conv), extras (qkv [.., T, 3*H*D] after SiLU, output gate logits [.., T, H*D])."""
 
@@ -98,12 +89,6 @@ class LightningMixer(RecurrentMixer):
         segment = SegmentState(span.decay[..., None, None], span.state, "scalar")
         # what a start state adds to output t: exp(gamma_t) S_0^T q_t, i.e. (exp(gamma_t) q_t) @ S_0
         return TransitionRun(zero_outputs.transpose(1, 2), start_weight[..., None] * inputs.query, segment)
-
-    def outputs_from_start(
-        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
-    ) -> torch.Tensor:
-        """zero_outputs [n, T, H, D], transition_outputs [n, H, T, D] (exp(gamma_t) q_t), start [n, H, D, D]."""
-        return zero_outputs + (transition_outputs @ start).transpose(1, 2)
 
     def output(self, core: torch.Tensor, projections: Projections, dtype: torch.dtype) -> torch.Tensor:
         """RMS norm over all H*D channels, times sigmoid(output gate), out_proj: [..., T, H, D] -> [..., T, hidden]."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from hypic_rag.runtime.mixers.attention import ProjectedAttention
-from hypic_rag.runtime.mixers.base import AttentionProjections, Projections
-from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaInputs, GatedDeltaNetMixer
+from hypic_rag.runtime.mixers.base import AttentionProjections, DeltaRuleInputs, Projections
+from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
 
 
 class OlmoGatedDeltaNetMixer(GatedDeltaNetMixer):
@@ -28,7 +28,7 @@ class OlmoGatedDeltaNetMixer(GatedDeltaNetMixer):
 
     def recurrence_inputs(
         self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None
-    ) -> GatedDeltaInputs:
+    ) -> DeltaRuleInputs:
         inputs = super().recurrence_inputs(convolved, projections, lengths)
         if self.module.allow_neg_eigval:  # b = 2 sigmoid(.) in [0, 2]; identity steps keep b = 0
             inputs.beta = inputs.beta * 2.0

@@ -15,14 +15,21 @@ import torch
 from torch import nn
 
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
-from hypic_rag.runtime.mixers.base import Projections, RecurrenceInputs, RecurrentMixer, TransitionRun, valid_steps
+from hypic_rag.runtime.mixers.base import (
+    HeadMajorInputs,
+    HeadMajorMixer,
+    ModuleConv,
+    Projections,
+    TransitionRun,
+    valid_steps,
+)
 from hypic_rag.runtime.ops.ssd import ssd, ssd_with_transition
 from hypic_rag.runtime.ops.time_step import softplus_time_step
 from hypic_rag.runtime.segment_state import SegmentState
 
 
 @dataclass(slots=True)
-class SSDInputs(RecurrenceInputs):
+class SSDInputs(HeadMajorInputs):
     """x [n, H, T, P], dt [n, H, T] (0 on padded steps), b, c [n, G, T, N] (head-major, as `ops.ssd` takes them)."""
 
     x: torch.Tensor
@@ -30,14 +37,8 @@ class SSDInputs(RecurrenceInputs):
     b: torch.Tensor
     c: torch.Tensor
 
-    def select(self, rows: slice, start: int, stop: int) -> SSDInputs:
-        return SSDInputs(
-            self.x[rows, :, start:stop], self.dt[rows, :, start:stop], self.b[rows, :, start:stop],
-            self.c[rows, :, start:stop],
-        )
 
-
-class Mamba2Mixer(RecurrentMixer):
+class Mamba2Mixer(ModuleConv, HeadMajorMixer):
     """Wraps a transformers Mamba2-style mixer module with `in_proj`, `conv1d`, `dt_bias`, `A_log`, `D`, `norm`
     (gated RMS norm taking (y, z)), `out_proj`, `num_heads`, `head_dim`, `n_groups`, `ssm_state_size`,
     `intermediate_size`, `conv_dim`, `conv_kernel_size`, `activation`.
@@ -54,14 +55,6 @@ class Mamba2Mixer(RecurrentMixer):
         limit = time_step_limit if time_step_limit is not None else getattr(module, "time_step_limit", None)
         self.time_step_limit = None if limit is None else (float(limit[0]), float(limit[1]))
         self.activation = activation(module.activation)
-
-    @property
-    def conv_channels(self) -> int:
-        return int(self.module.conv_dim)
-
-    @property
-    def conv_width(self) -> int:
-        return int(self.module.conv_kernel_size) - 1
 
     @property
     def state_shape(self) -> tuple[int, ...]:
@@ -109,12 +102,6 @@ class Mamba2Mixer(RecurrentMixer):
         )
         segment = SegmentState(transition[..., None, None], state, "scalar")
         return TransitionRun(output.transpose(1, 2), output_transition, segment)
-
-    def outputs_from_start(
-        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor, start: torch.Tensor
-    ) -> torch.Tensor:
-        """zero_outputs [n, T, H, P], transition_outputs [n, H, T, N] (exp(cumulative dt a) c_t), start [n, H, N, P]."""
-        return zero_outputs + (transition_outputs @ start).transpose(1, 2)
 
     def output(self, core: torch.Tensor, projections: Projections, dtype: torch.dtype) -> torch.Tensor:
         """Gated RMS norm (with the z gate) and output projection: core [..., T, H, P] -> [..., T, hidden]."""

@@ -1,7 +1,8 @@
-"""The one place that says which kernels run a call: our Triton kernels, flash-linear-attention's (fla), or torch.
+"""The switches that say which kernels may run a call: our Triton kernels, flash-linear-attention's (fla), or torch.
 
-Every op's `dispatch.py` asks here and nowhere else, and only `runtime/ops/` imports `hypic_rag.kernels` (a
-structure test holds that). What runs on CUDA, per mixer kind, is the table `CUDA_KERNELS` (docs/runtime.md).
+The conditions of the ops registry (`ops/registry.py`) ask here and nowhere else, and only `runtime/ops/` imports
+`hypic_rag.kernels` (a structure test holds that). What runs on CUDA, per mixer kind, is the table `CUDA_KERNELS`
+(docs/runtime.md).
 
 `use_fla(tensor, op)`: fla's kernels for `op` ("gated_delta_rule", "kda", "simple_gla") run a call when the tensor
 is on CUDA, fla imports, and `HYPIC_RAG_KERNELS` is not "torch". fla is never imported for a CPU tensor.
@@ -20,7 +21,7 @@ import torch
 from hypic_rag.kernels import kernel_mode, triton_enabled
 
 BACKENDS = ("triton", "torch")
-"""What a dispatch may be told to use (`backend=`), or picks itself (None)."""
+"""What a map op (compose, conv tail, rope) may be told to use (`backend=`), or picks itself (None)."""
 
 
 CUDA_KERNELS: dict[str, dict[str, str]] = {

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from hypic_rag.runtime.ops.step_rows import head_rows, joined_outputs, start_rows
+
 
 def fused_recurrent_gated_delta_rule(
     query: torch.Tensor,
@@ -21,22 +23,15 @@ def fused_recurrent_gated_delta_rule(
 
     Returns output [B, H, T, V] and the final state [B, H, K, V], float32 (the input state is not modified).
     """
-    batch, heads, length, key_dim = key.shape
-    value_dim = value.shape[-1]
-    if initial_state is None:
-        state = torch.zeros(batch * heads, key_dim, value_dim, dtype=torch.float32, device=value.device)
-    else:
-        state = initial_state.float().reshape(batch * heads, key_dim, value_dim).clone()
-    flat = [x.float().reshape(batch * heads, length, *x.shape[3:]) for x in (query, key, value)]
-    query_rows, key_rows, value_rows = flat
-    decay = log_decay.float().reshape(batch * heads, length).exp()
-    strength = beta.float().reshape(batch * heads, length)
+    state = start_rows(key, value, initial_state)
+    query_rows, key_rows, value_rows = head_rows(query, key, value)
+    decay = log_decay.float().flatten(0, 1).exp()  # [B*H, T]
+    strength = beta.float().flatten(0, 1)
     outputs = []
-    for t in range(length):
+    for t in range(key.shape[2]):
         k_t = key_rows[:, t : t + 1]  # [BH, 1, K]
         state.mul_(decay[:, t, None, None])
         error = value_rows[:, t : t + 1] - torch.bmm(k_t, state)  # [BH, 1, V]
         state.baddbmm_(k_t.transpose(1, 2), error * strength[:, t, None, None])
         outputs.append(torch.bmm(query_rows[:, t : t + 1], state))
-    output = torch.cat(outputs, dim=1) if outputs else value_rows.new_zeros(batch * heads, 0, value_dim)
-    return output.reshape(batch, heads, length, value_dim), state.reshape(batch, heads, key_dim, value_dim)
+    return joined_outputs(outputs, state, key, value)

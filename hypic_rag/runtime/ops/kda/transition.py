@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from hypic_rag.runtime.ops.gated_delta_rule.transition import delta_rule_with_transition
 from hypic_rag.runtime.ops.kda.chunk import DEFAULT_CHUNK_SIZE
-from hypic_rag.runtime.ops.kda.dispatch import kda
 from hypic_rag.runtime.segment_state import SegmentState
 
 
@@ -32,11 +32,4 @@ def kda_with_transition(
         output_transition [B, H, T, K]: P_t^T q_t, so outputs for start S_0 add output_transition @ S_0;
         SegmentState with transition P [B, H, K, K] and state Z [B, H, K, V].
     """
-    batch, heads, length, key_dim = key.shape
-    value_dim = value.shape[-1]
-    augmented_value = torch.cat([value.float(), value.new_zeros(batch, heads, length, key_dim).float()], dim=-1)
-    start = torch.zeros(batch, heads, key_dim, value_dim + key_dim, dtype=torch.float32, device=value.device)
-    start[..., value_dim:] = torch.eye(key_dim, dtype=torch.float32, device=value.device)
-    output, end = kda(query, key, augmented_value, log_decay, beta, start, chunk_size)
-    segment = SegmentState(transition=end[..., value_dim:].contiguous(), state=end[..., :value_dim].contiguous())
-    return output[..., :value_dim], output[..., value_dim:], segment
+    return delta_rule_with_transition("kda", query, key, value, log_decay, beta, chunk_size)

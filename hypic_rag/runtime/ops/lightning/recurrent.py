@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from hypic_rag.runtime.ops.step_rows import head_rows, joined_outputs, start_rows
+
 
 def fused_recurrent_lightning(
     query: torch.Tensor,
@@ -17,21 +19,12 @@ def fused_recurrent_lightning(
 
     Returns output [B, H, T, V] and the final state [B, H, K, V], float32 (the input state is not modified).
     """
-    batch, heads, length, key_dim = key.shape
-    value_dim = value.shape[-1]
-    if initial_state is None:
-        state = torch.zeros(batch * heads, key_dim, value_dim, dtype=torch.float32, device=value.device)
-    else:
-        state = initial_state.float().reshape(batch * heads, key_dim, value_dim).clone()
-    query_rows, key_rows, value_rows = (
-        x.float().reshape(batch * heads, length, x.shape[-1]) for x in (query, key, value)
-    )
-    decay = log_decay.to(device=value.device, dtype=torch.float32).expand(batch, heads, length)
-    decay = decay.reshape(batch * heads, length).exp()
+    state = start_rows(key, value, initial_state)
+    query_rows, key_rows, value_rows = head_rows(query, key, value)
+    decay = log_decay.to(device=value.device, dtype=torch.float32).expand(*key.shape[:3]).flatten(0, 1).exp()
     outputs = []
-    for t in range(length):
+    for t in range(key.shape[2]):
         state.mul_(decay[:, t, None, None])
         state.baddbmm_(key_rows[:, t : t + 1].transpose(1, 2), value_rows[:, t : t + 1])
         outputs.append(torch.bmm(query_rows[:, t : t + 1], state))
-    output = torch.cat(outputs, dim=1) if outputs else value_rows.new_zeros(batch * heads, 0, value_dim)
-    return output.reshape(batch, heads, length, value_dim), state.reshape(batch, heads, key_dim, value_dim)
+    return joined_outputs(outputs, state, key, value)

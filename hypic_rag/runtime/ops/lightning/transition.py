@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from hypic_rag.runtime.ops.lightning.chunk import DEFAULT_CHUNK_SIZE
-from hypic_rag.runtime.ops.lightning.dispatch import lightning_attention
+from hypic_rag.runtime.ops.registry import call
 
 
 @dataclass(slots=True)
@@ -57,7 +57,8 @@ def lightning_with_transition(
         ScalarDecaySpan with decay [B, H] (exp of the summed log decay) and state Z [B, H, K, V].
     """
     batch, heads, length = key.shape[:3]
-    output, state = lightning_attention(query, key, value, log_decay, None, chunk_size)
+    output, state = call("lightning", query=query, key=key, value=value, log_decay=log_decay, initial_state=None,
+                         chunk_size=chunk_size)
     cumulative = log_decay.to(device=value.device, dtype=torch.float32).expand(batch, heads, length).cumsum(-1)
     total = cumulative[..., -1] if length else cumulative.new_zeros(batch, heads)
     return output, cumulative.exp(), ScalarDecaySpan(total.exp(), state)

@@ -1,6 +1,6 @@
 """RoPE in plain torch: the rotation itself (`apply_rotary`, the half-split convention the models use) and the
 float32 reference of writing rotated cached keys into an attention K buffer (`naive_rope_into`), which the Triton
-kernel (`hypic_rag.kernels.rope`) and the torch path of `dispatch.rotate_into` are tested against."""
+kernel (`hypic_rag.kernels.rope`) and the torch path of `rotate.rotate_into_torch` are tested against."""
 
 from __future__ import annotations
 

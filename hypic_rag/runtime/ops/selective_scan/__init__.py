@@ -3,12 +3,17 @@
 Every channel d decays every state entry n at its own rate, so a span's transition is ELEMENTWISE, shaped like the
 state [D, N]. Layout follows mamba_ssm / transformers: channel-major x and dt [batch, D, T], a [D, N], b and c
 [batch, T, N] shared by all channels, state [batch, D, N] (transformers' cache layout). `naive.py` is the
-token-by-token float32 reference, `scan.py` the blocked log-depth scan, `recurrent.py` the step path (decode, and
-every length on CPU where it is fastest), `dispatch.py` picks one and runs packed sequences, `transition.py` returns
-a span's affine map. dt comes from `ops.time_step.softplus_time_step` (no clamp for jamba).
+token-by-token float32 reference, `scan.py` the blocked log-depth scan (CUDA, more than a few tokens),
+`recurrent.py` the step path (decode, and every length on CPU where it is fastest: docs/families_ssm.md),
+`transition.py` returns a span's affine map. `selective_scan` and `selective_scan_varlen` run the backend
+`ops/registry.py` picks. dt comes from `ops.time_step.softplus_time_step` (no clamp for jamba).
 """
 
-from hypic_rag.runtime.ops.selective_scan.dispatch import select_backend, selective_scan, selective_scan_varlen
+from typing import Any
+
+import torch
+
+from hypic_rag.runtime.ops.registry import dispatch, dispatch_packed, select
 from hypic_rag.runtime.ops.selective_scan.naive import naive_selective_scan
 from hypic_rag.runtime.ops.selective_scan.recurrent import recurrent_selective_scan
 from hypic_rag.runtime.ops.selective_scan.scan import blocked_selective_scan
@@ -18,6 +23,26 @@ from hypic_rag.runtime.ops.selective_scan.transition import (
     selective_scan_start_output,
     selective_scan_with_transition,
 )
+
+
+def select_backend(x: torch.Tensor) -> str:
+    """The backend for inputs shaped like `x` [batch, D, T]."""
+    return select("selective_scan", x)
+
+
+@dispatch("selective_scan", like=blocked_selective_scan)
+def selective_scan(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Selective scan through the backend the registry picks; contract of `naive_selective_scan`: channel-major
+    x, dt [batch, D, T], float32 outputs [batch, D, T], state [batch, D, N]."""
+
+
+@dispatch_packed("selective_scan", like=naive_selective_scan)
+def selective_scan_varlen(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences packed along time: x, dt [1, D, T], b, c [1, T, N], sequence s at T-indices
+    cu_seqlens[s] .. cu_seqlens[s+1] - 1 (cu_seqlens [S + 1], 0 .. T, non-decreasing); initial_state [S, D, N] or
+    None (zeros). Returns output [1, D, T] and final states [S, D, N], float32.
+    """
+
 
 __all__ = [
     "apply_selective_scan_transition",

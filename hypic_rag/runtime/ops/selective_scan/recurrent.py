@@ -1,7 +1,7 @@
 """Step-by-step selective scan for a handful of tokens (decode): one small update per token, no block scan.
 
 Same contract and mathematics as `naive.naive_selective_scan` (the reference), written for T of 1-4 with the
-state updated in place (on CPU for any T: see `dispatch.py`). A batch whose states would not stay in cache runs in
+state updated in place (on CPU for any T: see `ops/registry.py`). A batch whose states would not stay in cache runs in
 groups of rows (`STATE_BLOCK_ELEMENTS`): each row's steps are the same operations either way.
 """
 

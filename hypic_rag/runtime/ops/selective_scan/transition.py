@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_rag.runtime.ops.selective_scan.dispatch import selective_scan
+from hypic_rag.runtime.ops.registry import call
 from hypic_rag.runtime.ops.selective_scan.scan import DEFAULT_BLOCK_SIZE
 
 START_OUTPUT_BLOCK = 64
@@ -40,7 +40,7 @@ def selective_scan_with_transition(
         transition P [batch, D, N]: exp(a * sum_t dt_t), so S_end = P * S_0 + Z;
         state Z [batch, D, N]: the end state from S_0 = 0. All float32.
     """
-    output, state = selective_scan(x, dt, a, b, c, d, None, block_size)
+    output, state = call("selective_scan", x=x, dt=dt, a=a, b=b, c=c, d=d, initial_state=None, block_size=block_size)
     cumulative_dt = dt.float().cumsum(-1)
     total = cumulative_dt[..., -1] if dt.shape[-1] else cumulative_dt.new_zeros(dt.shape[:2])
     transition = torch.exp(total[..., None] * a.float())

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from hypic_rag.runtime.ops.registry import call
 from hypic_rag.runtime.ops.ssd.chunk import DEFAULT_CHUNK_SIZE
-from hypic_rag.runtime.ops.ssd.dispatch import ssd
 from hypic_rag.runtime.ops.ssd.naive import expand_groups
 
 
@@ -35,7 +35,7 @@ def ssd_with_transition(
         transition P [batch, H]: exp(sum_t dt_t a_h), so S_end = P[..., None, None] * S_0 + Z;
         state Z [batch, H, N, P]: the end state from S_0 = 0. All float32.
     """
-    output, state = ssd(x, dt, a, b, c, d, None, chunk_size)
+    output, state = call("ssd", x=x, dt=dt, a=a, b=b, c=c, d=d, initial_state=None, chunk_size=chunk_size)
     cumulative = (dt.float() * a.float()[None, :, None]).cumsum(-1)  # Gamma_t [batch, H, T]
     output_transition = cumulative.exp()[..., None] * expand_groups(c.float(), x.shape[1])
     transition = cumulative[..., -1].exp() if x.shape[2] else torch.ones(dt.shape[:2], device=dt.device)

@@ -1,18 +1,11 @@
-"""The one place that picks how conv tails are carried across spans (`backends.py` says which kernels may run).
-
-- `advance_tail_cached`: one span's step in torch (what the single-request stack does per cached remainder);
-- `stitch_conv_tails`: N requests over their own runs of spans, with the tail after every span on request:
-  one launch of `hypic_rag.kernels.conv_tail` ("triton"), or the torch step per span ("torch").
-`naive.py` is the reference both are tested against.
-"""
+"""The torch step of the conv tail carried across spans, and the torch backend of stitching many requests' tails
+(`ops/registry.py` picks it, or the batched Triton kernel `hypic_rag.kernels.conv_tail`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-
-from hypic_rag.runtime.ops import backends
 
 
 def advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_length: int) -> torch.Tensor:
@@ -26,21 +19,14 @@ def advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_le
     return torch.cat([tail, cached_tail.float()[:, -suffix_length:]], dim=1)[:, -width:].contiguous()
 
 
-def stitch_conv_tails(
+def stitch_conv_tails_torch(
     start: torch.Tensor | None,
     tails: torch.Tensor,
     lengths: Sequence[int] | torch.Tensor,
     counts: Sequence[int],
-    *,
     store_steps: bool = False,
-    backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Contract of `naive_stitch_conv_tails`: start [N, C, W] or None, tails [M, C, W], lengths [M], counts [N];
-    returns end tails [N, C, W] (and the tail after every span [M, C, W]), float32."""
-    if backends.resolve(backend, tails) == "triton":
-        from hypic_rag.kernels.conv_tail import stitch_conv_tails as kernel
-
-        return kernel(start, tails, lengths, counts, store_steps=store_steps)
+    """Contract of `naive_stitch_conv_tails`, one `advance_tail_cached` step per span."""
     lengths = [int(length) for length in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
     spans, channels, width = tails.shape
     ends, steps, first = [], [], 0
