@@ -228,7 +228,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except ModelLoadError as error:
         sock.close()
         raise CliError(f"{error}{'' if args.model else '; pass --model'}", EXIT_BAD_INPUT) from None
-    logging.getLogger("hypic_rag").setLevel(getattr(logging, args.log_level.upper()))
+    package_logger = logging.getLogger("hypic_rag")
+    level_before = package_logger.level  # restored when serve returns (in-process callers, tests)
+    package_logger.setLevel(getattr(logging, args.log_level.upper()))
     port = sock.getsockname()[1]
 
     def announce() -> None:
@@ -250,6 +252,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise _startup_error(error) from None
     finally:
         sock.close()
+        package_logger.setLevel(level_before)
     if not started:
         raise CliError("the server failed to start (reason logged above)", EXIT_FAILURE)
     return EXIT_OK
