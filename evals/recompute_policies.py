@@ -298,7 +298,9 @@ def build_requests(cases: Sequence[Any], encoder: Any) -> list[Any]:
     requests = []
     for case in cases:
         positions = getattr(case, "chunk_positions", None)
-        follows = follows_of(case.retrieved_doc_ids, positions) if positions else []
+        follows = follows_of(list(zip(case.retrieved_doc_ids, positions)),
+                             [(doc_id, position - 1) for doc_id, position in zip(case.retrieved_doc_ids, positions)],
+                             ) if positions else []
         requests.append(Request(list(encoder.prefix()), case.chunk_token_ids, encoder.question(case.question.text),
                                 chunk_follows=follows if any(follows) else []))
     return requests
