@@ -755,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--recount-bytes corrects the report at --out: give --out")
         recounted = recount_bytes(args.out, engine)
         text = worlds_markdown(recounted) if "worlds" in recounted else markdown_table(recounted)
+        if recounted.get("calibration"):
+            text += "\n" + calibration_markdown(recounted["calibration"])
         if args.markdown:
             args.markdown.write_text(text)
         print(text)
