@@ -5,12 +5,14 @@ endpoint, or the single-process server with 1) over the bundled default model an
 (`foreign_corpus`). Each burst opens `streams` streamed `/v1/ask` requests at once; every other one is abandoned
 after its first event (the client closes the connection), the rest are read to their end and compared with the
 answer the same question got alone. After each burst, once the server is idle again (`settle_s`), the resident
-set (VmRSS) of the server's process and of each process below it is read from /proc. The row: RSS per process per
-burst (MiB), the growth of the largest worker from the first burst to the last and over the last half, the answers
-that differed, and the malloc settings of the run (`MALLOC_ARENA_MAX` from the environment, inherited by the
-server).
+set (VmRSS) of the server's process and of each process below it is read from /proc, with its split by kind of
+mapping (`mapping_rss_mib`) and its thread count. The row: those per process per burst (MiB), the growth of the
+largest worker from the first burst to the last and over the last half, the answers that differed, and the
+allocator and oneDNN cache settings the server ran with (`REPORTED_VARIABLES`). `--compare-with NAME=VALUE` runs the
+same bursts first with that variable set for the server, then as configured: both rows in one file.
 
     python -m hypic_rag.bench.burst_memory --bursts 20 --streams 64 --workers 2 --json out.json
+    python -m hypic_rag.bench.burst_memory --bursts 20 --compare-with LRU_CACHE_CAPACITY=1024 --json out.json
 
 `--decode-cost` measures instead what bounding oneDNN's caches costs in decode speed: the bundled model's batched
 decode (tokens per second of decode steps alone), rounds of random batch sizes whose prefills have lengths never
