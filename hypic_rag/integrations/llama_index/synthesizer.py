@@ -40,8 +40,8 @@ from hypic_rag.integrations.llama_index.events import completion_events, complet
 from hypic_rag.integrations.llama_index.layout import (
     check_template,
     default_qa_template,
-    prompt_text,
     node_follows,
+    prompt_text,
     segmented_request,
     template_pieces,
 )
