@@ -261,20 +261,35 @@ def run_variant(engine: Any, variant: Variant, request: Any) -> tuple[torch.Tens
     return result.logits, result.state, result.stats.recomputed_tokens
 
 
+def entry_bytes_per_token(engine: Any) -> int:
+    """Bytes one more token adds to an entry of `engine`'s model: its K/V rows in every attention layer and its
+    token id (a recurrent layer's state is the same size whatever the segment's length). Measured once per engine
+    from the sizes of two encoded entries."""
+    from hypic_rag.entry import entry_tensor_bytes
+
+    cached = _BYTES_PER_TOKEN.get(id(engine))
+    if cached is None:
+        short, longer = engine.encode_segments([[5, 6, 7, 8], [5, 6, 7, 8, 9]], 0)
+        cached = _BYTES_PER_TOKEN[id(engine)] = entry_tensor_bytes(longer) - entry_tensor_bytes(short)
+    return cached
+
+
+_BYTES_PER_TOKEN: dict[int, int] = {}
+
+
 def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int, policy: Any = None) -> float:
-    """Mean bytes a chunk's entry read under an anchored (or chained) `policy` at seam `seam` holds beyond the chunk's
-    own: the anchor's K/V rows (a chained entry's: the anchor's and its antecedent chunk's). `policy` None: anchored
-    at `seam`. An index under a chained policy also keeps each chained chunk's anchored entry (not counted here)."""
-    from hypic_rag.runtime.anchoring import anchored_extra_bytes
-    from hypic_rag.runtime.engine import PrefillStats
+    """Mean bytes the entry a chunk of `request` reads under an anchored or chained `policy` (None: anchored at
+    `seam`) holds beyond the chunk's plain entry, over the request's chunks: the rows of the tokens it was encoded
+    after (`entry_bytes_per_token` each), the anchor's, and for a chained entry the antecedent chunk's too. A chained
+    policy's index also keeps the anchored entry of every chunk it keeps a chained one for (serving the chunk when it
+    is retrieved without its antecedent): that entry is not read here, and not counted."""
     from hypic_rag.runtime.recompute_policy import SeamPolicy
 
     policy = policy if policy is not None else SeamPolicy(seam_tokens=seam, anchored=True)
     plain = SeamPolicy(seam_tokens=seam, anchored=policy.anchored, chained=policy.chained)
     keys = engine.segment_entry_keys(request, "hypic", policy=plain)[1 if request.prefix_ids else 0:]
-    stats = PrefillStats(mode="hypic")
-    extra = [anchored_extra_bytes(engine.fetch_entries([list(ids)], entry_seam, stats)[0], entry_seam - seam)
-             for entry_seam, ids in keys]
+    per_token = entry_bytes_per_token(engine)
+    extra = [per_token * (entry_seam - seam) for entry_seam, _ in keys]
     return sum(extra) / max(1, len(extra))
 
 
@@ -298,7 +313,9 @@ def build_requests(cases: Sequence[Any], encoder: Any) -> list[Any]:
     requests = []
     for case in cases:
         positions = getattr(case, "chunk_positions", None)
-        follows = follows_of(case.retrieved_doc_ids, positions) if positions else []
+        follows = follows_of(list(zip(case.retrieved_doc_ids, positions)),
+                             [(doc_id, position - 1) for doc_id, position in zip(case.retrieved_doc_ids, positions)],
+                             ) if positions else []
         requests.append(Request(list(encoder.prefix()), case.chunk_token_ids, encoder.question(case.question.text),
                                 chunk_follows=follows if any(follows) else []))
     return requests
@@ -710,6 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--recount-bytes", action="store_true", help="correct the bytes per chunk of the anchored "
+                        "and chained rows of the report at --out in place (cases retrieved again, nothing rerun), "
+                        "and rewrite --markdown from it")
     parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out: its worlds and its "
                         "calibration are kept, only the worlds it lacks are evaluated (same model, questions, k)")
     args = parser.parse_args(argv)
@@ -730,6 +750,17 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model, device="cpu")
     engine = Engine(model, seam_tokens=args.seam_tokens, memory_cache_bytes=4 << 30)
     stop = SegmentEncoder(model.tokenizer).prompt_format.answer_stop
+    if args.recount_bytes:
+        if args.out is None:
+            parser.error("--recount-bytes corrects the report at --out: give --out")
+        recounted = recount_bytes(args.out, engine)
+        text = worlds_markdown(recounted) if "worlds" in recounted else markdown_table(recounted)
+        if recounted.get("calibration"):
+            text += "\n" + calibration_markdown(recounted["calibration"])
+        if args.markdown:
+            args.markdown.write_text(text)
+        print(text)
+        return 0
     listed = args.variants or (WORLD_VARIANTS if args.worlds else DEFAULT_VARIANTS)
     variants = [parse_variant(text, args.seam_tokens) for text in listed.split(",") if text.strip()]
     started = time.perf_counter()
@@ -796,6 +827,33 @@ def _write_report(path: Path | None, header: dict[str, Any], worlds: list[dict[s
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def recount_bytes(path: Path, engine: Any) -> dict[str, Any]:
+    """Correct the `extra_bytes_per_chunk` of the anchored and chained rows of the report at `path` in place:
+    each world's cases retrieved again (the same seeds, questions and k) and the bytes counted from the entry
+    keys' lengths (`anchored_bytes_per_chunk`); answers, KL and tokens are kept (the bytes do not change them)."""
+    from training.packing import SegmentEncoder
+
+    report = json.loads(path.read_text())
+    worlds = report["worlds"] if "worlds" in report else [report]
+    encoder = SegmentEncoder(engine.model.tokenizer)
+    for world in worlds:
+        cases = load_cases(world["seed"], world["questions"], engine.model.tokenizer, world["k"],
+                           test_bed=world.get("test_bed", "default"))
+        requests = build_requests(cases, encoder)
+        for label, row in world["rows"].items():
+            policy = parse_variant(label, world["seam_tokens"]).policy
+            if getattr(policy, "anchored", False):
+                seam = parse_variant(label, world["seam_tokens"]).seam
+                row["extra_bytes_per_chunk"] = sum(anchored_bytes_per_chunk(engine, request, seam, policy)
+                                                   for request in requests) / len(requests)
+                print(f"world {world['seed']}, {label}: {row['extra_bytes_per_chunk']:.0f} bytes per chunk",
+                      file=sys.stderr)
+    if "worlds" in report:
+        report["summary"] = summarize_worlds(worlds)
+    path.write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 

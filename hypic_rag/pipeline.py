@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -438,14 +438,16 @@ def prompt_order(hits: Sequence[Any]) -> list[Any]:
 def chunk_follows(hits: Sequence[Any]) -> list[bool]:
     """For hits in prompt order (`prompt_order`): whether hit i is the next chunk of hit i-1's document (same
     `chunk.doc_id`, `chunk.position` one more), what a chained recompute policy reads (`Request.chunk_follows`)."""
-    return follows_of([hit.chunk.doc_id for hit in hits], [hit.chunk.position for hit in hits])
+    return follows_of([(hit.chunk.doc_id, hit.chunk.position) for hit in hits],
+                      [(hit.chunk.doc_id, hit.chunk.position - 1) for hit in hits])
 
 
-def follows_of(doc_ids: Sequence[str], positions: Sequence[int]) -> list[bool]:
-    """Whether chunk i (of document `doc_ids[i]`, at `positions[i]` in it) is the next chunk of chunk i-1's
-    document."""
-    return [number > 0 and doc_ids[number] == doc_ids[number - 1] and positions[number] == positions[number - 1] + 1
-            for number in range(len(doc_ids))]
+def follows_of(chunk_keys: Sequence[Hashable], previous_keys: Sequence[Hashable | None]) -> list[bool]:
+    """Whether chunk i is the next chunk of chunk i-1's document: the chunk before chunk i in its document
+    (`previous_keys[i]`, None for a document's first chunk) is chunk i-1 (`chunk_keys[i - 1]`). A key names one
+    chunk: (document id, position) in the pipeline's index, the node id in LlamaIndex."""
+    return [number > 0 and previous_keys[number] is not None and previous_keys[number] == chunk_keys[number - 1]
+            for number in range(len(chunk_keys))]
 
 
 def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:

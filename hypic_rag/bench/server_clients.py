@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -90,10 +91,11 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
 
 @contextmanager
 def foreign_corpus_server(workers: int, queue_size: int, extra: list[str] | None = None,
-                          ) -> Iterator[tuple[str, subprocess.Popen]]:
+                          environment: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     """`hypic-rag serve` in a process of its own on 127.0.0.1 over the bundled default model and `foreign_corpus`
     (precomputed into a temporary index), ready: yields (its URL, its process); SIGTERM at the end. workers: its
-    `--workers`; queue_size: its `--queue-size`; extra: more arguments."""
+    `--workers`; queue_size: its `--queue-size`; extra: more arguments; environment: variables set for it on top
+    of this process's."""
     import httpx
 
     from hypic_rag.bench.foreign_corpus import write_foreign_corpus
@@ -111,6 +113,7 @@ def foreign_corpus_server(workers: int, queue_size: int, extra: list[str] | None
         server = subprocess.Popen(
             [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--device", "cpu", "--port", str(port),
              "--queue-size", str(queue_size), "--log-level", "warning", "--workers", str(workers), *(extra or [])],
+            env={**os.environ, **(environment or {})},
         )
         try:
             _wait_ready(httpx, url, server)

@@ -44,12 +44,14 @@ ONEDNN = _onednn_available()
 """Whether this torch has oneDNN's linear (every x86 / ARM CPU build does; the fast path falls back without it)."""
 
 PRIMITIVE_CACHE_CAPACITY = 128
-"""How many compiled oneDNN primitives a process keeps (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, set here unless the
-environment sets it; oneDNN reads it when it first builds one, so importing this module first bounds it). oneDNN
-compiles one per distinct problem shape (rows x weight) and keeps 1024 by default, and a service's prefills of ever
-new lengths keep adding them, so a worker's resident memory would grow burst after burst (docs/service.md, "Memory
-under bursts"). A shape evicted is compiled again when it comes back."""
+"""How many compiled oneDNN primitives, and how many of PyTorch's oneDNN primitive descriptors per thread, a
+process keeps: `ONEDNN_PRIMITIVE_CACHE_CAPACITY` and `LRU_CACHE_CAPACITY` (ideep's descriptor cache), each set here
+unless the environment sets it (both are read when the first one is built, so importing this module first bounds
+them). Both caches key on the problem shape (rows x weight) and keep 1024 by default: a service's prefills of ever
+new lengths keep adding entries, so a worker's resident memory would grow burst after burst (docs/service.md,
+"Memory under bursts"). A shape evicted is built again when it comes back."""
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
+os.environ.setdefault("LRU_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
 
 
 def onednn_eligible(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:

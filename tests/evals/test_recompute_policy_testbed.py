@@ -11,7 +11,9 @@ import torch
 from evals.recompute_policies import (
     STAGE3_MODEL,
     WideSeams,
+    anchored_bytes_per_chunk,
     chunk_ranks,
+    entry_bytes_per_token,
     markdown_table,
     pareto_flags,
     paired_difference,
@@ -207,3 +209,26 @@ def test_a_resumed_run_keeps_the_worlds_and_calibration_it_finds(tmp_path) -> No
     assert [world["seed"] for world in resumed_report(path, header)[1]] == [1, 2]
     with pytest.raises(ValueError, match="questions"):
         resumed_report(path, {**header, "questions": 400})
+
+
+def test_a_chained_policy_counts_its_antecedents_rows_as_the_entries_it_reads_hold(engine: Engine) -> None:
+    """The bytes per chunk from the keys' lengths equal those of the entries read (encoded, then measured with
+    `anchoring.anchored_extra_bytes`), and a chained entry holds its antecedent's rows beyond the anchored one's."""
+    from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes
+    from hypic_rag.runtime.recompute_policy import as_policy
+
+    generator = torch.Generator().manual_seed(4)
+    chunks = [torch.randint(3, 60, (length,), generator=generator).tolist() for length in (9, 12, 7)]
+    request = Request([1, 5, 6, 7, 8], chunks, [9, 10, 11], chunk_follows=[False, True, False])
+    seam = 2
+    anchored = anchored_bytes_per_chunk(engine, request, seam, as_policy(f"seam@{seam}+anchored"))
+    chained = anchored_bytes_per_chunk(engine, request, seam, as_policy(f"seam@{seam}+chained"))
+    per_token = entry_bytes_per_token(engine)
+    anchor = len(anchor_of(request.prefix_ids))
+    assert anchored == per_token * anchor
+    assert chained == per_token * (3 * anchor + len(chunks[0])) / 3  # chunk 2 was encoded after chunk 1
+    keys = engine.segment_entry_keys(request, "hypic", policy=as_policy(f"seam@{seam}+chained"))[1:]
+    stats = PrefillStats(mode="hypic")
+    measured = [anchored_extra_bytes(engine.fetch_entries([list(ids)], entry_seam, stats)[0], entry_seam - seam)
+                for entry_seam, ids in keys]
+    assert chained == sum(measured) / len(measured)

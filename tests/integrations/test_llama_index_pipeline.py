@@ -20,7 +20,7 @@ from llama_index.core import Document, Settings, SummaryIndex, VectorStoreIndex 
 from llama_index.core.base.response.schema import Response, StreamingResponse  # noqa: E402
 from llama_index.core.ingestion import IngestionPipeline  # noqa: E402
 from llama_index.core.llms import ChatMessage  # noqa: E402
-from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
+from llama_index.core.node_parser import SentenceSplitter, TokenTextSplitter  # noqa: E402
 from llama_index.core.schema import MetadataMode  # noqa: E402
 
 from hypic_rag.integrations.llama_index import (  # noqa: E402
@@ -29,6 +29,8 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
     HypicLLM,
     HypicQueryEngine,
 )
+from hypic_rag.integrations.llama_index.layout import node_follows  # noqa: E402
+from hypic_rag.runtime.recompute_policy import as_policy  # noqa: E402
 from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
 
 SEAM = 8
@@ -201,6 +203,34 @@ def test_query_engine_takes_any_retriever(nodes, llm: HypicLLM) -> None:
     assert len(response.source_nodes) == len(nodes)
     usage = response.metadata["usage"]
     assert usage["recomputed_tokens"] == usage["prompt_tokens"] and response.metadata["mode"] == "full"
+
+
+def test_a_chained_policy_reads_chained_entries_through_llama_index(tmp_path: Path, tiny_model: Path) -> None:
+    """One document cut into several nodes by LlamaIndex's node parser, all retrieved in document order: the
+    synthesizer marks each node after the first as following the one before it (its PREVIOUS relationship), so a
+    chained policy reads chained entries. Observed as cache misses: after the anchored entries are cached, the
+    chained policy misses every node's entry but the first (without the marks it would read the anchored ones)."""
+    chained_llm = HypicLLM(model_path=str(tiny_model), cache_dir=str(tmp_path / "cache"), seam_tokens=SEAM,
+                           device="cpu", max_new_tokens=2)
+    try:
+        splitter = TokenTextSplitter(chunk_size=64, chunk_overlap=0, tokenizer=chained_llm.runtime.tokenize)
+        document = Document(text=" ".join(SMALL_CORPUS.values()), id_="corpus.md")
+        nodes = splitter.get_nodes_from_documents([document])
+        assert len(nodes) >= 3
+        assert node_follows(nodes) == [False] + [True] * (len(nodes) - 1)
+        assert node_follows([nodes[1], nodes[0], nodes[2]]) == [False, False, False]  # out of document order
+
+        engine = chained_llm.runtime.engine
+        query = HypicQueryEngine(retriever=SummaryIndex(nodes).as_retriever(), llm=chained_llm)
+        engine.recompute_policy = as_policy("seam+anchored")
+        query.query("Who grows lavender?")  # every node's anchored entry is now cached
+        engine.recompute_policy = as_policy("seam+chained")
+        first = query.query("Who grows lavender?").metadata["usage"]
+        again = query.query("Who grows lavender?").metadata["usage"]
+    finally:
+        chained_llm.runtime.close()
+    assert first["cache_misses"] == len(nodes) - 1  # the chained entries of nodes 2..n, encoded and kept
+    assert again["cache_misses"] == 0 and again["cache_hits"] == first["cache_hits"] + len(nodes) - 1
 
 
 def test_query_engine_uses_settings_llm_by_default(index: VectorStoreIndex, llm: HypicLLM) -> None:

@@ -1,6 +1,6 @@
-"""oneDNN's primitive cache is bounded in every process that imports the runtime's linears (a service worker's
-resident memory grew with each new prefill length while it held oneDNN's default 1024 compiled shapes), unless the
-environment chose a capacity itself."""
+"""oneDNN's primitive cache and ideep's primitive-descriptor cache (PyTorch's oneDNN glue) are bounded in every
+process that imports the runtime's linears (a service worker's resident memory grew with each new prefill length
+while they held their default 1024 shapes each), unless the environment chose a capacity itself."""
 
 from __future__ import annotations
 
@@ -8,18 +8,20 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from hypic_rag.runtime.fast_linear import PRIMITIVE_CACHE_CAPACITY
 
-CODE = "import os, hypic_rag.runtime.fast_linear; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
 
-
-def capacity(environment: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120, env=environment,
+def capacity(variable: str, environment: dict[str, str]) -> str:
+    code = f"import os, hypic_rag.runtime.fast_linear; print(os.environ[{variable!r}])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment,
                           check=True)
     return done.stdout.strip()
 
 
-def test_the_runtime_bounds_onednn_primitive_cache_unless_told() -> None:
-    base = {key: value for key, value in os.environ.items() if key != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    assert capacity(base) == str(PRIMITIVE_CACHE_CAPACITY) and PRIMITIVE_CACHE_CAPACITY < 1024
-    assert capacity({**base, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "7"}) == "7"
+@pytest.mark.parametrize("variable", ["ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"])
+def test_the_runtime_bounds_onednn_caches_unless_told(variable: str) -> None:
+    base = {key: value for key, value in os.environ.items() if key != variable}
+    assert capacity(variable, base) == str(PRIMITIVE_CACHE_CAPACITY) and PRIMITIVE_CACHE_CAPACITY < 1024
+    assert capacity(variable, {**base, variable: "7"}) == "7"

@@ -20,13 +20,16 @@ from collections.abc import Sequence
 
 from llama_index.core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate, SelectorPromptTemplate
 from llama_index.core.prompts.prompt_type import PromptType
+from llama_index.core.schema import BaseNode
 
 from hypic_rag.integrations.llama_index.llm import segmented_messages_to_prompt
+from hypic_rag.pipeline import follows_of
 from hypic_rag.prompting.format import PromptFormat, tokenize_query
 from hypic_rag.runtime.request import Request
 from hypic_rag.session import ModelSession
 
-__all__ = ["check_template", "default_qa_template", "prompt_text", "segmented_request", "template_pieces"]
+__all__ = ["check_template", "default_qa_template", "node_follows", "prompt_text", "segmented_request",
+           "template_pieces"]
 
 CONTEXT = "context_str"
 QUERY = "query_str"
@@ -99,17 +102,36 @@ def template_pieces(template: BasePromptTemplate, query: str) -> tuple[list[str]
 
 
 def segmented_request(
-    session: ModelSession, head: Sequence[str], chunks: Sequence[str], tail: Sequence[str]
+    session: ModelSession, head: Sequence[str], chunks: Sequence[str], tail: Sequence[str], *,
+    follows: Sequence[bool] = (),
 ) -> Request:
     """The request of `head` pieces (the first one the prefix), `chunks` (formatted segments, one per node) and
-    `tail` pieces (the last one the question), each tokenized on its own; empty segments are dropped.
+    `tail` pieces (the last one the question), each tokenized on its own; empty segments are dropped. follows: per
+    chunk, whether it is the next chunk of the chunk before it in its document (`node_follows`; empty: none is),
+    set on the request's chunks as `Request.chunk_follows` (what a chained recompute policy reads).
     ValueError when a piece holds a lone surrogate."""
     prefix = session.tokenize_segment(head[0], "the prompt prefix") if head else []
     middle = [*head[1:], *chunks, *tail[:-1]]
-    segments = [session.tokenize_segment(text, "a prompt segment") for text in middle]
+    flags = [*([False] * len(head[1:])), *(follows or [False] * len(chunks)), *([False] * len(tail[:-1]))]
+    if len(flags) != len(middle):
+        raise ValueError(f"{len(follows)} follows flags for {len(chunks)} chunks")
+    segments = [(session.tokenize_segment(text, "a prompt segment"), flag) for text, flag in zip(middle, flags)]
+    kept, previous_kept = [], True
+    for ids, flag in segments:
+        if ids:  # a chunk follows only the chunk right before it in the prompt
+            kept.append((ids, flag and previous_kept))
+        previous_kept = bool(ids)
     question, answer_lead = tokenize_query(session.tokenizer, tail[-1], "the question")
-    return Request(prefix_ids=prefix, chunk_ids=[ids for ids in segments if ids], question_ids=question,
-                   answer_lead=answer_lead)
+    chunk_follows = [flag for _, flag in kept]
+    return Request(prefix_ids=prefix, chunk_ids=[ids for ids, _ in kept], question_ids=question,
+                   answer_lead=answer_lead, chunk_follows=chunk_follows if any(chunk_follows) else [])
+
+
+def node_follows(nodes: Sequence[BaseNode]) -> list[bool]:
+    """Per node (in prompt order), whether it is the next chunk of the node before it in its document: LlamaIndex's
+    PREVIOUS relationship of node i (set by its node parsers) names node i-1 (`pipeline.follows_of`)."""
+    return follows_of([node.node_id for node in nodes],
+                      [node.prev_node.node_id if node.prev_node is not None else None for node in nodes])
 
 
 def prompt_text(head: Sequence[str], chunks: Sequence[str], tail: Sequence[str]) -> str:

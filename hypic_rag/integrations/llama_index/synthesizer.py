@@ -40,6 +40,7 @@ from hypic_rag.integrations.llama_index.events import completion_events, complet
 from hypic_rag.integrations.llama_index.layout import (
     check_template,
     default_qa_template,
+    node_follows,
     prompt_text,
     segmented_request,
     template_pieces,
@@ -102,11 +103,13 @@ def check_response_mode(response_mode: Any, streaming: bool) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Call:
-    """One model call: the text pieces before the nodes, the formatted nodes, the pieces after (question last)."""
+    """One model call: the text pieces before the nodes, the formatted nodes, the pieces after (question last), and
+    per node whether it is the next chunk of the node before it in its document (`layout.node_follows`)."""
 
     head: list[str]
     chunks: list[str]
     tail: list[str]
+    follows: list[bool]
 
     @property
     def prompt(self) -> str:
@@ -212,20 +215,20 @@ class HypicSynthesizer(BaseSynthesizer):
         return self._text_qa_template
 
     # ------------------------------------------------------------------------------------------- calls
-    def _calls(self, query_str: str, texts: Sequence[str]) -> list[_Call]:
-        """The model calls the response mode makes over these node texts."""
+    def _calls(self, query_str: str, nodes: Sequence[NodeWithScore]) -> list[_Call]:
+        """The model calls the response mode makes over these nodes."""
         head, tail = template_pieces(self._text_qa_template, query_str)
-        chunks = [self.llm.runtime.prompt_format.chunk(text) for text in texts]
+        chunks = [self.llm.runtime.prompt_format.chunk(text) for text in self._texts(nodes)]
         if self._response_mode == "no_text":
             return []
         if self._response_mode == "accumulate":
-            return [_Call(head, [chunk], tail) for chunk in chunks]
-        return [_Call(head, chunks, tail)]
+            return [_Call(head, [chunk], tail, [False]) for chunk in chunks]
+        return [_Call(head, chunks, tail, node_follows([item.node for item in nodes]))]
 
     def _request(self, call: _Call) -> Request:
         runtime = self.llm.runtime
         with runtime.lock:  # the tokenizer is shared with the generating thread
-            return segmented_request(runtime, call.head, call.chunks, call.tail)
+            return segmented_request(runtime, call.head, call.chunks, call.tail, follows=call.follows)
 
     def _options(self) -> dict[str, Any]:
         params = self.sampling()
@@ -322,7 +325,7 @@ class HypicSynthesizer(BaseSynthesizer):
     def _respond(self, query_str: str, nodes: Sequence[NodeWithScore], sources: list[NodeWithScore]) -> RESPONSE_TYPE:
         began = time.perf_counter()
         metadata = self._metadata(sources)
-        calls = self._calls(query_str, self._texts(nodes))
+        calls = self._calls(query_str, nodes)
         if self._streaming and calls:
             call = calls[0]
             request = self._request(call)
@@ -342,7 +345,7 @@ class HypicSynthesizer(BaseSynthesizer):
                         ) -> RESPONSE_TYPE:
         began = time.perf_counter()
         metadata = self._metadata(sources)
-        calls = self._calls(query_str, self._texts(nodes))
+        calls = self._calls(query_str, nodes)
         if self._streaming and calls:
             call = calls[0]
             request = await in_thread(self._request, call)
