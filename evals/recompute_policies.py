@@ -95,7 +95,7 @@ def chunk_ranks(ranking: str, case: Any) -> list[int]:
     if ranking == "prompt":
         order = list(range(count))
     elif ranking == "alternate":
-        from hypic_rag.pipeline import retrieval_ranks
+        from hypic_rag.pipeline.answering import retrieval_ranks
 
         return retrieval_ranks(case.from_hop)
     elif ranking == "score":
@@ -265,7 +265,7 @@ def entry_bytes_per_token(engine: Any) -> int:
     """Bytes one more token adds to an entry of `engine`'s model: its K/V rows in every attention layer and its
     token id (a recurrent layer's state is the same size whatever the segment's length). Measured once per engine
     from the sizes of two encoded entries."""
-    from hypic_rag.entry import entry_tensor_bytes
+    from hypic_rag.entry.schema import entry_tensor_bytes
 
     cached = _BYTES_PER_TOKEN.get(id(engine))
     if cached is None:
@@ -307,7 +307,7 @@ class Tally:
 def build_requests(cases: Sequence[Any], encoder: Any) -> list[Any]:
     """The requests of `cases`: prefix, retrieved chunks in prompt order, question; a chunk that follows its
     document's previous chunk is marked (`Request.chunk_follows`, what chained policies read)."""
-    from hypic_rag.pipeline import follows_of
+    from hypic_rag.pipeline.answering import follows_of
     from hypic_rag.runtime.request import Request
 
     requests = []
@@ -716,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=None, help="comma-separated POLICY[|RANKING] (default: the issue-20 "
                         "list for one world, `WORLD_VARIANTS` with --worlds)")
     parser.add_argument("--calibrate", default="", help="KL targets (comma-separated): calibrate on --calibration-"
-                        "questions of worlds --calibration-seed with `hypic_rag.runtime.calibration`, record the choice")
+                        "questions of worlds --calibration-seed with `hypic_rag.calibration.policy`, record the choice")
     parser.add_argument("--calibration-questions", type=int, default=50)
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
                         "`hypic_rag.runtime.recompute_policy.calibration_candidates`)")
@@ -892,8 +892,8 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     pipeline ranks), one choice per KL target."""
     import dataclasses
 
-    from hypic_rag.pipeline import retrieval_ranks
-    from hypic_rag.runtime.calibration import calibrate
+    from hypic_rag.pipeline.answering import retrieval_ranks
+    from hypic_rag.calibration.policy import calibrate
     from training.packing import SegmentEncoder
 
     cases = load_cases(args.calibration_seed, args.calibration_questions, engine.model.tokenizer, args.k,

@@ -63,36 +63,36 @@ __all__ = [
 ]
 
 _HOMES: dict[str, str] = {
-    "build_index": "hypic_rag.precompute",
-    "RagPipeline": "hypic_rag.pipeline",
-    "Answer": "hypic_rag.pipeline",
-    "Source": "hypic_rag.pipeline",
+    "build_index": "hypic_rag.pipeline.precompute",
+    "RagPipeline": "hypic_rag.pipeline.answering",
+    "Answer": "hypic_rag.pipeline.answering",
+    "Source": "hypic_rag.pipeline.answering",
     "SamplingParams": "hypic_rag.runtime.sampling",
     "load_model": "hypic_rag.runtime.model",
     "HybridModel": "hypic_rag.runtime.model",
     "Engine": "hypic_rag.runtime.engine",
     "Request": "hypic_rag.runtime.request",
     "Generation": "hypic_rag.runtime.generation",
-    "ModelSession": "hypic_rag.session",
-    "PromptFormat": "hypic_rag.prompting.format",
-    "DEFAULT_PROMPT_FORMAT": "hypic_rag.prompting.format",
+    "ModelSession": "hypic_rag.pipeline.session",
+    "PromptFormat": "hypic_rag.prompting.layout",
+    "DEFAULT_PROMPT_FORMAT": "hypic_rag.prompting.layout",
     "ServerConfig": "hypic_rag.server",
     "ServerThread": "hypic_rag.server.runner",
     "DEFAULT_SEPARATOR": "hypic_rag.server",
-    "default_model_path": "hypic_rag.default_model",
-    "example_corpus_path": "hypic_rag.default_model",
-    "read_questions": "hypic_rag.example_corpus",
+    "default_model_path": "hypic_rag.demo.default_model",
+    "example_corpus_path": "hypic_rag.demo.default_model",
+    "read_questions": "hypic_rag.demo.example_corpus",
     "HypicError": "hypic_rag.errors",
 }
 """Each front-door name -> the module that defines it, imported on first use (`__getattr__`)."""
 
 if TYPE_CHECKING:
-    from hypic_rag.default_model import default_model_path, example_corpus_path
+    from hypic_rag.demo.default_model import default_model_path, example_corpus_path
     from hypic_rag.errors import HypicError
-    from hypic_rag.example_corpus import read_questions
-    from hypic_rag.pipeline import Answer, RagPipeline, Source
-    from hypic_rag.precompute import build_index
-    from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+    from hypic_rag.demo.example_corpus import read_questions
+    from hypic_rag.pipeline.answering import Answer, RagPipeline, Source
+    from hypic_rag.pipeline.precompute import build_index
+    from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.generation import Generation
     from hypic_rag.runtime.model import HybridModel, load_model
@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     from hypic_rag.runtime.sampling import SamplingParams
     from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
     from hypic_rag.server.runner import ServerThread
-    from hypic_rag.session import ModelSession
+    from hypic_rag.pipeline.session import ModelSession
 
 
 def __getattr__(name: str) -> Any:

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
-from hypic_rag.demo_world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bundled_model
-from hypic_rag.entry import check_seam_tokens
-from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
+from hypic_rag.demo.world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bundled_model
+from hypic_rag.entry.schema import check_seam_tokens
+from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
 from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,
@@ -46,7 +46,7 @@ from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
-from hypic_rag.session import CacheConfig, ModelSession
+from hypic_rag.pipeline.session import CacheConfig, ModelSession
 from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class PrecomputeConfig:
     only) or where loading, chunking, embedding and encoding run instead (`ScaleOut`; e.g.
     `hypic_rag.distributed.ray_scale_out.RayScaleOut`: Ray tasks and actors), while this process stays the
     index's single writer. cache_format: the format cache entries are stored in (a name of
-    `hypic_rag.entry_storage.formats.CACHE_FORMATS`; None: an existing index's, float32 for a new one); naming
+    `hypic_rag.entry.compression.CACHE_FORMATS`; None: an existing index's, float32 for a new one); naming
     another than an existing index's rebuilds its cache in it: every planned entry is encoded in the new format,
     then the manifest records it and the old format's entries are removed.
     """
@@ -196,7 +196,7 @@ class PrecomputeSummary:
     removed_entries: int = 0
     """Entries of the old format removed after a rebuild."""
     note: str | None = None
-    """`hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled demo model indexed chunks outside its world."""
+    """`hypic_rag.demo.world.DEMO_MODEL_NOTE` when the bundled demo model indexed chunks outside its world."""
 
     @property
     def did_work(self) -> bool:
@@ -402,7 +402,7 @@ def build_index(
     seconds); open the index with `RagPipeline.open(index_dir)`. Bad paths and options raise before anything is
     created (`HypicError`s, `ValueError`, `TypeError` for an unknown option).
     """
-    from hypic_rag.default_model import resolve_model_path
+    from hypic_rag.demo.default_model import resolve_model_path
 
     return precompute(PrecomputeConfig(
         corpus=Path(corpus).expanduser(), index_dir=Path(index_dir).expanduser(), model_path=resolve_model_path(model),
@@ -412,7 +412,7 @@ def build_index(
 
 def bundled_model_fit(model_path: Path, tokenizer: Any, index: CorpusIndex) -> CorpusFit | None:
     """For the bundled demo model, how the index's chunks fit its synthetic world, recorded in the manifest (None,
-    and nothing recorded, for any other model); `hypic_rag.demo_world`."""
+    and nothing recorded, for any other model); `hypic_rag.demo.world`."""
     fit = None
     if is_bundled_model(model_path):
         fit = WorldCheck(tokenizer).fit(chunk.text for chunk in index.docstore.iter_chunks())

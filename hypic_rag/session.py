@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hypic_rag.entry import check_seam_tokens
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
+from hypic_rag.entry.schema import check_seam_tokens
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
 from hypic_rag.prompting.matching import MatchConfig, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.anchoring import anchor_of, anchored_key, chained_anchor
 from hypic_rag.runtime.engine import Engine
@@ -54,7 +54,7 @@ from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_source import SegmentSource
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.runtime.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.prompting.segments import segmented_request
 from hypic_rag.utils.streaming import drain
 from hypic_rag.utils.text import unencodable_message
@@ -86,7 +86,7 @@ class CacheConfig:
     (None: the cache's default). remote: the shared remote tier below the disk store
     (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g. ``RemoteTierConfig.from_url("s3://bucket/prefix")``;
     None: none); it is always best effort (a failing remote is a miss, never an error). cache_format: the format
-    entries are stored in (`hypic_rag.entry_storage.formats.CACHE_FORMATS`: ``float32``, ``int8``, ``int7``, ...;
+    entries are stored in (`hypic_rag.entry.compression.CACHE_FORMATS`: ``float32``, ``int8``, ``int7``, ...;
     None: an index's own, float32 without an index); a session of an index refuses another than the index's.
     """
 
@@ -98,7 +98,7 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if self.cache_format is not None:
-            from hypic_rag.entry_storage.formats import cache_format
+            from hypic_rag.entry.compression import cache_format
 
             cache_format(self.cache_format)  # an unknown name: ValueError before anything loads
 
@@ -179,7 +179,7 @@ class ModelSession:
         in-memory one). FileNotFoundError when the directory (or the bundled model) is missing, `ModelLoadError`
         when it cannot be loaded or has no tokenizer. recompute_policy: what `hypic` recomputes (None: the fixed
         seam; `runtime.recompute_policy`)."""
-        from hypic_rag.default_model import resolve_model_path
+        from hypic_rag.demo.default_model import resolve_model_path
         from hypic_rag.runtime.model import load_model
 
         path = resolve_model_path(model_path)
@@ -427,7 +427,7 @@ def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: 
     """`directory` opened as the persistent segment cache of `model`'s entries (over its remote tier, if any)."""
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
-    from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT
+    from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT
 
     extra: dict[str, Any] = {}
     if options.hot_budget_bytes is not None:

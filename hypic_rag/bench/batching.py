@@ -40,8 +40,8 @@ from hypic_rag.runtime.model import HybridModel, wrap_model
 from hypic_rag.runtime.modes import check_mode, entry_seams
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
-from hypic_rag.session import new_scheduler
+from hypic_rag.runtime.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.pipeline.session import new_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -271,9 +271,9 @@ def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dic
     directory first); see the module docstring."""
     import httpx
 
-    from hypic_rag.default_model import default_model_path, example_corpus_path
-    from hypic_rag.example_corpus import read_questions
-    from hypic_rag.precompute import PrecomputeConfig, precompute
+    from hypic_rag.demo.default_model import default_model_path, example_corpus_path
+    from hypic_rag.demo.example_corpus import read_questions
+    from hypic_rag.pipeline.precompute import PrecomputeConfig, precompute
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
 

@@ -230,7 +230,7 @@ def decode_speed(rounds: int = 24, max_batch: int = 16, new_tokens: int = 16, se
     import numpy as np
     import torch
 
-    from hypic_rag.default_model import default_model_path
+    from hypic_rag.demo.default_model import default_model_path
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import load_model
     from hypic_rag.runtime.request import Request

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import Entry, entry_bytes
-from hypic_rag.entry_storage.formats import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, compress_entry, decompress_entry
+from hypic_rag.entry.schema import Entry, entry_bytes
+from hypic_rag.entry.compression import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, compress_entry, decompress_entry
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def bytes_rows(config: CacheFormatsConfig) -> list[dict[str, Any]]:
 def quality_rows(config: CacheFormatsConfig) -> list[dict[str, Any]]:
     """Per family: every format's KL against float32 entries over random requests on a tiny random model."""
     from hypic_rag.bench.family_models import TIMING_FAMILIES, build_family_timing_model
-    from hypic_rag.format_calibration import score_formats
+    from hypic_rag.calibration.cache_format import score_formats
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import wrap_model
 

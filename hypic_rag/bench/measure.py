@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from hypic_rag.bench.floor import MachineRates, floor_seconds, prefill_flops
 from hypic_rag.bench.workloads import Workload
-from hypic_rag.entry import entry_bytes
+from hypic_rag.entry.schema import entry_bytes
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.model import HybridModel
@@ -23,8 +23,8 @@ from hypic_rag.runtime.modes import MODES, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import SchedulerConfig
-from hypic_rag.session import new_scheduler
+from hypic_rag.runtime.scheduler import SchedulerConfig
+from hypic_rag.pipeline.session import new_scheduler
 
 logger = logging.getLogger(__name__)
 

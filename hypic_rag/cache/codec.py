@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
-from hypic_rag.entry import Entry
-from hypic_rag.entry_storage.formats import stored_form_problem
+from hypic_rag.entry.schema import Entry
+from hypic_rag.entry.compression import stored_form_problem
 
 MAGIC = b"HYPC"
 CODEC_VERSION = 1

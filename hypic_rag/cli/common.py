@@ -144,8 +144,8 @@ def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> No
 
 
 def cache_format_name(text: str) -> str:
-    """A cache format name (`hypic_rag.entry_storage.formats.CACHE_FORMATS`), checked; an argparse error listing them."""
-    from hypic_rag.entry_storage.formats import cache_format
+    """A cache format name (`hypic_rag.entry.compression.CACHE_FORMATS`), checked; an argparse error listing them."""
+    from hypic_rag.entry.compression import cache_format
 
     try:
         return cache_format(text).name
@@ -188,7 +188,7 @@ def worker_count() -> NumberType:
 
 def resolve_model_path(given: str | None) -> Path:
     """--model, else the bundled default model; a one-line error naming --model (exit 2) when neither is there."""
-    from hypic_rag.default_model import resolve_model_path as resolve
+    from hypic_rag.demo.default_model import resolve_model_path as resolve
 
     try:
         return resolve(given)

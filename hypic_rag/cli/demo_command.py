@@ -63,7 +63,7 @@ def _load_questions(path: Path, count: int) -> list[dict]:
 def run_demo(args: argparse.Namespace) -> int:
     """Errors of the index, model, cache or pipeline reach `hypic_rag.cli.main` as they are (each carries its exit
     code: 2 bad input, 3 a mismatched index, 1 otherwise)."""
-    from hypic_rag.default_model import example_corpus_path
+    from hypic_rag.demo.default_model import example_corpus_path
 
     model_path = resolve_model_path(args.model)
     corpus = example_corpus_path()
@@ -75,8 +75,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"model: {model_path}")
     print(f"index and segment cache: {index_dir} (built once; delete it to rebuild)", flush=True)
     # the heavy imports (torch, transformers) after the introduction, which shows at once
-    from hypic_rag.pipeline import RagPipeline
-    from hypic_rag.precompute import PrecomputeConfig, precompute
+    from hypic_rag.pipeline.answering import RagPipeline
+    from hypic_rag.pipeline.precompute import PrecomputeConfig, precompute
     from hypic_rag.retrieval.errors import IndexMismatchError
     from hypic_rag.runtime.sampling import SamplingParams
     options = PrecomputeConfig(corpus=corpus / "documents", index_dir=index_dir, model_path=model_path)

@@ -31,11 +31,11 @@ import numpy as np
 from tqdm import tqdm
 
 from hypic_rag.cache.errors import free_space_note
-from hypic_rag.demo_world import CorpusFit
-from hypic_rag.entry import check_seam_tokens
-from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
+from hypic_rag.demo.world import CorpusFit
+from hypic_rag.entry.schema import check_seam_tokens
+from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
@@ -163,7 +163,7 @@ def check_not_locked(directory: str | Path) -> None:
 
 
 def record_cache_format_choice(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
-    """Record `record` (a format calibration, `hypic_rag.format_calibration.FormatChoice.to_dict()` and how it was
+    """Record `record` (a format calibration, `hypic_rag.calibration.cache_format.FormatChoice.to_dict()` and how it was
     made; None clears it) as the index's recommended cache format, under the index's writer lock; the index's own
     format does not change (precompute rebuilds the cache in another). `IndexLockedError` when another process
     writes the index."""
@@ -180,7 +180,7 @@ def record_cache_format_choice(directory: str | Path, record: dict[str, Any] | N
 
 
 def record_recompute_policy(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
-    """Record `record` (a calibration, `hypic_rag.runtime.calibration.Calibration.to_dict()` and how it was made;
+    """Record `record` (a calibration, `hypic_rag.calibration.policy.Calibration.to_dict()` and how it was made;
     None clears it) as the index's recompute policy, under the index's writer lock; the manifest saved.
     `IndexLockedError` when another process writes the index."""
     directory = Path(directory).expanduser().resolve()
@@ -501,7 +501,7 @@ class CorpusIndex:
         self.manifest.save(self.directory)
 
     def record_bundled_model_fit(self, fit: CorpusFit | None) -> None:
-        """Record how the chunks fit the bundled demo model's world (`hypic_rag.demo_world`; None: not measured,
+        """Record how the chunks fit the bundled demo model's world (`hypic_rag.demo.world`; None: not measured,
         another model); the manifest saved when it changed."""
         self._require_writer()
         record = None if fit is None else fit.to_dict()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.retrieval.errors import CorpusNotFoundError, EmptyCorpusError
-from hypic_rag.retrieval.formats import (
+from hypic_rag.retrieval.parsers import (
     Location,
     ParsedText,
     UnreadableFile,

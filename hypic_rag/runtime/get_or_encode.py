@@ -26,8 +26,8 @@ from typing import Protocol
 
 import torch
 
-from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
-from hypic_rag.entry_storage.formats import decompress_entries
+from hypic_rag.entry.schema import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry.compression import decompress_entries
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segments, plan_encode_batches
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
@@ -241,7 +241,7 @@ class SegmentEntries:
     def keep(self, seam_tokens: int, encoded: Mapping[tuple[int, ...], Entry]) -> list[Entry]:
         """Hand entries encoded for `seam_tokens` (by token ids) to the source, in one write. Returns the entries as
         the source hands them back, in the order of `encoded`: their stored form (a compressed cache format,
-        `hypic_rag.entry_storage`), so a miss composes the values a later hit gets."""
+        `hypic_rag.entry`), so a miss composes the values a later hit gets."""
         if not encoded:
             return []
         return self.source.put_many(seam_tokens, [list(ids) for ids in encoded], list(encoded.values()))

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.utils.limits import POLICY_BUDGET, POLICY_CHUNKS, POLICY_TOKENS, SEAM_TOKENS, NumberRange
 

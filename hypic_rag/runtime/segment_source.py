@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from hypic_rag.entry import Entry, entry_tensor_bytes
+from hypic_rag.entry.schema import Entry, entry_tensor_bytes
 from hypic_rag.utils.lru import ByteBudgetLRU
 
 
@@ -24,7 +24,7 @@ class SegmentSource(Protocol):
 
     A source holds one model's entries: `check_model` refuses another model, so that no model is ever served
     another's state (the engine calls it when it is given the source). Entries are handed out in the source's
-    stored form (a compressed cache format, `hypic_rag.entry_storage`), the same for a put and a later get.
+    stored form (a compressed cache format, `hypic_rag.entry`), the same for a put and a later get.
     """
 
     def check_model(self, model_fingerprint: str, tokenizer_fingerprint: str) -> None:

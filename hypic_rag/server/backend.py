@@ -19,22 +19,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.pipeline import RagPipeline
-from hypic_rag.prompting.format import tokenize_segment
+from hypic_rag.pipeline.answering import RagPipeline
+from hypic_rag.prompting.layout import tokenize_segment
 from hypic_rag.prompting.matching import NO_MATCHING, MatchConfig, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
-from hypic_rag.scheduler import CallbackSink, SchedulerConfig
+from hypic_rag.runtime.scheduler import CallbackSink, SchedulerConfig
 from hypic_rag.server.channel import TextEvent
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.jobs import Job, JobRegistry
 from hypic_rag.server.worker import TaskContext
-from hypic_rag.session import CacheConfig, ModelSession
-from hypic_rag.usage import usage_of
+from hypic_rag.pipeline.session import CacheConfig, ModelSession
+from hypic_rag.pipeline.usage import usage_of
 
 logger = logging.getLogger(__name__)
 

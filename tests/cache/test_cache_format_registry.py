@@ -13,7 +13,7 @@ import torch
 
 from hypic_rag.cache.keys import CacheNamespace
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
-from hypic_rag.entry_storage.formats import (
+from hypic_rag.entry.compression import (
     CACHE_FORMATS,
     CacheFormat,
     TensorCoding,
@@ -54,7 +54,7 @@ def test_a_registered_format_codes_and_decodes_entries(toy: CacheFormat) -> None
 def test_every_reader_of_the_registry_takes_it(toy: CacheFormat, tmp_path: Path, capsys) -> None:
     from hypic_rag.cli.common import cache_format_name
     from hypic_rag.cli.main import main
-    from hypic_rag.format_calibration import format_candidates
+    from hypic_rag.calibration.cache_format import format_candidates
     from hypic_rag.server.config import ServerConfig
 
     assert cache_format_name("int5-kv8") == "int5-kv8"

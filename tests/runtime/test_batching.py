@@ -19,7 +19,7 @@ from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.segment_source import MemorySegmentSource
 from hypic_rag.runtime.stack import decode_batch, run_batch
-from hypic_rag.scheduler import (
+from hypic_rag.runtime.scheduler import (
     CallbackSink,
     QueueSink,
     Scheduler,
@@ -396,7 +396,7 @@ def test_a_session_owns_one_scheduler_whose_limits_change_only_while_idle_and_cl
     """The session that loads a model owns its one scheduler (what the pipeline, the service and the LlamaIndex
     runtime generate through); `configure_scheduler` sets its limits while it has no work, and `close` stops it."""
     from hypic_rag.runtime.model import load_model
-    from hypic_rag.session import ModelSession
+    from hypic_rag.pipeline.session import ModelSession
 
     session = ModelSession.of_model(load_model(tiny_model, device="cpu"))
     scheduler = session.scheduler

@@ -12,7 +12,7 @@ from test_package_structure import modules
 LOOKUP, STORE = "get_many", "put_many"
 """The storage calls a get-or-encode loop makes in one function: look entries up, then put the ones it made."""
 THE_LOOP = {"hypic_rag.runtime.get_or_encode.SegmentEntries.get_or_encode"}
-THE_SCHEDULER_SITE = {"hypic_rag.session.new_scheduler"}
+THE_SCHEDULER_SITE = {"hypic_rag.pipeline.session.new_scheduler"}
 
 
 def own_nodes(function: ast.AST) -> Iterator[ast.AST]:
@@ -103,8 +103,8 @@ class Store:
     assert get_or_encode_loops(second_loop.replace("put_many", "stored"), "m") == set()
     assert encode_callbacks(second_loop, "m") == {"m.Store.get_or_encode_many"}
     second_site = '''
-from hypic_rag.scheduler import Scheduler
-import hypic_rag.scheduler as scheduling
+from hypic_rag.runtime.scheduler import Scheduler
+import hypic_rag.runtime.scheduler as scheduling
 class Pipeline:
     def __init__(self, session):
         self.scheduler = Scheduler(session.engine)

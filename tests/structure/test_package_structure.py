@@ -46,7 +46,7 @@ def imported_modules(name: str, path: Path) -> set[str]:
 
 
 def part_of(module: str) -> str | None:
-    """The top-level part of `hypic_rag` a module belongs to: `hypic_rag.runtime`, `hypic_rag.entry`, ..."""
+    """The top-level part of `hypic_rag` a module belongs to: `hypic_rag.runtime`, `hypic_rag.entry.schema`, ..."""
     pieces = module.split(".")
     if pieces[0] != "hypic_rag" or len(pieces) < 2:
         return None
@@ -120,24 +120,24 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_the_entry_format_is_one_leaf_module_that_both_sides_import() -> None:
     entry_module = PACKAGE / "entry.py"
-    own = {imported for imported in imported_modules("hypic_rag.entry", entry_module) if part_of(imported)}
-    assert own == set(), f"hypic_rag/entry.py must import nothing from hypic_rag, imports {sorted(own)}"
+    own = {imported for imported in imported_modules("hypic_rag.entry.schema", entry_module) if part_of(imported)}
+    assert own == set(), f"hypic_rag/entry/schema.py must import nothing from hypic_rag, imports {sorted(own)}"
     importers = {
         module for module, path in modules()
-        if any(imported == "hypic_rag.entry" or imported.startswith("hypic_rag.entry.")
+        if any(imported == "hypic_rag.entry.schema" or imported.startswith("hypic_rag.entry.schema.")
                for imported in imported_modules(module, path))
     }
-    for user in ("hypic_rag.entry_storage.formats", "hypic_rag.cache.synthetic", "hypic_rag.cache.segment_cache",
+    for user in ("hypic_rag.entry.compression", "hypic_rag.cache.synthetic", "hypic_rag.cache.segment_cache",
                  "hypic_rag.runtime.encode", "hypic_rag.runtime.stack", "hypic_rag.runtime.engine",
                  "hypic_rag.retrieval.encoding_pool", "hypic_rag.bench.measure", "hypic_rag.bench.cache_bytes"):
-        assert user in importers, f"{user} does not use hypic_rag.entry"
+        assert user in importers, f"{user} does not use hypic_rag.entry.schema"
 
 
 def test_entry_names_and_sizes_are_defined_only_in_the_entry_module() -> None:
     """`Entry` is declared once, and only the entry module (and the decode state's own size) multiply a tensor's
     element count by its element size."""
     for module, path in modules():
-        if module == "hypic_rag.entry":
+        if module == "hypic_rag.entry.schema":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -164,7 +164,7 @@ def test_nothing_outside_the_cache_reaches_into_a_cache_store() -> None:
 
 def test_the_integrations_import_nothing_from_the_server() -> None:
     """The LlamaIndex integration shares helpers with the service through neutral modules (`hypic_rag.prompting.segments`,
-    `hypic_rag.usage`), never by importing `hypic_rag.server`."""
+    `hypic_rag.pipeline.usage`), never by importing `hypic_rag.server`."""
     offenders = {
         module: sorted(imported for imported in imported_modules(module, path)
                        if imported == "hypic_rag.server" or imported.startswith("hypic_rag.server."))
@@ -266,7 +266,7 @@ def test_the_retrieval_package_does_not_import_the_session() -> None:
     tasks and batches) lives in the runtime's get-or-encode module."""
     offenders = {
         module: sorted(imported for imported in imported_modules(module, path)
-                       if imported == "hypic_rag.session" or imported.startswith("hypic_rag.session."))
+                       if imported == "hypic_rag.pipeline.session" or imported.startswith("hypic_rag.pipeline.session."))
         for module, path in modules()
         if module.startswith("hypic_rag.retrieval")
     }
@@ -296,7 +296,7 @@ def test_one_home_of_the_get_or_encode_step() -> None:
     assert definers["get_or_encode"] == {GET_OR_ENCODE}
     assert definers["encoding_batches"] == definers["SegmentTask"] == {GET_OR_ENCODE}
     assert definers["plan_encode_batches"] == {"hypic_rag.runtime.encode"}
-    assert definers["fill_steps"] <= {GET_OR_ENCODE, "hypic_rag.session"}
+    assert definers["fill_steps"] <= {GET_OR_ENCODE, "hypic_rag.pipeline.session"}
 
 
 def test_the_checks_above_can_fail() -> None:

@@ -54,7 +54,7 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
     for asset in ("default_model/model.safetensors", "default_model/tokenizer.json", "default_model/config.json",
                   "default_model/MODEL_CARD.md", "example_corpus/questions.jsonl",
                   "example_corpus/documents/s777000000-person-8.md"):
-        assert f"hypic_rag/assets/{asset}" in names, asset
+        assert f"hypic_rag/demo/assets/{asset}" in names, asset
     shipped = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag" / "assets").rglob("*") if path.is_file()}
     assert shipped <= set(names), sorted(shipped - set(names))  # every asset file is installed
     page = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag/server/static").iterdir()}
@@ -64,7 +64,7 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
 
 def test_every_source_package_is_listed_for_the_wheel() -> None:
     """pyproject lists packages explicitly (for the kernels mapping): a new subpackage, or a new folder of bundled
-    data under hypic_rag/assets (a data package), must be added there."""
+    data under hypic_rag/demo/assets (a data package), must be added there."""
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])

@@ -23,10 +23,10 @@ from llama_index.core.prompts.prompt_type import PromptType
 from llama_index.core.schema import BaseNode
 
 from hypic_rag.integrations.llama_index.llm import segmented_messages_to_prompt
-from hypic_rag.pipeline import follows_of
-from hypic_rag.prompting.format import PromptFormat, tokenize_query
+from hypic_rag.pipeline.answering import follows_of
+from hypic_rag.prompting.layout import PromptFormat, tokenize_query
 from hypic_rag.runtime.request import Request
-from hypic_rag.session import ModelSession
+from hypic_rag.pipeline.session import ModelSession
 
 __all__ = ["check_template", "default_qa_template", "node_follows", "prompt_text", "segmented_request",
            "template_pieces"]

@@ -15,8 +15,8 @@ from hypic_rag.runtime.engine import PrefillStats
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import AsyncQueueSink
-from hypic_rag.session import DEFAULT_SEAM_TOKENS, ModelSession
+from hypic_rag.runtime.scheduler import AsyncQueueSink
+from hypic_rag.pipeline.session import DEFAULT_SEAM_TOKENS, ModelSession
 from hypic_rag.utils.streaming import ResultStream
 
 __all__ = ["DEFAULT_SEAM_TOKENS", "HypicRuntime", "runtime_for"]
@@ -44,7 +44,7 @@ class HypicRuntime(ModelSession):
     ) -> HypicRuntime:
         """One runtime per (model, cache directory, seam width, device) in this process, opened on first use
         (a cache directory can be open only once per process)."""
-        from hypic_rag.default_model import resolve_model_path
+        from hypic_rag.demo.default_model import resolve_model_path
 
         key = (
             str(resolve_model_path(model_path).resolve()),

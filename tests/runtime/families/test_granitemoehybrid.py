@@ -9,7 +9,7 @@ import torch
 from family_modes import mean_deviations, tiny_engine
 from ssm_checks import check_mamba2_entry_shapes, served_from_a_segment_cache
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.mixers.attention import RotaryPositions
 from hypic_rag.runtime.mixers.base import NoPositions

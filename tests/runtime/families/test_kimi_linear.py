@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from family_modes import random_request
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.blocks import ResidualBlock
 from hypic_rag.runtime.mixers.kda import KdaMixer
 from hypic_rag.runtime.mixers.latent_attention import LatentAttention

@@ -16,7 +16,7 @@ import torch
 from family_modes import mean_deviations, random_request
 from ssm_checks import TEXTS, check_precompute_and_ask, check_published_checkpoint_loads
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.blocks import ResidualBlock
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.mixers.attention import ProjectedAttention, RotaryPositions

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.families.minimax import ScaledPostNormBlock
 from hypic_rag.runtime.mixers.attention import ProjectedAttention, RotaryPositions
 from hypic_rag.runtime.mixers.lightning import LightningMixer

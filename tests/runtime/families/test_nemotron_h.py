@@ -8,7 +8,7 @@ import torch
 from family_modes import random_request
 from ssm_checks import check_mamba2_entry_shapes, check_published_checkpoint_loads, published_layout
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.mixers.attention import ProjectedAttention
 from hypic_rag.runtime.mixers.base import NoPositions

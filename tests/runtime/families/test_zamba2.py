@@ -8,7 +8,7 @@ import pytest
 from family_modes import tiny_engine
 from ssm_checks import check_mamba2_entry_shapes, check_published_checkpoint_loads, published_layout
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.families.zamba2 import HybridBlock
 from hypic_rag.runtime.mixers.attention import RotaryPositions
 from hypic_rag.runtime.mixers.base import NoPositions
