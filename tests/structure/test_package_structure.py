@@ -10,8 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hypic_rag"
-SOURCE_DIRS = {"hypic_rag": PACKAGE, "hypic_rag.kernels": ROOT / "kernels"}
-"""Where each installed package's source lives (`kernels/` installs as `hypic_rag.kernels`, see pyproject.toml)."""
+SOURCE_DIRS = {"hypic_rag": PACKAGE}
+"""Where each installed package's source lives."""
 
 
 def modules() -> Iterator[tuple[str, Path]]:
