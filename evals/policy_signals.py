@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.anchoring import anchor_of, anchored_key, chunk_view
 from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePlan, RecomputePolicy
 

@@ -105,7 +105,7 @@ class _LayerInputs:
 def in_context_parts(model: Any, inputs: dict[int, torch.Tensor], begin: int, end: int) -> dict[str, torch.Tensor]:
     """The seam-0 entry tensors of tokens begin..end-1 computed from layer inputs [T, hidden] of a pass over a
     longer sequence (their conv sees the inputs before `begin`)."""
-    from hypic_rag.entry import tensor_name
+    from hypic_rag.entry.schema import tensor_name
     from hypic_rag.runtime import layers as L
 
     parts: dict[str, torch.Tensor] = {}
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         load_cases,
         paired_difference,
     )
-    from hypic_rag.entry import is_kv_name, tensor_name
+    from hypic_rag.entry.schema import is_kv_name, tensor_name
     from hypic_rag.runtime.anchoring import anchor_of
     from hypic_rag.runtime.engine import Engine, PrefillStats
     from hypic_rag.runtime.model import load_model

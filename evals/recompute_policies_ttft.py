@@ -113,7 +113,7 @@ def entry_bytes(engine: Any, request: Any, seam: int) -> dict[str, float]:
     beyond it (the anchor's K/V rows and token ids), what a chained entry holds beyond it (the anchor's and the
     antecedent chunk's: chunk 2m+1 after chunk 2m), and the seconds to encode each kind of entry per chunk (a
     fresh engine, nothing cached; precompute's cost, never a request's)."""
-    from hypic_rag.entry import entry_tensor_bytes
+    from hypic_rag.entry.schema import entry_tensor_bytes
     from hypic_rag.runtime.anchoring import anchor_of, anchored_extra_bytes, anchored_key, chained_anchor
     from hypic_rag.runtime.engine import Engine, PrefillStats
 

@@ -1,7 +1,7 @@
 """Choosing a cache format by measurement: the smallest format whose entries keep a model's answers.
 
 For each calibration request the reference is `hypic`'s next-token distribution with float32 entries; each
-candidate format (`hypic_rag.entry_storage.formats.CACHE_FORMATS`) assembles the same request from the same entries
+candidate format (`hypic_rag.entry.compression.CACHE_FORMATS`) assembles the same request from the same entries
 stored in that format (`CompressedSource`: compressed once, decoded by the engine as a cache hit would be), and is
 scored by the mean and 99th percentile over the requests of KL(float32 entries || format entries), and by the bytes
 its entries take. The choice is the format of fewest bytes whose mean KL is at most the target; float32 (KL 0)
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from hypic_rag.cache.compressed_source import CompressedSource
-from hypic_rag.entry import Entry, entry_tensor_bytes
-from hypic_rag.entry_storage.formats import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, CacheFormat, cache_format
+from hypic_rag.entry.schema import Entry, entry_tensor_bytes
+from hypic_rag.entry.compression import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, CacheFormat, cache_format
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.recompute_policy import RecomputePolicy

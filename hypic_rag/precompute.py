@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tqdm import tqdm
 
 from hypic_rag.demo_world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bundled_model
-from hypic_rag.entry import check_seam_tokens
-from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
+from hypic_rag.entry.schema import check_seam_tokens
+from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
@@ -93,7 +93,7 @@ class PrecomputeOptions:
     only) or where loading, chunking, embedding and encoding run instead (`ScaleOut`; e.g.
     `hypic_rag.distributed.ray_scale_out.RayScaleOut`: Ray tasks and actors), while this process stays the
     index's single writer. cache_format: the format cache entries are stored in (a name of
-    `hypic_rag.entry_storage.formats.CACHE_FORMATS`; None: an existing index's, float32 for a new one); naming
+    `hypic_rag.entry.compression.CACHE_FORMATS`; None: an existing index's, float32 for a new one); naming
     another than an existing index's rebuilds its cache in it: every planned entry is encoded in the new format,
     then the manifest records it and the old format's entries are removed.
     """

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
 from hypic_rag.prompting.matching import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.anchoring import anchor_of, anchored_key, chained_anchor
@@ -75,7 +75,7 @@ class CacheOptions:
     (None: the cache's default). remote: the shared remote tier below the disk store
     (`hypic_rag.cache.remote_config.RemoteTierConfig`, e.g. ``RemoteTierConfig.from_url("s3://bucket/prefix")``;
     None: none); it is always best effort (a failing remote is a miss, never an error). cache_format: the format
-    entries are stored in (`hypic_rag.entry_storage.formats.CACHE_FORMATS`: ``float32``, ``int8``, ``int7``, ...;
+    entries are stored in (`hypic_rag.entry.compression.CACHE_FORMATS`: ``float32``, ``int8``, ``int7``, ...;
     None: an index's own, float32 without an index); a session of an index refuses another than the index's.
     """
 
@@ -87,7 +87,7 @@ class CacheOptions:
 
     def __post_init__(self) -> None:
         if self.cache_format is not None:
-            from hypic_rag.entry_storage.formats import cache_format
+            from hypic_rag.entry.compression import cache_format
 
             cache_format(self.cache_format)  # an unknown name: ValueError before anything loads
 
@@ -401,7 +401,7 @@ def _open_cache(model: HybridModel, seam_tokens: int, directory: Path, options: 
     """`directory` opened as the persistent segment cache of `model`'s entries (over its remote tier, if any)."""
     from hypic_rag.cache.keys import CacheNamespace
     from hypic_rag.cache.segment_cache import SegmentCache
-    from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT
+    from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT
 
     extra: dict[str, Any] = {}
     if options.hot_budget_bytes is not None:

@@ -40,8 +40,8 @@ from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.segment_cache import SegmentCache
 from hypic_rag.cache.store import SegmentStore
 from hypic_rag.cache.synthetic import HybridShape, synthetic_entry
-from hypic_rag.entry import LINEAR_LAYER, Entry, entry_bytes
-from hypic_rag.entry_storage.formats import compress_entry
+from hypic_rag.entry.schema import LINEAR_LAYER, Entry, entry_bytes
+from hypic_rag.entry.compression import compress_entry
 
 MIB = 1 << 20
 CHUNK_LENGTHS = (256, 1024)

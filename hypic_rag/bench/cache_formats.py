@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import Entry, entry_bytes
-from hypic_rag.entry_storage.formats import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, compress_entry, decompress_entry
+from hypic_rag.entry.schema import Entry, entry_bytes
+from hypic_rag.entry.compression import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, compress_entry, decompress_entry
 
 logger = logging.getLogger(__name__)
 

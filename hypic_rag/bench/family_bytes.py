@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from hypic_rag.bench.published_layouts import PUBLISHED_LAYOUTS, PublishedLayout
-from hypic_rag.entry import SEAM_TOKENS as SEAM_NAME
-from hypic_rag.entry import TOKEN_IDS, Entry, entry_bytes
+from hypic_rag.entry.schema import SEAM_TOKENS as SEAM_NAME
+from hypic_rag.entry.schema import TOKEN_IDS, Entry, entry_bytes
 from hypic_rag.runtime.mixers.base import AttentionMixer, RecurrentMixer
 from hypic_rag.runtime.model import HybridModel
 

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from hypic_rag.bench.floor import MachineRates, floor_seconds, prefill_flops
 from hypic_rag.bench.workloads import Workload
-from hypic_rag.entry import entry_bytes
+from hypic_rag.entry.schema import entry_bytes
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.model import HybridModel

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import Entry, entry_tensor_bytes
-from hypic_rag.entry_storage.formats import CacheFormat, cache_format
+from hypic_rag.entry.schema import Entry, entry_tensor_bytes
+from hypic_rag.entry.compression import CacheFormat, cache_format
 from hypic_rag.utils.lru import ByteBudgetLRU
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from hypic_rag.entry import Entry, entry_tensor_bytes
+from hypic_rag.entry.schema import Entry, entry_tensor_bytes
 from hypic_rag.utils.lru import ByteBudgetLRU
 
 

@@ -2,7 +2,7 @@
 
 A key must never let one model's state be served to another, so it is derived from everything that changes what
 an entry contains: the model fingerprint (config plus a digest of the weights), the dtype the model ran in, the
-tokenizer fingerprint, the seam window, the cache format the tensors are stored in (`hypic_rag.entry_storage`), the
+tokenizer fingerprint, the seam window, the cache format the tensors are stored in (`hypic_rag.entry`), the
 entry format version, and the sha256 of the chunk's token ids. Entries of different formats therefore never mix.
 
 Key layout (48 bytes): ``namespace_digest (16) | token_ids_digest (32)``. The namespace comes first so that all
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hypic_rag.entry import check_seam_tokens
-from hypic_rag.entry_storage.formats import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, CacheFormat, cache_format
+from hypic_rag.entry.schema import check_seam_tokens
+from hypic_rag.entry.compression import CACHE_FORMATS, DEFAULT_CACHE_FORMAT, CacheFormat, cache_format
 
 FORMAT_VERSION = 2  # 2: entries no longer carry a chunk_state per linear layer
 """Version of the entry contents (tensor names and meaning, see docs/CONTRACTS.md). Bump when they change."""
@@ -48,7 +48,7 @@ class CacheNamespace:
     tokenizer_fingerprint: identifies the tokenizer (vocabulary, merges, special tokens).
     seam_tokens: the seam window w; the cached suffix pair covers tokens w..L-1, so each w has its own entries.
     cache_format: the format the entry's tensors are stored in, a name of
-    `hypic_rag.entry_storage.formats.CACHE_FORMATS` (``float32``: as encoded; ``int8``, ``int4``, ...: compressed).
+    `hypic_rag.entry.compression.CACHE_FORMATS` (``float32``: as encoded; ``int8``, ``int4``, ...: compressed).
     format_version: entry contents version, `FORMAT_VERSION` unless reading a store written by another release.
     model_dtype: the dtype the model's weights were loaded in (`--dtype`), one of `MODEL_DTYPES`' names: the
     same checkpoint run in bfloat16 encodes other states than in float32. (The fingerprint, a digest of the loaded

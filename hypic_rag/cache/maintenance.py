@@ -17,7 +17,7 @@ from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.keys import KEY_BYTES, namespace_digest, split_key, token_ids_digest
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.store import SegmentStore
-from hypic_rag.entry import TOKEN_IDS
+from hypic_rag.entry.schema import TOKEN_IDS
 
 
 @dataclass(frozen=True, slots=True)

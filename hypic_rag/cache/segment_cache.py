@@ -14,7 +14,7 @@ An entry is a plain ``dict[str, torch.Tensor]`` (docs/CONTRACTS.md); returned te
 tier, so treat them as read-only. A hit requires the entry's recorded namespace and its stored ``token_ids`` to
 equal the request; a corrupt entry (checksum, truncation, undecodable) or a mismatched one is logged, counted,
 removed and recomputed, never returned. Entries are handed out in their stored form: the namespace's cache format
-(`hypic_rag.entry_storage`; ``float32``: as encoded, ``int8``, ``int4``, ...: codes and scales), which the runtime
+(`hypic_rag.entry`; ``float32``: as encoded, ``int8``, ``int4``, ...: codes and scales), which the runtime
 decodes once per hit on the device it uses the entry on (`decompress_entry`); the hot tier holds that form too.
 A miss returns the stored form a later hit would return, so answers do not depend on whether the cache was warm.
 
@@ -46,7 +46,7 @@ from hypic_rag.cache.keys import CacheNamespace, key_label, segment_key
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.stats import CacheStats
 from hypic_rag.cache.store import NullStore, PutRequest, SegmentStore
-from hypic_rag.entry import TOKEN_IDS, Entry, entry_bytes
+from hypic_rag.entry.schema import TOKEN_IDS, Entry, entry_bytes
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_tier import RemoteTier

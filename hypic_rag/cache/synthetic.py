@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import (
+from hypic_rag.entry.schema import (
     ATTENTION_LAYER,
     LINEAR_LAYER,
     SEAM_TOKENS,

@@ -195,7 +195,7 @@ def run_clear(args: argparse.Namespace) -> int:
 
 def run_formats(args: argparse.Namespace) -> int:
     """Every registered cache format: its codings per tensor kind and bits per value of P/Z and of K/V."""
-    from hypic_rag.entry_storage.formats import CACHE_FORMATS
+    from hypic_rag.entry.compression import CACHE_FORMATS
 
     rows = [{"name": name, "summary": cache.summary, "codings": cache.codings(),
              "state_bits_per_value": cache.suffix_state.bits_per_value,

@@ -133,8 +133,8 @@ def add_dtype_argument(parser: argparse.ArgumentParser, default_help: str) -> No
 
 
 def cache_format_name(text: str) -> str:
-    """A cache format name (`hypic_rag.entry_storage.formats.CACHE_FORMATS`), checked; an argparse error listing them."""
-    from hypic_rag.entry_storage.formats import cache_format
+    """A cache format name (`hypic_rag.entry.compression.CACHE_FORMATS`), checked; an argparse error listing them."""
+    from hypic_rag.entry.compression import cache_format
 
     try:
         return cache_format(text).name

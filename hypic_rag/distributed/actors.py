@@ -21,7 +21,7 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from hypic_rag.entry import Entry
+from hypic_rag.entry.schema import Entry
 from hypic_rag.retrieval.encoding_pool import EncoderSpec
 from hypic_rag.runtime.get_or_encode import StoredRemotely
 

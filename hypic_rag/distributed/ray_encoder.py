@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hypic_rag.entry import Entry
+from hypic_rag.entry.schema import Entry
 from hypic_rag.retrieval.encoding_pool import EncoderSpec, EncodingPoolError
 from hypic_rag.runtime.encode import plan_encode_batches
 from hypic_rag.runtime.get_or_encode import SegmentTask, StoredRemotely, encoding_batches

@@ -32,8 +32,8 @@ from tqdm import tqdm
 
 from hypic_rag.cache.errors import free_space_note
 from hypic_rag.demo_world import CorpusFit
-from hypic_rag.entry import check_seam_tokens
-from hypic_rag.entry_storage.formats import DEFAULT_CACHE_FORMAT, cache_format
+from hypic_rag.entry.schema import check_seam_tokens
+from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig

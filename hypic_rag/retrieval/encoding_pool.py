@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import Entry, check_seam_tokens
+from hypic_rag.entry.schema import Entry, check_seam_tokens
 from hypic_rag.errors import HypicError
 from hypic_rag.retrieval.errors import RetrievalError
 from hypic_rag.runtime.get_or_encode import SegmentTask, encoding_batches, lpt_order  # noqa: F401 (lpt_order re-exported)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hypic_rag.entry import SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, entry_tensor_bytes, is_kv_name
+from hypic_rag.entry.schema import SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, entry_tensor_bytes, is_kv_name
 
 MAX_ANCHOR_TOKENS = 32
 """The anchor is the prompt prefix's last (at most) this many tokens: a long system prompt would otherwise be

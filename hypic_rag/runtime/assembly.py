@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.runtime.modes import ModeSpec, mode_spec
 from hypic_rag.runtime.recompute_policy import as_policy
 

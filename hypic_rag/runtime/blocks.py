@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER, MLP_LAYER
+from hypic_rag.entry.schema import ATTENTION_LAYER, LINEAR_LAYER, MLP_LAYER
 from hypic_rag.runtime.layers import call_mlp
 from hypic_rag.runtime.mixers.base import AttentionMixer, Mixer, RecurrentMixer
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_rag.entry import SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, tensor_name
+from hypic_rag.entry.schema import SEAM_TOKENS, TOKEN_IDS, Entry, check_seam_tokens, tensor_name
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.blocks import BlockContext
 from hypic_rag.runtime.mixers.base import AttentionMixer, Mixer, RecurrentMixer
@@ -131,7 +131,7 @@ def entry_layout(model: HybridModel, length: int, seam_tokens: int) -> Entry:
 
     For a model built on the meta device (`with torch.device("meta"): AutoModelForCausalLM.from_config(config)`,
     then `wrap_model`) every tensor has its name, shape and dtype and no values: an entry's bytes
-    (`hypic_rag.entry.entry_bytes`) at a published checkpoint's shapes, without its weights
+    (`hypic_rag.entry.schema.entry_bytes`) at a published checkpoint's shapes, without its weights
     (`hypic_rag.bench.families`). On a real device: the entry of `length` zero token ids.
     """
     if length < 1:

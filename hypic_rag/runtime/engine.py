@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
-from hypic_rag.entry_storage.formats import decompress_entries
+from hypic_rag.entry.schema import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry.compression import decompress_entries
 from hypic_rag.runtime.anchoring import EntryKey, anchor_of, anchored_key, chained_anchor, chunk_view
 from hypic_rag.utils.lru import ByteBudgetLRU
 from hypic_rag.runtime.assembly import Assembly
@@ -229,7 +229,7 @@ class Engine:
 
     def decoded(self, entries: Sequence[Mapping[str, torch.Tensor]]) -> list[Entry]:
         """Entries as the stack composes them, on the model's device: a source's stored forms (a compressed cache
-        format, `hypic_rag.entry_storage`) moved there and decoded there, once per hit, all of them together:
+        format, `hypic_rag.entry`) moved there and decoded there, once per hit, all of them together:
         state in float32, K/V in the model's dtype. An entry already so is returned as it is."""
         return decompress_entries(entries, self.model.device, self.model.dtype)
 

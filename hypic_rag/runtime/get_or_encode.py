@@ -24,8 +24,8 @@ from typing import Protocol
 
 import torch
 
-from hypic_rag.entry import Entry, check_seam_tokens, entry_tensor_bytes
-from hypic_rag.entry_storage.formats import decompress_entries
+from hypic_rag.entry.schema import Entry, check_seam_tokens, entry_tensor_bytes
+from hypic_rag.entry.compression import decompress_entries
 from hypic_rag.runtime.encode import DEFAULT_ENCODE_BATCH_TOKENS, encode_segments, plan_encode_batches
 from hypic_rag.runtime.model import HybridModel
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM, mode_spec
@@ -239,7 +239,7 @@ class SegmentEntries:
         """Hand entries encoded for `seam_tokens` (by token ids) to the source, in one write, through its own
         get-or-encode path (an entry it holds meanwhile is not written again). Returns the entries as the source
         hands them back, in the order of `encoded`: their stored form (a compressed cache format,
-        `hypic_rag.entry_storage`), so a miss composes the values a later hit gets."""
+        `hypic_rag.entry`), so a miss composes the values a later hit gets."""
         if not encoded:
             return []
         kept, _ = self.source.get_or_encode_segments(
@@ -252,7 +252,7 @@ class SegmentEntries:
     ) -> FoundEntries:
         """The entries of `segments` for `seam_tokens`: fetched when the source holds them, else encoded now
         (`encode`, `check` before each batch) and kept. On the model's device, decoded from the source's stored
-        form (`entry_storage.formats.decompress_entries`: once per hit, state in float32, K/V in the model's dtype)."""
+        form (`entry.compression.decompress_entries`: once per hit, state in float32, K/V in the model's dtype)."""
         began = time.perf_counter()
         encode_seconds = 0.0
 

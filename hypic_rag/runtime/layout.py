@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import Entry
+from hypic_rag.entry.schema import Entry
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState
 from hypic_rag.runtime.state import DecodeState, LinearLayerState

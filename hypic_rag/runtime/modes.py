@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 
 PREFIX_ENTRY_SEAM = 0

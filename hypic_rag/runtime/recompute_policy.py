@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from hypic_rag.entry import check_seam_tokens
+from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.utils.limits import POLICY_BUDGET, POLICY_CHUNKS, POLICY_TOKENS, SEAM_TOKENS, NumberRange
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hypic_rag.entry import SEAM_TOKENS, Entry, tensor_name
+from hypic_rag.entry.schema import SEAM_TOKENS, Entry, tensor_name
 from hypic_rag.runtime import layers as L
 from hypic_rag.runtime.layout import Layout
 from hypic_rag.runtime.mixers.base import Projections, RecurrentMixer, TransitionRun

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from hypic_rag.entry import Entry, entry_tensor_bytes
+from hypic_rag.entry.schema import Entry, entry_tensor_bytes
 from hypic_rag.utils.lru import ByteBudgetLRU
 
 EncodeMany = Callable[[list[list[int]]], Sequence[Mapping[str, torch.Tensor]]]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hypic_rag.entry import Entry
+from hypic_rag.entry.schema import Entry
 from hypic_rag.errors import HypicError
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState

@@ -168,7 +168,7 @@ class ServerConfig:
             if problem is not None:
                 raise ValueError(f"{name} {problem}")  # never the key itself
         if self.cache_format is not None:
-            from hypic_rag.entry_storage.formats import cache_format
+            from hypic_rag.entry.compression import cache_format
 
             cache_format(self.cache_format)  # an unknown name: ValueError naming the choices
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from hypic_rag.entry import entry_tensor_bytes
+from hypic_rag.entry.schema import entry_tensor_bytes
 
 
 def write_sharded_safetensors(path: Path, tensors: dict[str, torch.Tensor], shards: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hypic_rag.entry import MAX_SEAM_TOKENS
+from hypic_rag.entry.schema import MAX_SEAM_TOKENS
 from hypic_rag.utils.text import unencodable_at
 
 __all__ = [

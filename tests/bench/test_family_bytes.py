@@ -9,7 +9,7 @@ import torch
 
 from hypic_rag.bench.family_bytes import entry_sizes, layout_entry, meta_model, published_row
 from hypic_rag.bench.published_layouts import PUBLISHED_LAYOUTS, PublishedLayout
-from hypic_rag.entry import SEAM_TOKENS, TOKEN_IDS
+from hypic_rag.entry.schema import SEAM_TOKENS, TOKEN_IDS
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import SUPPORTED_TINY_TYPES, build_tiny_model

@@ -9,9 +9,9 @@ import torch
 
 from hypic_rag.cache.codec import ALIGNMENT, CODEC_VERSION, PRELUDE_BYTES, decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
-from hypic_rag.entry_storage.formats import CACHE_FORMATS, compress_entry, decompress_entry
+from hypic_rag.entry.compression import CACHE_FORMATS, compress_entry, decompress_entry
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
-from hypic_rag.entry import entry_bytes
+from hypic_rag.entry.schema import entry_bytes
 
 
 def assert_same_entry(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

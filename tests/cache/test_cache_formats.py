@@ -1,4 +1,4 @@
-"""Cache formats (`hypic_rag.entry_storage`): the vectorised group quantizers against the one-value-at-a-time
+"""Cache formats (`hypic_rag.entry`): the vectorised group quantizers against the one-value-at-a-time
 reference on random inputs, their error bounds against the float32 values, bit packing, and whole entries."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
-from hypic_rag.entry import entry_bytes, is_kv_name
-from hypic_rag.entry_storage import naive
-from hypic_rag.entry_storage.formats import (
+from hypic_rag.entry.schema import entry_bytes, is_kv_name
+from hypic_rag.entry import naive
+from hypic_rag.entry.compression import (
     CACHE_FORMATS,
     TensorCoding,
     cache_format,
@@ -18,7 +18,7 @@ from hypic_rag.entry_storage.formats import (
     is_compressed,
     tensor_kind,
 )
-from hypic_rag.entry_storage.quantize import (
+from hypic_rag.entry.quantize import (
     ceil_to_bfloat16,
     dequantize_float8,
     dequantize_int,
@@ -192,7 +192,7 @@ def test_column_equalization_round_trips_within_the_bound_of_the_equalized_value
 def test_entries_decoded_together_equal_each_decoded_alone(name: str) -> None:
     """`decompress_entries` expands every coding once for all the entries (chunks of other lengths, all layers):
     the same values, names, order and dtypes as one entry at a time, and float32 entries pass through unchanged."""
-    from hypic_rag.entry_storage.formats import decompress_entries
+    from hypic_rag.entry.compression import decompress_entries
 
     entries = [synthetic_entry(TINY_SHAPE, list(range(start, start + length)), seed=start)
                for start, length in ((0, 24), (100, 40), (200, 8))]
@@ -227,6 +227,6 @@ def test_conv_tails_are_grouped_along_their_channels() -> None:
 
 def decompress_entries_for_test(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One stored form decoded twice in one call (both copies share every expansion); the second."""
-    from hypic_rag.entry_storage.formats import decompress_entries
+    from hypic_rag.entry.compression import decompress_entries
 
     return decompress_entries([stored, stored], "cpu", torch.float32)[1]

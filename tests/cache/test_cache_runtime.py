@@ -16,7 +16,7 @@ from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.segment_cache import SegmentCache
 from hypic_rag.cache.synthetic import HybridShape, synthetic_entry
 from hypic_rag.cli.main import main as cli_main
-from hypic_rag.entry import ATTENTION_LAYER, ATTENTION_PARTS, entry_bytes, is_kv_name, tensor_name
+from hypic_rag.entry.schema import ATTENTION_LAYER, ATTENTION_PARTS, entry_bytes, is_kv_name, tensor_name
 from hypic_rag.runtime.engine import Engine, Request
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.segment_source import MemorySegmentSource, SegmentSource
@@ -199,7 +199,7 @@ def test_compressed_entries_answer_alike_on_a_miss_and_a_hit_alone_and_batched(
 ) -> None:
     """The engine decodes a compressed cache's stored form once per hit; a miss (encoded by the engine, or by the
     scheduler for a batch) gives the logits a later hit gives, bit for bit, and they stay near float32 entries'."""
-    from hypic_rag.entry_storage.formats import is_compressed
+    from hypic_rag.entry.compression import is_compressed
     from hypic_rag.runtime.sampling import SamplingParams
     from hypic_rag.scheduler import QueueSink, Scheduler
 

@@ -17,7 +17,7 @@ from hypic_rag.cache.keys import FORMAT_VERSION, CacheNamespace, segment_key
 from hypic_rag.cache.segment_cache import SegmentCache
 from hypic_rag.cache.store import PutRequest
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry
-from hypic_rag.entry_storage.formats import compress_entry, decompress_entry
+from hypic_rag.entry.compression import compress_entry, decompress_entry
 
 NS = CacheNamespace(model_fingerprint="model-a", tokenizer_fingerprint="tok-a", seam_tokens=8)
 MIB = 1 << 20

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.entry_storage.formats import CACHE_FORMATS
+from hypic_rag.entry.compression import CACHE_FORMATS
 from cli_support import run_here  # tests/cli/cli_support.py
 
 

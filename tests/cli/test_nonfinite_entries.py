@@ -16,7 +16,7 @@ from hypic_rag.cache.codec import decode_entry, encode_entry, read_header
 from hypic_rag.cache.errors import CorruptEntryError
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.cache.store import PutRequest
-from hypic_rag.entry_storage.formats import compress_entry
+from hypic_rag.entry.compression import compress_entry
 from cli_support import run_here  # tests/cli/cli_support.py
 
 BFLOAT16_BITS = {"nan": 0x7FC0, "inf": 0x7F80}

@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from hypic_rag.entry import SEAM_TOKENS, TOKEN_IDS, is_kv_name
+from hypic_rag.entry.schema import SEAM_TOKENS, TOKEN_IDS, is_kv_name
 from hypic_rag.runtime.anchoring import (
     MAX_ANCHOR_TOKENS,
     anchor_of,

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from hypic_rag.entry import SEAM_TOKENS, tensor_name
+from hypic_rag.entry.schema import SEAM_TOKENS, tensor_name
 from hypic_rag.runtime import recurrent_pass
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.batch_state import SequenceState

@@ -46,7 +46,7 @@ def imported_modules(name: str, path: Path) -> set[str]:
 
 
 def part_of(module: str) -> str | None:
-    """The top-level part of `hypic_rag` a module belongs to: `hypic_rag.runtime`, `hypic_rag.entry`, ..."""
+    """The top-level part of `hypic_rag` a module belongs to: `hypic_rag.runtime`, `hypic_rag.entry.schema`, ..."""
     pieces = module.split(".")
     if pieces[0] != "hypic_rag" or len(pieces) < 2:
         return None
@@ -119,25 +119,25 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_entry_format_is_one_leaf_module_that_both_sides_import() -> None:
-    entry_module = PACKAGE / "entry.py"
-    own = {imported for imported in imported_modules("hypic_rag.entry", entry_module) if part_of(imported)}
-    assert own == set(), f"hypic_rag/entry.py must import nothing from hypic_rag, imports {sorted(own)}"
+    entry_module = PACKAGE / "entry" / "schema.py"
+    own = {imported for imported in imported_modules("hypic_rag.entry.schema", entry_module) if part_of(imported)}
+    assert own == set(), f"hypic_rag/entry/schema.py must import nothing from hypic_rag, imports {sorted(own)}"
     importers = {
         module for module, path in modules()
-        if any(imported == "hypic_rag.entry" or imported.startswith("hypic_rag.entry.")
+        if any(imported == "hypic_rag.entry.schema" or imported.startswith("hypic_rag.entry.schema.")
                for imported in imported_modules(module, path))
     }
-    for user in ("hypic_rag.entry_storage.formats", "hypic_rag.cache.synthetic", "hypic_rag.cache.segment_cache",
+    for user in ("hypic_rag.entry.compression", "hypic_rag.cache.synthetic", "hypic_rag.cache.segment_cache",
                  "hypic_rag.runtime.encode", "hypic_rag.runtime.stack", "hypic_rag.runtime.engine",
                  "hypic_rag.retrieval.encoding_pool", "hypic_rag.bench.measure", "hypic_rag.bench.cache_bytes"):
-        assert user in importers, f"{user} does not use hypic_rag.entry"
+        assert user in importers, f"{user} does not use hypic_rag.entry.schema"
 
 
 def test_entry_names_and_sizes_are_defined_only_in_the_entry_module() -> None:
     """`Entry` is declared once, and only the entry module (and the decode state's own size) multiply a tensor's
     element count by its element size."""
     for module, path in modules():
-        if module == "hypic_rag.entry":
+        if module == "hypic_rag.entry.schema":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from hypic_rag.entry import ATTENTION_LAYER, LINEAR_LAYER
+from hypic_rag.entry.schema import ATTENTION_LAYER, LINEAR_LAYER
 from hypic_rag.runtime.blocks import Block, ResidualBlock
 from hypic_rag.runtime.families.base import Family, register_family
 from hypic_rag.runtime.mixers.attention import ProjectedAttention, RotaryPositions

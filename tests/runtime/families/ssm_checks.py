@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request

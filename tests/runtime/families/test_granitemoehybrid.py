@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.mixers.attention import RotaryPositions

@@ -13,7 +13,7 @@ from family_modes import (
     random_request,
 )
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.blocks import ResidualBlock
 from hypic_rag.runtime.engine import Engine

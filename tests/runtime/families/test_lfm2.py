@@ -21,7 +21,7 @@ from family_modes import (
 )
 from ssm_checks import TEXTS, check_precompute_and_ask, check_published_checkpoint_loads
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.blocks import ResidualBlock
 from hypic_rag.runtime.engine import Engine

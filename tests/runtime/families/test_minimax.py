@@ -12,7 +12,7 @@ from family_modes import (
     check_seams_and_prefix_are_exact,
 )
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.families import family_for

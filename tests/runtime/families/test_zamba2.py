@@ -20,7 +20,7 @@ from ssm_checks import (
     random_request,
 )
 
-from hypic_rag.entry import tensor_name
+from hypic_rag.entry.schema import tensor_name
 from hypic_rag.testing.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.families.zamba2 import HybridBlock

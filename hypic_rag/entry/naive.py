@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from hypic_rag.entry_storage.quantize import FLOAT8_MAX, PLANE_WIDTHS
+from hypic_rag.entry.quantize import FLOAT8_MAX, PLANE_WIDTHS
 
 
 def bfloat16_round_up(value: float) -> float:

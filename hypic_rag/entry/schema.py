@@ -42,7 +42,7 @@ KEY_VALUE_SUFFIXES = tuple(f".{part}" for part in ATTENTION_PARTS)
 
 STORED_PART_SEPARATOR = "#"
 """A compressed tensor is stored as parts named ``{name}#{part}`` (``layers.3.key#int8`` and ``layers.3.key#scale``,
-`hypic_rag.entry_storage`); the name before the separator says which tensor, and so which kind, they make."""
+`hypic_rag.entry`); the name before the separator says which tensor, and so which kind, they make."""
 
 
 def base_name(name: str) -> str:

@@ -12,7 +12,7 @@ A `CacheFormat` gives every tensor kind its `TensorCoding`:
   stored in the coding's `fallback` float dtype; a tensor with a non-finite value, or one beyond float16's range
   for a float16 cast, keeps its dtype. Token ids and ``seam_tokens`` are never changed.
 
-The stored form of a compressed tensor ``X`` is a set of parts (`hypic_rag.entry.STORED_PART_SEPARATOR`):
+The stored form of a compressed tensor ``X`` is a set of parts (`hypic_rag.entry.schema.STORED_PART_SEPARATOR`):
 ``X#int{bits}`` (codes; ``X#int8.t`` when transposed) or ``X#fp8`` (float8 bytes) with ``X#scale`` and, with
 ``+cols``, ``X#columns``; a cast tensor keeps its name. Decoding (`decompress_entries`) needs no format: the parts
 say how they were made, and it runs on whatever device the parts are moved to first. State tensors decode to
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from hypic_rag.entry import SEAM_TOKENS, STORED_PART_SEPARATOR, TOKEN_IDS, Entry, base_name
-from hypic_rag.entry_storage.quantize import (
+from hypic_rag.entry.schema import SEAM_TOKENS, STORED_PART_SEPARATOR, TOKEN_IDS, Entry, base_name
+from hypic_rag.entry.quantize import (
     FLOAT8_MAX,
     dequantize_float8,
     dequantize_int,
