@@ -9,7 +9,7 @@ match, its paired difference to float32 entries with a 95% interval (normal appr
 differences), agreement of the answers, and KL(float32 entries || format) of the first answer token (mean, p99).
 JSON (`--out`) and a markdown table (`--markdown`).
 
-    OMP_WAIT_POLICY=PASSIVE python -m evals.cache_formats --model hypic_rag/assets/default_model \\
+    OMP_WAIT_POLICY=PASSIVE python -m evals.cache_formats --model hypic_rag/demo/assets/default_model \\
         --out docs/benchmarks/cache_formats_bundled.json --markdown docs/benchmarks/cache_formats_bundled.md
     OMP_WAIT_POLICY=PASSIVE python -m evals.cache_formats --model evals/stage3_model \\
         --out docs/benchmarks/cache_formats_stage3.json --markdown docs/benchmarks/cache_formats_stage3.md
@@ -106,7 +106,7 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hypic_rag.default_model import default_model_path
+    from hypic_rag.demo.default_model import default_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=default_model_path())

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 from training.evaluate import EvalItem, summarize
 from training.data.synthetic_qa import HELDOUT_SEED
 

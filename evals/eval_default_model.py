@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from training.data.synthetic_qa import Question
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 from training.evaluate import EvalItem, greedy_answer, heldout_cases, summarize
 from training.packing import SegmentEncoder
 from training.data.synthetic_qa import HELDOUT_SEED

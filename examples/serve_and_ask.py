@@ -4,7 +4,7 @@
     python examples/serve_and_ask.py                       # builds an index in a temporary directory
     python examples/serve_and_ask.py --workdir /tmp/hypic  # keeps (and reuses) the index there
 
-Steps: precompute an index of `hypic_rag/assets/example_corpus/documents` (chunk, embed, encode every chunk into
+Steps: precompute an index of `hypic_rag/demo/assets/example_corpus/documents` (chunk, embed, encode every chunk into
 the segment cache), start the REST service on 127.0.0.1 with an API key (as `hypic-rag serve --index DIR --api-key
 KEY` would), then with httpx, every request sending `Authorization: Bearer KEY`: ask two questions (one streamed),
 add a document, wait for its job, ask about it, delete it, and print the cache statistics. `--model PATH` uses

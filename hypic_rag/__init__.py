@@ -79,17 +79,17 @@ _HOMES: dict[str, str] = {
     "ServerConfig": "hypic_rag.server",
     "ServerThread": "hypic_rag.server.runner",
     "DEFAULT_SEPARATOR": "hypic_rag.server",
-    "default_model_path": "hypic_rag.default_model",
-    "example_corpus_path": "hypic_rag.default_model",
-    "read_questions": "hypic_rag.example_corpus",
+    "default_model_path": "hypic_rag.demo.default_model",
+    "example_corpus_path": "hypic_rag.demo.default_model",
+    "read_questions": "hypic_rag.demo.example_corpus",
     "HypicError": "hypic_rag.errors",
 }
 """Each front-door name -> the module that defines it, imported on first use (`__getattr__`)."""
 
 if TYPE_CHECKING:
-    from hypic_rag.default_model import default_model_path, example_corpus_path
+    from hypic_rag.demo.default_model import default_model_path, example_corpus_path
     from hypic_rag.errors import HypicError
-    from hypic_rag.example_corpus import read_questions
+    from hypic_rag.demo.example_corpus import read_questions
     from hypic_rag.pipeline import Answer, RagPipeline, Source
     from hypic_rag.precompute import build_index
     from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat

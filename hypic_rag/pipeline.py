@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypic_rag.demo_world import DEMO_MODEL_NOTE, WorldCheck, is_bundled_model
+from hypic_rag.demo.world import DEMO_MODEL_NOTE, WorldCheck, is_bundled_model
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
 from hypic_rag.prompting.format import PromptFormat
@@ -68,7 +68,7 @@ class Source:
 @dataclass(slots=True)
 class Answer:
     """recompute_policy: the spec of the policy a `hypic` answer was assembled with ("" in other modes). note: a
-    line the reader should see beside the answer, else None: `hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled
+    line the reader should see beside the answer, else None: `hypic_rag.demo.world.DEMO_MODEL_NOTE` when the bundled
     demo model answered over chunks outside its synthetic world. prompt_parts: the prompt part by part, in prompt
     order, with what each recomputed and reused (`vocabulary.prompt_part_record`; empty where no prompt was laid
     out from the index)."""

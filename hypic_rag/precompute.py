@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm import tqdm
 
-from hypic_rag.demo_world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bundled_model
+from hypic_rag.demo.world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bundled_model
 from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
@@ -196,7 +196,7 @@ class PrecomputeSummary:
     removed_entries: int = 0
     """Entries of the old format removed after a rebuild."""
     note: str | None = None
-    """`hypic_rag.demo_world.DEMO_MODEL_NOTE` when the bundled demo model indexed chunks outside its world."""
+    """`hypic_rag.demo.world.DEMO_MODEL_NOTE` when the bundled demo model indexed chunks outside its world."""
 
     @property
     def did_work(self) -> bool:
@@ -402,7 +402,7 @@ def build_index(
     seconds); open the index with `RagPipeline.open(index_dir)`. Bad paths and options raise before anything is
     created (`HypicError`s, `ValueError`, `TypeError` for an unknown option).
     """
-    from hypic_rag.default_model import resolve_model_path
+    from hypic_rag.demo.default_model import resolve_model_path
 
     return precompute(PrecomputeOptions(
         corpus=Path(corpus).expanduser(), index_dir=Path(index_dir).expanduser(), model_path=resolve_model_path(model),
@@ -412,7 +412,7 @@ def build_index(
 
 def bundled_model_fit(model_path: Path, tokenizer: Any, index: CorpusIndex) -> CorpusFit | None:
     """For the bundled demo model, how the index's chunks fit its synthetic world, recorded in the manifest (None,
-    and nothing recorded, for any other model); `hypic_rag.demo_world`."""
+    and nothing recorded, for any other model); `hypic_rag.demo.world`."""
     fit = None
     if is_bundled_model(model_path):
         fit = WorldCheck(tokenizer).fit(chunk.text for chunk in index.docstore.iter_chunks())

@@ -164,7 +164,7 @@ class ModelSession:
         in-memory one). FileNotFoundError when the directory (or the bundled model) is missing, `ModelLoadError`
         when it cannot be loaded or has no tokenizer. recompute_policy: what `hypic` recomputes (None: the fixed
         seam; `runtime.recompute_policy`)."""
-        from hypic_rag.default_model import resolve_model_path
+        from hypic_rag.demo.default_model import resolve_model_path
         from hypic_rag.runtime.model import load_model
 
         path = resolve_model_path(model_path)

@@ -1,7 +1,7 @@
 """`python -m training`: train the default model (resumable) and export it.
 
     python -m training train --run-dir runs/default --total-steps 1200
-    python -m training export --run-dir runs/default --out hypic_rag/assets/default_model
+    python -m training export --run-dir runs/default --out hypic_rag/demo/assets/default_model
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Render MODEL_CARD.md for an exported default model from its training settings and benchmark JSON files.
 
-    python -m training.model_card --model hypic_rag/assets/default_model \
+    python -m training.model_card --model hypic_rag/demo/assets/default_model \
         --run-dir runs/default/stage1 --run-dir runs/default/stage2 --run-dir runs/default/stage3 \
         --eval runs/eval_retriever.json --eval runs/eval_distractors.json --notes runs/card_notes.md
 
@@ -81,7 +81,7 @@ def render_card(model_dir: Path, run_dirs: list[Path], eval_paths: list[Path], n
         "A small `qwen3_5` text model (gated-DeltaNet linear-attention layers and full-attention layers) trained from",
         "scratch on CPU on the synthetic multi-document QA corpus of `training/data/synthetic_qa.py`, in the",
         "query-time layout (prefix, k chunks, question, answer). It answers questions about the fictional entities of",
-        "that corpus (see `hypic_rag/assets/example_corpus/`); it knows nothing else and is not a general language model.",
+        "that corpus (see `hypic_rag/demo/assets/example_corpus/`); it knows nothing else and is not a general language model.",
         "",
         "## Size and architecture",
         f"- {parameters:,} parameters (tied embeddings), stored as float32 safetensors; bundle {bundle_bytes / 2**20:.1f} MiB.",

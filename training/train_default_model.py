@@ -2,7 +2,7 @@
 """Train the bundled default model: the three stages of its recipe, in order, each resumable; see docs/default_model.md.
 
     OMP_WAIT_POLICY=PASSIVE python -m training.train_default_model --run-root runs/default [--max-minutes 60]
-    OMP_WAIT_POLICY=PASSIVE python -m training.train_default_model --run-root runs/default --export hypic_rag/assets/default_model
+    OMP_WAIT_POLICY=PASSIVE python -m training.train_default_model --run-root runs/default --export hypic_rag/demo/assets/default_model
 
 Each stage is a run directory under --run-root (`python -m training` trains one run); a later stage
 starts from the previous stage's checkpoint (weights and optimizer moments) with its own seed (fresh worlds) and

@@ -329,7 +329,7 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
         models: tuple[str, ...] = ("bundled", "medium")) -> dict[str, Any]:
     """Convert, check agreement, compare (see the module docstring); the result as a JSON-ready dict."""
     from hypic_rag.bench.timing_model import build_timing_model
-    from hypic_rag.default_model import default_model_path
+    from hypic_rag.demo.default_model import default_model_path
     from hypic_rag.runtime.model import load_model, wrap_model
 
     require_llama_cpp()

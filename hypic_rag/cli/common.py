@@ -177,7 +177,7 @@ def worker_count() -> NumberType:
 
 def resolve_model_path(given: str | None) -> Path:
     """--model, else the bundled default model; a one-line error naming --model (exit 2) when neither is there."""
-    from hypic_rag.default_model import resolve_model_path as resolve
+    from hypic_rag.demo.default_model import resolve_model_path as resolve
 
     try:
         return resolve(given)

@@ -63,7 +63,7 @@ def _load_questions(path: Path, count: int) -> list[dict]:
 def run_demo(args: argparse.Namespace) -> int:
     """Errors of the index, model, cache or pipeline reach `hypic_rag.cli.main` as they are (each carries its exit
     code: 2 bad input, 3 a mismatched index, 1 otherwise)."""
-    from hypic_rag.default_model import example_corpus_path
+    from hypic_rag.demo.default_model import example_corpus_path
 
     model_path = resolve_model_path(args.model)
     corpus = example_corpus_path()

@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hypic_rag.cache.errors import free_space_note
-from hypic_rag.demo_world import CorpusFit
+from hypic_rag.demo.world import CorpusFit
 from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
@@ -501,7 +501,7 @@ class CorpusIndex:
         self.manifest.save(self.directory)
 
     def record_bundled_model_fit(self, fit: CorpusFit | None) -> None:
-        """Record how the chunks fit the bundled demo model's world (`hypic_rag.demo_world`; None: not measured,
+        """Record how the chunks fit the bundled demo model's world (`hypic_rag.demo.world`; None: not measured,
         another model); the manifest saved when it changed."""
         self._require_writer()
         record = None if fit is None else fit.to_dict()

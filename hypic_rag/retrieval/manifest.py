@@ -9,7 +9,7 @@ precompute's `--cache-format`, kept until precompute rebuilds the cache in anoth
 float32), counts, the recompute policy `ask` and `serve` use for it (`recompute_policy`: set by `hypic-rag
 calibrate`; absent: the fixed seam), the cache format calibration recommends (`cache_format_choice`) and, for an
 index of the bundled demo model, how its chunks fit that model's synthetic world (`bundled_model_fit`,
-`hypic_rag.demo_world`). Opening an index with another embedder, model, tokenizer, chunker setting or prompt format
+`hypic_rag.demo.world`). Opening an index with another embedder, model, tokenizer, chunker setting or prompt format
 is refused with an `IndexMismatchError` that names the difference.
 
 A manifest written before the whole format was recorded holds only `chunk_template`: it reads as that template
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.demo_world import CorpusFit
+from hypic_rag.demo.world import CorpusFit
 from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
@@ -91,7 +91,7 @@ class IndexManifest:
     cache_format: str = DEFAULT_CACHE_FORMAT
     cache_format_choice: dict[str, Any] | None = None
     bundled_model_fit: dict[str, Any] | None = None
-    """How the chunks fit the bundled demo model's world (`hypic_rag.demo_world.CorpusFit.to_dict()`), measured by
+    """How the chunks fit the bundled demo model's world (`hypic_rag.demo.world.CorpusFit.to_dict()`), measured by
     precompute for an index of the bundled model; None for any other model (and in older manifests)."""
 
     def __post_init__(self) -> None:

@@ -83,7 +83,7 @@ def shown_answer(browser: Browser, mode: str = "hypic") -> dict[str, Any]:
 def picture(path: Path, *, width: int = PICTURE_WIDTH, dark: bool = False) -> Path:
     """Serve the bundled example index, ask `PICTURE_QUESTION` on the page side by side, save the page at
     `path` (a palette PNG)."""
-    from hypic_rag.default_model import default_model_path, example_corpus_path
+    from hypic_rag.demo.default_model import default_model_path, example_corpus_path
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
     from hypic_rag.testing import build_index

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hypic_rag.cli.serve_command import AUTO, worker_count_or_auto
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 from hypic_rag.distributed.local_workers import (
     MAX_AUTO_WORKERS,
     SMALL_MODEL_BYTES,

@@ -10,7 +10,7 @@ import torch
 
 from training.data.name_pools import name_pools
 from training.data.synthetic_qa import distractor_context, generate_world, read_questions, EXAMPLE_CORPUS_SEED
-from hypic_rag.default_model import default_model_path, example_corpus_path
+from hypic_rag.demo.default_model import default_model_path, example_corpus_path
 from training.evaluate import greedy_answer, prompt_ids
 from training.packing import SegmentEncoder, pack_example
 

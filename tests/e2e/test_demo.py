@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 
 pytestmark = pytest.mark.skipif(not (default_model_path() / "config.json").is_file(), reason="bundled model missing")
 

@@ -1,4 +1,4 @@
-"""The bundled demo model says so when it answers outside its synthetic world (`hypic_rag.demo_world`), and only
+"""The bundled demo model says so when it answers outside its synthetic world (`hypic_rag.demo.world`), and only
 then: `precompute` and `ask` print the note once, `ask --json` and `/v1/ask` carry it as `note`; over the example
 corpus nothing is said."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hypic_rag.default_model import default_model_path, example_corpus_path
-from hypic_rag.demo_world import DEMO_MODEL_NOTE, IN_WORLD_WORD_SHARE, WorldCheck, is_bundled_model
+from hypic_rag.demo.default_model import default_model_path, example_corpus_path
+from hypic_rag.demo.world import DEMO_MODEL_NOTE, IN_WORLD_WORD_SHARE, WorldCheck, is_bundled_model
 
 pytestmark = pytest.mark.skipif(not (default_model_path() / "config.json").is_file(), reason="bundled model missing")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hypic_rag import default_model_path, example_corpus_path
-from hypic_rag.default_model import answers_reliably
+from hypic_rag.demo.default_model import answers_reliably
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE_DOC = "docs/cache.md"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hypic_rag import default_model_path, read_questions
-from hypic_rag.default_model import answers_reliably
+from hypic_rag.demo.default_model import answers_reliably
 from tests.structure.test_front_door import readme_python_blocks
 
 ROOT = Path(__file__).resolve().parents[2]

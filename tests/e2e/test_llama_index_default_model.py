@@ -1,7 +1,7 @@
 """LlamaIndex end to end on the bundled default model over the bundled example corpus: ingest with the cache
 transformation, retrieve with a VectorStoreIndex, answer; answers and source nodes must be right.
 
-Skipped while `hypic_rag/assets/default_model` is not installed.
+Skipped while `hypic_rag/demo/assets/default_model` is not installed.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from llama_index.core.ingestion import IngestionPipeline  # noqa: E402
 from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
 from llama_index.core.query_engine import RetrieverQueryEngine  # noqa: E402
 
-from hypic_rag.default_model import answers_reliably, example_corpus_path  # noqa: E402
-from hypic_rag.example_corpus import read_questions  # noqa: E402
+from hypic_rag.demo.default_model import answers_reliably, example_corpus_path  # noqa: E402
+from hypic_rag.demo.example_corpus import read_questions  # noqa: E402
 from hypic_rag.integrations.llama_index import (  # noqa: E402
     HypicCacheTransformation,
     HypicEmbedding,

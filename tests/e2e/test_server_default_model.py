@@ -1,6 +1,6 @@
 """The REST service on the bundled default model over the bundled example corpus: answers must be right.
 
-Skipped while `hypic_rag/assets/default_model` is not installed.
+Skipped while `hypic_rag/demo/assets/default_model` is not installed.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from hypic_rag.example_corpus import Question, read_questions
-from hypic_rag.default_model import answers_reliably, default_model_path, example_corpus_path
+from hypic_rag.demo.example_corpus import Question, read_questions
+from hypic_rag.demo.default_model import answers_reliably, default_model_path, example_corpus_path
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import build_index

@@ -15,7 +15,7 @@ pytest.importorskip("llama_index.core")
 
 from llama_index.core import Settings  # noqa: E402
 
-from hypic_rag.default_model import answers_reliably, example_corpus_path  # noqa: E402
+from hypic_rag.demo.default_model import answers_reliably, example_corpus_path  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "llama_index.md"
 HTML_DOCUMENT = "s777000000-person-8"  # Gramux Mastem, whose hobby the snippets ask about

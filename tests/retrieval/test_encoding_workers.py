@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
-from hypic_rag.default_model import default_model_path, example_corpus_path
+from hypic_rag.demo.default_model import default_model_path, example_corpus_path
 from hypic_rag.testing import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -74,7 +74,7 @@ def test_merge_keeps_direct_prefix_then_new_hop_hits_then_direct_tail() -> None:
 def test_hop_raises_two_hop_recall_on_real_indexes(tmp_path) -> None:
     from transformers import AutoTokenizer
 
-    from hypic_rag.default_model import default_model_path
+    from hypic_rag.demo.default_model import default_model_path
     from training.heldout_retrieval import retrieved_cases
     from training.data.synthetic_qa import HELDOUT_SEED
 

@@ -19,7 +19,7 @@ import torch
 from hypic_rag.cache.keys import CacheNamespace
 from hypic_rag.cli.main import main
 from hypic_rag.cli.common import DTYPE_CHOICES
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import DTYPES, ModelLoadError, load_model, wrap_model

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 from hypic_rag.runtime.model import tokenizer_digest
 from hypic_rag.runtime.tokenizer import (
     GENERIC_MODEL_TYPES,
@@ -371,7 +371,7 @@ def test_model_type_table_matches_transformers(tmp_path: Path) -> None:
 def test_loading_and_tokenizing_imports_no_transformers() -> None:
     script = (
         "import sys\n"
-        "from hypic_rag.default_model import default_model_path\n"
+        "from hypic_rag.demo.default_model import default_model_path\n"
         "from hypic_rag.runtime.tokenizer import load_tokenizer\n"
         "tokenizer = load_tokenizer(default_model_path())\n"
         "assert tokenizer is not None\n"

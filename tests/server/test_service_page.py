@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hypic_rag.default_model import default_model_path, example_corpus_path
+from hypic_rag.demo.default_model import default_model_path, example_corpus_path
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import build_index

@@ -54,8 +54,8 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
     for asset in ("default_model/model.safetensors", "default_model/tokenizer.json", "default_model/config.json",
                   "default_model/MODEL_CARD.md", "example_corpus/questions.jsonl",
                   "example_corpus/documents/s777000000-person-8.md"):
-        assert f"hypic_rag/assets/{asset}" in names, asset
-    shipped = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag" / "assets").rglob("*") if path.is_file()}
+        assert f"hypic_rag/demo/assets/{asset}" in names, asset
+    shipped = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag" / "demo" / "assets").rglob("*") if path.is_file()}
     assert shipped <= set(names), sorted(shipped - set(names))  # every asset file is installed
     page = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag/server/static").iterdir()}
     assert {"hypic_rag/server/static/index.html", "hypic_rag/server/static/page.js"} <= page <= set(names), page
@@ -64,14 +64,14 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
 
 def test_every_source_package_is_listed_for_the_wheel() -> None:
     """pyproject lists packages explicitly (and the data packages with them): a new subpackage, or a new folder of bundled
-    data under hypic_rag/assets (a data package), must be added there."""
+    data under hypic_rag/demo/assets (a data package), must be added there."""
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {
         ".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "hypic_rag").rglob("__init__.py")
     }
-    assets = ROOT / "hypic_rag" / "assets"
+    assets = ROOT / "hypic_rag" / "demo" / "assets"
     data_packages = {".".join(path.relative_to(ROOT).parts) for path in [assets, *assets.rglob("*")]
                      if path.is_dir() and path.name != "__pycache__"} | {"hypic_rag.server.static"}
     assert on_disk | data_packages == listed

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 from training.model_card import render_card
 from training.trainer import TrainSettings
 

@@ -29,7 +29,7 @@ from training.data.name_pools import (
     name_pools,
 )
 
-from hypic_rag.example_corpus import TWO_HOP_SEPARATOR, Question, read_questions  # noqa: F401 (re-exported)
+from hypic_rag.demo.example_corpus import TWO_HOP_SEPARATOR, Question, read_questions  # noqa: F401 (re-exported)
 
 KINDS = ("person", "organisation", "place", "product")
 

@@ -51,7 +51,7 @@ class HypicRuntime(ModelSession):
     ) -> HypicRuntime:
         """One runtime per (model, cache directory, seam width, device) in this process, opened on first use
         (a cache directory can be open only once per process)."""
-        from hypic_rag.default_model import resolve_model_path
+        from hypic_rag.demo.default_model import resolve_model_path
 
         key = (
             str(resolve_model_path(model_path).resolve()),

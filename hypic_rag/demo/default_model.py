@@ -41,7 +41,7 @@ def answers_reliably() -> tuple[bool, str]:
     """(True, "") when the bundled model exists and reached ACCURACY_TARGET; else (False, why). Tests that check
     answers for correctness run only then; everything else runs on the shipped model whatever its accuracy."""
     if not (default_model_path() / "config.json").is_file():
-        return False, "the bundled default model is missing (hypic_rag/assets/default_model)"
+        return False, "the bundled default model is missing (hypic_rag/demo/assets/default_model)"
     accuracy = measured_accuracy()
     if accuracy is None:
         return False, "the bundled model has no recorded held-out accuracy (evaluation.json)"

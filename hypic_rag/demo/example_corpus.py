@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypic_rag.default_model import example_corpus_path
+from hypic_rag.demo.default_model import example_corpus_path
 
 TWO_HOP_SEPARATOR = " -> "
 """Two-hop answers are written `bridge -> answer` so the model names the bridge entity before the answer."""

@@ -1,6 +1,6 @@
 """Whether the bundled demo model is answering outside its synthetic world, and the one line that says so.
 
-The bundled model (`hypic_rag/assets/default_model`, 2.2M parameters) was trained only on synthetic worlds of
+The bundled model (`hypic_rag/demo/assets/default_model`, 2.2M parameters) was trained only on synthetic worlds of
 invented people, organisations, places and products (`docs/default_model.md`); on any other documents it still
 answers, fluently and wrongly. Its byte-level BPE tokenizer was trained on those worlds, so every word of such a
 world (template words and invented names alike) is one token, while most words of ordinary text split into several
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.default_model import default_model_path
+from hypic_rag.demo.default_model import default_model_path
 
 __all__ = [
     "DEMO_MODEL_NOTE",
