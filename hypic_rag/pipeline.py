@@ -3,7 +3,7 @@
 One `RagPipeline` serves the CLI's `ask` and `demo` and the REST service: an opened index and the
 `session.ModelSession` it was built for (model, engine, segment cache, the index's whole prompt format). Retrieved
 chunks are passed to the runtime as separate segments (their stored token ids), never as one concatenated string.
-Answers are generated through the scheduler, as every way in generates (`hypic_rag.scheduler`): `stream` steps the
+Answers are generated through the scheduler, as every way in generates (`hypic_rag.runtime.scheduler`): `stream` steps the
 pipeline's own scheduler in the caller's thread; the service hands its prepared questions to its own.
 """
 
@@ -27,7 +27,7 @@ from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.runtime.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.session import CacheOptions, ModelSession
 from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
 from hypic_rag.vocabulary import prompt_part_record, source_record

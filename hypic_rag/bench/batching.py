@@ -41,7 +41,7 @@ from hypic_rag.runtime.model import HybridModel, wrap_model
 from hypic_rag.runtime.modes import check_mode, entry_seams
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.runtime.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

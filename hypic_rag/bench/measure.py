@@ -22,7 +22,7 @@ from hypic_rag.runtime.modes import MODES, entry_seams
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.runtime.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

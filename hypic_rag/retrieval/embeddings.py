@@ -169,8 +169,8 @@ class PooledTransformer:
         self.device = device
         self.backend = "transformers"
         if backend != "transformers":
-            from hypic_rag.retrieval.batch_tokenizer import BatchTokenizer
-            from hypic_rag.retrieval.bert_encoder import load_bert_encoder
+            from hypic_rag.runtime.checkpoints.batch_tokenizer import BatchTokenizer
+            from hypic_rag.runtime.checkpoints.bert_encoder import load_bert_encoder
 
             tokenizer = BatchTokenizer.read(model_dir, stack.max_seq_length)
             encoder = load_bert_encoder(model_dir, device) if tokenizer is not None else None

@@ -20,7 +20,7 @@ engine's defaults into the request's `PrefillPlan`, which carries it to the stac
 
 The generation loop is `step`: one batched stack pass for a list of `Generating` sequences (a prefill item for each
 one not yet prefilled, a decode item for each running one), each then choosing its next token
-(`GenerationProgress`). The scheduler (`hypic_rag.scheduler`) calls it for many sequences per step; `stream` and
+(`GenerationProgress`). The scheduler (`hypic_rag.runtime.scheduler`) calls it for many sequences per step; `stream` and
 `generate` call it for one.
 """
 

@@ -356,7 +356,7 @@ def load_model(
     weights, `wrap_model`), and nothing is copied. Its device and dtype are the defaults; naming another device or
     dtype than the object's raises `ModelLoadError` (convert it first: ``model.to(device, dtype)``).
     """
-    from hypic_rag.runtime.native import IMPLEMENTATIONS
+    from hypic_rag.runtime.checkpoints.native import IMPLEMENTATIONS
 
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}")
@@ -400,7 +400,7 @@ def _native_modules(path: Path, device: torch.device, dtype: torch.dtype, implem
         return None
     from safetensors import SafetensorError
 
-    from hypic_rag.runtime.native import load_native, unsupported_reason
+    from hypic_rag.runtime.checkpoints.native import load_native, unsupported_reason
 
     reason = unsupported_reason(path)
     if reason is not None:
@@ -459,7 +459,7 @@ def _directory_tokenizer(path: Path, require_tokenizer: bool, implementation: st
         logger.warning("no tokenizer files in %s; loaded without a tokenizer", path)
         return None
     if implementation != "transformers":
-        from hypic_rag.runtime.tokenizer import load_tokenizer
+        from hypic_rag.runtime.checkpoints.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(path)
         if tokenizer is not None:

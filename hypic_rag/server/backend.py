@@ -26,7 +26,7 @@ from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
-from hypic_rag.scheduler import CallbackSink, Scheduler, SchedulerConfig
+from hypic_rag.runtime.scheduler import CallbackSink, Scheduler, SchedulerConfig
 from hypic_rag.server.channel import TextEvent
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError

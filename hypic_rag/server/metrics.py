@@ -158,7 +158,7 @@ class ServiceMetrics:
             self._tokens[kind] += count
 
     def observe_step(self, report: Any) -> None:
-        """Record one scheduler step (`hypic_rag.scheduler.StepReport`): its batch size and tokens."""
+        """Record one scheduler step (`hypic_rag.runtime.scheduler.StepReport`): its batch size and tokens."""
         self.steps.inc()
         if report.sequences:
             self.batch_size.observe(report.sequences)

@@ -33,7 +33,7 @@ from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.channel import EventChannel, SourcesEvent, TextEvent
 from hypic_rag.server.errors import BadRequestError, ServiceError, ServiceUnavailableError
-from hypic_rag.scheduler.config import DEFAULT_ADMIT_WAIT_S
+from hypic_rag.runtime.scheduler.config import DEFAULT_ADMIT_WAIT_S
 from hypic_rag.server.worker import ModelWorker
 from hypic_rag.utils.streaming import StrippedDeltas
 

@@ -127,7 +127,7 @@ class ModelWorker:
 
     queue_size bounds the requests waiting (queued here, or waiting in the scheduler for admission);
     max_pending_jobs bounds background jobs. The backend must have `close()`; a `scheduler` attribute (a
-    `hypic_rag.scheduler.Scheduler`) is driven by this thread, and `on_step` sees each of its step reports.
+    `hypic_rag.runtime.scheduler.Scheduler`) is driven by this thread, and `on_step` sees each of its step reports.
     """
 
     def __init__(

@@ -201,7 +201,7 @@ def test_compressed_entries_answer_alike_on_a_miss_and_a_hit_alone_and_batched(
     scheduler for a batch) gives the logits a later hit gives, bit for bit, and they stay near float32 entries'."""
     from hypic_rag.entry.compression import is_compressed
     from hypic_rag.runtime.sampling import SamplingParams
-    from hypic_rag.scheduler import QueueSink, Scheduler
+    from hypic_rag.runtime.scheduler import QueueSink, Scheduler
 
     namespace = CacheNamespace.for_model(model, SEAM, cache_format)
     request = make_request()

@@ -54,7 +54,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.distributed.rendezvous import NoReplicaAvailable
     from hypic_rag.distributed.serve_front import ReplicaStartError
     from hypic_rag.errors import PromptTooLongError
-    from hypic_rag.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
+    from hypic_rag.runtime.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
     from hypic_rag.testing.browser import BrowserError
     from hypic_rag.bench.peers import PeerMissingError

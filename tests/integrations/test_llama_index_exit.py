@@ -1,5 +1,5 @@
 """A process that used `HypicLLM` exits cleanly (code 0) even with a generation still running: the runtime's
-scheduler thread is stopped at exit (`hypic_rag.scheduler.scheduler`, atexit), not left inside a torch op while
+scheduler thread is stopped at exit (`hypic_rag.runtime.scheduler.scheduler`, atexit), not left inside a torch op while
 Python finalizes, which aborted the process ("terminate called without an active exception", SIGABRT: with a
 stream abandoned after its first delta, 3 of 4 runs of the bundled model on 3871e4e)."""
 

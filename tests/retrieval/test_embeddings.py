@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hypic_rag.retrieval.batch_tokenizer import BatchTokenizer
-from hypic_rag.retrieval.bert_encoder import load_bert_encoder
+from hypic_rag.runtime.checkpoints.batch_tokenizer import BatchTokenizer
+from hypic_rag.runtime.checkpoints.bert_encoder import load_bert_encoder
 from hypic_rag.retrieval.embeddings import PooledStack, PooledTransformer, SentenceEmbedder, default_embedder_path
 
 TEXTS = [

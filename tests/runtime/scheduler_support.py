@@ -7,7 +7,7 @@ from typing import Any
 
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import QueueSink, Scheduler
+from hypic_rag.runtime.scheduler import QueueSink, Scheduler
 
 
 def run_arrivals(

@@ -19,7 +19,7 @@ from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.segment_source import MemorySegmentSource
 from hypic_rag.runtime.stack import decode_batch, run_batch
-from hypic_rag.scheduler import (
+from hypic_rag.runtime.scheduler import (
     CallbackSink,
     QueueSink,
     Scheduler,

@@ -15,7 +15,7 @@ from hypic_rag.runtime.modes import MODES
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.stack import StackItemResult
-from hypic_rag.scheduler import Scheduler, SchedulerConfig
+from hypic_rag.runtime.scheduler import Scheduler, SchedulerConfig
 from hypic_rag.testing import SUPPORTED_TINY_TYPES, build_tiny_model
 from scheduler_support import run_arrivals
 

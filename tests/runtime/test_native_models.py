@@ -15,7 +15,7 @@ import torch
 from hypic_rag.demo.default_model import default_model_path
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import CONFIG_DIGEST_IGNORED, ModelLoadError, load_model
-from hypic_rag.runtime.native import qwen3_5
+from hypic_rag.runtime.checkpoints.native import qwen3_5
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.testing import random_request, save_published_checkpoint, save_tiny_checkpoint
 
@@ -113,7 +113,7 @@ def test_native_load_imports_neither_transformers_nor_dynamo() -> None:
     code = (
         "import sys, torch\n"
         "from pathlib import Path\n"
-        "from hypic_rag.runtime.native import load_native\n"
+        "from hypic_rag.runtime.checkpoints.native import load_native\n"
         "from hypic_rag.demo.default_model import default_model_path\n"
         "load_native(default_model_path(), device=torch.device('cpu'), dtype=torch.float32)\n"
         "print(sorted(name for name in ('transformers', 'torch._dynamo') if name in sys.modules))\n"

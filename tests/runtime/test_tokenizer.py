@@ -1,4 +1,4 @@
-"""`hypic_rag.runtime.tokenizer` against transformers' AutoTokenizer on the same directories: the bundled model's
+"""`hypic_rag.runtime.checkpoints.tokenizer` against transformers' AutoTokenizer on the same directories: the bundled model's
 and layouts built here (a Qwen2-style byte-level BPE with added special tokens saved by transformers'
 `save_pretrained`, its chat template in tokenizer_config.json; one whose tokenizer.json lacks the eos token and a
 post-processor, with chat_template.jinja; Qwen3.5 checkpoints, for which AutoTokenizer builds `Qwen3_5Tokenizer`:
@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hypic_rag.demo.default_model import default_model_path
 from hypic_rag.runtime.model import tokenizer_digest
-from hypic_rag.runtime.tokenizer import (
+from hypic_rag.runtime.checkpoints.tokenizer import (
     GENERIC_MODEL_TYPES,
     QWEN3_5_DECLARED_CLASSES,
     QWEN3_5_MODEL_TYPES,
@@ -372,7 +372,7 @@ def test_loading_and_tokenizing_imports_no_transformers() -> None:
     script = (
         "import sys\n"
         "from hypic_rag.demo.default_model import default_model_path\n"
-        "from hypic_rag.runtime.tokenizer import load_tokenizer\n"
+        "from hypic_rag.runtime.checkpoints.tokenizer import load_tokenizer\n"
         "tokenizer = load_tokenizer(default_model_path())\n"
         "assert tokenizer is not None\n"
         "ids = tokenizer('hello world', add_special_tokens=False, verbose=False)['input_ids']\n"
@@ -389,7 +389,7 @@ def test_loading_a_qwen3_5_checkpoint_imports_no_transformers(qwen3_5_published_
     script = (
         "import sys\n"
         "from hypic_rag.runtime.model import load_model\n"
-        "from hypic_rag.runtime.tokenizer import CheckpointTokenizer\n"
+        "from hypic_rag.runtime.checkpoints.tokenizer import CheckpointTokenizer\n"
         f"model = load_model({str(qwen3_5_published_dir)!r}, device='cpu')\n"
         "assert model.implementation == 'native', model.implementation\n"
         "assert isinstance(model.tokenizer, CheckpointTokenizer), type(model.tokenizer)\n"

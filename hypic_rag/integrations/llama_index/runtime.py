@@ -15,7 +15,7 @@ from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.scheduler import AsyncQueueSink, Scheduler, SchedulerConfig
+from hypic_rag.runtime.scheduler import AsyncQueueSink, Scheduler, SchedulerConfig
 from hypic_rag.session import DEFAULT_SEAM_TOKENS, ModelSession
 from hypic_rag.utils.streaming import ResultStream
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
 from hypic_rag.runtime.generation import Generation
-from hypic_rag.scheduler.sequence import Sequence
+from hypic_rag.runtime.scheduler.sequence import Sequence
 
 _END = object()
 

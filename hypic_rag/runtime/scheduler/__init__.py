@@ -5,10 +5,10 @@
 hand tokens to a consumer thread, an event loop or callbacks.
 """
 
-from hypic_rag.scheduler.config import SchedulerConfig
-from hypic_rag.scheduler.handles import AsyncQueueSink, CallbackSink, QueueSink
-from hypic_rag.scheduler.scheduler import Scheduler, StepReport
-from hypic_rag.scheduler.sequence import SchedulerFullError, SchedulerStopped, Sequence, SequenceCancelled, SequenceSink
+from hypic_rag.runtime.scheduler.config import SchedulerConfig
+from hypic_rag.runtime.scheduler.handles import AsyncQueueSink, CallbackSink, QueueSink
+from hypic_rag.runtime.scheduler.scheduler import Scheduler, StepReport
+from hypic_rag.runtime.scheduler.sequence import SchedulerFullError, SchedulerStopped, Sequence, SequenceCancelled, SequenceSink
 
 __all__ = [
     "AsyncQueueSink",

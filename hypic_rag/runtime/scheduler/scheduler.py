@@ -45,9 +45,9 @@ from hypic_rag.runtime.recompute_policy import WHOLE, RecomputePolicy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.stack import StackItemResult
-from hypic_rag.scheduler.config import SchedulerConfig
-from hypic_rag.scheduler.handles import QueueSink
-from hypic_rag.scheduler.sequence import (
+from hypic_rag.runtime.scheduler.config import SchedulerConfig
+from hypic_rag.runtime.scheduler.handles import QueueSink
+from hypic_rag.runtime.scheduler.sequence import (
     ENCODING,
     READY,
     RUNNING,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypic_rag.runtime.native.config import CheckpointConfig
+from hypic_rag.runtime.checkpoints.native.config import CheckpointConfig
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
 """`config.model_type` values served: the text checkpoint, and the multimodal one (its `text_config`; the text stack

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hypic_rag.runtime.tokenizer import special_token_text
+from hypic_rag.runtime.checkpoints.tokenizer import special_token_text
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_SETTINGS_FILE = "tokenizer_config.json"

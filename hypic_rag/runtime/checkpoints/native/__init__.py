@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hypic_rag.runtime.native import qwen3_5
-from hypic_rag.runtime.native.config import CheckpointConfig
+from hypic_rag.runtime.checkpoints.native import qwen3_5
+from hypic_rag.runtime.checkpoints.native.config import CheckpointConfig
 
 IMPLEMENTATIONS = ("auto", "native", "transformers")
 """How `load_model` builds a checkpoint's modules: "native" (this package; an error when it cannot), "transformers"
