@@ -40,7 +40,7 @@ def evaluate(engine: Any, cases: list[Any], formats: list[str], stop: str, polic
              progress: bool = True) -> dict[str, Any]:
     """Every format on every case against float32 entries: one row per format (float32's own first)."""
     from hypic_rag.cache.compressed_source import CompressedSource
-    from hypic_rag.format_calibration import percentile
+    from hypic_rag.calibration.cache_format import percentile
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.quality import kl_divergence
     from training.packing import SegmentEncoder

@@ -95,7 +95,7 @@ def chunk_ranks(ranking: str, case: Any) -> list[int]:
     if ranking == "prompt":
         order = list(range(count))
     elif ranking == "alternate":
-        from hypic_rag.pipeline import retrieval_ranks
+        from hypic_rag.pipeline.answering import retrieval_ranks
 
         return retrieval_ranks(case.from_hop)
     elif ranking == "score":
@@ -292,7 +292,7 @@ class Tally:
 def build_requests(cases: Sequence[Any], encoder: Any) -> list[Any]:
     """The requests of `cases`: prefix, retrieved chunks in prompt order, question; a chunk that follows its
     document's previous chunk is marked (`Request.chunk_follows`, what chained policies read)."""
-    from hypic_rag.pipeline import follows_of
+    from hypic_rag.pipeline.answering import follows_of
     from hypic_rag.runtime.request import Request
 
     requests = []
@@ -699,10 +699,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=None, help="comma-separated POLICY[|RANKING] (default: the issue-20 "
                         "list for one world, `WORLD_VARIANTS` with --worlds)")
     parser.add_argument("--calibrate", default="", help="KL targets (comma-separated): calibrate on --calibration-"
-                        "questions of worlds --calibration-seed with `hypic_rag.runtime.calibration`, record the choice")
+                        "questions of worlds --calibration-seed with `hypic_rag.calibration.policy`, record the choice")
     parser.add_argument("--calibration-questions", type=int, default=50)
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
-                        "`hypic_rag.runtime.calibration.DEFAULT_CANDIDATES`)")
+                        "`hypic_rag.calibration.policy.DEFAULT_CANDIDATES`)")
     parser.add_argument("--calibration-seed", type=int, default=None, help="default: the test bed's calibration seed")
     parser.add_argument("--calibrate-only", action="store_true", help="calibrate (--calibrate) and stop: no world "
                         "is evaluated")
@@ -834,8 +834,8 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     pipeline ranks), one choice per KL target."""
     import dataclasses
 
-    from hypic_rag.pipeline import retrieval_ranks
-    from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, calibrate
+    from hypic_rag.pipeline.answering import retrieval_ranks
+    from hypic_rag.calibration.policy import DEFAULT_CANDIDATES, calibrate
     from training.packing import SegmentEncoder
 
     cases = load_cases(args.calibration_seed, args.calibration_questions, engine.model.tokenizer, args.k,

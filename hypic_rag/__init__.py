@@ -63,17 +63,17 @@ __all__ = [
 ]
 
 _HOMES: dict[str, str] = {
-    "build_index": "hypic_rag.precompute",
-    "RagPipeline": "hypic_rag.pipeline",
-    "Answer": "hypic_rag.pipeline",
-    "Source": "hypic_rag.pipeline",
+    "build_index": "hypic_rag.pipeline.precompute",
+    "RagPipeline": "hypic_rag.pipeline.answering",
+    "Answer": "hypic_rag.pipeline.answering",
+    "Source": "hypic_rag.pipeline.answering",
     "SamplingParams": "hypic_rag.runtime.sampling",
     "load_model": "hypic_rag.runtime.model",
     "HybridModel": "hypic_rag.runtime.model",
     "Engine": "hypic_rag.runtime.engine",
     "Request": "hypic_rag.runtime.request",
     "Generation": "hypic_rag.runtime.generation",
-    "ModelSession": "hypic_rag.session",
+    "ModelSession": "hypic_rag.pipeline.session",
     "PromptFormat": "hypic_rag.prompting.format",
     "DEFAULT_PROMPT_FORMAT": "hypic_rag.prompting.format",
     "ServerConfig": "hypic_rag.server",
@@ -90,8 +90,8 @@ if TYPE_CHECKING:
     from hypic_rag.demo.default_model import default_model_path, example_corpus_path
     from hypic_rag.errors import HypicError
     from hypic_rag.demo.example_corpus import read_questions
-    from hypic_rag.pipeline import Answer, RagPipeline, Source
-    from hypic_rag.precompute import build_index
+    from hypic_rag.pipeline.answering import Answer, RagPipeline, Source
+    from hypic_rag.pipeline.precompute import build_index
     from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.generation import Generation
@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     from hypic_rag.runtime.sampling import SamplingParams
     from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
     from hypic_rag.server.runner import ServerThread
-    from hypic_rag.session import ModelSession
+    from hypic_rag.pipeline.session import ModelSession
 
 
 def __getattr__(name: str) -> Any:

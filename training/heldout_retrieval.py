@@ -107,7 +107,7 @@ def _indexed_cases(
     """Cases of worlds `seed`, `seed + 1`, ... (`world_of(world_seed, count)`: the world and its questions; `write`:
     its corpus directory), each world indexed in its own corpus index and searched as the pipeline searches (its
     hits laid out in prompt order, `pipeline.prompt_order`)."""
-    from hypic_rag.pipeline import prompt_order
+    from hypic_rag.pipeline.answering import prompt_order
     from hypic_rag.retrieval.chunking import Chunker
     from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
     from hypic_rag.retrieval.embeddings import SentenceEmbedder

@@ -326,7 +326,7 @@ def server_throughput(config: ThroughputConfig, *, max_running: int = 16) -> dic
 
     from hypic_rag.demo.default_model import default_model_path, example_corpus_path
     from hypic_rag.demo.example_corpus import read_questions
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
 

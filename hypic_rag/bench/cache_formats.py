@@ -5,7 +5,7 @@
   real code path: shapes and dtypes only), against two float32 references: the model run in float32 (every tensor
   float32, as the CPU runtime stores entries) and in bfloat16 (K/V bfloat16 already, as on CUDA).
 - quality: tiny random models of every family (`family_models`, slow decays, peaked attention); per request
-  KL(float32 entries || format entries) of `hypic`'s next-token distribution (`format_calibration.score_formats`),
+  KL(float32 entries || format entries) of `hypic`'s next-token distribution (`calibration.cache_format.score_formats`),
   its mean and 99th percentile, and greedy next-token agreement. Exact match on trained checkpoints is
   `evals/cache_formats.py` (repository-only).
 - load: full-depth Qwen3.5-35B-A3B entries (random values) in an LMDB store per format; per entry the disk read
@@ -109,7 +109,7 @@ def bytes_rows(config: CacheFormatsConfig) -> list[dict[str, Any]]:
 def quality_rows(config: CacheFormatsConfig) -> list[dict[str, Any]]:
     """Per family: every format's KL against float32 entries over random requests on a tiny random model."""
     from hypic_rag.bench.family_models import TIMING_FAMILIES, build_family_timing_model
-    from hypic_rag.format_calibration import score_formats
+    from hypic_rag.calibration.cache_format import score_formats
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import wrap_model
 

@@ -97,7 +97,7 @@ def foreign_corpus_server(workers: int, queue_size: int, extra: list[str] | None
 
     from hypic_rag.bench.foreign_corpus import write_foreign_corpus
     from hypic_rag.demo.default_model import default_model_path
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
     from hypic_rag.testing import free_port
 
     with tempfile.TemporaryDirectory(prefix="hypic-bench-server-") as directory:

@@ -1,5 +1,5 @@
 """A segment source handing out another source's entries in a compressed cache format's stored form, without
-building a cache in that format: what format calibration (`hypic_rag.format_calibration`) and the cache-format
+building a cache in that format: what format calibration (`hypic_rag.calibration.cache_format`) and the cache-format
 evaluation (`evals/cache_formats.py`) read. It meets the runtime's `SegmentSource` protocol structurally, as
 `SegmentCache` does (the cache imports nothing from the runtime)."""
 

@@ -35,7 +35,7 @@ from hypic_rag.utils.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS
 from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:
-    from hypic_rag.pipeline import Answer, RagPipeline
+    from hypic_rag.pipeline.answering import Answer, RagPipeline
 
 SNIPPET_CHARACTERS = 80
 STDIN_QUESTION = "-"
@@ -122,7 +122,7 @@ def print_answer(answer: Answer) -> None:
 
 def answer_json(question: str, answer: Answer) -> dict[str, Any]:
     """The `--json` object: question, answer, mode, finish reason, sources best first (the fields every surface
-    writes, `hypic_rag.vocabulary.SOURCE_FIELDS`), usage and timings (seconds)."""
+    writes, `hypic_rag.pipeline.vocabulary.SOURCE_FIELDS`), usage and timings (seconds)."""
     return {"question": question, **answer.as_dict()}
 
 
@@ -155,7 +155,7 @@ def read_question(given: str) -> str:
 
 def open_pipeline(args: argparse.Namespace) -> RagPipeline:
     """The index (checked against the embedder and model), its model, its segment cache, as one pipeline."""
-    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.pipeline.answering import RagPipeline
 
     return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device,
                             hop_slots=args.hop_slots, dtype=args.dtype, remote_cache=remote_cache_config(args),
@@ -168,7 +168,7 @@ def run_ask(args: argparse.Namespace) -> int:
     run_timings = {"startup": process_seconds()}  # the interpreter and the command line, up to here
     question = read_question(args.question)
     began = time.perf_counter()
-    import hypic_rag.pipeline  # noqa: F401  (torch and the runtime; transformers' model code loads with the model)
+    import hypic_rag.pipeline.answering  # noqa: F401  (torch and the runtime; transformers' model code loads with the model)
     from hypic_rag.runtime.sampling import SamplingParams
 
     run_timings["imports"] = time.perf_counter() - began

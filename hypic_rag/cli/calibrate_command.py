@@ -91,8 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from hypic_rag.calibration import DEFAULT_CANDIDATES, calibrate_index, read_questions
-    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.calibration.index import DEFAULT_CANDIDATES, calibrate_index, read_questions
+    from hypic_rag.pipeline.answering import RagPipeline
     from hypic_rag.retrieval.corpus_index import check_not_locked, record_cache_format_choice, record_recompute_policy
     from hypic_rag.retrieval.errors import IndexLockedError
     from hypic_rag.retrieval.manifest import MANIFEST_FILE
@@ -154,8 +154,8 @@ def calibrate_format_step(
     progress: Callable[[int, int], None] | None,
 ) -> tuple[Any, dict[str, Any]]:
     """The cache format step on the same requests, under the chosen `policy`: (the `FormatChoice`, its record)."""
-    from hypic_rag.calibration import calibrate_index_format
-    from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, DEFAULT_FORMAT_KL_TARGET
+    from hypic_rag.calibration.index import calibrate_index_format
+    from hypic_rag.calibration.cache_format import DEFAULT_FORMAT_CANDIDATES, DEFAULT_FORMAT_KL_TARGET
 
     target = DEFAULT_FORMAT_KL_TARGET if args.format_kl_target is None else args.format_kl_target
     return calibrate_index_format(

@@ -75,8 +75,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"model: {model_path}")
     print(f"index and segment cache: {index_dir} (built once; delete it to rebuild)", flush=True)
     # the heavy imports (torch, transformers) after the introduction, which shows at once
-    from hypic_rag.pipeline import RagPipeline
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.pipeline.answering import RagPipeline
+    from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
     from hypic_rag.retrieval.errors import IndexMismatchError
     from hypic_rag.runtime.sampling import SamplingParams
     options = PrecomputeOptions(corpus=corpus / "documents", index_dir=index_dir, model_path=model_path)

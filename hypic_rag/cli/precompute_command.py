@@ -38,7 +38,7 @@ from hypic_rag.retrieval.loading import FORMATS_NOTE
 from hypic_rag.utils.limits import CHUNK_TOKENS, SEAM_TOKENS
 
 if TYPE_CHECKING:
-    from hypic_rag.precompute import PrecomputeSummary
+    from hypic_rag.pipeline.precompute import PrecomputeSummary
 
 VECTOR_INDEX_KINDS = ("flat", "hnsw", "ivf")
 
@@ -134,7 +134,7 @@ def run_precompute(args: argparse.Namespace) -> int:
     created. Errors reach `hypic_rag.cli.main` as they are (each carries its exit code)."""
     from hypic_rag.retrieval.faiss_index import VectorIndexConfig
     from hypic_rag.retrieval.loading import load_corpus
-    from hypic_rag.precompute import PrecomputeOptions, check_locations, precompute
+    from hypic_rag.pipeline.precompute import PrecomputeOptions, check_locations, precompute
 
     if args.ray is not None and args.workers > 1:
         raise CliError("--workers and --ray exclude each other (with --ray, --ray-actors sets the encoders)")

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RayScaleOut:
-    """A `hypic_rag.precompute.ScaleOut` on the Ray cluster at `address` ("local", "auto" or an address).
+    """A `hypic_rag.pipeline.precompute.ScaleOut` on the Ray cluster at `address` ("local", "auto" or an address).
 
     actors: encoding actors (None: one per GPU of the cluster when the model runs on CUDA, else one per CPU slot).
     Connects on first use (`connect`: a missing Ray or an unreachable cluster is one `RayUnavailableError`)."""

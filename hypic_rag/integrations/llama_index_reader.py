@@ -11,7 +11,7 @@ bytes), HTML without markup or scripts, and DOCX, as `precompute` does. Each pag
 HTML, DOCX or Markdown file becomes one LlamaIndex `Document` whose metadata holds LlamaIndex's usual `file_name`
 and `file_path`, `page` (and `page_label`, LlamaIndex's name for it) or `section` (the heading path, "Guide >
 Setup"), the file's `title` when it names one, and hypic-rag's `doc_id` and `source` (the names every surface
-uses, `hypic_rag/vocabulary.py`); node parsers copy it into every node, so a query engine's `source_nodes` say
+uses, `hypic_rag/pipeline/vocabulary.py`); node parsers copy it into every node, so a query engine's `source_nodes` say
 where each answer came from. As LlamaIndex's readers do, the bookkeeping keys (`file_name`, `doc_id`, `source`,
 `page_label`) are left out of the text the embedder and the LLM see; `file_path`, `title`, `page` and `section`
 stay in. Files that cannot be read are named in a warning (the loader's) and listed in `reader.skipped`; a folder

@@ -46,7 +46,7 @@ class PromptFormat:
     def request(self, tokenizer: Any, chunks: Sequence[str], question: str) -> Request:
         """The request of `question` over `chunks` (texts) in this format: the prefix, one formatted segment per
         chunk, the formatted question, each tokenized on its own (`tokenize_segment`). The product builds its
-        requests with `hypic_rag.session.ModelSession.request`, which also strips the question and drops empty
+        requests with `hypic_rag.pipeline.session.ModelSession.request`, which also strips the question and drops empty
         chunks; this is the same layout for a bare tokenizer."""
         return Request(
             prefix_ids=tokenize_segment(tokenizer, self.prefix),

@@ -163,7 +163,7 @@ def check_not_locked(directory: str | Path) -> None:
 
 
 def record_cache_format_choice(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
-    """Record `record` (a format calibration, `hypic_rag.format_calibration.FormatChoice.to_dict()` and how it was
+    """Record `record` (a format calibration, `hypic_rag.calibration.cache_format.FormatChoice.to_dict()` and how it was
     made; None clears it) as the index's recommended cache format, under the index's writer lock; the index's own
     format does not change (precompute rebuilds the cache in another). `IndexLockedError` when another process
     writes the index."""
@@ -180,7 +180,7 @@ def record_cache_format_choice(directory: str | Path, record: dict[str, Any] | N
 
 
 def record_recompute_policy(directory: str | Path, record: dict[str, Any] | None) -> IndexManifest:
-    """Record `record` (a calibration, `hypic_rag.runtime.calibration.Calibration.to_dict()` and how it was made;
+    """Record `record` (a calibration, `hypic_rag.calibration.policy.Calibration.to_dict()` and how it was made;
     None clears it) as the index's recompute policy, under the index's writer lock; the manifest saved.
     `IndexLockedError` when another process writes the index."""
     directory = Path(directory).expanduser().resolve()

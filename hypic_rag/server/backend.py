@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.pipeline import RagPipeline
+from hypic_rag.pipeline.answering import RagPipeline
 from hypic_rag.prompting.format import tokenize_segment
 from hypic_rag.prompting.matching import NO_MATCHING, MatchSettings, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
@@ -33,8 +33,8 @@ from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundErro
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.jobs import Job, JobRegistry
 from hypic_rag.server.worker import TaskContext
-from hypic_rag.session import CacheOptions, ModelSession
-from hypic_rag.usage import usage_of
+from hypic_rag.pipeline.session import CacheOptions, ModelSession
+from hypic_rag.pipeline.usage import usage_of
 
 logger = logging.getLogger(__name__)
 

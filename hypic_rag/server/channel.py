@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from starlette.requests import Request
 
-from hypic_rag.pipeline import Source
+from hypic_rag.pipeline.answering import Source
 from hypic_rag.server.errors import RequestTimeoutError
 from hypic_rag.server.worker import TaskContext
 

@@ -27,7 +27,7 @@ class MissEncoderFactory(Protocol):
 class ServerConfig:
     """How `create_app` opens its index and which limits it enforces.
 
-    index_dir: an index made by `hypic-rag precompute` (or `hypic_rag.precompute`).
+    index_dir: an index made by `hypic-rag precompute` (or `hypic_rag.pipeline.precompute`).
     model_path: None uses the model recorded in the index manifest (the bundled default model for an index built
     with the defaults). dtype: "float32", "bfloat16" or "float16", the dtype the model runs in (None: the one the
     manifest recorded). read_only: open the index for search only; document endpoints then answer 409 and other

@@ -14,7 +14,7 @@ from hypic_rag.server.openai_schemas import CompletionUsage, HypicDetails, Promp
 from hypic_rag.server.service import Service
 from hypic_rag.server.sse import Frames
 from hypic_rag.server.worker import TaskContext
-from hypic_rag.vocabulary import MATCHING_FIELDS, USAGE_FIELDS
+from hypic_rag.pipeline.vocabulary import MATCHING_FIELDS, USAGE_FIELDS
 
 INDEX_MODEL_SUFFIX = "+index"
 """Appended to the served model's id, the model id of a chat answered from the served index (`/v1/chat/completions`

@@ -114,7 +114,7 @@ class PromptTokensDetails(BaseModel):
 
 
 class CompletionUsage(BaseModel):
-    """OpenAI's usage, with hypic-rag's counters under the names every surface uses (`hypic_rag.vocabulary`):
+    """OpenAI's usage, with hypic-rag's counters under the names every surface uses (`hypic_rag.pipeline.vocabulary`):
     cached + encoded + recomputed = prompt tokens."""
 
     prompt_tokens: int

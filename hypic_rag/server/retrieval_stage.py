@@ -27,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from hypic_rag.pipeline import Answer, PreparedQuestion, Question
+from hypic_rag.pipeline.answering import Answer, PreparedQuestion, Question
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import ServiceBackend

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 
-from hypic_rag.pipeline import Answer, Question
+from hypic_rag.pipeline.answering import Answer, Question
 from hypic_rag.prompting.chat import ChatMessage, chat_prompt
 from hypic_rag.prompting.matching import NO_MATCHING
 from hypic_rag.runtime.sampling import SamplingParams

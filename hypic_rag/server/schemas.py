@@ -84,7 +84,7 @@ class AskRequest(_Strict):
 
 
 class SourceOut(BaseModel):
-    """One source of the answer, best first, with the fields every surface writes (`hypic_rag.vocabulary`)."""
+    """One source of the answer, best first, with the fields every surface writes (`hypic_rag.pipeline.vocabulary`)."""
 
     rank: int = Field(description="1 for the best; sources are listed by score.")
     doc_id: str = Field(description="Id of the document the chunk comes from.")
@@ -123,7 +123,7 @@ class Usage(BaseModel):
 
 
 class PromptPartOut(BaseModel):
-    """One part of the prompt an answer was assembled from, in prompt order (`hypic_rag.vocabulary.PROMPT_PART_FIELDS`)."""
+    """One part of the prompt an answer was assembled from, in prompt order (`hypic_rag.pipeline.vocabulary.PROMPT_PART_FIELDS`)."""
 
     part: str = Field(description="prefix, chunk or question.")
     chunk_id: str | None = Field(description="A chunk's id (its source's chunk_id); null for the prefix and the question.")

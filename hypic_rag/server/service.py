@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import Depends
 from starlette.requests import Request
 
-from hypic_rag.pipeline import Answer, Question
+from hypic_rag.pipeline.answering import Answer, Question
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.channel import EventChannel

@@ -777,7 +777,7 @@ def build_index(
 ) -> Path:
     """Precompute an index of `documents` (a mapping written to `<directory>.corpus`, or a corpus path) on CPU,
     quietly (`hypic_rag.build_index`); returns `directory`."""
-    from hypic_rag.precompute import build_index as build
+    from hypic_rag.pipeline.precompute import build_index as build
 
     directory = Path(directory)
     if isinstance(documents, Path):

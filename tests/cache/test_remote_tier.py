@@ -45,8 +45,8 @@ from hypic_rag.cache.segment_cache import SegmentCache  # noqa: E402
 from hypic_rag.cache.synthetic import TINY_SHAPE, synthetic_entry  # noqa: E402
 from hypic_rag.cache.errors import RemoteTierConfigError  # noqa: E402
 from hypic_rag.cli.main import main  # noqa: E402
-from hypic_rag.pipeline import RagPipeline  # noqa: E402
-from hypic_rag.precompute import PrecomputeOptions, precompute  # noqa: E402
+from hypic_rag.pipeline.answering import RagPipeline  # noqa: E402
+from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute  # noqa: E402
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM  # noqa: E402
 from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port  # noqa: E402

@@ -42,7 +42,7 @@ from hypic_rag.cli.main import main
 from hypic_rag.retrieval.chunking import ChunkerConfig
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexSettings
 from hypic_rag.retrieval.errors import IndexWriteError
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import (
     SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
 )

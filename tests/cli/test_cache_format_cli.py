@@ -85,10 +85,10 @@ def test_precompute_rebuilds_the_cache_in_a_format_and_ask_and_serve_keep_it(
 
 
 def test_the_python_api_takes_the_format_and_refuses_another(index: Path) -> None:
-    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.pipeline.answering import RagPipeline
     from hypic_rag.retrieval.errors import IndexMismatchError
     from hypic_rag.server.config import ServerConfig
-    from hypic_rag.session import CacheOptions
+    from hypic_rag.pipeline.session import CacheOptions
 
     recorded = manifest(index)["cache_format"]
     other = "int4" if recorded != "int4" else "int8"

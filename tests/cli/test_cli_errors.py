@@ -41,14 +41,14 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     """The exit code of each error class a command lets reach `cli/main`, as docs/*.md document them."""
     from hypic_rag.cache import errors as cache
     from hypic_rag.errors import MissingPathError
-    from hypic_rag.pipeline import PipelineError
+    from hypic_rag.pipeline.answering import PipelineError
     from hypic_rag.retrieval import errors as retrieval
     from hypic_rag.retrieval.encoding_pool import EncodingPoolError, WorkerStartError
     from hypic_rag.retrieval.formats import UnreadableFile
     from hypic_rag.runtime.model import ModelLoadError, UnsupportedModelError
     from hypic_rag.runtime.modes import UnknownModeError
     from hypic_rag.runtime.recompute_policy import RecomputePolicyError
-    from hypic_rag.calibration import CalibrationError
+    from hypic_rag.calibration.index import CalibrationError
     from hypic_rag.distributed.cluster import RayUnavailableError
     from hypic_rag.distributed.front import ReplicaUnreachable
     from hypic_rag.distributed.rendezvous import NoReplicaAvailable

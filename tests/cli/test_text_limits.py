@@ -75,7 +75,7 @@ def test_calibrate_checks_every_question_of_its_file_before_the_model_loads(
 
 
 def test_calibrate_reads_only_the_questions_it_uses(index: Path, tmp_path: Path) -> None:
-    from hypic_rag.calibration import read_questions
+    from hypic_rag.calibration.index import read_questions
 
     questions = tmp_path / "questions.txt"
     questions.write_bytes(b"First?\nSecond?\n" + b"\xff" * 10)  # the damaged tail lies past what is used
@@ -83,7 +83,7 @@ def test_calibrate_reads_only_the_questions_it_uses(index: Path, tmp_path: Path)
 
 
 def test_the_library_pipeline_has_the_same_limit(index: Path) -> None:
-    from hypic_rag.pipeline import PipelineError, RagPipeline
+    from hypic_rag.pipeline.answering import PipelineError, RagPipeline
 
     pipeline = RagPipeline.open(index, device="cpu")
     try:

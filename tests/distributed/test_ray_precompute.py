@@ -24,7 +24,7 @@ from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.distributed.ray_scale_out import RayScaleOut
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def assert_same_index(first: Path, second: Path) -> None:
 
 def test_without_ray_nothing_imports_it() -> None:
     code = ("import sys; import hypic_rag.cli.main, hypic_rag.cli.precompute_command, hypic_rag.cli.serve_command, "
-            "hypic_rag.precompute, hypic_rag.server.backend, hypic_rag.server.app; "
+            "hypic_rag.pipeline.precompute, hypic_rag.server.backend, hypic_rag.server.app; "
             "hypic_rag.cli.main.build_parser(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -254,7 +254,7 @@ def test_all_miss_query_encoded_on_actors_equals_the_local_answer(
     ray_cluster: Any, copy_tiny_index, tmp_path: Path
 ) -> None:
     from hypic_rag.distributed.ray_encoder import pool_for_engine
-    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.pipeline.answering import RagPipeline
     from hypic_rag.runtime.sampling import SamplingParams
     from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
 

@@ -106,8 +106,8 @@ def test_v1_ask_carries_the_note_over_a_foreign_index(tmp_path: Path, foreign_co
 
 
 def test_nothing_is_said_over_the_example_corpus(tmp_path: Path) -> None:
-    from hypic_rag.pipeline import RagPipeline
-    from hypic_rag.precompute import PrecomputeOptions, precompute
+    from hypic_rag.pipeline.answering import RagPipeline
+    from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
     from hypic_rag.runtime.sampling import SamplingParams
 
     summary = precompute(PrecomputeOptions(corpus=example_corpus_path() / "documents", index_dir=tmp_path / "index",

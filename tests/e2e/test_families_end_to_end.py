@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from hypic_rag.prompting.chat import ChatMessage, chat_prompt
-from hypic_rag.pipeline import Answer, RagPipeline
+from hypic_rag.pipeline.answering import Answer, RagPipeline
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread

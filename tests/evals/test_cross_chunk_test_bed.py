@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hypic_rag.pipeline import RagPipeline, chunk_follows, prompt_order
+from hypic_rag.pipeline.answering import RagPipeline, chunk_follows, prompt_order
 from hypic_rag.retrieval.loading import Document
 from training.data.cross_chunk_qa import (
     CROSS_CHUNK_TOKENS,

@@ -253,7 +253,7 @@ def test_thousands_of_known_chunks_are_found_in_a_long_prompt() -> None:
 
 
 def test_the_prefill_reports_each_segments_reused_tokens(tiny_model: Path) -> None:
-    from hypic_rag.session import ModelSession
+    from hypic_rag.pipeline.session import ModelSession
 
     with ModelSession.open(tiny_model, device="cpu", seam_tokens=4) as session:
         request = session.request("Who won?", [session.chunk_ids(CHESS), session.chunk_ids(BIKES)])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hypic_rag.pipeline import PipelineError, Question, RagPipeline
+from hypic_rag.pipeline.answering import PipelineError, Question, RagPipeline
 from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
 
 QUESTIONS = [*SMALL_CORPUS_QUESTIONS.values(), "Where does the glassblower live, and who mends bicycles?",

@@ -16,7 +16,7 @@ from hypic_rag.cli.main import main
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.embeddings import default_embedder_path
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 
 DOCUMENTS = {
@@ -265,7 +265,7 @@ def test_the_manifest_stores_the_whole_prompt_format_and_ask_composes_its_prefix
     """The prefix decides the prefix segment's cache entry, so the manifest records the whole format and `ask`
     composes the prefix precompute encoded: every segment of the prompt is a hit. A manifest of the older layout
     (chunk template only) still reads, as that template with the default prefix and question template."""
-    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.pipeline.answering import RagPipeline
     from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
     from hypic_rag.retrieval.errors import IndexMismatchError
 

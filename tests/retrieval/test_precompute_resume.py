@@ -20,7 +20,7 @@ from hypic_rag.cache.keys import CacheNamespace, segment_key
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.precompute import PrecomputeOptions, precompute
+from hypic_rag.pipeline.precompute import PrecomputeOptions, precompute
 from hypic_rag.testing import save_tiny_checkpoint
 from hypic_rag.cli.in_process import run_cli_here
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore
 from hypic_rag.runtime.model import load_model
-from hypic_rag.session import ModelSession
+from hypic_rag.pipeline.session import ModelSession
 
 
 def contents(directory: Path) -> dict[bytes, bytes]:

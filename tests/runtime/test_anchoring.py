@@ -136,7 +136,7 @@ def test_without_a_prefix_anchored_entries_are_the_plain_ones(engine: Engine) ->
 
 def test_precompute_plans_the_anchored_entries_ask_reads(tiny_model) -> None:
     from hypic_rag.runtime.model import load_model
-    from hypic_rag.session import ModelSession
+    from hypic_rag.pipeline.session import ModelSession
 
     with ModelSession.of_model(load_model(tiny_model, device="cpu"), seam_tokens=SEAM,
                                recompute_policy="seam@0+anchored") as session:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_rag.runtime.calibration import CandidateScore, Calibration, calibrate, choose, score_candidates
+from hypic_rag.calibration.policy import CandidateScore, Calibration, calibrate, choose, score_candidates
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.quality import kl_divergence
@@ -91,8 +91,8 @@ def test_a_calibration_round_trips_through_a_dict() -> None:
 
 
 def test_the_choice_round_trips_through_the_manifest_into_ask_and_serve_sessions(tmp_path: Path, copy_tiny_index) -> None:
-    from hypic_rag.calibration import calibrate_index, probe_questions
-    from hypic_rag.pipeline import RagPipeline
+    from hypic_rag.calibration.index import calibrate_index, probe_questions
+    from hypic_rag.pipeline.answering import RagPipeline
     from hypic_rag.retrieval.corpus_index import record_recompute_policy
     from hypic_rag.retrieval.errors import IndexCorruptError
     from hypic_rag.retrieval.manifest import IndexManifest

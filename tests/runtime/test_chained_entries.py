@@ -84,7 +84,7 @@ def test_chained_entries_are_kept_under_their_own_key(engine: Engine) -> None:
 
 def test_precompute_plans_the_chained_entries_ask_reads(tiny_model) -> None:
     from hypic_rag.runtime.model import load_model
-    from hypic_rag.session import ModelSession
+    from hypic_rag.pipeline.session import ModelSession
 
     with ModelSession.of_model(load_model(tiny_model, device="cpu"), seam_tokens=SEAM,
                                recompute_policy="seam@0+chained") as session:
@@ -104,7 +104,7 @@ def test_precompute_plans_the_chained_entries_ask_reads(tiny_model) -> None:
 def test_calibration_offers_chained_policies_and_prefers_anchored_on_a_tie(engine: Engine) -> None:
     """Where no chunk follows its document's previous one, a chained policy reads the anchored entries: the same
     scores, and the anchored one is chosen (nothing extra to precompute)."""
-    from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, calibrate
+    from hypic_rag.calibration.policy import DEFAULT_CANDIDATES, calibrate
 
     specs = [policy.spec for policy in DEFAULT_CANDIDATES]
     assert specs.index("seam@0+anchored") < specs.index("seam@0+chained")

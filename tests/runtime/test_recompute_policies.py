@@ -199,7 +199,7 @@ def test_generation_follows_the_policy(engine: Engine) -> None:
 
 
 def test_retrieval_ranks_alternate_direct_and_hop_hits() -> None:
-    from hypic_rag.pipeline import retrieval_ranks
+    from hypic_rag.pipeline.answering import retrieval_ranks
 
     # prompt order: 4 direct hits, then 2 hop hits -> d0, h0, d1, h1, d2, d3
     assert retrieval_ranks([False, False, False, False, True, True]) == [0, 2, 4, 5, 1, 3]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_rag.precompute import plan_segments
+from hypic_rag.pipeline.precompute import plan_segments
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.modes import MODE_TABLE, MODES, PREFIX_ENTRY_SEAM, UnknownModeError, entry_seams
@@ -220,7 +220,7 @@ def test_every_seam_width_is_checked_by_the_one_validator(tiny, seam) -> None:
     from hypic_rag.retrieval.corpus_index import IndexSettings
     from hypic_rag.retrieval.encoding_pool import EncoderSpec
     from hypic_rag.retrieval.manifest import ModelIdentity
-    from hypic_rag.precompute import PrecomputeOptions, SegmentPlan
+    from hypic_rag.pipeline.precompute import PrecomputeOptions, SegmentPlan
     from hypic_rag.runtime.encode import encode_segment
 
     _, engine = tiny

@@ -1,6 +1,6 @@
 """One vocabulary on every surface: the same field names for the same things in `hypic-rag ask --json`, `/v1/ask`
 (JSON and its stream) through a real server on 127.0.0.1, the OpenAI routes' extensions and error bodies,
-LlamaIndex's node and response metadata, and `docs/CONTRACTS.md`, all read against `hypic_rag/vocabulary.py`; the
+LlamaIndex's node and response metadata, and `docs/CONTRACTS.md`, all read against `hypic_rag/pipeline/vocabulary.py`; the
 same question gives the same sources on the command line and over REST."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypic_rag.cli.main import main
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
-from hypic_rag.vocabulary import (
+from hypic_rag.pipeline.vocabulary import (
     LOCATION_FIELDS,
     MATCHING_FIELDS,
     PROMPT_PART_FIELDS,

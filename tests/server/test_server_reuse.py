@@ -56,7 +56,7 @@ def complete(client: openai.OpenAI, prompt: str, **extra):
 
 
 def counts(response) -> dict:
-    """The response's usage: OpenAI's fields and hypic-rag's counters (`hypic_rag.vocabulary`)."""
+    """The response's usage: OpenAI's fields and hypic-rag's counters (`hypic_rag.pipeline.vocabulary`)."""
     return response.usage.model_dump()
 
 

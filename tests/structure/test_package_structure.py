@@ -164,7 +164,7 @@ def test_nothing_outside_the_cache_reaches_into_a_cache_store() -> None:
 
 def test_the_integrations_import_nothing_from_the_server() -> None:
     """The LlamaIndex integration shares helpers with the service through neutral modules (`hypic_rag.prompting.segments`,
-    `hypic_rag.usage`), never by importing `hypic_rag.server`."""
+    `hypic_rag.pipeline.usage`), never by importing `hypic_rag.server`."""
     offenders = {
         module: sorted(imported for imported in imported_modules(module, path)
                        if imported == "hypic_rag.server" or imported.startswith("hypic_rag.server."))
@@ -266,7 +266,7 @@ def test_the_retrieval_package_does_not_import_the_session() -> None:
     tasks and batches) lives in the runtime's get-or-encode module."""
     offenders = {
         module: sorted(imported for imported in imported_modules(module, path)
-                       if imported == "hypic_rag.session" or imported.startswith("hypic_rag.session."))
+                       if imported == "hypic_rag.pipeline.session" or imported.startswith("hypic_rag.pipeline.session."))
         for module, path in modules()
         if module.startswith("hypic_rag.retrieval")
     }
@@ -308,7 +308,7 @@ def test_one_home_of_the_get_or_encode_step() -> None:
     assert definers["get_or_encode"] == {GET_OR_ENCODE, "hypic_rag.cache.segment_cache"}
     assert definers["encoding_batches"] == definers["SegmentTask"] == {GET_OR_ENCODE}
     assert definers["plan_encode_batches"] == {"hypic_rag.runtime.encode"}
-    assert definers["fill_steps"] <= {GET_OR_ENCODE, "hypic_rag.session"}
+    assert definers["fill_steps"] <= {GET_OR_ENCODE, "hypic_rag.pipeline.session"}
 
 
 def test_the_checks_above_can_fail() -> None:

@@ -26,11 +26,11 @@ One class kind per module:
 - `ingestion.HypicCacheTransformation` is an ingestion step that encodes every node's segment-cache entry ahead
   of queries.
 - `embedding.HypicEmbedding` wraps the shipped all-MiniLM-L6-v2 sentence-transformers model (offline).
-- `runtime.HypicRuntime` is the `hypic_rag.session.ModelSession` (model, engine, segment cache, prompt format)
+- `runtime.HypicRuntime` is the `hypic_rag.pipeline.session.ModelSession` (model, engine, segment cache, prompt format)
   they share, one per model and cache directory, with one scheduler (continuous batching) that runs every
   generation of the LLM, the synthesizer and the query engine, so concurrent calls batch.
 The integration imports nothing from `hypic_rag.server`: separated segments are `hypic_rag.prompting.segments`, token
-accounting `hypic_rag.usage`.
+accounting `hypic_rag.pipeline.usage`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.prompting.segments import DEFAULT_SEPARATOR, split_segments
-from hypic_rag.usage import usage_of
+from hypic_rag.pipeline.usage import usage_of
 
 __all__ = ["MESSAGE_BOUNDARY", "HypicLLM", "segmented_messages_to_prompt"]
 

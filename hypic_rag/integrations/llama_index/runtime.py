@@ -16,7 +16,7 @@ from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.scheduler import AsyncQueueSink, Scheduler, SchedulerConfig
-from hypic_rag.session import DEFAULT_SEAM_TOKENS, ModelSession
+from hypic_rag.pipeline.session import DEFAULT_SEAM_TOKENS, ModelSession
 from hypic_rag.utils.streaming import ResultStream
 
 __all__ = ["DEFAULT_SEAM_TOKENS", "HypicRuntime", "runtime_for"]

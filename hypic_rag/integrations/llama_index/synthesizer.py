@@ -51,8 +51,8 @@ from hypic_rag.runtime.modes import check_mode
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.utils.streaming import StrippedDeltas
-from hypic_rag.usage import usage_of
-from hypic_rag.vocabulary import USAGE_FIELDS
+from hypic_rag.pipeline.usage import usage_of
+from hypic_rag.pipeline.vocabulary import USAGE_FIELDS
 
 __all__ = ["SUPPORTED_RESPONSE_MODES", "HypicSynthesizer", "check_response_mode", "hypic_llm"]
 

@@ -28,9 +28,9 @@ from hypic_rag.runtime.recompute_policy import RecomputePolicy, as_policy
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.runtime.scheduler import Scheduler, SchedulerConfig
-from hypic_rag.session import CacheOptions, ModelSession
+from hypic_rag.pipeline.session import CacheOptions, ModelSession
 from hypic_rag.utils.streaming import ResultStream, StrippedDeltas
-from hypic_rag.vocabulary import prompt_part_record, source_record
+from hypic_rag.pipeline.vocabulary import prompt_part_record, source_record
 
 if TYPE_CHECKING:
     from hypic_rag.cache.remote_config import RemoteTierConfig

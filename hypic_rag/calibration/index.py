@@ -3,13 +3,13 @@ manifest.
 
 `hypic-rag calibrate` (and this module's `calibrate_index`) builds calibration requests exactly as `ask` builds
 its own (the index's retriever, the pipeline's ranking of chunks), scores the candidate policies on them against
-`full` (`hypic_rag.runtime.calibration`), and records the cheapest one meeting the KL target in the manifest,
+`full` (`hypic_rag.calibration.policy`), and records the cheapest one meeting the KL target in the manifest,
 where `ask` and `serve` find it. The questions come from a file (one per line, or JSON lines with a "question"
 field: questions like the ones the index will be asked are best), or else are probes made from the index itself:
 the first sentence of chunks spread evenly over the corpus. A probe needs no answer: the score compares each
 policy's next-token distribution with `full`'s on the same request, whatever the question.
 
-The cache format (`calibrate_index_format`, `hypic_rag.format_calibration`) is chosen on the same requests: the
+The cache format (`calibrate_index_format`, `hypic_rag.calibration.cache_format`) is chosen on the same requests: the
 smallest format whose entries keep mean KL(float32 entries || format entries) under `hypic` at most a target.
 """
 
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
-from hypic_rag.format_calibration import DEFAULT_FORMAT_CANDIDATES, FormatChoice, calibrate_format
+from hypic_rag.calibration.cache_format import DEFAULT_FORMAT_CANDIDATES, FormatChoice, calibrate_format
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
-from hypic_rag.pipeline import chunk_follows, prompt_order
+from hypic_rag.pipeline.answering import chunk_follows, prompt_order
 from hypic_rag.retrieval.multi_hop import sentences_of
-from hypic_rag.runtime.calibration import DEFAULT_CANDIDATES, Calibration, calibrate
+from hypic_rag.calibration.policy import DEFAULT_CANDIDATES, Calibration, calibrate
 from hypic_rag.runtime.recompute_policy import RecomputePolicy
 from hypic_rag.runtime.request import Request
 

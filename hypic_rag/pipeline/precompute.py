@@ -1,7 +1,7 @@
 """Precompute: load a corpus, chunk, embed, index, and encode every chunk into the segment cache.
 
 It builds an index (`retrieval`) and fills the cache of the `session.ModelSession` it was built for, so it sits
-above both, as `pipeline.py` does (the retrieval package never imports the session).
+above both, as `answering.py` does (the retrieval package never imports the session).
 
     summary = precompute(PrecomputeOptions(corpus="docs/", index_dir="index/", model_path="model/"))
     summary = build_index("docs/", "index/")   # the same from Python, on the bundled model unless `model=...`
@@ -46,7 +46,7 @@ from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
 from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
-from hypic_rag.session import CacheOptions, ModelSession
+from hypic_rag.pipeline.session import CacheOptions, ModelSession
 from hypic_rag.utils.streaming import ResultStream
 
 if TYPE_CHECKING:

@@ -51,7 +51,7 @@ TIMING_STAGES = ("retrieval", "cache_load", "encode", "compose", "prefill", "tim
 
 
 def source_record(source: Any, rank: int) -> dict[str, Any]:
-    """One source (a `hypic_rag.pipeline.Source`; this leaf module imports nothing) as every surface writes it
+    """One source (a `hypic_rag.pipeline.answering.Source`; this leaf module imports nothing) as every surface writes it
     (`SOURCE_FIELDS`, in that order); `rank` 1 for the best."""
     return {
         "rank": rank,

@@ -6,7 +6,7 @@ stored in that format (`CompressedSource`: compressed once, decoded by the engin
 scored by the mean and 99th percentile over the requests of KL(float32 entries || format entries), and by the bytes
 its entries take. The choice is the format of fewest bytes whose mean KL is at most the target; float32 (KL 0)
 when none is. `hypic-rag calibrate` runs it after choosing the recompute policy and records the choice in the index
-manifest (`hypic_rag.calibration.calibrate_index_format`); the index keeps its format until it is rebuilt in the
+manifest (`hypic_rag.calibration.index.calibrate_index_format`); the index keeps its format until it is rebuilt in the
 chosen one (`hypic-rag precompute --cache-format`).
 """
 
