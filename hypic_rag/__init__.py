@@ -74,8 +74,8 @@ _HOMES: dict[str, str] = {
     "Request": "hypic_rag.runtime.request",
     "Generation": "hypic_rag.runtime.generation",
     "ModelSession": "hypic_rag.pipeline.session",
-    "PromptFormat": "hypic_rag.prompting.format",
-    "DEFAULT_PROMPT_FORMAT": "hypic_rag.prompting.format",
+    "PromptFormat": "hypic_rag.prompting.layout",
+    "DEFAULT_PROMPT_FORMAT": "hypic_rag.prompting.layout",
     "ServerConfig": "hypic_rag.server",
     "ServerThread": "hypic_rag.server.runner",
     "DEFAULT_SEPARATOR": "hypic_rag.server",
@@ -92,7 +92,7 @@ if TYPE_CHECKING:
     from hypic_rag.demo.example_corpus import read_questions
     from hypic_rag.pipeline.answering import Answer, RagPipeline, Source
     from hypic_rag.pipeline.precompute import build_index
-    from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+    from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.generation import Generation
     from hypic_rag.runtime.model import HybridModel, load_model

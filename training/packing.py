@@ -1,6 +1,6 @@
 """Training examples in the query-time layout: prefix, k chunks, then several question/answer pairs.
 
-Every segment is tokenized on its own and the ids concatenated, exactly as at query time (`hypic_rag.prompting.format`).
+Every segment is tokenized on its own and the ids concatenated, exactly as at query time (`hypic_rag.prompting.layout`).
 One context carries many questions (dense supervision): the first pair is laid out exactly as a query, the later
 pairs follow it. Loss weights: answer tokens (with the stop string) weigh `answer_weight`, every other token
 `text_weight`, the prefix nothing.
@@ -24,7 +24,7 @@ from training.data.synthetic_qa import (
     two_hop_options,
     two_hop_question,
 )
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from training.data.name_pools import name_pools
 from training.data.synthetic_qa import generate_questions, generate_world
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "`pip install 'hypic-rag[llamaindex]'`"
     ) from error
 
-from hypic_rag.retrieval.formats import Location
+from hypic_rag.retrieval.parsers import Location
 from hypic_rag.retrieval.loading import CORPUS_SUFFIXES, Document, SkippedInput, load_corpus
 
 __all__ = ["HIDDEN_METADATA_KEYS", "HypicReader", "file_extractors"]

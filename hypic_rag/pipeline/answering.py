@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from hypic_rag.demo.world import DEMO_MODEL_NOTE, WorldCheck, is_bundled_model
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
 from hypic_rag.utils.limits import MAX_QUESTION_CHARS, question_problem
-from hypic_rag.prompting.format import PromptFormat
+from hypic_rag.prompting.layout import PromptFormat
 from hypic_rag.runtime.assembly import Assembly
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream, PrefillStats

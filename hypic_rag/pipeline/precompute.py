@@ -29,7 +29,7 @@ from hypic_rag.demo.world import DEMO_MODEL_NOTE, CorpusFit, WorldCheck, is_bund
 from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
 from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hypic_rag.entry.schema import check_seam_tokens
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_query, tokenize_segment
 from hypic_rag.prompting.matching import MatchSettings, Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.anchoring import anchor_of, anchored_key, chained_anchor
 from hypic_rag.runtime.engine import Engine

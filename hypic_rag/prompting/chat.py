@@ -26,7 +26,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hypic_rag.prompting.format import PromptFormat
+from hypic_rag.prompting.layout import PromptFormat
 from hypic_rag.prompting.matching import Piece, SegmentedPrompt, SegmentMatcher, segment_prompt
 from hypic_rag.runtime.request import Request
 from hypic_rag.prompting.segments import split_segments

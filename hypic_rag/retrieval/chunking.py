@@ -1,7 +1,7 @@
 """Split documents into chunks measured in the model's own tokens.
 
 A chunk's stored `token_ids` are the ids of its *formatted segment*, `prompt_format.chunk(text)`, tokenized on its
-own without special tokens: exactly the segment the runtime consumes (see `hypic_rag/prompting/format.py`). The cache key is
+own without special tokens: exactly the segment the runtime consumes (see `hypic_rag/prompting/layout.py`). The cache key is
 built from these ids, so nothing downstream ever re-tokenizes a chunk. `chunk_tokens` bounds that segment's length.
 
 Boundaries: the text is cut into units (sentences, and lines, inside paragraphs); units are packed greedily into a
@@ -30,8 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
-from hypic_rag.retrieval.formats import location_metadata
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat, tokenize_segment
+from hypic_rag.retrieval.parsers import location_metadata
 from hypic_rag.retrieval.loading import Document
 
 logger = logging.getLogger(__name__)

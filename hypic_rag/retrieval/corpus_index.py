@@ -35,7 +35,7 @@ from hypic_rag.demo.world import CorpusFit
 from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder

@@ -30,7 +30,7 @@ from typing import Any
 from hypic_rag.demo.world import CorpusFit
 from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hypic_rag.pipeline.answering import RagPipeline
-from hypic_rag.prompting.format import tokenize_segment
+from hypic_rag.prompting.layout import tokenize_segment
 from hypic_rag.prompting.matching import NO_MATCHING, MatchSettings, SegmentedPrompt
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.get_or_encode import FillReport

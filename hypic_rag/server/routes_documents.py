@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from hypic_rag.retrieval.formats import binary_reason, looks_binary
+from hypic_rag.retrieval.parsers import binary_reason, looks_binary
 from hypic_rag.server.backend import NewDocument
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.schemas import (

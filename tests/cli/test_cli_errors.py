@@ -44,7 +44,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.pipeline.answering import PipelineError
     from hypic_rag.retrieval import errors as retrieval
     from hypic_rag.retrieval.encoding_pool import EncodingPoolError, WorkerStartError
-    from hypic_rag.retrieval.formats import UnreadableFile
+    from hypic_rag.retrieval.parsers import UnreadableFile
     from hypic_rag.runtime.model import ModelLoadError, UnsupportedModelError
     from hypic_rag.runtime.modes import UnknownModeError
     from hypic_rag.runtime.recompute_policy import RecomputePolicyError

@@ -77,7 +77,7 @@ def test_ask_answers_under_the_policy_it_is_given(capsys, index: Path) -> None:
 
 
 def prefix_tokens(index: Path) -> int:
-    from hypic_rag.prompting.format import PromptFormat, tokenize_segment
+    from hypic_rag.prompting.layout import PromptFormat, tokenize_segment
     from transformers import AutoTokenizer
 
     manifest = json.loads((index / "manifest.json").read_text())

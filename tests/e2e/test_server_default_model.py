@@ -99,7 +99,7 @@ def test_streamed_answer_is_right(client: httpx.Client) -> None:
 
 def test_openai_completion_over_separated_documents_is_right(client: httpx.Client) -> None:
     """The client lays out the prompt itself: prefix, documents, question, each its own segment."""
-    from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT
+    from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT
 
     question = single_hop_questions()[1]
     documents = sorted((example_corpus_path() / "documents").glob("*.md"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, tokenize_segment
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, tokenize_segment
 from hypic_rag.prompting.matching import (
     MatchSettings,
     Occurrence,

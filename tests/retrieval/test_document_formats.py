@@ -15,7 +15,7 @@ import pytest
 
 from hypic_rag.cli.main import main
 from hypic_rag.retrieval.corpus_index import CorpusIndex
-from hypic_rag.retrieval.formats import Location, location_metadata
+from hypic_rag.retrieval.parsers import Location, location_metadata
 from hypic_rag.retrieval.loading import load_corpus
 from hypic_rag.testing import save_tiny_checkpoint
 

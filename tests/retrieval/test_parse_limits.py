@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.retrieval.formats import (
+from hypic_rag.retrieval.parsers import (
     PARSE_LIMITS,
     ParseLimits,
     UnreadableFile,

@@ -266,7 +266,7 @@ def test_the_manifest_stores_the_whole_prompt_format_and_ask_composes_its_prefix
     composes the prefix precompute encoded: every segment of the prompt is a hit. A manifest of the older layout
     (chunk template only) still reads, as that template with the default prefix and question template."""
     from hypic_rag.pipeline.answering import RagPipeline
-    from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+    from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
     from hypic_rag.retrieval.errors import IndexMismatchError
 
     fmt = PromptFormat(prefix="Read the notes, then answer in a few words.\n", chunk_template="Note: {text}\n",

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig, encode_segment_text, split_units
 from hypic_rag.retrieval.loading import Document
 from hypic_rag.testing import train_tiny_tokenizer

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_rag.prompting.format import split_trailing_space
+from hypic_rag.prompting.layout import split_trailing_space
 from hypic_rag.prompting.matching import Piece, segment_prompt
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.generation import Generation, GenerationStream, without_lead

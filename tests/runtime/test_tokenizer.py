@@ -261,7 +261,7 @@ def test_copies_and_pickles(pair) -> None:
 def test_project_uses_match(pair) -> None:
     """The project's own tokenizing helpers give the same result with either tokenizer."""
     from hypic_rag.prompting.chat import ChatMessage, chat_prompt
-    from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, tokenize_query, tokenize_segment
+    from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, tokenize_query, tokenize_segment
     from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
     from hypic_rag.retrieval.loading import Document
 

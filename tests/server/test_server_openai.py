@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from hypic_rag.prompting.chat import ChatMessage, chat_prompt
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, tokenize_segment
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, tokenize_segment
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
 from hypic_rag.testing import SMALL_CORPUS, build_index

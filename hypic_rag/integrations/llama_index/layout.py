@@ -22,7 +22,7 @@ from llama_index.core.prompts import BasePromptTemplate, ChatPromptTemplate, Pro
 from llama_index.core.prompts.prompt_type import PromptType
 
 from hypic_rag.integrations.llama_index.llm import segmented_messages_to_prompt
-from hypic_rag.prompting.format import PromptFormat, tokenize_query
+from hypic_rag.prompting.layout import PromptFormat, tokenize_query
 from hypic_rag.runtime.request import Request
 from hypic_rag.pipeline.session import ModelSession
 

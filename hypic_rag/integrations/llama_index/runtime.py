@@ -10,7 +10,7 @@ import threading
 from collections.abc import AsyncGenerator, Generator, Sequence
 from pathlib import Path
 
-from hypic_rag.prompting.format import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
 from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.request import Request

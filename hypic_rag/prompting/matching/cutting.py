@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hypic_rag.prompting.format import tokenize_query, tokenize_segment
+from hypic_rag.prompting.layout import tokenize_query, tokenize_segment
 from hypic_rag.prompting.matching.matcher import Match, SegmentMatcher
 from hypic_rag.runtime.request import Request
 
