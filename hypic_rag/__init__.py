@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from hypic_rag.version import __version__
 
 __all__ = [
     "__version__",
