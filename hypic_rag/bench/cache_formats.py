@@ -5,7 +5,7 @@
   real code path: shapes and dtypes only), against two float32 references: the model run in float32 (every tensor
   float32, as the CPU runtime stores entries) and in bfloat16 (K/V bfloat16 already, as on CUDA).
 - quality: tiny random models of every family (`family_models`, slow decays, peaked attention); per request
-  KL(float32 entries || format entries) of `hypic`'s next-token distribution (`format_calibration.score_formats`),
+  KL(float32 entries || format entries) of `hypic`'s next-token distribution (`calibration.cache_format.score_formats`),
   its mean and 99th percentile, and greedy next-token agreement. Exact match on trained checkpoints is
   `evals/cache_formats.py` (repository-only).
 - load: full-depth Qwen3.5-35B-A3B entries (random values) in an LMDB store per format; per entry the disk read

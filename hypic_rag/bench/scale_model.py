@@ -4,7 +4,7 @@
 
 Three parts, every input named in `Assumptions` (docs/scale.md discusses them):
 
-1. closed form: entry bytes from the entry format (`entry.py`, docs/CONTRACTS.md) at a Qwen3.5-9B-class layout,
+1. closed form: entry bytes from the entry format (`entry/schema.py`, docs/CONTRACTS.md) at a Qwen3.5-9B-class layout,
    encode time from tokens/s per GPU, precompute time as the slower of compute and the write path (one writer
    as `precompute --ray` runs today, or one writer per node / straight to a remote tier), and cache bytes;
 2. simulation of segment parallelism: a request's misses scheduled longest first over g encoders

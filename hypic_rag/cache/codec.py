@@ -187,7 +187,7 @@ def decode_entry(value: bytearray | memoryview) -> DecodedEntry:
 
     `value` should be writable (a bytearray) so the tensors are too; a read-only buffer is copied once first.
     Raises CorruptEntryError or IncompatibleEntryError (see `read_header`); CorruptEntryError too for a value whose
-    tensors would decode to a NaN or an infinity (`entry_storage.formats.stored_form_problem`: a non-finite float or
+    tensors would decode to a NaN or an infinity (`entry.compression.stored_form_problem`: a non-finite float or
     scale, a float8 NaN code, a scale overflowing float32).
     """
     if isinstance(value, bytes) or (isinstance(value, memoryview) and value.readonly):

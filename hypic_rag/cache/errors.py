@@ -6,6 +6,7 @@ import os
 import shutil
 
 from hypic_rag.errors import EXIT_BAD_INPUT, HypicError
+from hypic_rag.utils.units import human_bytes
 
 
 class CacheError(HypicError):
@@ -40,8 +41,6 @@ def free_space_note(path: str | os.PathLike[str]) -> str:
 
     Appended to messages about failed writes, so that a full disk shows as such.
     """
-    from hypic_rag.cache.stats import human_bytes
-
     target = os.path.abspath(path)
     while not os.path.exists(target) and os.path.dirname(target) != target:
         target = os.path.dirname(target)

@@ -9,6 +9,7 @@ from typing import Any
 
 from hypic_rag.cache.errors import CorruptEntryError, IncompatibleEntryError
 from hypic_rag.cache.store import SegmentStore
+from hypic_rag.utils.units import human_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +104,6 @@ def namespace_summary(store: SegmentStore) -> list[dict[str, Any]]:
                 pass
         rows.append({**fields, "entries": entries})
     return rows
-
-
-def human_bytes(count: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_stats(stats: CacheStats, namespaces: list[dict[str, Any]] | None = None) -> str:

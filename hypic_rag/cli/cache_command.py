@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from hypic_rag.cache.errors import CacheDamagedError, CacheError
 from hypic_rag.cache.lmdb_store import LmdbSegmentStore, discard_damaged_store
-from hypic_rag.cache.stats import CacheStats, format_stats, human_bytes, namespace_summary
+from hypic_rag.cache.stats import CacheStats, format_stats, namespace_summary
+from hypic_rag.utils.units import human_bytes
 from hypic_rag.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import NoReturn
 
-from hypic_rag import __version__
+from hypic_rag.version import __version__
 from hypic_rag.cli.common import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CliError
 from hypic_rag.errors import HypicError
 

@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def print_summary(summary: PrecomputeSummary) -> None:
     """The closing report: documents, chunks, tokens, cache bytes, elapsed, throughput."""
-    from hypic_rag.cache.stats import human_bytes
+    from hypic_rag.utils.units import human_bytes
 
     ingest, encode = summary.ingest, summary.encode
     print(
@@ -117,7 +117,7 @@ def print_summary(summary: PrecomputeSummary) -> None:
 
 def remote_summary_line(remote: dict[str, Any]) -> str:
     """'remote: s3://... 12 uploaded (1.2 GiB), 3 already there, 0 dropped' (and the last error, if any)."""
-    from hypic_rag.cache.stats import human_bytes
+    from hypic_rag.utils.units import human_bytes
 
     by_encoders = (f", {remote['remote_puts_by_encoders']} of them by the encoding actors"
                    if "remote_puts_by_encoders" in remote else "")

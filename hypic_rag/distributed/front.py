@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hypic_rag import __version__
+from hypic_rag.version import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, NoReplicaAvailable, RendezvousRouter, RouteDecision
 from hypic_rag.errors import HypicError
@@ -55,6 +55,11 @@ DEFAULT_TOP_K = 4
 class ReplicaUnreachable(HypicError):
     """A replica client could not deliver a request (connection refused or reset before any response started):
     the replica did not answer it, so the front may send it to another one."""
+
+
+class ReplicaStartError(HypicError):
+    """A replica or a `--workers` process could not start (its model, index or cache failed to open, it died while
+    loading, or the cluster lacks the resources)."""
 
 
 class ReplicaClient(Protocol):

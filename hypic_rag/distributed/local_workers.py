@@ -39,9 +39,8 @@ from typing import Any
 import httpx
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
-from hypic_rag.distributed.front import ReplicaUnreachable
+from hypic_rag.distributed.front import ReplicaStartError, ReplicaUnreachable
 from hypic_rag.distributed.rendezvous import RendezvousRouter
-from hypic_rag.distributed.serve_front import ReplicaStartError
 from hypic_rag.server import ServerConfig
 
 logger = logging.getLogger(__name__)

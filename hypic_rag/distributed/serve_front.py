@@ -21,17 +21,11 @@ from typing import Any
 import uvicorn
 
 from hypic_rag.distributed.cluster import ClusterConfig, connect, disconnect_if_local
-from hypic_rag.distributed.front import Front, IndexRetriever, create_front_app
+from hypic_rag.distributed.front import Front, IndexRetriever, ReplicaStartError, create_front_app
 from hypic_rag.distributed.serve_replicas import ReplicaConfig, deploy_replicas, remove_replicas
-from hypic_rag.errors import HypicError
 from hypic_rag.server import ServerConfig
 
 logger = logging.getLogger(__name__)
-
-
-class ReplicaStartError(HypicError):
-    """A replica or a `--workers` process could not start (its model, index or cache failed to open, it died while
-    loading, or the cluster lacks the resources)."""
 
 
 def start_replicas(config: ServerConfig, options: ReplicaConfig, cluster: ClusterConfig) -> tuple[Any, Front, IndexRetriever]:

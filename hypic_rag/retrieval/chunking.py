@@ -108,7 +108,7 @@ def chunk_id_for(doc_id: str, text: str) -> str:
 
 
 def encode_segment_text(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of one prompt segment, tokenized on its own without special tokens (`prompting.format.tokenize_segment`)."""
+    """Token ids of one prompt segment, tokenized on its own without special tokens (`prompting.layout.tokenize_segment`)."""
     return tokenize_segment(tokenizer, text)
 
 

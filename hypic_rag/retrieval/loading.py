@@ -5,7 +5,7 @@ Document ids are stable names, so re-ingesting a corpus finds the documents it a
 - a file: its path relative to the corpus root, with `/` separators (a single file: its name);
 - a `.jsonl` record: its `id` field when present, else `<file>:<line number>`.
 
-PDF, HTML and DOCX files are read by their parsers (`formats.py`), Markdown is kept as written with its headings
+PDF, HTML and DOCX files are read by their parsers (`parsers.py`), Markdown is kept as written with its headings
 found; their pages or sections become `Document.locations`, carried into each chunk's metadata. Files that cannot
 be read (unreadable, binary, not UTF-8, a damaged or encrypted PDF, a damaged DOCX, no text) are skipped with a
 warning that names them; so are directories that cannot be listed and malformed `.jsonl` lines (named

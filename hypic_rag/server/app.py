@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from hypic_rag import __version__
+from hypic_rag.version import __version__
 from hypic_rag.server import routes_admin, routes_ask, routes_chat, routes_completions, routes_documents
 from hypic_rag.server.backend import ServiceBackend
 from hypic_rag.server.config import ServerConfig

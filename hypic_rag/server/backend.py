@@ -27,12 +27,12 @@ from hypic_rag.runtime.get_or_encode import FillReport
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SEED_MAX, SamplingParams
 from hypic_rag.runtime.scheduler import CallbackSink, SchedulerConfig
-from hypic_rag.server.channel import TextEvent
+from hypic_rag.server.events import TextEvent
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.errors import BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.jobs import Job, JobRegistry
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.task_context import TaskContext
 from hypic_rag.pipeline.session import CacheConfig, ModelSession
 from hypic_rag.pipeline.usage import usage_of
 

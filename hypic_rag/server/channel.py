@@ -13,14 +13,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from starlette.requests import Request
 
-from hypic_rag.pipeline.answering import Source
 from hypic_rag.server.errors import RequestTimeoutError
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.events import Event
+from hypic_rag.server.task_context import TaskContext
 
 logger = logging.getLogger(__name__)
 
@@ -30,23 +29,6 @@ DEADLINE_SLACK_S = 2.0
 DISCONNECT_POLL_S = 0.25
 """How often a waiting (non-streaming) request checks whether its client went away."""
 
-
-@dataclass(frozen=True, slots=True)
-class SourcesEvent:
-    """The chunks retrieved for a question, best first (sent before its first token)."""
-
-    sources: list[Source]
-
-
-@dataclass(frozen=True, slots=True)
-class TextEvent:
-    """A piece of generated text of choice number `choice` (0 when there is one)."""
-
-    text: str
-    choice: int = 0
-
-
-Event = SourcesEvent | TextEvent
 
 _SETTLED = object()
 

@@ -8,12 +8,12 @@ from typing import Any, ClassVar
 
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult
-from hypic_rag.server.channel import Event, TextEvent
+from hypic_rag.server.events import Event, TextEvent
 from hypic_rag.server.errors import BadRequestError, ModelNotFoundError
 from hypic_rag.server.openai_schemas import CompletionUsage, HypicDetails, PromptTokensDetails, SamplingFields
 from hypic_rag.server.service import Service
 from hypic_rag.server.sse import Frames
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.task_context import TaskContext
 from hypic_rag.pipeline.vocabulary import MATCHING_FIELDS, USAGE_FIELDS
 
 INDEX_MODEL_SUFFIX = "+index"

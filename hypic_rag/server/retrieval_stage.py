@@ -31,7 +31,8 @@ from hypic_rag.pipeline.answering import Answer, PreparedQuestion, Question
 from hypic_rag.runtime.generation import Generation
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import ServiceBackend
-from hypic_rag.server.channel import EventChannel, SourcesEvent, TextEvent
+from hypic_rag.server.channel import EventChannel
+from hypic_rag.server.events import SourcesEvent, TextEvent
 from hypic_rag.server.errors import BadRequestError, ServiceError, ServiceUnavailableError
 from hypic_rag.runtime.scheduler.config import DEFAULT_ADMIT_WAIT_S
 from hypic_rag.server.worker import ModelWorker

@@ -12,7 +12,7 @@ from hypic_rag.server.metrics import CONTENT_TYPE
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.schemas import AnsweringOut, CacheStatsOut, HealthOut
 from hypic_rag.server.service import ServiceDep
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.task_context import TaskContext
 
 router = APIRouter(tags=["operations"])
 

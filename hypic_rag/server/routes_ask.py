@@ -10,12 +10,12 @@ from fastapi import APIRouter, Request
 
 from hypic_rag.pipeline.answering import Answer, Question, Source
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.server.channel import Event, SourcesEvent
+from hypic_rag.server.events import Event, SourcesEvent
 from hypic_rag.server.schemas import AskRequest, AskResponse, AskTimings, PromptPartOut, SourceOut, Usage
 from hypic_rag.server.service import Service, ServiceDep
 from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_at_most, checked_mode, checked_question, checked_recompute_policy
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.task_context import TaskContext
 from hypic_rag.pipeline.vocabulary import source_record
 
 

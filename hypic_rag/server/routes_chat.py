@@ -22,7 +22,7 @@ from hypic_rag.prompting.chat import ChatMessage, chat_prompt
 from hypic_rag.prompting.matching import NO_MATCHING
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server.backend import CompletionResult, ServiceBackend
-from hypic_rag.server.channel import Event, SourcesEvent
+from hypic_rag.server.events import Event, SourcesEvent
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.chat_schemas import (
     ChatChoice,
@@ -46,7 +46,7 @@ from hypic_rag.server.routes_ask import ERROR_RESPONSES, INDEX_TOP_K, source_out
 from hypic_rag.server.service import Service, ServiceDep
 from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_mode, checked_question
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.task_context import TaskContext
 
 
 ROUTE = "/v1/chat/completions"

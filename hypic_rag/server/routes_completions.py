@@ -48,7 +48,7 @@ from hypic_rag.server.routes_ask import ERROR_RESPONSES
 from hypic_rag.server.service import ServiceDep
 from hypic_rag.server.sse import Frames, stream_response
 from hypic_rag.server.validation import checked_mode
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.task_context import TaskContext
 
 
 ROUTE = "/v1/completions"

@@ -21,7 +21,7 @@ from hypic_rag.server.schemas import (
     JobOut,
 )
 from hypic_rag.server.service import Service, ServiceDep
-from hypic_rag.server.worker import TaskContext
+from hypic_rag.server.task_context import TaskContext
 
 router = APIRouter(tags=["documents"])
 

@@ -27,7 +27,8 @@ from hypic_rag.server.errors import RequestCancelledError, ServiceUnavailableErr
 from hypic_rag.server.jobs import JobRegistry
 from hypic_rag.server.metrics import ServiceMetrics
 from hypic_rag.server.retrieval_stage import PendingQuestion, RetrievalStage
-from hypic_rag.server.worker import CONTROL, REQUEST, ModelWorker, TaskContext
+from hypic_rag.server.task_context import TaskContext
+from hypic_rag.server.worker import CONTROL, REQUEST, ModelWorker
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from typing import Any, Protocol, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from hypic_rag.server.channel import Event, EventChannel, TextEvent
+from hypic_rag.server.channel import EventChannel
+from hypic_rag.server.events import Event, TextEvent
 from hypic_rag.server.errors import ServiceError, internal_error_body
 from hypic_rag.server.request_log import log_refusal, log_unexpected
 

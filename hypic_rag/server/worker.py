@@ -37,17 +37,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from hypic_rag.server.deferred import Deferred
 from hypic_rag.server.errors import (
     QueueFullError,
-    RequestCancelledError,
-    RequestTimeoutError,
     ServiceError,
     ServiceUnavailableError,
 )
 from hypic_rag.server.jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobRegistry
 from hypic_rag.utils.memory import release_free_memory
 
+from hypic_rag.server.task_context import TaskContext
+
 if TYPE_CHECKING:
     from hypic_rag.server.backend import ServiceBackend
-    from hypic_rag.server.channel import Event
 
 logger = logging.getLogger(__name__)
 
@@ -60,39 +59,6 @@ scheduler step, while sequences are generating."""
 RELEASE_AFTER_IDLE_S = 0.5
 """How long the worker stays idle after some work before handing the allocator's free pages back to the system
 (`utils.memory.release_free_memory`; once per idle spell, so a steady stream of requests never pays for it)."""
-
-
-@dataclass(slots=True)
-class TaskContext:
-    """What a running request may consult: its deadline, whether it was cancelled, and where to push its events
-    (`channel.EventChannel.push`)."""
-
-    submitted_at: float
-    deadline: float
-    timeout_s: float
-    emit_sink: Callable[[Event], None] | None = None
-    started_at: float | None = None
-    cancel_event: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def queue_seconds(self) -> float:
-        return (self.started_at or time.perf_counter()) - self.submitted_at
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set() or time.perf_counter() > self.deadline
-
-    def check(self) -> None:
-        """Raise if the task should stop: `RequestTimeoutError` past its deadline, `RequestCancelledError` if
-        cancelled."""
-        if time.perf_counter() > self.deadline:
-            raise RequestTimeoutError(f"request timed out after {self.timeout_s:g} s")
-        if self.cancel_event.is_set():
-            raise RequestCancelledError("request cancelled")
-
-    def emit(self, event: Event) -> None:
-        if self.emit_sink is not None:
-            self.emit_sink(event)
 
 
 @dataclass(slots=True, eq=False)

@@ -86,7 +86,7 @@ def picture(path: Path, *, width: int = PICTURE_WIDTH, dark: bool = False) -> Pa
     from hypic_rag.demo.default_model import default_model_path, example_corpus_path
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
-    from hypic_rag.testing import build_index
+    from hypic_rag.testing.tiny import build_index
 
     with tempfile.TemporaryDirectory(prefix="hypic-page-") as scratch:
         index = build_index(Path(scratch) / "index", default_model_path(), example_corpus_path() / "documents",

@@ -52,7 +52,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.distributed.cluster import RayUnavailableError
     from hypic_rag.distributed.front import ReplicaUnreachable
     from hypic_rag.distributed.rendezvous import NoReplicaAvailable
-    from hypic_rag.distributed.serve_front import ReplicaStartError
+    from hypic_rag.distributed.front import ReplicaStartError
     from hypic_rag.errors import PromptTooLongError
     from hypic_rag.runtime.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError

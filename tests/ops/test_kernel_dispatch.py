@@ -93,13 +93,13 @@ def test_varlen_equals_each_sequence_alone() -> None:
 
 
 def test_source_tree_kernels_without_an_install() -> None:
-    """`PYTHONPATH=<checkout>` alone (how scripts/gpu_check.sh runs): hypic_rag.kernels is the checkout's kernels/,
+    """`PYTHONPATH=<checkout>` alone (how scripts/gpu_check.sh runs): hypic_rag.kernels is the checkout's hypic_rag/kernels/,
     also with site-packages off (-S: no editable install of another checkout to fall back on)."""
-    expected = str(ROOT / "kernels" / "__init__.py")
+    expected = str(ROOT / "hypic_rag" / "kernels" / "__init__.py")
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import hypic_rag.kernels as k; print(k.__file__)"
     assert run_python(code, "-S") == expected
     assert run_python("import hypic_rag.kernels.gated_delta_rule as g; print(g.__file__)") == str(
-        ROOT / "kernels" / "gated_delta_rule.py"
+        ROOT / "hypic_rag" / "kernels" / "gated_delta_rule.py"
     )
 
 

@@ -19,7 +19,8 @@ import pytest
 SCRIPT = """
     import sys, time, torch
     from hypic_rag.server.jobs import JobRegistry
-    from hypic_rag.server.worker import ModelWorker, TaskContext
+    from hypic_rag.server.task_context import TaskContext
+    from hypic_rag.server.worker import ModelWorker
 
     def rss_mib():
         for line in open("/proc/self/status"):

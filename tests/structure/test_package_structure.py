@@ -1,6 +1,13 @@
-"""How the package's parts depend on each other, read from the source with `ast` (nothing is imported):
-the runtime never imports the cache, the top-level parts of `hypic_rag` import each other without a cycle, the
-entry format is one leaf module, and nothing outside the cache reaches into a cache's store."""
+"""How the package's parts and modules depend on each other, read from the source with `ast` (nothing is imported):
+the top-level parts of `hypic_rag` import only parts below them (`LAYERS`), so without a cycle, and the runtime never
+imports the cache; no two modules import each other, directly or around a circle; no module imports a package it
+lies in (an arrow back up to an ancestor's `__init__`); the entry format is one leaf module, and nothing outside the
+cache reaches into a cache's store.
+
+Every import counts, wherever it is written: at the top of a module, inside a function (a lazy import still ties
+the two modules together) and under `if TYPE_CHECKING:` (a type-only import is still an arrow a reader follows and
+a refactoring must keep; a circle through one is broken by moving the shared type to a leaf module, as
+`server/task_context.py` and `server/events.py` were)."""
 
 from __future__ import annotations
 
@@ -10,13 +17,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hypic_rag"
-SOURCE_DIRS = {"hypic_rag": PACKAGE, "hypic_rag.kernels": ROOT / "kernels"}
-"""Where each installed package's source lives (`kernels/` installs as `hypic_rag.kernels`, see pyproject.toml)."""
+SOURCE_DIRS = {"hypic_rag": PACKAGE}
+"""Where each installed package's source lives."""
 
 
-def modules() -> Iterator[tuple[str, Path]]:
-    """(dotted module name, file) of every module of the installed package."""
-    for package, directory in SOURCE_DIRS.items():
+def modules(source_dirs: dict[str, Path] | None = None) -> Iterator[tuple[str, Path]]:
+    """(dotted module name, file) of every module of the installed package (or of the packages `source_dirs` maps:
+    dotted name -> folder)."""
+    for package, directory in (SOURCE_DIRS if source_dirs is None else source_dirs).items():
         for path in sorted(directory.rglob("*.py")):
             parts = list(path.relative_to(directory).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -46,7 +54,7 @@ def imported_modules(name: str, path: Path) -> set[str]:
 
 
 def part_of(module: str) -> str | None:
-    """The top-level part of `hypic_rag` a module belongs to: `hypic_rag.runtime`, `hypic_rag.entry.schema`, ..."""
+    """The top-level part of `hypic_rag` a module belongs to: `hypic_rag.runtime`, `hypic_rag.entry`, ..."""
     pieces = module.split(".")
     if pieces[0] != "hypic_rag" or len(pieces) < 2:
         return None
@@ -96,6 +104,54 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def module_graph(sources: list[tuple[str, Path]]) -> dict[str, set[str]]:
+    """Module -> the modules of `sources` it imports (anywhere in it, TYPE_CHECKING included), each import resolved
+    to the module it names: `from a.b import c` is the module `a.b.c` when there is one, else `a.b` itself (its
+    `__init__`); `import a.b.c` is `a.b.c`. A module's import of itself is left out."""
+    known = {module for module, _ in sources}
+    graph: dict[str, set[str]] = {}
+    for module, path in sources:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(_known_prefix(alias.name, known) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    name = f"{target}.{alias.name}"
+                    found.add(name if name in known else _known_prefix(target, known))
+        graph[module] = {name for name in found if name and name != module}
+    return graph
+
+
+def _known_prefix(name: str, known: set[str]) -> str:
+    """The longest prefix of dotted `name` that is a module of `known` ('' when none is: an outside import)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def arrows_back_up(graph: dict[str, set[str]]) -> list[str]:
+    """'module -> package' for every module that imports a package it lies in (the package's `__init__`, which
+    runs before the module and usually imports it: a circle in waiting)."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                  if module.startswith(target + "."))
+
+
+def module_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle between modules, as a path, or None. Imports of an ancestor package are left to
+    `arrows_back_up` (a package's `__init__` importing its own modules is how packages are built)."""
+    return find_cycle({module: {target for target in targets if not module.startswith(target + ".")}
+                       for module, targets in graph.items()})
+
+
 def test_the_runtime_imports_nothing_from_the_cache() -> None:
     offenders = {
         module: sorted(imported for imported in imported_modules(module, path)
@@ -118,8 +174,104 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
+LAYERS: list[set[str]] = [
+    {"errors", "version"},
+    {"entry"},
+    {"utils"},
+    {"kernels"},
+    {"runtime"},
+    {"cache", "prompting", "demo"},
+    {"retrieval"},
+    {"pipeline"},
+    {"calibration"},
+    {"server", "integrations"},
+    {"distributed", "testing"},
+    {"bench"},
+    {"cli"},
+    {"__main__"},
+]
+"""The top-level parts of `hypic_rag` from the bottom up (docs/development.md, "Repository layout"): a part imports
+only parts of the layers below its own. The leaves (errors, the entry format, utilities, kernels) at the bottom; the
+runtime (model, engine, ops, scheduler, checkpoint reading) above them and below the cache, so it never imports the
+cache; the pipeline (session, answering, precompute) on runtime, cache, prompting and retrieval; the ways in
+(service, integrations, Ray, benchmarks, the CLI) on top."""
+
+
+def layering_breaches(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """'part -> part' for every import of a part from its own layer or one above it (by `part_of`'s last name)."""
+    level = {part: index for index, parts in enumerate(layers) for part in parts}
+    return sorted(f"{source} -> {target}" for source, targets in graph.items() for target in targets
+                  if level[target.rpartition(".")[2]] >= level[source.rpartition(".")[2]])
+
+
+def test_every_top_level_part_imports_only_the_layers_below_it() -> None:
+    graph = import_graph()
+    parts = {part.rpartition(".")[2] for part in graph} | {
+        target.rpartition(".")[2] for targets in graph.values() for target in targets}
+    assert parts == set().union(*LAYERS), f"parts not in LAYERS: {sorted(parts - set().union(*LAYERS))}"
+    assert layering_breaches(graph, LAYERS) == []
+
+
+def test_the_layering_check_finds_an_import_from_above() -> None:
+    """The check above can fail: the runtime importing the cache (a layer above) is named; importing the entry
+    format (below) is not."""
+    graph = {"hypic_rag.runtime": {"hypic_rag.entry", "hypic_rag.cache"}, "hypic_rag.cache": {"hypic_rag.entry"}}
+    assert layering_breaches(graph, LAYERS) == ["hypic_rag.runtime -> hypic_rag.cache"]
+    assert layering_breaches({"hypic_rag.cache": {"hypic_rag.prompting"}}, LAYERS) == [
+        "hypic_rag.cache -> hypic_rag.prompting"]  # one layer, still a breach
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """No two modules of the package import each other, directly or around a circle (every import counted, see the
+    module docstring)."""
+    graph = module_graph(list(modules()))
+    assert {"hypic_rag.cache.codec", "hypic_rag.server.worker", "hypic_rag.distributed.serve_front"} <= set(graph)
+    cycle = module_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle or [])}"
+
+
+def test_no_module_imports_a_package_it_lies_in() -> None:
+    """No arrow back up: a module imports its siblings' and cousins' modules, never an ancestor package's
+    `__init__` (`__version__` is `hypic_rag.version`, the test kit is `hypic_rag.testing.tiny`)."""
+    graph = module_graph(list(modules()))
+    assert "hypic_rag.version" in graph["hypic_rag.server.app"]
+    assert arrows_back_up(graph) == []
+
+
+def write_tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    """Write `files` (path under `root` -> source) and return `modules`' source map for the package `pkg`."""
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source, encoding="utf-8")
+    return {"pkg": root / "pkg"}
+
+
+def test_the_module_checks_find_a_cycle_and_an_arrow_back_up(tmp_path: Path) -> None:
+    """The two checks above can fail: in a temporary package, a circle closed by an import inside a function and
+    one closed under TYPE_CHECKING are found, and so is a module importing its package's `__init__`; importing a
+    sibling module through the package (`from pkg.sub import other`) is not an arrow back up."""
+    source_dirs = write_tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/sub/__init__.py": "from pkg.sub.a import A\n",
+        "pkg/sub/a.py": "from pkg.sub import other\nA = 1\n\ndef f():\n    from pkg.sub.b import B\n",
+        "pkg/sub/b.py": "from pkg.sub.a import A\nB = 2\n",
+        "pkg/sub/other.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.typed import T\n",
+        "pkg/typed.py": "from pkg.sub.other import *\nT = int\n",
+        "pkg/up.py": "from pkg import VERSION\n",
+    })
+    graph = module_graph(list(modules(source_dirs)))
+    assert graph["pkg.sub.a"] == {"pkg.sub.other", "pkg.sub.b"}
+    assert module_cycle(graph) in (["pkg.sub.a", "pkg.sub.b", "pkg.sub.a"], ["pkg.sub.b", "pkg.sub.a", "pkg.sub.b"])
+    del graph["pkg.sub.b"]
+    assert module_cycle(graph) == ["pkg.sub.other", "pkg.typed", "pkg.sub.other"]
+    assert arrows_back_up(graph) == ["pkg.up -> pkg"]
+    graph["pkg.typed"] = set()
+    assert module_cycle(graph) is None
+
+
 def test_the_entry_format_is_one_leaf_module_that_both_sides_import() -> None:
-    entry_module = PACKAGE / "entry.py"
+    entry_module = PACKAGE / "entry" / "schema.py"
     own = {imported for imported in imported_modules("hypic_rag.entry.schema", entry_module) if part_of(imported)}
     assert own == set(), f"hypic_rag/entry/schema.py must import nothing from hypic_rag, imports {sorted(own)}"
     importers = {
@@ -261,12 +413,12 @@ def test_no_import_cycle_inside_the_runtime() -> None:
     assert cycle is None, f"import cycle: {' -> '.join(cycle or [])}"
 
 
-def test_the_retrieval_package_does_not_import_the_session() -> None:
-    """Retrieval (chunking, indexing, the encoding workers) is below the session: what it shares with it (encoding
-    tasks and batches) lives in the runtime's get-or-encode module."""
+def test_the_retrieval_package_does_not_import_the_pipeline() -> None:
+    """Retrieval (chunking, indexing, the encoding workers) is below the pipeline and its session: what it shares
+    with them (encoding tasks and batches) lives in the runtime's get-or-encode module."""
     offenders = {
         module: sorted(imported for imported in imported_modules(module, path)
-                       if imported == "hypic_rag.pipeline.session" or imported.startswith("hypic_rag.pipeline.session."))
+                       if imported == "hypic_rag.pipeline" or imported.startswith("hypic_rag.pipeline."))
         for module, path in modules()
         if module.startswith("hypic_rag.retrieval")
     }

@@ -1,6 +1,6 @@
 """What the installed package contains: the kernels under `hypic_rag.kernels`, the bundled model and example corpus,
 no training or synthetic-data code, and nothing installed under the import name `kernels` (Hugging Face's kernels
-library owns it; from a clone, our source folder stands aside for it); and the build says nothing about our
+library owns it; the kernels live inside the package, so a clone has no top-level `kernels` folder to shadow it); and the build says nothing about our
 configuration (no deprecation or packaging warnings)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def wheel_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     source = tmp_path_factory.mktemp("source")  # setuptools writes build/ into the tree it builds: use a copy
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for name in ("hypic_rag", "kernels", "training", "evals"):
+    for name in ("hypic_rag", "training", "evals"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     completed = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
@@ -55,7 +55,7 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
                   "default_model/MODEL_CARD.md", "example_corpus/questions.jsonl",
                   "example_corpus/documents/s777000000-person-8.md"):
         assert f"hypic_rag/demo/assets/{asset}" in names, asset
-    shipped = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag" / "assets").rglob("*") if path.is_file()}
+    shipped = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag" / "demo" / "assets").rglob("*") if path.is_file()}
     assert shipped <= set(names), sorted(shipped - set(names))  # every asset file is installed
     page = {path.relative_to(ROOT).as_posix() for path in (ROOT / "hypic_rag/server/static").iterdir()}
     assert {"hypic_rag/server/static/index.html", "hypic_rag/server/static/page.js"} <= page <= set(names), page
@@ -63,15 +63,15 @@ def test_wheel_holds_the_product_only(wheel: Path) -> None:
 
 
 def test_every_source_package_is_listed_for_the_wheel() -> None:
-    """pyproject lists packages explicitly (for the kernels mapping): a new subpackage, or a new folder of bundled
+    """pyproject lists packages explicitly (and the data packages with them): a new subpackage, or a new folder of bundled
     data under hypic_rag/demo/assets (a data package), must be added there."""
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {
         ".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "hypic_rag").rglob("__init__.py")
-    } | {"hypic_rag.kernels"}
-    assets = ROOT / "hypic_rag" / "assets"
+    }
+    assets = ROOT / "hypic_rag" / "demo" / "assets"
     data_packages = {".".join(path.relative_to(ROOT).parts) for path in [assets, *assets.rglob("*")]
                      if path.is_dir() and path.name != "__pycache__"} | {"hypic_rag.server.static"}
     assert on_disk | data_packages == listed
@@ -86,34 +86,27 @@ def test_kernels_import_name_is_not_ours() -> None:
     assert completed.returncode == 0, completed.stderr
     name, origin = completed.stdout.split()
     assert name == "hypic_rag.kernels"
-    assert origin == "None" or str(ROOT / "kernels") not in origin
+    assert origin == "None" or "site-packages" in origin, origin  # the distribution, never our source
 
 
-def test_the_source_folder_stands_aside_for_the_kernels_distribution() -> None:
+def test_the_repository_root_does_not_shadow_the_kernels_distribution() -> None:
     """Run from the repository root (the root on sys.path, as `python -m ...` and pytest's `pythonpath` put it), the
-    name `kernels` still reaches the `kernels` distribution transformers >= 5.25 imports at start-up (our source
-    folder `kernels/` would shadow it otherwise and every transformers model import fails); without that
-    distribution it reads as not installed (no `__version__`)."""
+    name `kernels` reaches the `kernels` distribution transformers >= 5.25 imports at start-up, never our code: the
+    kernels are `hypic_rag/kernels/`, and the root holds no `kernels` folder. Without that distribution the name does
+    not import at all."""
+    assert not (ROOT / "kernels").exists()
     script = (
-        "import importlib.metadata, kernels\n"
+        "import importlib.util\n"
         "from transformers.models.jamba import modeling_jamba\n"
         "import hypic_rag.kernels as ours\n"
-        "try:\n"
-        "    installed = importlib.metadata.version('kernels')\n"
-        "except importlib.metadata.PackageNotFoundError:\n"
-        "    installed = None\n"
-        "print(installed, kernels.__file__, getattr(kernels, '__version__', None), ours.__name__)\n"
+        "spec = importlib.util.find_spec('kernels')\n"
+        "print(spec and spec.origin, ours.__file__)\n"
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
-    installed, origin, version, ours = completed.stdout.split()
-    assert ours == "hypic_rag.kernels"
-    if installed != "None":
-        assert not origin.startswith(str(ROOT / "kernels")), origin
-        assert version == installed
-    else:
-        assert origin == str(ROOT / "kernels" / "__init__.py")
-        assert version == "None"
+    origin, ours = completed.stdout.split()
+    assert ours == str(ROOT / "hypic_rag" / "kernels" / "__init__.py")
+    assert origin == "None" or "site-packages" in origin, origin  # the distribution, never our source
 
 
 def test_the_set_up_constraints_satisfy_the_package_ranges() -> None:
@@ -137,15 +130,3 @@ def test_the_set_up_constraints_satisfy_the_package_ranges() -> None:
                for requirement in declared if canonicalize_name(requirement.name) != "torch"
                and pinned.get(canonicalize_name(requirement.name)) not in requirement.specifier]
     assert outside == []
-
-
-def test_without_the_kernels_distribution_the_source_folder_has_no_version() -> None:
-    """The other branch: no installed `kernels` on the path (site-packages left out), so `import kernels` from the
-    root gets our folder, which has no `__version__` (transformers then reads `kernels` as not installed)."""
-    script = ("import sys\n"
-              "sys.path = ['', *[entry for entry in sys.path if 'site-packages' not in entry]]\n"
-              "import kernels\n"
-              "print(kernels.__file__, hasattr(kernels, '__version__'))\n")
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    assert completed.stdout.split() == [str(ROOT / "kernels" / "__init__.py"), "False"]

@@ -10,13 +10,13 @@ every call. Equal ids and masks to transformers' tokenizer: tests/retrieval/test
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hypic_rag.runtime.checkpoints.files import read_json
 from hypic_rag.runtime.checkpoints.tokenizer import special_token_text
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -47,8 +47,8 @@ class BatchTokenizer:
         if not (tokenizer_file.is_file() and settings_file.is_file()):
             return None
         try:
-            settings = json.loads(settings_file.read_text(encoding="utf-8"))
-            described = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+            settings = read_json(settings_file)
+            described = read_json(tokenizer_file)
         except (OSError, ValueError):
             return None
         if not isinstance(settings, dict) or settings.get("tokenizer_class") not in (None, *BERT_TOKENIZER_CLASSES):

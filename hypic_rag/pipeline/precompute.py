@@ -1,7 +1,7 @@
 """Precompute: load a corpus, chunk, embed, index, and encode every chunk into the segment cache.
 
 It builds an index (`retrieval`) and fills the cache of the `session.ModelSession` it was built for, so it sits
-above both, as `pipeline.py` does (the retrieval package never imports the session).
+above both, as `answering.py` does (the retrieval package never imports the session).
 
     summary = precompute(PrecomputeConfig(corpus="docs/", index_dir="index/", model_path="model/"))
     summary = build_index("docs/", "index/")   # the same from Python, on the bundled model unless `model=...`

@@ -2,7 +2,7 @@
 
 `CheckpointConfig` answers attribute reads (`config.hidden_size`, `getattr(config, "head_dim", None)`) from the
 file's own values and `to_dict()` with them, as a transformers config does for the keys the file holds. A native
-implementation (`runtime/native/`) serves a config only when the file holds every key transformers' config class
+implementation (`runtime/checkpoints/native/`) serves a config only when the file holds every key transformers' config class
 would fill in (`require_keys`): then the two kinds of config read the same values and give the same
 `runtime.model.config_digest`, so a model loaded either way gets the same fingerprint (and cache entries).
 """

@@ -311,7 +311,7 @@ class ModelSession:
 
     # ------------------------------------------------------------------------------------------- tokens
     def tokenize_segment(self, text: str, what: str = "the text") -> list[int]:
-        """Token ids of `text` as one segment, tokenized on its own without special tokens (`prompting.format.tokenize_segment`);
+        """Token ids of `text` as one segment, tokenized on its own without special tokens (`prompting.layout.tokenize_segment`);
         ValueError naming `what` when it holds a lone surrogate."""
         return tokenize_segment(self.tokenizer, text, what)
 

@@ -25,27 +25,9 @@ Importing this package never imports triton, fla or a GPU library. `triton_enabl
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
 import logging
 import os
-import sys
 from typing import Any
-
-if __name__ == "kernels":
-    # This folder was imported as a top-level `kernels`: the repository root is on sys.path (`python -m ...` or
-    # pytest run from a clone). That name belongs to the `kernels` distribution (Hugging Face's kernel hub, a
-    # dependency of transformers >= 5.25), which transformers imports at start-up: stand aside for it (tested in
-    # tests/structure/test_packaging.py). Without one installed, this module stays as it is: it has no
-    # `__version__`, so transformers reads the name as not installed.
-    _source_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    _installed = importlib.machinery.PathFinder.find_spec(
-        "kernels", [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _source_root]
-    )
-    if _installed is not None and _installed.loader is not None:
-        _module = importlib.util.module_from_spec(_installed)
-        sys.modules["kernels"] = _module  # `import kernels` returns what sys.modules holds once this file has run
-        _installed.loader.exec_module(_module)
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ as does any checkpoint whose config this implementation does not reproduce exact
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hypic_rag.runtime.checkpoints.files import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, read_json
 from hypic_rag.runtime.checkpoints.native import qwen3_5
 from hypic_rag.runtime.checkpoints.native.config import CheckpointConfig
 
@@ -35,16 +35,12 @@ class NativeModel:
     config: CheckpointConfig
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 def _tensor_files(path: Path) -> dict[str, Path]:
     """Checkpoint tensor name -> the safetensors file holding it (single file or sharded with an index)."""
-    single = path / "model.safetensors"
-    index = path / "model.safetensors.index.json"
+    single = path / WEIGHTS_FILE
+    index = path / WEIGHTS_INDEX_FILE
     if index.is_file():
-        return {name: path / shard for name, shard in _read_json(index)["weight_map"].items()}
+        return {name: path / shard for name, shard in read_json(index)["weight_map"].items()}
     if single.is_file():
         from safetensors import safe_open
 
@@ -78,7 +74,7 @@ def _generation_config(path: Path) -> Any | None:
     if not file.is_file():
         return None
     try:
-        return CheckpointConfig(_read_json(file))
+        return CheckpointConfig(read_json(file))
     except (OSError, ValueError):
         return None
 
@@ -87,7 +83,7 @@ def unsupported_reason(path: Path) -> str | None:
     """Why this package does not build the checkpoint in `path` exactly as transformers would (one line), or None.
     Reads config.json and lists the weight files only."""
     try:
-        raw = _read_json(path / "config.json")
+        raw = read_json(path / "config.json")
     except (OSError, ValueError) as error:
         return f"config.json unreadable ({error})"
     if not isinstance(raw, dict) or not isinstance(raw.get("text_config", {}), dict):
@@ -115,7 +111,7 @@ def load_native(path: Path, *, device: torch.device, dtype: torch.dtype,
     `unsupported_reason(path)` None) on `device` in `dtype`. Weights lacking declared tensors raise
     `on_missing(their names, sorted)` (default a KeyError); a damaged checkpoint OSError, ValueError, KeyError or
     safetensors' error."""
-    top = CheckpointConfig(_read_json(path / "config.json"))
+    top = CheckpointConfig(read_json(path / "config.json"))
     reason = unsupported_reason(path)
     if reason is not None:
         raise ValueError(reason)

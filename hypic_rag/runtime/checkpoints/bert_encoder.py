@@ -11,7 +11,6 @@ Every sequence is encoded with token type 0, as a tokenizer does for one text.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,10 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from hypic_rag.runtime.checkpoints.files import CONFIG_FILE, WEIGHTS_FILE, read_json
+
 logger = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +202,11 @@ def load_bert_encoder(model_dir: Path, device: str = "cpu") -> BertEncoder | Non
     """The encoder of `model_dir` (config.json + a single model.safetensors, names as the hub writes them, with or
     without a `bert.` prefix) in float32, in eval mode on `device`; None when the directory is not a plain BERT
     encoder or a tensor is missing or misshapen (the caller then uses transformers)."""
-    config_file, weights_file = model_dir / "config.json", model_dir / WEIGHTS_FILE
+    config_file, weights_file = model_dir / CONFIG_FILE, model_dir / WEIGHTS_FILE
     if not (config_file.is_file() and weights_file.is_file()):
         return None
     try:
-        shape = BertShape.from_config(json.loads(config_file.read_text(encoding="utf-8")))
+        shape = BertShape.from_config(read_json(config_file))
     except (OSError, ValueError):
         return None
     if shape is None:

@@ -37,6 +37,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, processors
 
+from hypic_rag.runtime.checkpoints.files import read_json
+
 logger = logging.getLogger(__name__)
 
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -427,11 +429,6 @@ def _added_token(entry: Mapping[str, Any]) -> AddedToken:
     return AddedToken(**fields)
 
 
-def _read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
 def load_tokenizer(path: str | Path) -> CheckpointTokenizer | None:
     """The tokenizer of the checkpoint directory `path`, identical in behaviour to transformers'
     `AutoTokenizer.from_pretrained(path, local_files_only=True)`; None when the directory is not one this module
@@ -451,8 +448,8 @@ def _load(directory: Path) -> CheckpointTokenizer | None:
     model_config_file = directory / "config.json"
     if not (tokenizer_file.is_file() and config_file.is_file() and model_config_file.is_file()):
         return None
-    config = _read_json(config_file)
-    model_config = _read_json(model_config_file)
+    config = read_json(config_file)
+    model_config = read_json(model_config_file)
     if not isinstance(config, dict) or not isinstance(model_config, dict):
         return None
     model_type = model_config.get("model_type")
@@ -674,7 +671,7 @@ def _qwen3_5_backend(tokenizer_file: Path, config: Mapping[str, Any], split_spec
     them, added as transformers adds them (unk, eos, pad default to `<|endoftext|>`)."""
     from tokenizers import Regex, decoders, normalizers, pre_tokenizers
 
-    tokenizer_json = _read_json(tokenizer_file)
+    tokenizer_json = read_json(tokenizer_file)
     if not isinstance(tokenizer_json, dict):
         return None
     add_prefix_space = config.get("add_prefix_space")
