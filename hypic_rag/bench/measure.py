@@ -207,18 +207,9 @@ def closed_loop_throughput(
 
 
 def measure_workload(
-    model: HybridModel,
-    workload: Workload,
-    *,
-    seam_tokens: int,
-    modes: Sequence[str] = MODES,
-    clients: int = 4,
-    throughput_requests: int = 8,
-    throughput_seconds: float = 60.0,
-    new_tokens: int = 4,
-    show_progress: bool = True,
-    rates: MachineRates | None = None,
-    encode_chunks: int = 0,
+    model: HybridModel, workload: Workload, *, seam_tokens: int, modes: Sequence[str] = MODES, clients: int = 4,
+    throughput_requests: int = 8, throughput_seconds: float = 60.0, new_tokens: int = 4, show_progress: bool = True,
+    rates: MachineRates | None = None, encode_chunks: int = 0,
 ) -> dict[str, Any]:
     """Every mode on the same requests, and transformers' own forward of each prompt: TTFT p50/p95, ratios
     against transformers, full and prefix, throughput, recomputed fraction, bytes loaded, KL vs full, and (with

@@ -322,13 +322,7 @@ class LmdbSegmentStore(SegmentStore):
     """An LMDB environment in `path` (data.mdb, lock.mdb) holding encoded segment entries. Use `open`."""
 
     def __init__(
-        self,
-        env: lmdb.Environment,
-        databases: dict[bytes, Any],
-        *,
-        path: Path,
-        budget_bytes: int,
-        max_map_bytes: int,
+        self, env: lmdb.Environment, databases: dict[bytes, Any], *, path: Path, budget_bytes: int, max_map_bytes: int,
         readonly: bool,
     ) -> None:
         self.path = path
@@ -346,14 +340,8 @@ class LmdbSegmentStore(SegmentStore):
     # ----------------------------------------------------------------------------------------------- opening
     @classmethod
     def open(
-        cls,
-        directory: str | os.PathLike[str],
-        *,
-        budget_bytes: int | None = None,
-        readonly: bool = False,
-        create: bool = True,
-        initial_map_bytes: int | None = None,
-        max_map_bytes: int | None = None,
+        cls, directory: str | os.PathLike[str], *, budget_bytes: int | None = None, readonly: bool = False,
+        create: bool = True, initial_map_bytes: int | None = None, max_map_bytes: int | None = None,
     ) -> LmdbSegmentStore:
         """Open (or create, unless `readonly` or not `create`) the store in `directory`.
 
@@ -569,9 +557,7 @@ class LmdbSegmentStore(SegmentStore):
             return env.begin(write=write, buffers=buffers)
 
     def _write(
-        self,
-        body: Callable[[lmdb.Transaction, StoreCounters], _T],
-        on_give_up: Callable[[], _T] | None = None,
+        self, body: Callable[[lmdb.Transaction, StoreCounters], _T], on_give_up: Callable[[], _T] | None = None,
     ) -> _T:
         """Run `body` in one write transaction that also writes pending notes and the counters.
 

@@ -21,12 +21,7 @@ class RemoteHealth:
     """A circuit breaker with rate-limited warnings. Thread-safe. `clock` is for tests (monotonic seconds)."""
 
     def __init__(
-        self,
-        name: str,
-        *,
-        cooldown_s: float,
-        max_cooldown_s: float,
-        warn_interval_s: float,
+        self, name: str, *, cooldown_s: float, max_cooldown_s: float, warn_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name

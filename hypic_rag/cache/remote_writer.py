@@ -42,13 +42,7 @@ class WriteBehindQueue:
     """
 
     def __init__(
-        self,
-        upload: Callable[[UploadJob], object],
-        *,
-        max_bytes: int,
-        wait_when_full: bool,
-        workers: int,
-        name: str,
+        self, upload: Callable[[UploadJob], object], *, max_bytes: int, wait_when_full: bool, workers: int, name: str,
     ) -> None:
         self._upload = upload
         self.max_bytes = max_bytes

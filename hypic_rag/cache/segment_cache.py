@@ -74,13 +74,8 @@ class SegmentCache:
     """
 
     def __init__(
-        self,
-        store: SegmentStore,
-        hot_tier: HotTier,
-        *,
-        best_effort: bool = False,
-        namespace: CacheNamespace | None = None,
-        remote: RemoteTier | None = None,
+        self, store: SegmentStore, hot_tier: HotTier, *, best_effort: bool = False,
+        namespace: CacheNamespace | None = None, remote: RemoteTier | None = None,
     ) -> None:
         self.store = store
         self.hot_tier = hot_tier
@@ -96,15 +91,9 @@ class SegmentCache:
 
     @classmethod
     def open(
-        cls,
-        directory: str | os.PathLike[str],
-        *,
-        disk_budget_bytes: int | None = None,
-        hot_budget_bytes: int = DEFAULT_HOT_BUDGET_BYTES,
-        readonly: bool = False,
-        best_effort: bool = False,
-        namespace: CacheNamespace | None = None,
-        remote: RemoteTier | None = None,
+        cls, directory: str | os.PathLike[str], *, disk_budget_bytes: int | None = None,
+        hot_budget_bytes: int = DEFAULT_HOT_BUDGET_BYTES, readonly: bool = False, best_effort: bool = False,
+        namespace: CacheNamespace | None = None, remote: RemoteTier | None = None,
     ) -> SegmentCache:
         """Open or create the cache in `directory` (read-only: must exist; misses are computed, not stored),
         bound to `namespace` (needed by the `SegmentSource` methods only), over the shared `remote` tier if given
@@ -184,9 +173,7 @@ class SegmentCache:
         return found
 
     def put_many(
-        self,
-        namespace: CacheNamespace | int,
-        token_id_lists: Sequence[Sequence[int]],
+        self, namespace: CacheNamespace | int, token_id_lists: Sequence[Sequence[int]],
         entries: Sequence[Mapping[str, torch.Tensor]],
     ) -> list[Entry]:
         """Store freshly encoded entries of these token sequences in one transaction (and hand them to the remote
@@ -254,12 +241,8 @@ class SegmentCache:
         return found
 
     def _lookup_remote(
-        self,
-        namespace: CacheNamespace,
-        requested: list[list[int]],
-        positions: dict[bytes, list[int]],
-        found: list[Entry | None],
-        tally: _LookupTally,
+        self, namespace: CacheNamespace, requested: list[list[int]], positions: dict[bytes, list[int]],
+        found: list[Entry | None], tally: _LookupTally,
     ) -> None:
         """Ask the remote tier for what the local tiers lack; verified hits fill the hot tier and the disk store
         (one write), bad objects are discarded there. Fills `found` in place."""

@@ -80,11 +80,7 @@ def entry_shapes(shape: HybridShape, length: int) -> dict[str, tuple[int, ...]]:
 
 
 def synthetic_entry(
-    shape: HybridShape,
-    token_ids: Sequence[int],
-    *,
-    seed: int = 0,
-    seam_tokens: int = 8,
+    shape: HybridShape, token_ids: Sequence[int], *, seed: int = 0, seam_tokens: int = 8,
     kv_dtype: torch.dtype = torch.float32,
 ) -> Entry:
     """An entry for `token_ids` with seeded standard-normal float32 state and `kv_dtype` K/V."""

@@ -92,12 +92,8 @@ def percentile(values: Sequence[float], share: float) -> float:
 
 
 def score_formats(
-    engine: Engine,
-    requests: Sequence[Any],
-    formats: Sequence[str | CacheFormat],
-    *,
-    policy: RecomputePolicy | str | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    engine: Engine, requests: Sequence[Any], formats: Sequence[str | CacheFormat], *,
+    policy: RecomputePolicy | str | None = None, on_progress: Callable[[int, int], None] | None = None,
 ) -> list[FormatScore]:
     """Every format's scores over `requests` under `hypic` with `policy` (None: the engine's). `engine` reads
     float32 entries (its segment source holds them, or encodes them); each format's engine reads the same entries
@@ -143,12 +139,8 @@ def choose_format(scores: Sequence[FormatScore], kl_target: float) -> FormatChoi
 
 
 def calibrate_format(
-    engine: Engine,
-    requests: Sequence[Any],
-    formats: Sequence[str | CacheFormat] | None = None,
-    kl_target: float = DEFAULT_FORMAT_KL_TARGET,
-    *,
-    policy: RecomputePolicy | str | None = None,
+    engine: Engine, requests: Sequence[Any], formats: Sequence[str | CacheFormat] | None = None,
+    kl_target: float = DEFAULT_FORMAT_KL_TARGET, *, policy: RecomputePolicy | str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> FormatChoice:
     """Score `formats` (None: `format_candidates()`) on `requests` (`score_formats`) and choose for `kl_target`

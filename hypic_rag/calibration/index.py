@@ -130,14 +130,8 @@ def calibration_requests(pipeline: Any, questions: Sequence[str], top_k: int) ->
 
 
 def calibrate_index(
-    pipeline: Any,
-    *,
-    kl_target: float,
-    questions: Sequence[str] | None = None,
-    requests: int = 32,
-    top_k: int = 8,
-    candidates: Sequence[RecomputePolicy | str] | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    pipeline: Any, *, kl_target: float, questions: Sequence[str] | None = None, requests: int = 32, top_k: int = 8,
+    candidates: Sequence[RecomputePolicy | str] | None = None, on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
     """Calibrate `candidates` (None: the registered policies' own, `recompute_policy.calibration_candidates`) on
     `questions` (None: `requests` probes of the index) at `top_k`; returns the calibration and the
@@ -162,14 +156,8 @@ def _requests_of(pipeline: Any, questions: Sequence[str] | None, requests: int, 
 
 
 def calibrate_index_format(
-    pipeline: Any,
-    *,
-    kl_target: float,
-    questions: Sequence[str] | None = None,
-    requests: int = 32,
-    top_k: int = 8,
-    formats: Sequence[str] | None = None,
-    policy: RecomputePolicy | str | None = None,
+    pipeline: Any, *, kl_target: float, questions: Sequence[str] | None = None, requests: int = 32, top_k: int = 8,
+    formats: Sequence[str] | None = None, policy: RecomputePolicy | str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[FormatChoice, dict[str, Any]]:
     """Choose the index's cache format on `questions` (None: `requests` probes of the index) at `top_k`, under

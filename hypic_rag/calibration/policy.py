@@ -83,10 +83,7 @@ class Calibration:
 
 
 def score_candidates(
-    engine: Any,
-    requests: Sequence[Any],
-    candidates: Sequence[RecomputePolicy | str],
-    *,
+    engine: Any, requests: Sequence[Any], candidates: Sequence[RecomputePolicy | str], *,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[CandidateScore]:
     """Every candidate's scores over `requests` (each a `Request`, ranked as the product ranks its chunks); one
@@ -133,12 +130,8 @@ def choose(scores: Sequence[CandidateScore], kl_target: float) -> Calibration:
 
 
 def calibrate(
-    engine: Any,
-    requests: Sequence[Any],
-    candidates: Sequence[RecomputePolicy | str] | None = None,
-    kl_target: float = DEFAULT_KL_TARGET,
-    *,
-    measured: Sequence[CandidateScore] | None = None,
+    engine: Any, requests: Sequence[Any], candidates: Sequence[RecomputePolicy | str] | None = None,
+    kl_target: float = DEFAULT_KL_TARGET, *, measured: Sequence[CandidateScore] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Score `candidates` (None: every registered policy's, `recompute_policy.calibration_candidates`) on

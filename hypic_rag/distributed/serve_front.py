@@ -42,16 +42,8 @@ def start_replicas(config: ServerConfig, options: ReplicaConfig, cluster: Cluste
 
 
 def serve_with_replicas(
-    config: ServerConfig,
-    options: ReplicaConfig,
-    host: str,
-    port: int,
-    *,
-    cluster: ClusterConfig,
-    sock: socket.socket,
-    log_level: str = "info",
-    on_ready: Callable[[], None] | None = None,
-    max_in_flight: int | None = None,
+    config: ServerConfig, options: ReplicaConfig, host: str, port: int, *, cluster: ClusterConfig, sock: socket.socket,
+    log_level: str = "info", on_ready: Callable[[], None] | None = None, max_in_flight: int | None = None,
 ) -> bool:
     """Serve the front on `sock` until SIGINT or SIGTERM; False if uvicorn failed to start."""
     ray, front, retriever = start_replicas(config, options, cluster)
@@ -66,15 +58,8 @@ def serve_with_replicas(
 
 
 def serve_with_workers(
-    config: ServerConfig,
-    workers: int,
-    host: str,
-    port: int,
-    *,
-    sock: socket.socket,
-    log_level: str = "info",
-    on_ready: Callable[[], None] | None = None,
-    max_in_flight: int | None = None,
+    config: ServerConfig, workers: int, host: str, port: int, *, sock: socket.socket, log_level: str = "info",
+    on_ready: Callable[[], None] | None = None, max_in_flight: int | None = None,
 ) -> bool:
     """`serve --workers N`: N local worker processes (`local_workers.LocalWorkers`, each loads the model), then the
     front on `sock`, routing by load, until SIGINT or SIGTERM; the workers stop after the front. False if uvicorn
@@ -93,12 +78,7 @@ def serve_with_workers(
 
 
 def run_front(
-    front: Front,
-    host: str,
-    port: int,
-    *,
-    sock: socket.socket,
-    log_level: str = "info",
+    front: Front, host: str, port: int, *, sock: socket.socket, log_level: str = "info",
     on_ready: Callable[[], None] | None = None,
 ) -> bool:
     """Serve `front`'s application on `sock` until SIGINT or SIGTERM (the replicas are the caller's to stop);

@@ -335,8 +335,7 @@ def stored_form_problem(stored: Mapping[str, torch.Tensor]) -> str | None:
 
 
 def decompress_entry(
-    stored: Mapping[str, torch.Tensor],
-    device: torch.device | str | None = None,
+    stored: Mapping[str, torch.Tensor], device: torch.device | str | None = None,
     key_value_dtype: torch.dtype | None = None,
 ) -> Entry:
     """The entry a stored form stands for (`decompress_entries` of one entry)."""
@@ -356,8 +355,7 @@ class _Coded:
 
 
 def decompress_entries(
-    stored_entries: Sequence[Mapping[str, torch.Tensor]],
-    device: torch.device | str | None = None,
+    stored_entries: Sequence[Mapping[str, torch.Tensor]], device: torch.device | str | None = None,
     key_value_dtype: torch.dtype | None = None,
 ) -> list[Entry]:
     """The entries stored forms stand for, on `device` (None: where they lie), decoded there: codes and scales are

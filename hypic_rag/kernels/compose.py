@@ -33,41 +33,11 @@ from hypic_rag.kernels.runs import request_runs, strides
 
 @triton.jit
 def _compose_kernel(
-    start_ptr,
-    transition_ptr,
-    state_ptr,
-    out_ptr,
-    steps_ptr,
-    first_ptr,
-    count_ptr,
-    K,
-    V,
-    stride_start_n,
-    stride_start_h,
-    stride_start_k,
-    stride_start_v,
-    stride_p_m,
-    stride_p_h,
-    stride_p_r,
-    stride_p_c,
-    stride_z_m,
-    stride_z_h,
-    stride_z_k,
-    stride_z_v,
-    stride_out_n,
-    stride_out_h,
-    stride_out_k,
-    stride_out_v,
-    stride_steps_m,
-    stride_steps_h,
-    stride_steps_k,
-    stride_steps_v,
-    MAX_COUNT: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    HAS_TRANSITION: tl.constexpr,
-    HAS_START: tl.constexpr,
-    STORE_STEPS: tl.constexpr,
+    start_ptr, transition_ptr, state_ptr, out_ptr, steps_ptr, first_ptr, count_ptr, K, V, stride_start_n,
+    stride_start_h, stride_start_k, stride_start_v, stride_p_m, stride_p_h, stride_p_r, stride_p_c, stride_z_m,
+    stride_z_h, stride_z_k, stride_z_v, stride_out_n, stride_out_h, stride_out_k, stride_out_v, stride_steps_m,
+    stride_steps_h, stride_steps_k, stride_steps_v, MAX_COUNT: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr, HAS_TRANSITION: tl.constexpr, HAS_START: tl.constexpr, STORE_STEPS: tl.constexpr,
 ):
     request = tl.program_id(0)
     head = tl.program_id(1)
@@ -120,11 +90,7 @@ def _compose_kernel(
 
 
 def compose_affine_batched(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    counts: Sequence[int],
-    *,
+    start: torch.Tensor | None, transitions: torch.Tensor | None, states: torch.Tensor, counts: Sequence[int], *,
     store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Advance N requests' states over their own runs of maps, in one launch.
@@ -177,11 +143,7 @@ def compose_affine_batched(
 
 
 def compose_affine(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    *,
-    store_steps: bool = False,
+    start: torch.Tensor | None, transitions: torch.Tensor | None, states: torch.Tensor, *, store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One request: start [H, K, V] (None: zeros) advanced over maps transitions [k, H, K, K] (None: P = I) and
     states [k, H, K, V], in order. Returns the end state [H, K, V] float32 (and every step's state [k, H, K, V])."""

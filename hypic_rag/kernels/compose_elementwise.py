@@ -31,40 +31,11 @@ BLOCK = 1024
 
 @triton.jit
 def _compose_elementwise_kernel(
-    start_ptr,
-    transition_ptr,
-    state_ptr,
-    out_ptr,
-    steps_ptr,
-    first_ptr,
-    count_ptr,
-    ROWS,
-    COLS,
-    stride_start_n,
-    stride_start_g,
-    stride_start_r,
-    stride_start_c,
-    stride_p_m,
-    stride_p_g,
-    stride_p_r,
-    stride_p_c,
-    stride_z_m,
-    stride_z_g,
-    stride_z_r,
-    stride_z_c,
-    stride_out_n,
-    stride_out_g,
-    stride_out_r,
-    stride_out_c,
-    stride_steps_m,
-    stride_steps_g,
-    stride_steps_r,
-    stride_steps_c,
-    MAX_COUNT: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    HAS_TRANSITION: tl.constexpr,
-    HAS_START: tl.constexpr,
-    STORE_STEPS: tl.constexpr,
+    start_ptr, transition_ptr, state_ptr, out_ptr, steps_ptr, first_ptr, count_ptr, ROWS, COLS, stride_start_n,
+    stride_start_g, stride_start_r, stride_start_c, stride_p_m, stride_p_g, stride_p_r, stride_p_c, stride_z_m,
+    stride_z_g, stride_z_r, stride_z_c, stride_out_n, stride_out_g, stride_out_r, stride_out_c, stride_steps_m,
+    stride_steps_g, stride_steps_r, stride_steps_c, MAX_COUNT: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_TRANSITION: tl.constexpr, HAS_START: tl.constexpr, STORE_STEPS: tl.constexpr,
 ):
     request = tl.program_id(0)
     group = tl.program_id(1)
@@ -122,11 +93,7 @@ def _broadcast_strides(transitions: torch.Tensor, state_shape: tuple[int, ...]) 
 
 
 def compose_elementwise_batched(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    counts: Sequence[int],
-    *,
+    start: torch.Tensor | None, transitions: torch.Tensor | None, states: torch.Tensor, counts: Sequence[int], *,
     store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Advance N requests' states over their own runs of elementwise maps, in one launch.

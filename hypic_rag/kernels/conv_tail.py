@@ -30,32 +30,10 @@ BLOCK_C = 128
 
 @triton.jit
 def _stitch_kernel(
-    start_ptr,
-    tails_ptr,
-    lengths_ptr,
-    out_ptr,
-    steps_ptr,
-    first_ptr,
-    count_ptr,
-    CHANNELS,
-    WIDTH,
-    stride_start_n,
-    stride_start_c,
-    stride_start_w,
-    stride_tails_m,
-    stride_tails_c,
-    stride_tails_w,
-    stride_out_n,
-    stride_out_c,
-    stride_out_w,
-    stride_steps_m,
-    stride_steps_c,
-    stride_steps_w,
-    MAX_COUNT: tl.constexpr,
-    BLOCK_CHANNELS: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    HAS_START: tl.constexpr,
-    STORE_STEPS: tl.constexpr,
+    start_ptr, tails_ptr, lengths_ptr, out_ptr, steps_ptr, first_ptr, count_ptr, CHANNELS, WIDTH, stride_start_n,
+    stride_start_c, stride_start_w, stride_tails_m, stride_tails_c, stride_tails_w, stride_out_n, stride_out_c,
+    stride_out_w, stride_steps_m, stride_steps_c, stride_steps_w, MAX_COUNT: tl.constexpr, BLOCK_CHANNELS: tl.constexpr,
+    BLOCK_W: tl.constexpr, HAS_START: tl.constexpr, STORE_STEPS: tl.constexpr,
 ):
     request = tl.program_id(0)
     channels = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
@@ -99,11 +77,7 @@ def _stitch_kernel(
 
 
 def stitch_conv_tails(
-    start: torch.Tensor | None,
-    tails: torch.Tensor,
-    lengths: torch.Tensor | Sequence[int],
-    counts: Sequence[int],
-    *,
+    start: torch.Tensor | None, tails: torch.Tensor, lengths: torch.Tensor | Sequence[int], counts: Sequence[int], *,
     store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Carry N requests' conv tails across their own runs of spans, in one launch.

@@ -67,14 +67,8 @@ def check_varlen(query: torch.Tensor, cu_seqlens: torch.Tensor | None, initial_s
 
 
 def run_fla(
-    function,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    beta: torch.Tensor | None = None,
+    function, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, beta: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Call fla's `function` (a chunked or fused-recurrent op) with the runtime's head-major tensors: q, k, v, the
     log decay g and (for the delta rules) beta made time-major, `scale=1.0` (the runtime scales the query itself),

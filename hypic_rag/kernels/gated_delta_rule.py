@@ -19,13 +19,8 @@ from hypic_rag.kernels.fla_support import run_fla
 
 
 def fla_chunk_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query, key [B, H, T, K]; value [B, H, T, V]; log_decay, beta [B, H, T]; initial_state [N, H, K, V] or None;
     cu_seqlens [N + 1] int64 (B = 1, sequences packed along T) or None (N = B).
@@ -36,13 +31,8 @@ def fla_chunk_gated_delta_rule(
 
 
 def fla_fused_recurrent_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fla's token-by-token kernel (decode: one program per head and value block walks the tokens with the state in
     registers). Same contract as `fla_chunk_gated_delta_rule`."""

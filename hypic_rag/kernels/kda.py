@@ -17,13 +17,8 @@ from hypic_rag.kernels.fla_support import run_fla
 
 
 def fla_chunk_kda(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query, key [B, H, T, K]; value [B, H, T, V]; log_decay [B, H, T, K]; beta [B, H, T]; initial_state
     [N, H, K, V] or None; cu_seqlens [N + 1] int64 (B = 1) or None (N = B).
@@ -34,13 +29,8 @@ def fla_chunk_kda(
 
 
 def fla_fused_recurrent_kda(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fla's token-by-token KDA (decode). Same contract as `fla_chunk_kda`."""
     from fla.ops.kda import fused_recurrent_kda

@@ -34,28 +34,9 @@ def _check(out: torch.Tensor, out_start: int, keys: torch.Tensor, cos: torch.Ten
 
 @triton.jit
 def _rope_into_kernel(
-    keys_ptr,
-    cos_ptr,
-    sin_ptr,
-    out_ptr,
-    tokens,
-    position_start,
-    out_start,
-    stride_keys_h,
-    stride_keys_t,
-    stride_keys_d,
-    stride_cos_t,
-    stride_cos_d,
-    stride_sin_t,
-    stride_sin_d,
-    stride_out_h,
-    stride_out_t,
-    stride_out_d,
-    HALF: tl.constexpr,
-    PASS: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    keys_ptr, cos_ptr, sin_ptr, out_ptr, tokens, position_start, out_start, stride_keys_h, stride_keys_t, stride_keys_d,
+    stride_cos_t, stride_cos_d, stride_sin_t, stride_sin_d, stride_out_h, stride_out_t, stride_out_d,
+    HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     head = tl.program_id(0)
     token = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)

@@ -18,12 +18,8 @@ from hypic_rag.kernels.fla_support import run_fla
 
 
 def fla_chunk_simple_gla(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query, key [B, H, T, K]; value [B, H, T, V]; log_decay [B, H, T]; initial_state [N, H, K, V] or None;
     cu_seqlens [N + 1] int64 (B = 1) or None (N = B). Returns output [B, H, T, V] and final states [N, H, K, V],
@@ -34,12 +30,8 @@ def fla_chunk_simple_gla(
 
 
 def fla_fused_recurrent_simple_gla(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fla's token-by-token simple GLA (decode). Same contract as `fla_chunk_simple_gla`."""
     from fla.ops.simple_gla import fused_recurrent_simple_gla

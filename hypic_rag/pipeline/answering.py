@@ -185,19 +185,10 @@ class RagPipeline:
 
     @classmethod
     def open(
-        cls,
-        index_dir: str | Path,
-        *,
-        model_path: str | Path | None = None,
-        embedder_path: str | Path | None = None,
-        seam_tokens: int | None = None,
-        device: str | None = None,
-        hot_budget_bytes: int | None = None,
-        readonly_cache: bool = False,
-        hop_slots: int = 2,
-        dtype: str | None = None,
-        remote_cache: RemoteTierConfig | None = None,
-        recompute_policy: RecomputePolicy | str | None = None,
+        cls, index_dir: str | Path, *, model_path: str | Path | None = None, embedder_path: str | Path | None = None,
+        seam_tokens: int | None = None, device: str | None = None, hot_budget_bytes: int | None = None,
+        readonly_cache: bool = False, hop_slots: int = 2, dtype: str | None = None,
+        remote_cache: RemoteTierConfig | None = None, recompute_policy: RecomputePolicy | str | None = None,
         cache_format: str | None = None,
     ) -> RagPipeline:
         """Open an index and the session it was built for (`ModelSession.for_index`: its model, the one recorded
@@ -277,14 +268,8 @@ class RagPipeline:
         return request
 
     def stream(
-        self,
-        question: str,
-        *,
-        top_k: int = 8,
-        mode: str = "hypic",
-        params: SamplingParams | None = None,
-        check: Callable[[], None] | None = None,
-        policy: RecomputePolicy | str | None = None,
+        self, question: str, *, top_k: int = 8, mode: str = "hypic", params: SamplingParams | None = None,
+        check: Callable[[], None] | None = None, policy: RecomputePolicy | str | None = None,
     ) -> ResultStream[tuple[str, Any], Answer]:
         """A stream of ("sources", [Source]) first (best first by similarity to the question), then ("token", text_delta) items; its `.result` is the `Answer`.
 
@@ -384,14 +369,8 @@ class RagPipeline:
                       prompt_parts(prepared.request, generation.prefill, prepared.prompt_chunk_ids))
 
     def answer(
-        self,
-        question: str,
-        *,
-        top_k: int = 8,
-        mode: str = "hypic",
-        params: SamplingParams | None = None,
-        on_token: Callable[[str], None] | None = None,
-        policy: RecomputePolicy | str | None = None,
+        self, question: str, *, top_k: int = 8, mode: str = "hypic", params: SamplingParams | None = None,
+        on_token: Callable[[str], None] | None = None, policy: RecomputePolicy | str | None = None,
     ) -> Answer:
         """Retrieve `top_k` chunks, assemble under `mode` (and `policy`, see `stream`), generate; the answer with
         sources, usage and timings."""

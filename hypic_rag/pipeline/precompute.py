@@ -204,10 +204,7 @@ class PrecomputeSummary:
 
 
 def encode_plans(
-    session: ModelSession,
-    plans: Sequence[SegmentPlan],
-    encoder: TaskEncoder | None = None,
-    *,
+    session: ModelSession, plans: Sequence[SegmentPlan], encoder: TaskEncoder | None = None, *,
     show_progress: bool = True,
 ) -> EncodeReport:
     """Encode the planned segments missing from the session's cache (`ModelSession.fill_steps`), with `encoder`
@@ -385,11 +382,7 @@ def precompute(options: PrecomputeConfig, corpus: LoadedCorpus | None = None) ->
 
 
 def build_index(
-    corpus: str | Path,
-    index_dir: str | Path,
-    *,
-    model: str | Path | None = None,
-    **options: Any,
+    corpus: str | Path, index_dir: str | Path, *, model: str | Path | None = None, **options: Any,
 ) -> PrecomputeSummary:
     """Build the index of `corpus` in `index_dir`, or bring it up to date: load, chunk, embed and index the documents
     and encode every chunk into the segment cache once (`precompute`, what `hypic-rag precompute` runs).

@@ -398,11 +398,7 @@ class ModelSession:
         return [plan for plan in plans if plan.segments]
 
     def fill_steps(
-        self,
-        plans: Sequence[SegmentPlan],
-        *,
-        encoder: TaskEncoder | None = None,
-        commit_entries: int = COMMIT_ENTRIES,
+        self, plans: Sequence[SegmentPlan], *, encoder: TaskEncoder | None = None, commit_entries: int = COMMIT_ENTRIES,
         commit_bytes: int = COMMIT_BYTES,
     ) -> Generator[FillReport, None, FillReport]:
         """Make the segment source hold every planned entry, in steps (`SegmentEntries.fill_steps`, the engine's
@@ -412,11 +408,7 @@ class ModelSession:
                                               commit_bytes=commit_bytes)
 
     def fill_cache(
-        self,
-        plans: Sequence[SegmentPlan],
-        *,
-        encoder: TaskEncoder | None = None,
-        commit_entries: int = COMMIT_ENTRIES,
+        self, plans: Sequence[SegmentPlan], *, encoder: TaskEncoder | None = None, commit_entries: int = COMMIT_ENTRIES,
         on_progress: Callable[[FillReport], None] | None = None,
     ) -> FillReport:
         """`fill_steps` run to its end (`on_progress` sees the report after every step); returns the report."""

@@ -240,10 +240,7 @@ class Chunker:
     """Cuts documents into chunks of at most `config.chunk_tokens` segment tokens with the model's tokenizer."""
 
     def __init__(
-        self,
-        tokenizer: Any,
-        config: ChunkerConfig | None = None,
-        prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
+        self, tokenizer: Any, config: ChunkerConfig | None = None, prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
     ) -> None:
         self.tokenizer = tokenizer
         self.config = config or ChunkerConfig()

@@ -214,13 +214,8 @@ class CorpusIndex:
     """An index directory opened for search (`open`) or for updates (`open_for_update`)."""
 
     def __init__(
-        self,
-        directory: Path,
-        manifest: IndexManifest,
-        docstore: DocStore,
-        vectors: VectorIndex,
-        embedder: SentenceEmbedder,
-        lock: IO[str] | None = None,
+        self, directory: Path, manifest: IndexManifest, docstore: DocStore, vectors: VectorIndex,
+        embedder: SentenceEmbedder, lock: IO[str] | None = None,
     ) -> None:
         self.directory = directory
         self.manifest = manifest
@@ -353,14 +348,8 @@ class CorpusIndex:
                                        cut=cut, embed=embed))
 
     def ingest_steps(
-        self,
-        corpus: LoadedCorpus,
-        chunker: Chunker,
-        *,
-        delete_missing: bool = True,
-        show_progress: bool = False,
-        step_chunks: int | None = None,
-        cut: Callable[[Document], list[Chunk]] | None = None,
+        self, corpus: LoadedCorpus, chunker: Chunker, *, delete_missing: bool = True, show_progress: bool = False,
+        step_chunks: int | None = None, cut: Callable[[Document], list[Chunk]] | None = None,
         embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> Generator[int, None, IngestReport]:
         """`ingest` as a generator of bounded steps, for callers that interleave other work between them (the
@@ -431,13 +420,8 @@ class CorpusIndex:
         return report
 
     def _commit_steps(
-        self,
-        pending: list[_PendingDocument],
-        source_root: str,
-        counts: dict[str, int],
-        step_chunks: int | None,
-        done: int,
-        embed: Callable[[Sequence[str]], np.ndarray] | None = None,
+        self, pending: list[_PendingDocument], source_root: str, counts: dict[str, int], step_chunks: int | None,
+        done: int, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
     ) -> Generator[int, None, int]:
         """Embed the pending documents' new chunks (`step_chunks` at a time, or all at once, with `embed` when
         given) and store each document in its own transaction; yields and returns the number of documents done."""

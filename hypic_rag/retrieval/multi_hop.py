@@ -77,11 +77,7 @@ def rank_hop_candidates(
 
 
 def hop_queries(
-    question: str,
-    question_vector: np.ndarray,
-    passage: str,
-    embed: Callable[[Sequence[str]], np.ndarray],
-    limit: int,
+    question: str, question_vector: np.ndarray, passage: str, embed: Callable[[Sequence[str]], np.ndarray], limit: int,
 ) -> list[tuple[str, np.ndarray]]:
     """Up to `limit` follow-up queries of `question` (embedded as `question_vector` [d]) after retrieving `passage`,
     each with its embedding [d] (ready to search): the new words (`novel_words`) of the passage's sentences, those

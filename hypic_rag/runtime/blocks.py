@@ -91,12 +91,8 @@ class ResidualBlock(Block):
     """
 
     def __init__(
-        self,
-        mixer: Mixer | None,
-        input_norm: nn.Module | None,
-        mlp: nn.Module | None = None,
-        mlp_norm: nn.Module | None = None,
-        residual_multiplier: float = 1.0,
+        self, mixer: Mixer | None, input_norm: nn.Module | None, mlp: nn.Module | None = None,
+        mlp_norm: nn.Module | None = None, residual_multiplier: float = 1.0,
     ) -> None:
         if mixer is not None and input_norm is None:
             raise ValueError("a block with a mixer needs its input norm")

@@ -158,15 +158,9 @@ class Engine:
     """
 
     def __init__(
-        self,
-        model: HybridModel,
-        *,
-        seam_tokens: int = 8,
-        segment_source: SegmentSource | None = None,
-        memory_cache_bytes: int = 1 << 30,
-        prefix_cache_bytes: int = 1 << 30,
-        encode_batch_tokens: int = DEFAULT_ENCODE_BATCH_TOKENS,
-        miss_encoder: MissEncoder | None = None,
+        self, model: HybridModel, *, seam_tokens: int = 8, segment_source: SegmentSource | None = None,
+        memory_cache_bytes: int = 1 << 30, prefix_cache_bytes: int = 1 << 30,
+        encode_batch_tokens: int = DEFAULT_ENCODE_BATCH_TOKENS, miss_encoder: MissEncoder | None = None,
         recompute_policy: RecomputePolicy | str | None = None,
     ) -> None:
         self.model = model
@@ -264,13 +258,8 @@ class Engine:
         return PrefillResult(prefill.logits, result.state.to_decode_state(), prefill.stats)
 
     def plan_prefill(
-        self,
-        request: Request,
-        mode: AssemblyLike = "hypic",
-        *,
-        seam_tokens: int | None = None,
-        policy: RecomputePolicy | str | None = None,
-        check: Check | None = None,
+        self, request: Request, mode: AssemblyLike = "hypic", *, seam_tokens: int | None = None,
+        policy: RecomputePolicy | str | None = None, check: Check | None = None,
         provided: Mapping[EntryKey, Entry] | None = None,
     ) -> PrefillPlan:
         """What the prefill of `request` runs through the stack: its spans (entries fetched, or encoded and kept,
@@ -482,14 +471,8 @@ class Engine:
         return generation.progress.advance(result.logits)
 
     def stream(
-        self,
-        request: Request,
-        mode: AssemblyLike = "hypic",
-        params: SamplingParams | None = None,
-        *,
-        seam_tokens: int | None = None,
-        policy: RecomputePolicy | str | None = None,
-        check: Check | None = None,
+        self, request: Request, mode: AssemblyLike = "hypic", params: SamplingParams | None = None, *,
+        seam_tokens: int | None = None, policy: RecomputePolicy | str | None = None, check: Check | None = None,
     ) -> GenerationStream:
         """A `GenerationStream` of (token_id, text_delta) as tokens are chosen; its `.result` is the `Generation`:
         the step function (`step`) with this one sequence.
@@ -516,15 +499,9 @@ class Engine:
         return generation.generation()
 
     def generate(
-        self,
-        request: Request,
-        mode: AssemblyLike = "hypic",
-        params: SamplingParams | None = None,
-        on_token: Callable[[int, str], None] | None = None,
-        *,
-        seam_tokens: int | None = None,
-        policy: RecomputePolicy | str | None = None,
-        check: Check | None = None,
+        self, request: Request, mode: AssemblyLike = "hypic", params: SamplingParams | None = None,
+        on_token: Callable[[int, str], None] | None = None, *, seam_tokens: int | None = None,
+        policy: RecomputePolicy | str | None = None, check: Check | None = None,
     ) -> Generation:
         """Prefill then decode until a stop token, a stop string or `max_new_tokens` (`stream` run to its end)."""
         callback = None if on_token is None else (lambda item: on_token(*item))

@@ -66,11 +66,7 @@ def distinct_segments(segment_lists: Sequence[Sequence[int]]) -> list[list[int]]
 
 
 def plan_segments(
-    prefix_ids: Sequence[int],
-    chunk_segments: Sequence[Sequence[int]],
-    seam_tokens: int,
-    mode: str = "hypic",
-    *,
+    prefix_ids: Sequence[int], chunk_segments: Sequence[Sequence[int]], seam_tokens: int, mode: str = "hypic", *,
     distinct: bool = True,
 ) -> list[SegmentPlan]:
     """The entries a `mode` request composes (`runtime.modes.MODE_TABLE`): the prefix's, for `PREFIX_ENTRY_SEAM`,
@@ -280,11 +276,7 @@ class SegmentEntries:
 
     # ------------------------------------------------------------------------------------------- filling
     def fill_steps(
-        self,
-        plans: Sequence[SegmentPlan],
-        *,
-        encoder: TaskEncoder | None = None,
-        commit_entries: int = COMMIT_ENTRIES,
+        self, plans: Sequence[SegmentPlan], *, encoder: TaskEncoder | None = None, commit_entries: int = COMMIT_ENTRIES,
         commit_bytes: int = COMMIT_BYTES,
     ) -> Generator[FillReport, None, FillReport]:
         """Make the source hold every planned entry, in steps; the generator's return value is the report.

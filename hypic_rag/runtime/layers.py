@@ -79,11 +79,7 @@ def rotary_tables(rotary_embedding: nn.Module, positions: torch.Tensor, like: to
 
 
 def attention_core(
-    attention: AttentionMixer,
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    query_index: torch.Tensor,
+    attention: AttentionMixer, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, query_index: torch.Tensor,
     key_index: torch.Tensor,
 ) -> torch.Tensor:
     """Causal attention by sequence index, through `scaled_dot_product_attention` (flash kernels where they apply).

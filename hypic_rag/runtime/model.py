@@ -329,12 +329,8 @@ def check_model_directory(path: str | Path, *, require_tokenizer: bool = True) -
 
 
 def load_model(
-    source: str | Path | nn.Module | Any,
-    *,
-    device: str | torch.device | None = None,
-    dtype: str | torch.dtype | None = None,
-    tokenizer: Any | None = None,
-    require_tokenizer: bool = False,
+    source: str | Path | nn.Module | Any, *, device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None, tokenizer: Any | None = None, require_tokenizer: bool = False,
     implementation: str = "auto",
 ) -> HybridModel:
     """Load a hybrid model.

@@ -114,8 +114,7 @@ item's every step through the wavefront, step by step: the plain reference the t
 
 
 def recurrent_layer(
-    mixer: RecurrentMixer, layer_index: int, x: torch.Tensor, layouts: list[Layout], dtype: torch.dtype,
-    shared: dict,
+    mixer: RecurrentMixer, layer_index: int, x: torch.Tensor, layouts: list[Layout], dtype: torch.dtype, shared: dict,
 ) -> torch.Tensor:
     """One recurrent mixer over the flat tokens x [R, hidden] of every item (see the module docstring). Returns
     [R, hidden]; sets each item's linear state of this layer (and its per-span states when it wants checkpoints).

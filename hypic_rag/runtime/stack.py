@@ -166,14 +166,8 @@ def run_batch(model: HybridModel, items: list[StackItem], *, want_all_logits: bo
 
 @torch.no_grad()
 def run_stack(
-    model: HybridModel,
-    spans: list[Span],
-    initial: DecodeState | None = None,
-    assembly: Assembly | None = None,
-    *,
-    want_checkpoints: bool = False,
-    want_all_logits: bool = False,
-    observe_attention: AttentionObserver | None = None,
+    model: HybridModel, spans: list[Span], initial: DecodeState | None = None, assembly: Assembly | None = None, *,
+    want_checkpoints: bool = False, want_all_logits: bool = False, observe_attention: AttentionObserver | None = None,
 ) -> StackResult:
     """One sequence through `run_batch` (spans contiguous, starting at `initial.length` or 0): its next-token
     logits, and the state after it as a `DecodeState` (`initial`, if given, is read, never written).

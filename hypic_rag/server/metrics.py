@@ -98,13 +98,8 @@ class ServiceMetrics:
     """The metrics of one app. `queue_depth`, `cache_snapshot` and `job_counts` are read at scrape time."""
 
     def __init__(
-        self,
-        *,
-        queue_depth: Callable[[], int],
-        queue_capacity: int,
-        cache_snapshot: Callable[[], dict[str, Any]],
-        job_counts: Callable[[], dict[str, int]],
-        running: Callable[[], int] = lambda: 0,
+        self, *, queue_depth: Callable[[], int], queue_capacity: int, cache_snapshot: Callable[[], dict[str, Any]],
+        job_counts: Callable[[], dict[str, int]], running: Callable[[], int] = lambda: 0,
         waiting: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

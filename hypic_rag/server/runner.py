@@ -78,13 +78,8 @@ def uvicorn_config(
 
 
 def serve(
-    config: ServerConfig,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    *,
-    log_level: str = "info",
-    sock: socket.socket | None = None,
-    on_ready: Callable[[], None] | None = None,
+    config: ServerConfig, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, log_level: str = "info",
+    sock: socket.socket | None = None, on_ready: Callable[[], None] | None = None,
 ) -> bool:
     """Serve until SIGINT or SIGTERM, then shut down gracefully; False if uvicorn failed to start.
 

@@ -97,14 +97,8 @@ class ModelWorker:
     """
 
     def __init__(
-        self,
-        factory: Callable[[], ServiceBackend],
-        *,
-        queue_size: int,
-        jobs: JobRegistry,
-        max_pending_jobs: int = 32,
-        name: str = "hypic-model-worker",
-        on_step: Callable[[Any], None] | None = None,
+        self, factory: Callable[[], ServiceBackend], *, queue_size: int, jobs: JobRegistry, max_pending_jobs: int = 32,
+        name: str = "hypic-model-worker", on_step: Callable[[Any], None] | None = None,
     ) -> None:
         if queue_size < 1:
             raise ValueError("queue_size must be >= 1")
@@ -183,11 +177,7 @@ class ModelWorker:
 
     # ----------------------------------------------------------------------------------------- submission
     def submit(
-        self,
-        fn: Callable[[ServiceBackend, TaskContext], T],
-        context: TaskContext,
-        *,
-        kind: str = REQUEST,
+        self, fn: Callable[[ServiceBackend, TaskContext], T], context: TaskContext, *, kind: str = REQUEST,
         waiting_elsewhere: int = 0,
     ) -> Task[T]:
         """Queue `fn`; raises `QueueFullError` (with Retry-After) when the request queue is full (counting

@@ -334,12 +334,7 @@ def published_ssm_config(kind: str, *, vocab_size: int = 512) -> dict[str, Any]:
 
 @torch.no_grad()
 def save_published_ssm_checkpoint(
-    path: str | Path,
-    tokenizer: Any,
-    *,
-    kind: str = "jamba",
-    seed: int = 0,
-    shards: int = 2,
+    path: str | Path, tokenizer: Any, *, kind: str = "jamba", seed: int = 0, shards: int = 2,
     dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[Path, Any]:
     """Write a shrunken stand-in of a hub checkpoint of `kind` in its published layout; returns the directory and the

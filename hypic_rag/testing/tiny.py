@@ -218,13 +218,8 @@ def tiny_config(model_type: str = "qwen3_5", *, vocab_size: int = 256, num_hidde
 
 @torch.no_grad()
 def build_tiny_model(
-    model_type: str = "qwen3_5",
-    *,
-    seed: int = 0,
-    slow_decay: bool = True,
-    qk_norm_scale: float | None = 2.5,
-    config: Any | None = None,
-    **overrides: Any,
+    model_type: str = "qwen3_5", *, seed: int = 0, slow_decay: bool = True, qk_norm_scale: float | None = 2.5,
+    config: Any | None = None, **overrides: Any,
 ):
     """A seeded random transformers causal LM, eval mode, fp32.
 
@@ -281,13 +276,8 @@ def train_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 512):
 
 
 def save_tiny_checkpoint(
-    path: str | Path,
-    texts: Iterable[str],
-    *,
-    model_type: str = "qwen3_5",
-    seed: int = 0,
-    tokenizer_vocab_size: int = 512,
-    **overrides: Any,
+    path: str | Path, texts: Iterable[str], *, model_type: str = "qwen3_5", seed: int = 0,
+    tokenizer_vocab_size: int = 512, **overrides: Any,
 ) -> Path:
     """Write a local checkpoint directory (config, safetensors weights, tokenizer) loadable by `load_model`."""
     path = Path(path)
@@ -422,14 +412,8 @@ def _mtp_tensors(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 
 def save_published_checkpoint(
-    path: str | Path,
-    texts: Iterable[str],
-    *,
-    kind: str = "qwen3_5",
-    seed: int = 0,
-    shards: int = 2,
-    dtype: torch.dtype = torch.bfloat16,
-    tokenizer_vocab_size: int = 512,
+    path: str | Path, texts: Iterable[str], *, kind: str = "qwen3_5", seed: int = 0, shards: int = 2,
+    dtype: torch.dtype = torch.bfloat16, tokenizer_vocab_size: int = 512,
 ) -> tuple[Path, Any]:
     """Write a shrunken stand-in of a Qwen3.5 hub checkpoint of `kind` in its published layout; returns the
     directory and the `...ForConditionalGeneration` instance whose weights it holds (rounded to `dtype`).
@@ -578,14 +562,8 @@ def linear_family_published_tensors(model_type: str, state: Mapping[str, torch.T
 
 
 def save_linear_family_checkpoint(
-    path: str | Path,
-    texts: Iterable[str],
-    *,
-    model_type: str,
-    seed: int = 0,
-    shards: int = 2,
-    dtype: torch.dtype = torch.bfloat16,
-    tokenizer_vocab_size: int = 512,
+    path: str | Path, texts: Iterable[str], *, model_type: str, seed: int = 0, shards: int = 2,
+    dtype: torch.dtype = torch.bfloat16, tokenizer_vocab_size: int = 512,
 ) -> tuple[Path, Any]:
     """Write a shrunken stand-in of a `model_type` hub checkpoint (a `LINEAR_FAMILY_TINY_TYPES` family) in its
     published layout: config.json as `linear_family_published_config`, weights in `dtype` under the names of
@@ -647,13 +625,8 @@ def lfm2_published_config(*, vocab_size: int = 512, eos_token_id: int = 7, layer
 
 @torch.no_grad()
 def save_lfm2_checkpoint(
-    path: str | Path,
-    texts: Iterable[str],
-    *,
-    layer_form: str = "layer_types",
-    seed: int = 0,
-    dtype: torch.dtype = torch.bfloat16,
-    tokenizer_vocab_size: int = 512,
+    path: str | Path, texts: Iterable[str], *, layer_form: str = "layer_types", seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16, tokenizer_vocab_size: int = 512,
 ) -> tuple[Path, Any]:
     """Write a shrunken stand-in of LiquidAI/LFM2-1.2B in its published layout: config.json as
     `lfm2_published_config`, ONE `model.safetensors` in `dtype` under transformers' own module names (LFM2's port
@@ -768,11 +741,7 @@ def write_corpus(directory: Path, documents: Mapping[str, str]) -> Path:
 
 
 def build_index(
-    directory: Path,
-    model_path: Path,
-    documents: Mapping[str, str] | Path,
-    *,
-    chunk_tokens: int = 96,
+    directory: Path, model_path: Path, documents: Mapping[str, str] | Path, *, chunk_tokens: int = 96,
     seam_tokens: int = 8,
 ) -> Path:
     """Precompute an index of `documents` (a mapping written to `<directory>.corpus`, or a corpus path) on CPU,

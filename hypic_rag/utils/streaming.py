@@ -82,8 +82,7 @@ class ResultStream(Generic[Item, Result]):
 
 
 def drain(
-    stream: Generator[Item, None, Result] | ResultStream[Item, Result],
-    on_item: Callable[[Item], None] | None = None,
+    stream: Generator[Item, None, Result] | ResultStream[Item, Result], on_item: Callable[[Item], None] | None = None,
 ) -> Result:
     """Run `stream` (a `ResultStream` or a bare generator) to its end, handing each item to `on_item`; returns its
     result."""

@@ -35,12 +35,8 @@ class HypicRuntime(ModelSession):
 
     @classmethod
     def shared(
-        cls,
-        model_path: str | Path | None = None,
-        *,
-        cache_dir: str | Path | None = None,
-        seam_tokens: int = DEFAULT_SEAM_TOKENS,
-        device: str | None = None,
+        cls, model_path: str | Path | None = None, *, cache_dir: str | Path | None = None,
+        seam_tokens: int = DEFAULT_SEAM_TOKENS, device: str | None = None,
     ) -> HypicRuntime:
         """One runtime per (model, cache directory, seam width, device) in this process, opened on first use
         (a cache directory can be open only once per process)."""

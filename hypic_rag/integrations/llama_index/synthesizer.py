@@ -373,11 +373,8 @@ class HypicSynthesizer(BaseSynthesizer):
 
     # ------------------------------------------------------------------------------------------- LlamaIndex API
     def synthesize(
-        self,
-        query: QueryType,
-        nodes: list[NodeWithScore],
-        additional_source_nodes: Sequence[NodeWithScore] | None = None,
-        **response_kwargs: Any,
+        self, query: QueryType, nodes: list[NodeWithScore],
+        additional_source_nodes: Sequence[NodeWithScore] | None = None, **response_kwargs: Any,
     ) -> RESPONSE_TYPE:
         """The answer over `nodes`, each its own segment; `source_nodes`: `nodes` then `additional_source_nodes`.
         Sends LlamaIndex's synthesize events (and an LLM start/end pair per model call)."""
@@ -394,11 +391,8 @@ class HypicSynthesizer(BaseSynthesizer):
         return response
 
     async def asynthesize(
-        self,
-        query: QueryType,
-        nodes: list[NodeWithScore],
-        additional_source_nodes: Sequence[NodeWithScore] | None = None,
-        **response_kwargs: Any,
+        self, query: QueryType, nodes: list[NodeWithScore],
+        additional_source_nodes: Sequence[NodeWithScore] | None = None, **response_kwargs: Any,
     ) -> RESPONSE_TYPE:
         """`synthesize` without blocking the event loop: the model runs in a worker thread; with streaming the
         response is an `AsyncStreamingResponse` (`async_response_gen()`)."""

@@ -104,16 +104,9 @@ class CheckpointTokenizer:
     is_fast = True
 
     def __init__(
-        self,
-        backend: Tokenizer,
-        *,
-        name_or_path: str,
-        special_tokens: Mapping[str, str],
-        extra_special_tokens: Sequence[str],
-        chat_template: str | None,
-        model_max_length: int,
-        model_input_names: Sequence[str],
-        split_special_tokens: bool,
+        self, backend: Tokenizer, *, name_or_path: str, special_tokens: Mapping[str, str],
+        extra_special_tokens: Sequence[str], chat_template: str | None, model_max_length: int,
+        model_input_names: Sequence[str], split_special_tokens: bool,
         model_specific_tokens: Mapping[str, str] | None = None,
     ) -> None:
         """special_tokens: the standard named tokens (`NAMED_SPECIAL_TOKENS`) that are set; model_specific_tokens:
@@ -220,14 +213,8 @@ class CheckpointTokenizer:
     # -- encoding and decoding ---------------------------------------------------------------------------------
 
     def __call__(
-        self,
-        text: str | Sequence[str],
-        *,
-        add_special_tokens: bool = True,
-        return_offsets_mapping: bool = False,
-        return_attention_mask: bool | None = None,
-        return_token_type_ids: bool | None = None,
-        verbose: bool = True,
+        self, text: str | Sequence[str], *, add_special_tokens: bool = True, return_offsets_mapping: bool = False,
+        return_attention_mask: bool | None = None, return_token_type_ids: bool | None = None, verbose: bool = True,
     ) -> dict[str, list[Any]]:
         """Encode one text (values are flat lists) or a list of texts (values are lists of lists).
 
@@ -293,13 +280,8 @@ class CheckpointTokenizer:
     # -- chat template -----------------------------------------------------------------------------------------
 
     def apply_chat_template(
-        self,
-        conversation: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = False,
-        tokenize: bool = True,
-        chat_template: str | None = None,
-        **template_variables: Any,
+        self, conversation: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = False, tokenize: bool = True,
+        chat_template: str | None = None, **template_variables: Any,
     ) -> str | dict[str, list[Any]]:
         """Render one conversation (a list of message dicts) with the chat template, as transformers does:
         a sandboxed jinja2 environment with `trim_blocks` / `lstrip_blocks`, `messages` (keys whose value is None

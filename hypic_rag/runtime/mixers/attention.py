@@ -47,14 +47,8 @@ class ProjectedAttention(AttentionMixer):
     """
 
     def __init__(
-        self,
-        module: nn.Module,
-        positions: Positioner,
-        num_heads: int | None = None,
-        *,
-        q_norm: nn.Module | None = None,
-        k_norm: nn.Module | None = None,
-        o_proj: nn.Module | None = None,
+        self, module: nn.Module, positions: Positioner, num_heads: int | None = None, *,
+        q_norm: nn.Module | None = None, k_norm: nn.Module | None = None, o_proj: nn.Module | None = None,
     ) -> None:
         self.module = module
         self.positions = positions

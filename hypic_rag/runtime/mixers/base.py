@@ -191,10 +191,7 @@ class RecurrentMixer(ABC):
     (the stack then prefers it): a single scan over all runs' chunks, no widened state."""
 
     def run_packed(
-        self,
-        inputs: RecurrenceInputs,
-        lengths: list[int],
-        start: torch.Tensor,
+        self, inputs: RecurrenceInputs, lengths: list[int], start: torch.Tensor,
         before_run: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Runs of ONE sequence packed end to end in one row of `inputs` ([1, sum(lengths)] steps, run r at steps

@@ -116,9 +116,7 @@ class Mamba1Mixer(RecurrentMixer):
         return TransitionRun(output.transpose(1, 2), (cumulative_dt, inputs.c), SegmentState(transition, state, "vector"))
 
     def outputs_from_start(
-        self,
-        zero_outputs: torch.Tensor,
-        transition_outputs: torch.Tensor | tuple[torch.Tensor, ...],
+        self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor | tuple[torch.Tensor, ...],
         start: torch.Tensor,
     ) -> torch.Tensor:
         """zero_outputs [n, T, D], transition_outputs (cumulative dt [n, D, T], c [n, T, N]), start [n, D, N]."""

@@ -25,9 +25,7 @@ class CallbackSink:
     thread."""
 
     def __init__(
-        self,
-        on_token: Callable[[int, str], None] | None = None,
-        on_finish: Callable[[Generation], None] | None = None,
+        self, on_token: Callable[[int, str], None] | None = None, on_finish: Callable[[Generation], None] | None = None,
         on_fail: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._on_token, self._on_finish, self._on_fail = on_token, on_finish, on_fail

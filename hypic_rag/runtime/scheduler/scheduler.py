@@ -97,12 +97,8 @@ class Scheduler:
     """
 
     def __init__(
-        self,
-        engine: Engine,
-        config: SchedulerConfig | None = None,
-        *,
-        on_step: Callable[[StepReport], None] | None = None,
-        name: str = "hypic-scheduler",
+        self, engine: Engine, config: SchedulerConfig | None = None, *,
+        on_step: Callable[[StepReport], None] | None = None, name: str = "hypic-scheduler",
     ) -> None:
         self.engine = engine
         self.config = config or SchedulerConfig()
@@ -121,14 +117,8 @@ class Scheduler:
 
     # ----------------------------------------------------------------------------------------- submission
     def submit(
-        self,
-        request: Request,
-        mode: AssemblyLike = "hypic",
-        params: SamplingParams | None = None,
-        *,
-        sink: SequenceSink,
-        check: Callable[[], None] | None = None,
-        seam_tokens: int | None = None,
+        self, request: Request, mode: AssemblyLike = "hypic", params: SamplingParams | None = None, *,
+        sink: SequenceSink, check: Callable[[], None] | None = None, seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
     ) -> Sequence:
         """Queue a generation (thread-safe); its tokens and outcome go to `sink`. `assembly`: an `Assembly` or a
@@ -149,13 +139,8 @@ class Scheduler:
         return sequence
 
     def stream(
-        self,
-        request: Request,
-        mode: AssemblyLike = "hypic",
-        params: SamplingParams | None = None,
-        *,
-        check: Callable[[], None] | None = None,
-        seam_tokens: int | None = None,
+        self, request: Request, mode: AssemblyLike = "hypic", params: SamplingParams | None = None, *,
+        check: Callable[[], None] | None = None, seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
     ) -> GenerationStream:
         """A generation through the scheduler: a `GenerationStream` of (token_id, text_delta), `.result` the
@@ -175,13 +160,8 @@ class Scheduler:
         return self.step() is not None  # None: nothing left to run (the sequence has ended)
 
     def generate(
-        self,
-        request: Request,
-        mode: AssemblyLike = "hypic",
-        params: SamplingParams | None = None,
-        *,
-        check: Callable[[], None] | None = None,
-        seam_tokens: int | None = None,
+        self, request: Request, mode: AssemblyLike = "hypic", params: SamplingParams | None = None, *,
+        check: Callable[[], None] | None = None, seam_tokens: int | None = None,
         policy: RecomputePolicy | str | None = None,
     ) -> Generation:
         """`stream` run to its end: the `Generation` (blocks until the scheduler has produced it)."""

@@ -22,12 +22,8 @@ def select_backend(state: torch.Tensor, kind: str, backend: str | None = None) -
 
 @dispatch("compose_in_order")
 def compose_in_order(
-    start: torch.Tensor,
-    transitions: Sequence[torch.Tensor] | torch.Tensor | None,
-    states: Sequence[torch.Tensor] | torch.Tensor,
-    kind: str,
-    *,
-    backend: str | None = None,
+    start: torch.Tensor, transitions: Sequence[torch.Tensor] | torch.Tensor | None,
+    states: Sequence[torch.Tensor] | torch.Tensor, kind: str, *, backend: str | None = None,
 ) -> torch.Tensor:
     """S <- P_k . (... (P_1 . start + Z_1) ...) + Z_k for one request's consecutive cached spans.
 
@@ -38,14 +34,8 @@ def compose_in_order(
 
 @dispatch("compose_batched")
 def compose_batched(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    counts: Sequence[int],
-    kind: str,
-    *,
-    store_steps: bool = False,
-    backend: str | None = None,
+    start: torch.Tensor | None, transitions: torch.Tensor | None, states: torch.Tensor, counts: Sequence[int],
+    kind: str, *, store_steps: bool = False, backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """N requests' states advanced over their own runs of maps (contract of `naive_compose` with `counts`):
     start [N, *state_shape] or None (zeros), transitions [M, ...] or None, states [M, *state_shape]; with

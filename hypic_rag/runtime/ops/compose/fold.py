@@ -27,12 +27,8 @@ def _stacked(tensors: Maps | None) -> torch.Tensor | None:
 
 
 def compose_batched_triton(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    counts: Sequence[int],
-    kind: str,
-    store_steps: bool = False,
+    start: torch.Tensor | None, transitions: torch.Tensor | None, states: torch.Tensor, counts: Sequence[int],
+    kind: str, store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Contract of `naive_compose` in one Triton launch (matrix P: `compose_affine_batched`; scalar / elementwise
     P: `compose_elementwise_batched`)."""
@@ -66,12 +62,8 @@ def naive_compose_in_order(start: torch.Tensor, transitions: Maps | None, states
 
 
 def compose_batched_torch(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    counts: Sequence[int],
-    kind: str,
-    store_steps: bool = False,
+    start: torch.Tensor | None, transitions: torch.Tensor | None, states: torch.Tensor, counts: Sequence[int],
+    kind: str, store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Contract of `naive_compose`: each request's run of maps folded in torch (`naive_compose` itself when every
     intermediate state is asked for)."""

@@ -14,13 +14,8 @@ from hypic_rag.runtime.segment_state import SegmentState
 
 
 def naive_compose(
-    start: torch.Tensor | None,
-    transitions: torch.Tensor | None,
-    states: torch.Tensor,
-    counts: Sequence[int] | None = None,
-    *,
-    kind: str = "matrix",
-    store_steps: bool = False,
+    start: torch.Tensor | None, transitions: torch.Tensor | None, states: torch.Tensor,
+    counts: Sequence[int] | None = None, *, kind: str = "matrix", store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Advance each request's start state over its own run of maps, in order.
 

@@ -17,13 +17,8 @@ from hypic_rag.runtime.ops.registry import dispatch
 
 @dispatch("stitch_conv_tails")
 def stitch_conv_tails(
-    start: torch.Tensor | None,
-    tails: torch.Tensor,
-    lengths: Sequence[int] | torch.Tensor,
-    counts: Sequence[int],
-    *,
-    store_steps: bool = False,
-    backend: str | None = None,
+    start: torch.Tensor | None, tails: torch.Tensor, lengths: Sequence[int] | torch.Tensor, counts: Sequence[int], *,
+    store_steps: bool = False, backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Contract of `naive_stitch_conv_tails`: start [N, C, W] or None, tails [M, C, W], lengths [M], counts [N];
     returns end tails [N, C, W] (and the tail after every span [M, C, W]), float32. `backend` ("triton" / "torch")

@@ -10,11 +10,7 @@ import torch
 
 
 def naive_stitch_conv_tails(
-    start: torch.Tensor | None,
-    tails: torch.Tensor,
-    lengths: Sequence[int] | torch.Tensor,
-    counts: Sequence[int],
-    *,
+    start: torch.Tensor | None, tails: torch.Tensor, lengths: Sequence[int] | torch.Tensor, counts: Sequence[int], *,
     store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """start [N, C, W] (None: zeros); tails [M, C, W] (each span's own last W inputs, right-aligned); lengths [M]

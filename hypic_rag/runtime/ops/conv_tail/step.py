@@ -20,10 +20,7 @@ def advance_tail_cached(tail: torch.Tensor, cached_tail: torch.Tensor, suffix_le
 
 
 def stitch_conv_tails_torch(
-    start: torch.Tensor | None,
-    tails: torch.Tensor,
-    lengths: Sequence[int] | torch.Tensor,
-    counts: Sequence[int],
+    start: torch.Tensor | None, tails: torch.Tensor, lengths: Sequence[int] | torch.Tensor, counts: Sequence[int],
     store_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Contract of `naive_stitch_conv_tails`, one `advance_tail_cached` step per span."""

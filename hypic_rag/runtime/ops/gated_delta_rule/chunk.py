@@ -185,13 +185,8 @@ def chunk_terms(
 
 
 def chunk_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule; same contract as `naive_recurrent_gated_delta_rule`.
 
@@ -229,14 +224,8 @@ BetweenRuns = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 def chunk_gated_delta_rule_packed(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
-    lengths: list[int],
-    initial_state: torch.Tensor,
-    before_run: BetweenRuns | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+    lengths: list[int], initial_state: torch.Tensor, before_run: BetweenRuns | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs of one sequence packed end to end along time, in order: run r (steps sum(lengths[:r]) ..) starts from

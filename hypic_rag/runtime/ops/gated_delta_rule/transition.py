@@ -15,11 +15,7 @@ from hypic_rag.runtime.segment_state import SegmentState
 
 
 def gated_delta_rule_with_transition(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor, SegmentState]:
     """Run a span from the identity start and return its outputs and affine map.

@@ -12,11 +12,7 @@ from hypic_rag.runtime.ops.step_rows import head_rows, joined_outputs, start_row
 
 
 def fused_recurrent_kda(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query, key [B, H, T, K]; value [B, H, T, V]; log_decay [B, H, T, K]; beta [B, H, T];

@@ -16,11 +16,7 @@ from hypic_rag.runtime.segment_state import SegmentState
 
 
 def kda_with_transition(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    beta: torch.Tensor,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, SegmentState]:
     """Run a span from the identity start and return its outputs and affine map.

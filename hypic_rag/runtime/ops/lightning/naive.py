@@ -7,10 +7,7 @@ import torch
 
 
 def naive_recurrent_lightning(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, one token at a time.

@@ -6,14 +6,8 @@ import torch
 
 
 def lightning_through_simple_gla(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    *,
-    recurrent: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None, *, recurrent: bool = False, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contract of `chunk_lightning` (log_decay broadcastable to [B, H, T]) through fla's chunked simple GLA
     (`recurrent`: its fused recurrent kernel); `cu_seqlens` [S + 1] for sequences packed along T in a batch of one.

@@ -41,10 +41,7 @@ class ScalarDecaySpan:
 
 
 def lightning_with_transition(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    log_decay: torch.Tensor,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, ScalarDecaySpan]:
     """Run a span from S_0 = 0 and return its outputs and affine map.

@@ -13,13 +13,7 @@ from hypic_rag.runtime.ops.rope.naive import apply_rotary, naive_rope_into
 
 @dispatch("rotate_into")
 def rotate_into(
-    buffer: torch.Tensor,
-    at: int,
-    keys: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    position: int,
-    *,
+    buffer: torch.Tensor, at: int, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position: int, *,
     backend: str | None = None,
 ) -> None:
     """buffer[:, at : at + L] = pre-RoPE keys [H, L, D] rotated at positions position .. position + L - 1 (cos, sin

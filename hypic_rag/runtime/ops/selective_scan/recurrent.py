@@ -19,12 +19,7 @@ took 1.7 s against 1.4 s run as 8 calls of 8, the [64, D, N] state (6 MiB) leavi
 
 
 def recurrent_selective_scan(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, dt [batch, D, T]; a [D, N]; b, c [batch, T, N]; d [D] or None; initial_state [batch, D, N] or None.

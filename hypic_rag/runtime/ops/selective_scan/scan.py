@@ -38,14 +38,8 @@ def compose_prefixes(decay: torch.Tensor, update: torch.Tensor) -> tuple[torch.T
 
 
 def blocked_selective_scan(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocked selective scan; same contract as `naive_selective_scan`.
 

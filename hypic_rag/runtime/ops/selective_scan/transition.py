@@ -22,12 +22,7 @@ when it would be larger): a batch of many runs stays as fast per run as a few (m
 
 
 def selective_scan_with_transition(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run a span from S_0 = 0 and return its outputs and affine map.

@@ -36,14 +36,8 @@ def segment_decay(log_decay: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_ssd(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked SSD; same contract as `naive_ssd`.
 

@@ -25,12 +25,7 @@ def check_ssd_shapes(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torc
 
 
 def naive_ssd(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the SSD recurrence one token at a time in float32.

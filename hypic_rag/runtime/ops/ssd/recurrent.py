@@ -12,12 +12,7 @@ from hypic_rag.runtime.ops.ssd.naive import check_ssd_shapes, expand_groups
 
 
 def recurrent_ssd(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [batch, H, T, P]; dt [batch, H, T]; a [H]; b, c [batch, G, T, N]; d [H] or None;

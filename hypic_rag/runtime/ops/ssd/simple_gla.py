@@ -13,16 +13,8 @@ from hypic_rag.runtime.ops.ssd.naive import check_ssd_shapes, expand_groups
 
 
 def ssd_through_simple_gla(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    *,
-    recurrent: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None, *, recurrent: bool = False, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contract of `naive_ssd` (x [batch, H, T, P], dt [batch, H, T], a [H], b, c [batch, G, T, N], d [H] or None,
     initial_state [S, H, N, P] or None) through fla's chunked simple GLA (`recurrent`: its fused recurrent kernel);

@@ -17,12 +17,7 @@ from hypic_rag.runtime.ops.ssd.naive import expand_groups
 
 
 def ssd_with_transition(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor | None = None,
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run a span from S_0 = 0 and return its outputs and affine map.
