@@ -1,6 +1,6 @@
 """Shared fixtures. Tests run offline on CPU with tiny random models.
 
-Built once per test run: `tiny_model` (the tiny random checkpoint of `hypic_rag.testing.tiny_model_checkpoint`)
+Built once per test run: `tiny_model` (the tiny random checkpoint of `kits.corpora.tiny_model_checkpoint`)
 and the tiny index of `SMALL_CORPUS`, which a module gets as its own copy through `copy_tiny_index` (a server or a
 CLI writes to the index it uses: its segment cache, its documents), so no module sees another's writes.
 """
@@ -30,7 +30,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random qwen3_5 checkpoint whose tokenizer was trained on the small corpus (read-only)."""
-    from hypic_rag.testing import tiny_model_checkpoint
+    from kits.corpora import tiny_model_checkpoint
 
     return tiny_model_checkpoint(tmp_path_factory.getbasetemp() / "hypic_tiny_model")
 
@@ -39,7 +39,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_index_master(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """`SMALL_CORPUS` precomputed with `tiny_model` (96-token chunks, 8 seam tokens). Never opened by a test:
     tests take copies (`copy_tiny_index`)."""
-    from hypic_rag.testing import SMALL_CORPUS, build_index
+    from kits.corpora import SMALL_CORPUS, build_index
 
     return build_index(tmp_path_factory.mktemp("tiny_index") / "index", tiny_model, SMALL_CORPUS)
 

@@ -49,9 +49,10 @@ from hypic_rag.pipeline.answering import RagPipeline  # noqa: E402
 from hypic_rag.pipeline.precompute import PrecomputeConfig, precompute  # noqa: E402
 from hypic_rag.runtime.modes import PREFIX_ENTRY_SEAM  # noqa: E402
 from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
-from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port  # noqa: E402
-from hypic_rag.testing.s3 import TEST_AWS_ENV as AWS_ENV  # noqa: E402
-from hypic_rag.testing.s3 import LocalS3 as MotoServer  # noqa: E402  (moto's server on 127.0.0.1)
+from hypic_rag.testing import free_port  # noqa: E402
+from kits.corpora import SMALL_CORPUS_QUESTIONS  # noqa: E402
+from kits.s3 import TEST_AWS_ENV as AWS_ENV  # noqa: E402
+from kits.s3 import LocalS3 as MotoServer  # noqa: E402  (moto's server on 127.0.0.1)
 from storage_support import fetch_or_make_many  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -43,9 +43,8 @@ from hypic_rag.retrieval.chunking import ChunkerConfig
 from hypic_rag.retrieval.corpus_index import CorpusIndex, IndexConfig
 from hypic_rag.retrieval.errors import IndexWriteError
 from hypic_rag.pipeline.precompute import PrecomputeConfig, precompute
-from hypic_rag.testing import (
-    SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, free_port, write_corpus,
-)
+from hypic_rag.testing import free_port
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
 from hypic_rag.cli.in_process import run_cli_here, run_cli_in_one_child
 from storage_support import fetch_or_make_many
 

@@ -29,7 +29,7 @@ def index(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hypic_rag.testing import SMALL_CORPUS, write_corpus
+    from kits.corpora import SMALL_CORPUS, write_corpus
 
     return write_corpus(tmp_path_factory.mktemp("format_corpus") / "corpus", SMALL_CORPUS)
 

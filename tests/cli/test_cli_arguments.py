@@ -20,7 +20,7 @@ import pytest
 
 from hypic_rag.retrieval.corpus_index import CorpusIndex
 from hypic_rag.retrieval.manifest import IndexManifest
-from hypic_rag.testing import SMALL_CORPUS, write_corpus
+from kits.corpora import SMALL_CORPUS, write_corpus
 from hypic_rag.cli.in_process import run_cli_here, run_cli_in_one_child
 
 TIMEOUT_S = 300

@@ -56,7 +56,7 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.errors import PromptTooLongError
     from hypic_rag.runtime.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
-    from hypic_rag.testing.browser import BrowserError
+    from kits.browser import BrowserError
     from hypic_rag.bench.peers import PeerMissingError
 
     return {

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hypic_rag.cli.main import main
-from hypic_rag.testing import build_index, tiny_model_checkpoint
+from kits.corpora import build_index, tiny_model_checkpoint
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DOCUMENTS = {

@@ -63,7 +63,7 @@ def test_the_codec_refuses_stored_forms_that_decode_to_nan_or_infinity(coding: s
 def int8_index(tmp_path_factory: pytest.TempPathFactory, copy_tiny_index, tiny_model: Path) -> Path:
     """A copy of the tiny index with its cache rebuilt in int8 (group scales in bfloat16)."""
     from hypic_rag.cli.in_process import run_cli_here
-    from hypic_rag.testing import SMALL_CORPUS, write_corpus
+    from kits.corpora import SMALL_CORPUS, write_corpus
 
     base = tmp_path_factory.mktemp("nonfinite")
     index = copy_tiny_index(base / "index")

@@ -31,7 +31,7 @@ def ray_cluster() -> Iterator[Any]:
     """`ray`, initialised on a local 2-CPU cluster whose workers import this checkout. The cluster's processes
     hold the local S3 server's test credentials in their environment, as a real node holds its own (variables
     set where `ray start` ran, a profile, an instance role): replicas and actors build their S3 clients from it."""
-    from hypic_rag.testing.s3 import aws_test_environment
+    from kits.s3 import aws_test_environment
 
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'hypic-rag[ray]')")
     env_vars = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -53,10 +53,10 @@ def ray_address(ray_cluster: Any) -> str:
 
 @pytest.fixture(scope="session")
 def local_s3() -> Iterator[Any]:
-    """A `hypic_rag.testing.s3.LocalS3` (moto) on 127.0.0.1 for the session; skipped without moto or boto3."""
+    """A `kits.s3.LocalS3` (moto) on 127.0.0.1 for the session; skipped without moto or boto3."""
     pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'hypic-rag[remote]')")
     pytest.importorskip("moto.server", reason="moto is not installed (the test extra)")
-    from hypic_rag.testing.s3 import LocalS3
+    from kits.s3 import LocalS3
 
     server = LocalS3()
     try:

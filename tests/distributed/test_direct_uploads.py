@@ -39,7 +39,7 @@ def test_an_actor_uploads_the_bytes_a_cache_stores_and_keeps_what_the_remote_ref
     from hypic_rag.cache.remote_config import RemoteTierConfig
     from hypic_rag.cache.segment_cache import SegmentCache
     from hypic_rag.runtime.get_or_encode import StoredRemotely
-    from hypic_rag.testing.s3 import aws_test_environment
+    from kits.s3 import aws_test_environment
 
     namespace = CacheNamespace.for_model(actor.engine.model, 8, cache_format=cache_format)
     with SegmentCache.open(tmp_path / "cache", namespace=namespace) as cache:  # the driver's way: one put

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.testing import SMALL_CORPUS, free_port, write_corpus
+from hypic_rag.testing import free_port
+from kits.corpora import SMALL_CORPUS, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 240

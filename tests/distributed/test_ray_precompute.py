@@ -139,7 +139,7 @@ def test_distributed_precompute_writes_the_local_entries_to_the_remote_tier_from
     from hypic_rag.cache.remote_config import RemoteTierConfig
     from hypic_rag.cli.main import main
     from hypic_rag.cli.precompute_command import remote_summary_line
-    from hypic_rag.testing.s3 import aws_test_environment
+    from kits.s3 import aws_test_environment
 
     bucket = local_s3.new_bucket()
     remote = RemoteTierConfig.from_url(f"s3://{bucket}/segments", endpoint_url=local_s3.url)
@@ -256,7 +256,7 @@ def test_all_miss_query_encoded_on_actors_equals_the_local_answer(
     from hypic_rag.distributed.ray_encoder import pool_for_engine
     from hypic_rag.pipeline.answering import RagPipeline
     from hypic_rag.runtime.sampling import SamplingParams
-    from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
+    from kits.corpora import SMALL_CORPUS_QUESTIONS
 
     answers, pools = {}, []
     for name in ("local", "actors"):

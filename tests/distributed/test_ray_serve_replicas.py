@@ -26,8 +26,9 @@ from hypic_rag.distributed.front import completion_keys
 from hypic_rag.distributed.rendezvous import RendezvousRouter, owner
 from hypic_rag.server.config import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port
-from hypic_rag.testing.s3 import TEST_AWS_ENV
+from hypic_rag.testing import free_port
+from kits.corpora import SMALL_CORPUS_QUESTIONS
+from kits.s3 import TEST_AWS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300

@@ -96,7 +96,7 @@ def test_precompute_and_ask_say_it_once_for_a_foreign_corpus(tmp_path: Path, for
 def test_v1_ask_carries_the_note_over_a_foreign_index(tmp_path: Path, foreign_corpus: Path) -> None:
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
-    from hypic_rag.testing import build_index
+    from kits.corpora import build_index
 
     index = build_index(tmp_path / "index", default_model_path(), foreign_corpus, chunk_tokens=256)
     with ServerThread(ServerConfig(index_dir=index, device="cpu")) as server:

@@ -3,7 +3,7 @@ docs/retrieval.md and docs/runtime.md (each in its own namespace, in a fresh wor
 default model and the example corpus) and checks what they print; the others are run by the tests named in `RUN_ELSEWHERE`. A block
 added, removed or moved to another section without this module or those tests knowing fails here.
 
-The remote tier's block talks to a real S3-compatible server on 127.0.0.1 (moto's, `hypic_rag.testing.s3`): the
+The remote tier's block talks to a real S3-compatible server on 127.0.0.1 (moto's, `kits.s3`): the
 block's endpoint and bucket are replaced by the live server's and a new bucket of it, nothing else.
 """
 
@@ -169,7 +169,7 @@ def test_the_retrieval_block(tmp_path: Path) -> None:
 def test_the_remote_tier_block(tmp_path: Path) -> None:
     pytest.importorskip("boto3")
     pytest.importorskip("moto.server")
-    from hypic_rag.testing.s3 import LocalS3, aws_test_environment
+    from kits.s3 import LocalS3, aws_test_environment
 
     with aws_test_environment():
         server = LocalS3()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.testing import save_tiny_checkpoint, write_corpus
+from hypic_rag.testing import save_tiny_checkpoint
+from kits.corpora import write_corpus
 from hypic_rag.cli.in_process import run_cli_here
 
 DOCUMENTS = {

@@ -35,17 +35,9 @@ from hypic_rag.pipeline.answering import Answer, RagPipeline
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import (
-    SMALL_CORPUS,
-    SMALL_CORPUS_QUESTIONS,
-    build_index,
-    free_port,
-    save_lfm2_checkpoint,
-    save_linear_family_checkpoint,
-    save_tiny_checkpoint,
-    train_tiny_tokenizer,
-    write_corpus,
-)
+from hypic_rag.testing import free_port, save_tiny_checkpoint, train_tiny_tokenizer
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
+from kits.published import save_lfm2_checkpoint, save_linear_family_checkpoint
 from hypic_rag.cli.in_process import run_cli_here
 from hypic_rag.testing.ssm import save_published_ssm_checkpoint
 

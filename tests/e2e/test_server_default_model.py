@@ -16,7 +16,7 @@ from hypic_rag.demo.example_corpus import Question, read_questions
 from hypic_rag.demo.default_model import answers_reliably, default_model_path, example_corpus_path
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import build_index
+from kits.corpora import build_index
 
 # answers are checked for correctness: only against an answer-grade bundled model (see answers_reliably)
 READY, WHY_NOT = answers_reliably()

@@ -24,7 +24,7 @@ import pytest
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.errors import ERROR_CODES
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
+from kits.corpora import SMALL_CORPUS_QUESTIONS
 
 CLIENTS = 16
 REQUESTS = 100

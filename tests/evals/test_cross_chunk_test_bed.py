@@ -102,7 +102,7 @@ def test_prompt_order_puts_a_documents_chunks_together_in_document_order() -> No
 
 
 def test_the_pipeline_lays_out_retrieved_chunks_in_document_order(tmp_path: Path, tiny_model: Path) -> None:
-    from hypic_rag.testing import build_index
+    from kits.corpora import build_index
 
     documents = {
         f"doc{number}.md": "\n\n".join(

@@ -43,7 +43,7 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
     HypicSynthesizer,
 )
 from hypic_rag.runtime.sampling import SamplingParams  # noqa: E402
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
 
 SEAM = 8
 TOP_K = 3

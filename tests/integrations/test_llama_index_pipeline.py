@@ -31,7 +31,7 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
 )
 from hypic_rag.integrations.llama_index.layout import node_follows  # noqa: E402
 from hypic_rag.runtime.recompute_policy import as_policy  # noqa: E402
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
 
 SEAM = 8
 TOP_K = 2

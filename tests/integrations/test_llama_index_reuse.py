@@ -33,7 +33,7 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
 )
 from hypic_rag.integrations.llama_index.llm import MESSAGE_BOUNDARY  # noqa: E402
 from hypic_rag.prompting.segments import DEFAULT_SEPARATOR  # noqa: E402
-from hypic_rag.testing import SMALL_CORPUS  # noqa: E402
+from kits.corpora import SMALL_CORPUS  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

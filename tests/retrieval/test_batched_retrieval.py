@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hypic_rag.pipeline.answering import PipelineError, Question, RagPipeline
-from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
+from kits.corpora import SMALL_CORPUS_QUESTIONS
 
 QUESTIONS = [*SMALL_CORPUS_QUESTIONS.values(), "Where does the glassblower live, and who mends bicycles?",
              "What is sold at the Saturday market?"]

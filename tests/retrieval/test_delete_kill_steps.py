@@ -23,7 +23,8 @@ from hypic_rag.retrieval.embeddings import SentenceEmbedder
 from hypic_rag.retrieval.faiss_index import VectorIndex
 from hypic_rag.retrieval.loading import load_corpus
 from hypic_rag.retrieval.manifest import IndexManifest, ModelIdentity
-from hypic_rag.testing import SMALL_CORPUS, train_tiny_tokenizer, write_corpus
+from hypic_rag.testing import train_tiny_tokenizer
+from kits.corpora import SMALL_CORPUS, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 DELETED = "lavender.md"

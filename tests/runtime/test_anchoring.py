@@ -21,7 +21,7 @@ from hypic_rag.runtime.engine import Engine, PrefillStats
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.recompute_policy import RecomputePolicy, RecomputePolicyError
 from hypic_rag.runtime.request import Request
-from hypic_rag.testing import random_request as shared_random_request
+from kits.corpora import random_request as shared_random_request
 from hypic_rag.testing import build_tiny_model
 
 SEAM = 4

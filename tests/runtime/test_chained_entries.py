@@ -16,7 +16,7 @@ from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.recompute_policy import RecomputePolicy
 from hypic_rag.runtime.request import Request
 from hypic_rag.testing import build_tiny_model
-from hypic_rag.testing import random_request as shared_random_request
+from kits.corpora import random_request as shared_random_request
 
 SEAM = 4
 random_request = functools.partial(shared_random_request, prefix=6, question=5)

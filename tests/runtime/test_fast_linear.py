@@ -142,7 +142,8 @@ def test_decode_with_one_row_blas_matches_the_onednn_decode(monkeypatch) -> None
     within float32 round-off whether one-row products go through BLAS (the fast path) or oneDNN (the reference)."""
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import wrap_model
-    from hypic_rag.testing import build_tiny_model, random_request
+    from hypic_rag.testing import build_tiny_model
+    from kits.corpora import random_request
 
     engine = Engine(wrap_model(build_tiny_model("qwen3_5", seed=5)), seam_tokens=4)
     request = random_request(torch.Generator().manual_seed(1), [19, 33])

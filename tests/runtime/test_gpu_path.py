@@ -20,7 +20,7 @@ from hypic_rag.bench.gpu_models import MIXER_KINDS, build_gpu_model
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.ops import backends
-from hypic_rag.testing import random_request as shared_random_request
+from kits.corpora import random_request as shared_random_request
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

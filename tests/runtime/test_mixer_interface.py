@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from hypic_rag.testing.mixer_checks import check_recurrent_mixer
+from kits.mixer_checks import check_recurrent_mixer
 from hypic_rag.runtime.blocks import ResidualBlock
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.families import family_for, register_family, supported_model_types
@@ -19,7 +19,8 @@ from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
 from hypic_rag.runtime.model import UnsupportedModelError, load_model, wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.segment_state import SegmentState, apply_in_order
-from hypic_rag.testing import build_tiny_model, random_request
+from hypic_rag.testing import build_tiny_model
+from kits.corpora import random_request
 
 
 

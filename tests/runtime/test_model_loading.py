@@ -24,8 +24,9 @@ from hypic_rag.retrieval.manifest import IndexManifest
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import DTYPES, ModelLoadError, load_model, wrap_model
 from hypic_rag.runtime.request import Request
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
-from hypic_rag.testing import PUBLISHED_KINDS, build_tiny_model, save_published_checkpoint
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
+from hypic_rag.testing import build_tiny_model
+from kits.published import PUBLISHED_KINDS, save_published_checkpoint
 
 TEXTS = (list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())) * 4
 QUESTION = SMALL_CORPUS_QUESTIONS["volcano.md"]

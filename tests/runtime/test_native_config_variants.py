@@ -23,7 +23,8 @@ from hypic_rag.cli.in_process import run_cli_here
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import ModelLoadError, load_model
 from hypic_rag.runtime.checkpoints.native import unsupported_reason
-from hypic_rag.testing import random_request, save_tiny_checkpoint
+from hypic_rag.testing import save_tiny_checkpoint
+from kits.corpora import random_request
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Gramux Mastem is an astronomer.", "Numbers: 12 345 6789."]
 

@@ -17,7 +17,9 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import CONFIG_DIGEST_IGNORED, ModelLoadError, load_model
 from hypic_rag.runtime.checkpoints.native import qwen3_5
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.testing import random_request, save_published_checkpoint, save_tiny_checkpoint
+from hypic_rag.testing import save_tiny_checkpoint
+from kits.corpora import random_request
+from kits.published import save_published_checkpoint
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Gramux Mastem is an astronomer.", "Numbers: 12 345 6789."]
 

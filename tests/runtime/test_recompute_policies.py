@@ -23,7 +23,8 @@ from hypic_rag.runtime.recompute_policy import (
 )
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.stack import Span, run_stack
-from hypic_rag.testing import build_tiny_model, random_request
+from hypic_rag.testing import build_tiny_model
+from kits.corpora import random_request
 
 SEAM = 4
 

@@ -28,7 +28,8 @@ from hypic_rag.runtime.recompute_policy import (
     register_policy,
     spec_help,
 )
-from hypic_rag.testing import build_tiny_model, random_request
+from hypic_rag.testing import build_tiny_model
+from kits.corpora import random_request
 
 SEAM = 4
 

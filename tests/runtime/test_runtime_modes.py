@@ -15,7 +15,8 @@ from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams, choose_token, sampling_generator, sampling_probabilities
 from hypic_rag.runtime.segment_source import MemorySegmentSource
-from hypic_rag.testing import build_tiny_model, random_request
+from hypic_rag.testing import build_tiny_model
+from kits.corpora import random_request
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 

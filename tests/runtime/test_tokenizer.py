@@ -29,7 +29,7 @@ from hypic_rag.runtime.checkpoints.tokenizer import (
     CheckpointTokenizer,
     load_tokenizer,
 )
-from hypic_rag.testing import save_published_checkpoint
+from kits.published import save_published_checkpoint
 
 QWEN_STYLE_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""

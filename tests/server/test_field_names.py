@@ -17,7 +17,7 @@ import pytest
 from hypic_rag.cli.main import main
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
 from hypic_rag.pipeline.vocabulary import (
     LOCATION_FIELDS,
     MATCHING_FIELDS,

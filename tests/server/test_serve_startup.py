@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hypic_rag.testing import SMALL_CORPUS, free_port
+from hypic_rag.testing import free_port
+from kits.corpora import SMALL_CORPUS
 from hypic_rag.testing import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

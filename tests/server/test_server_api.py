@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS
 
 SEAM = 8
 

@@ -15,7 +15,7 @@ import pytest
 
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS
 
 REQUEST_TIMEOUT_S = 5.0
 PROMPT_ASK_S = 3.5

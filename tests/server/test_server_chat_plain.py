@@ -11,7 +11,7 @@ import pytest
 
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS, build_index
+from kits.corpora import SMALL_CORPUS, build_index
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.errors import ERROR_CODES
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
+from kits.corpora import SMALL_CORPUS_QUESTIONS
 
 LIMITS = dict(
     queue_size=1,

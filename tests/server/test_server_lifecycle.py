@@ -20,7 +20,8 @@ from hypic_rag.cache.maintenance import verify_store
 from hypic_rag.cli.main import main
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS_QUESTIONS, free_port
+from hypic_rag.testing import free_port
+from kits.corpora import SMALL_CORPUS_QUESTIONS
 
 STARTUP_TIMEOUT_S = 240.0
 

@@ -17,7 +17,7 @@ from hypic_rag.prompting.chat import ChatMessage, chat_prompt
 from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, tokenize_segment
 from hypic_rag.server import DEFAULT_SEPARATOR, ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS, build_index
+from kits.corpora import SMALL_CORPUS, build_index
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

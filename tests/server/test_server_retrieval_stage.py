@@ -16,7 +16,7 @@ import pytest
 
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS_QUESTIONS
+from kits.corpora import SMALL_CORPUS_QUESTIONS
 
 QUESTIONS = list(SMALL_CORPUS_QUESTIONS.values())
 

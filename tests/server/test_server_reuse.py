@@ -17,7 +17,7 @@ from hypic_rag.retrieval.docstore import DocStore
 from hypic_rag.prompting.segments import DEFAULT_SEPARATOR as SEP
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import SMALL_CORPUS, build_index, templated_checkpoint
+from kits.corpora import SMALL_CORPUS, build_index, templated_checkpoint
 
 SEAM = 8
 NEW_DOCUMENT = ("Quill Varga paints ceramic tiles in a narrow studio in Szeged and fires them in a wood kiln "

@@ -16,9 +16,9 @@ import pytest
 from hypic_rag.demo.default_model import default_model_path, example_corpus_path
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from hypic_rag.testing import build_index
-from hypic_rag.testing.browser import Browser, chromium_missing
-from hypic_rag.testing.service_page import PICTURE_QUESTION, ask_on_page, card, shown_answer
+from kits.corpora import build_index
+from kits.browser import Browser, chromium_missing
+from kits.service_page import PICTURE_QUESTION, ask_on_page, card, shown_answer
 
 MISSING = chromium_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"no headless browser: {MISSING}")

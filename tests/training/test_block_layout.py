@@ -13,7 +13,7 @@ from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.stack import Span, run_stack
-from hypic_rag.testing import random_request as shared_random_request
+from kits.corpora import random_request as shared_random_request
 from training.block_layout import block_layout_logits, build_layout
 from training.model_config import ModelShape, build_config
 

@@ -16,7 +16,8 @@ from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.quality import kl_divergence
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
-from hypic_rag.testing import build_tiny_model, random_request
+from hypic_rag.testing import build_tiny_model
+from kits.corpora import random_request
 
 
 def tiny_engine(model_type: str, **options) -> tuple[torch.nn.Module, Engine]:

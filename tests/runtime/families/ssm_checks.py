@@ -15,13 +15,8 @@ from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
 from hypic_rag.runtime.sampling import SamplingParams
 from hypic_rag.cli.in_process import run_cli_here
-from hypic_rag.testing import (
-    SMALL_CORPUS,
-    SMALL_CORPUS_QUESTIONS,
-    random_request,
-    train_tiny_tokenizer,
-    write_corpus,
-)
+from hypic_rag.testing import train_tiny_tokenizer
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, random_request, write_corpus
 
 TEXTS = list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())
 

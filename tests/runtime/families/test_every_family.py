@@ -37,7 +37,7 @@ from hypic_rag.runtime.families.minimax import MiniMax
 from hypic_rag.runtime.families.olmo_hybrid import OlmoHybrid
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.testing import build_tiny_model
-from hypic_rag.testing.mixer_checks import check_recurrent_mixer
+from kits.mixer_checks import check_recurrent_mixer
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from hypic_rag.runtime.mixers.attention import ProjectedAttention, RotaryPositio
 from hypic_rag.runtime.mixers.short_conv import ShortConvMixer
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.request import Request
-from hypic_rag.testing import LFM2_LAYER_FORMS, build_tiny_model, save_lfm2_checkpoint
+from hypic_rag.testing import build_tiny_model
+from kits.published import LFM2_LAYER_FORMS, save_lfm2_checkpoint
 
 MODEL_TYPE = "lfm2"
 

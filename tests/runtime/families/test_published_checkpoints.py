@@ -13,7 +13,8 @@ import torch
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import load_model
 from hypic_rag.runtime.request import Request
-from hypic_rag.testing import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, save_linear_family_checkpoint, write_corpus
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
+from kits.published import save_linear_family_checkpoint
 from hypic_rag.cli.in_process import run_cli_here
 
 TEXTS = (list(SMALL_CORPUS.values()) + list(SMALL_CORPUS_QUESTIONS.values())) * 4

@@ -1,6 +1,6 @@
 """Driving the service's page (`hypic_rag/server/static/`) in a headless browser, and the picture in the docs.
 
-    python -m hypic_rag.testing.service_page docs/service-page.png
+    PYTHONPATH=tests python -m kits.service_page docs/service-page.png
 
 builds the bundled example index in a temporary directory, serves it, asks one question on the page with the
 side-by-side comparison on, and saves the page as a small PNG (what `docs/service.md` shows). The browser test
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypic_rag.testing.browser import Browser, BrowserError, chromium_missing
+from kits.browser import Browser, BrowserError, chromium_missing
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def picture(path: Path, *, width: int = PICTURE_WIDTH, dark: bool = False) -> Pa
     from hypic_rag.demo.default_model import default_model_path, example_corpus_path
     from hypic_rag.server import ServerConfig
     from hypic_rag.server.runner import ServerThread
-    from hypic_rag.testing.tiny import build_index
+    from kits.corpora import build_index
 
     with tempfile.TemporaryDirectory(prefix="hypic-page-") as scratch:
         index = build_index(Path(scratch) / "index", default_model_path(), example_corpus_path() / "documents",
@@ -101,7 +101,7 @@ def picture(path: Path, *, width: int = PICTURE_WIDTH, dark: bool = False) -> Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hypic_rag.testing.service_page", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kits.service_page", description=__doc__.split("\n")[0])
     parser.add_argument("output", type=Path, help="the PNG to write (docs/service-page.png)")
     parser.add_argument("--width", type=int, default=PICTURE_WIDTH, help="CSS pixels wide (900)")
     parser.add_argument("--dark", action="store_true", help="the dark colour scheme")
