@@ -56,7 +56,6 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
     from hypic_rag.errors import PromptTooLongError
     from hypic_rag.runtime.scheduler import SchedulerFullError, SchedulerStopped, SequenceCancelled
     from hypic_rag.server.runner import AddressInUseError
-    from kits.browser import BrowserError
     from hypic_rag.bench.peers import PeerMissingError
 
     return {
@@ -97,7 +96,6 @@ def documented_exit_codes() -> dict[type[HypicError], int]:
         SchedulerFullError: EXIT_FAILURE,  # the scheduler's errors (docs/runtime.md, "Continuous batching")
         SequenceCancelled: EXIT_FAILURE,
         SchedulerStopped: EXIT_FAILURE,
-        BrowserError: EXIT_FAILURE,  # the page's picture script (docs/service.md, "The page")
         PeerMissingError: EXIT_FAILURE,  # the peers benchmark without llama.cpp (docs/benchmarks/peers.md)
     }
 
