@@ -197,6 +197,17 @@ def _delta_rule(op: str, reference: str, kernels: str, torch_forms: str) -> Op:
     )
 
 
+def _scalar_decay_backends(through_simple_gla: str, recurrent: str, chunk: str) -> tuple[Backend, ...]:
+    """Lightning attention and Mamba2's SSD (one scalar decay per head and step): fla's simple GLA on CUDA (its
+    recurrent form for a few tokens), else the torch recurrence for a few tokens, else the chunked form."""
+    return (
+        Backend("fla_recurrent", through_simple_gla, fla_runs_few("simple_gla"), {"recurrent": True}, packed=True),
+        Backend("fla", through_simple_gla, fla_runs("simple_gla"), packed=True),
+        Backend("recurrent", recurrent, few_tokens),
+        Backend("chunk", chunk, always),
+    )
+
+
 OPS_PACKAGE = "hypic_rag.runtime.ops"
 LIGHTNING = f"{OPS_PACKAGE}.lightning"
 SSD = f"{OPS_PACKAGE}.ssd"
@@ -212,25 +223,15 @@ OPS: dict[str, Op] = {
     ),
     "lightning": Op(
         "lightning", f"{LIGHTNING}.naive:naive_recurrent_lightning",
-        (
-            Backend("fla_recurrent", f"{LIGHTNING}.simple_gla:lightning_through_simple_gla", fla_runs_few("simple_gla"),
-                    {"recurrent": True}, packed=True),
-            Backend("fla", f"{LIGHTNING}.simple_gla:lightning_through_simple_gla", fla_runs("simple_gla"), packed=True),
-            Backend("recurrent", f"{LIGHTNING}.recurrent:fused_recurrent_lightning", few_tokens),
-            Backend("chunk", f"{LIGHTNING}.chunk:chunk_lightning", always),
-        ),
+        _scalar_decay_backends(f"{LIGHTNING}.simple_gla:lightning_through_simple_gla",
+                               f"{LIGHTNING}.recurrent:fused_recurrent_lightning", f"{LIGHTNING}.chunk:chunk_lightning"),
         time_steps_of("query"),
         Packed(dict.fromkeys(("query", "key", "value", "log_decay"), 2), "value", _head_major_state, _decay_over_time),
     ),
     "ssd": Op(
         "ssd", f"{SSD}.naive:naive_ssd",
-        (
-            Backend("fla_recurrent", f"{SSD}.simple_gla:ssd_through_simple_gla", fla_runs_few("simple_gla"),
-                    {"recurrent": True}, packed=True),
-            Backend("fla", f"{SSD}.simple_gla:ssd_through_simple_gla", fla_runs("simple_gla"), packed=True),
-            Backend("recurrent", f"{SSD}.recurrent:recurrent_ssd", few_tokens),
-            Backend("chunk", f"{SSD}.chunk:chunk_ssd", always),
-        ),
+        _scalar_decay_backends(f"{SSD}.simple_gla:ssd_through_simple_gla", f"{SSD}.recurrent:recurrent_ssd",
+                               f"{SSD}.chunk:chunk_ssd"),
         time_steps_of("x"),
         Packed(dict.fromkeys(("x", "dt", "b", "c"), 2), "x",
                lambda arguments: (arguments["x"].shape[1], arguments["b"].shape[-1], arguments["x"].shape[-1])),
