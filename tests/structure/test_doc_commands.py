@@ -76,13 +76,14 @@ def command_lines(body: str) -> list[str]:
 
 
 def inline_commands(text: str) -> list[tuple[int, str]]:
-    """(line number, command) of the `hypic-rag ...` and `python -m ...` code spans of the prose (outside blocks)."""
+    """(line number, command) of the `hypic-rag ...` and `python -m ...` code spans of the prose (outside blocks;
+    leading environment assignments dropped)."""
     found, fenced = [], False
     for number, line in enumerate(text.splitlines(), start=1):
         if line.startswith("```"):
             fenced = not fenced
         elif not fenced:
-            found += [(number, span) for span in re.findall(r"`((?:hypic-rag|python -m) [^`]+)`", line)]
+            found += [(number, span) for span in re.findall(r"`(?:\w+=\S*\s+)*((?:hypic-rag|python -m) [^`]+)`", line)]
     return found
 
 
@@ -224,6 +225,8 @@ def test_the_check_finds_a_renamed_option_and_a_missing_module() -> None:
     assert "--top-k" in subcommand_options("ask") and "--top-kk" not in subcommand_options("ask")
     with pytest.raises(AssertionError, match="no module"):
         module_source_text("evals.no_such_evaluation")
+    assert inline_commands("Run `PYTHONPATH=tests python -m kits.service_page out.png` once.") == [
+        (1, "python -m kits.service_page out.png")]
     assert command_lines("OMP_WAIT_POLICY=PASSIVE hypic-rag bench \\\n    --quick   # note\necho q | hypic-rag ask -") == [
         "hypic-rag bench --quick", "hypic-rag ask -"]
     assert optional_variants("hypic-rag ask --index DIR [--top-k K [--json]]") == [
