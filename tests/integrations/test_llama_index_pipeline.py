@@ -267,6 +267,36 @@ def test_nodes_are_put_in_document_order_so_chained_entries_are_read(tmp_path: P
     assert usage["cache_misses"] == len(nodes) - 1  # every node after the first read its chained entry
 
 
+def test_transformation_embeds_later_nodes_with_their_document_head(llm: HypicLLM) -> None:
+    """Contextual embedding on the LlamaIndex path: a node after its document's first carries the document's first
+    sentence in metadata that LlamaIndex embeds, not in what the LLM reads or the cache encodes; a vector retriever
+    then finds the node that never names its subject (without the context it does not rank first)."""
+    text = ("Ada Lind was born in 1970 in the harbour town of Kerran. She trained as a baker and later as a "
+            "clockmaker.\n\nTwo years after her wedding, she moved to Dunmore, where she opened a workshop by the "
+            "mill. The workshop still repairs tower clocks for three counties.")
+    other = Document(text="Tomas Quill keeps bees on the cliffs of Orvath and sells honey cakes.", id_="quill.md")
+    splitter = SentenceSplitter(chunk_size=40, chunk_overlap=0, tokenizer=llm.runtime.tokenize)
+
+    def ingested(context: str):
+        pipeline = IngestionPipeline(transformations=[
+            splitter, HypicCacheTransformation(runtime=llm.runtime, embedding_context=context), HypicEmbedding()])
+        return pipeline.run(documents=[Document(text=text, id_="ada.md"), other])
+
+    nodes, plain = ingested("document_head"), ingested("none")
+    ada = [node for node in nodes if node.ref_doc_id == "ada.md"]
+    assert len(ada) >= 2 and "document_context" not in ada[0].metadata
+    for node in ada[1:]:
+        assert node.metadata["document_context"] == "Ada Lind was born in 1970 in the harbour town of Kerran."
+        assert "Ada Lind was born" in node.get_content(MetadataMode.EMBED)
+        assert "document_context" not in node.get_content(MetadataMode.LLM)
+    assert [node.get_content(MetadataMode.NONE) for node in nodes] == [node.get_content(MetadataMode.NONE) for node in plain]
+    assert "document_context" not in nodes[-1].metadata  # a one-node document gets no context
+    question = "Where did Ada Lind move to?"
+    moved = lambda found: "Dunmore" in found[0].node.get_content(MetadataMode.NONE)  # noqa: E731
+    assert moved(VectorStoreIndex(nodes, embed_model=HypicEmbedding()).as_retriever(similarity_top_k=1).retrieve(question))
+    assert not moved(VectorStoreIndex(plain, embed_model=HypicEmbedding()).as_retriever(similarity_top_k=1).retrieve(question))
+
+
 def test_query_engine_uses_settings_llm_by_default(index: VectorStoreIndex, llm: HypicLLM) -> None:
     engine = HypicQueryEngine(retriever=index.as_retriever(similarity_top_k=1))
     assert engine.llm is llm
