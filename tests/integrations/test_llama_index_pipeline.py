@@ -205,13 +205,26 @@ def test_query_engine_takes_any_retriever(nodes, llm: HypicLLM) -> None:
     assert usage["recomputed_tokens"] == usage["prompt_tokens"] and response.metadata["mode"] == "full"
 
 
+def _chained_llm(tmp_path: Path, tiny_model: Path) -> HypicLLM:
+    return HypicLLM(model_path=str(tiny_model), cache_dir=str(tmp_path / "cache"), seam_tokens=SEAM, device="cpu",
+                    max_new_tokens=2)
+
+
+def _chained_usage(query: HypicQueryEngine, llm: HypicLLM) -> dict:
+    """The usage of a query under `seam+chained`, once every node's anchored entry is cached."""
+    engine = llm.runtime.engine
+    engine.recompute_policy = as_policy("seam+anchored")
+    query.query("Who grows lavender?")  # every node's anchored entry is now cached
+    engine.recompute_policy = as_policy("seam+chained")
+    return query.query("Who grows lavender?").metadata["usage"]
+
+
 def test_a_chained_policy_reads_chained_entries_through_llama_index(tmp_path: Path, tiny_model: Path) -> None:
     """One document cut into several nodes by LlamaIndex's node parser, all retrieved in document order: the
     synthesizer marks each node after the first as following the one before it (its PREVIOUS relationship), so a
     chained policy reads chained entries. Observed as cache misses: after the anchored entries are cached, the
     chained policy misses every node's entry but the first (without the marks it would read the anchored ones)."""
-    chained_llm = HypicLLM(model_path=str(tiny_model), cache_dir=str(tmp_path / "cache"), seam_tokens=SEAM,
-                           device="cpu", max_new_tokens=2)
+    chained_llm = _chained_llm(tmp_path, tiny_model)
     try:
         splitter = TokenTextSplitter(chunk_size=64, chunk_overlap=0, tokenizer=chained_llm.runtime.tokenize)
         document = Document(text=" ".join(SMALL_CORPUS.values()), id_="corpus.md")
@@ -220,12 +233,8 @@ def test_a_chained_policy_reads_chained_entries_through_llama_index(tmp_path: Pa
         assert node_follows(nodes) == [False] + [True] * (len(nodes) - 1)
         assert node_follows([nodes[1], nodes[0], nodes[2]]) == [False, False, False]  # out of document order
 
-        engine = chained_llm.runtime.engine
         query = HypicQueryEngine(retriever=SummaryIndex(nodes).as_retriever(), llm=chained_llm)
-        engine.recompute_policy = as_policy("seam+anchored")
-        query.query("Who grows lavender?")  # every node's anchored entry is now cached
-        engine.recompute_policy = as_policy("seam+chained")
-        first = query.query("Who grows lavender?").metadata["usage"]
+        first = _chained_usage(query, chained_llm)
         again = query.query("Who grows lavender?").metadata["usage"]
     finally:
         chained_llm.runtime.close()
@@ -238,8 +247,7 @@ def test_nodes_are_put_in_document_order_so_chained_entries_are_read(tmp_path: P
     back in document order (`layout.document_order`: start_char_idx, else PREVIOUS / NEXT), so each node after the
     first follows its antecedent and a chained policy reads chained entries (n - 1 chained misses after the anchored
     entries are cached; in LlamaIndex's order most nodes would not follow the node before them)."""
-    chained_llm = HypicLLM(model_path=str(tiny_model), cache_dir=str(tmp_path / "cache"), seam_tokens=SEAM,
-                           device="cpu", max_new_tokens=2)
+    chained_llm = _chained_llm(tmp_path, tiny_model)
     try:
         splitter = SentenceSplitter(chunk_size=48, chunk_overlap=0, tokenizer=chained_llm.runtime.tokenize)
         first_document = Document(text=" ".join(SMALL_CORPUS.values()), id_="corpus.md")
@@ -256,12 +264,7 @@ def test_nodes_are_put_in_document_order_so_chained_entries_are_read(tmp_path: P
         retrieved = [item.node.node_id for item in retriever.retrieve("Who grows lavender?")]
         assert retrieved != [node.node_id for node in nodes]  # LlamaIndex's order is not the document's
         assert node_follows([item.node for item in retriever.retrieve("Who grows lavender?")]).count(True) < len(nodes) - 1
-        engine = chained_llm.runtime.engine
-        query = HypicQueryEngine(retriever=retriever, llm=chained_llm)
-        engine.recompute_policy = as_policy("seam+anchored")
-        query.query("Who grows lavender?")  # every node's anchored entry is now cached
-        engine.recompute_policy = as_policy("seam+chained")
-        usage = query.query("Who grows lavender?").metadata["usage"]
+        usage = _chained_usage(HypicQueryEngine(retriever=retriever, llm=chained_llm), chained_llm)
     finally:
         chained_llm.runtime.close()
     assert usage["cache_misses"] == len(nodes) - 1  # every node after the first read its chained entry

@@ -203,3 +203,26 @@ def test_prompt_order_puts_a_brought_neighbour_right_after_its_chunk(world_index
                     brought += 1
                     assert follows[number] and hits[number - 1].chunk.chunk_id == hit.neighbour_of
         assert brought >= 10  # every question's best hit (a first chunk) brought its second chunk
+
+
+def test_editing_a_documents_first_sentence_embeds_its_later_chunks_again(tmp_path: Path, world_index) -> None:
+    """A later chunk's vector depends on its document's head: edit the head and the unchanged later chunk gets a new
+    id and vector (its text and token ids stay, so its cache entry is the same)."""
+    from hypic_rag.retrieval.loading import LoadedCorpus
+
+    _, corpus, _, chunker, identity, embedder = world_index
+    documents = list(corpus.documents[:2])
+    first = documents[0]
+    with CorpusIndex.open_for_update(tmp_path / "index", embedder,
+                                     IndexConfig(model=identity, chunker=chunker.config)) as index:
+        index.ingest(LoadedCorpus(corpus.root, documents, []), chunker)
+        before = {chunk.position: chunk for chunk in index.docstore.iter_chunks() if chunk.doc_id == first.doc_id}
+        before_vector = index.docstore.embeddings([before[1].vector_id])[0]
+        head, rest = first.text.split(". ", 1)
+        edited = Document(first.doc_id, f"{head} indeed. {rest}", first.source, first.metadata, first.locations)
+        report = index.ingest(LoadedCorpus(corpus.root, [edited, documents[1]], []), chunker)
+        after = {chunk.position: chunk for chunk in index.docstore.iter_chunks() if chunk.doc_id == first.doc_id}
+        assert report.documents_updated == 1 and report.chunks_added == 2 and report.chunks_removed == 2
+        assert after[1].text == before[1].text and after[1].token_ids == before[1].token_ids
+        assert after[1].chunk_id != before[1].chunk_id and after[1].vector_id != before[1].vector_id
+        assert float(index.docstore.embeddings([after[1].vector_id])[0] @ before_vector) < 0.9999
