@@ -172,9 +172,11 @@ def expand_with_neighbours(hits: Sequence[Any], k: int, settings: RetrievalSetti
     The rule: hits are visited best first; each brings its missing neighbours (nearest first) while slots are
     left, and once the k places are full each neighbour takes the place of the lowest-ranked direct hit below the
     hit that brought it that is neither a source of a neighbour nor the retrieved neighbour of a hit visited
-    before it (the retrieval hop's places are kept: they serve other documents). A hit whose place was taken brings nothing; with no such place left the expansion stops. Neighbours go right after the hit that brought them; `prompt_order` then lays a document's
-    chunks out in document order. fetch: (doc_id, position) keys -> the stored chunks found (missing: the
-    document has no such chunk); make_hit(chunk, source_hit): the hit of a neighbour."""
+    before it (the retrieval hop's places are kept: they serve other documents). A hit whose place was taken
+    brings nothing; with no such place left the expansion stops. Neighbours go right after the hit that brought
+    them; `prompt_order` then lays a document's chunks out in document order. fetch: (doc_id, position) keys ->
+    the stored chunks found (missing: the document has no such chunk); make_hit(chunk, source_hit): the hit of a
+    neighbour."""
     hits = list(hits)[:k]
     slots = min(settings.neighbour_slots, max(0, k - 1))
     if settings.neighbours == "none" or slots == 0 or not hits:

@@ -36,7 +36,8 @@ from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
 from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
-from hypic_rag.retrieval.chunk_context import DEFAULT_RETRIEVAL, RetrievalSettings, contextualised, expand_with_neighbours
+from hypic_rag.retrieval.chunk_context import (DEFAULT_RETRIEVAL, RetrievalSettings, contextualised,
+                                               expand_with_neighbours)
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
@@ -300,8 +301,8 @@ class CorpusIndex:
 
     @classmethod
     def open(
-        cls, directory: str | Path, embedder: SentenceEmbedder | None = None, *, embedder_path: str | Path | None = None,
-        neighbours: str | None = None,
+        cls, directory: str | Path, embedder: SentenceEmbedder | None = None, *,
+        embedder_path: str | Path | None = None, neighbours: str | None = None,
     ) -> CorpusIndex:
         """Open an existing index for search.
 
