@@ -32,6 +32,7 @@ from hypic_rag.cli.common import (
     cache_format_name,
     device_name,
     int_in,
+    add_neighbours_argument,
     number_in,
     recompute_policy_spec,
 )
@@ -73,6 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="chunks retrieved per request, as ask will retrieve them (4)")
     parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop (2, as ask)")
+    add_neighbours_argument(parser)
     parser.add_argument("--candidates", type=_candidates, metavar="SPECS",
                         help="comma-separated policies to compare (default: "
                              f"{', '.join(policy.spec for policy in calibration_candidates())})")
@@ -109,7 +111,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             raise CliError(f"{error}; stop it (calibration records its choice in the manifest) or pass --dry-run",
                            EXIT_FAILURE) from None
     pipeline = RagPipeline.open(index_dir, model_path=args.model, device=args.device, dtype=args.dtype,
-                                hop_slots=args.hop_slots, recompute_policy="seam")
+                                hop_slots=args.hop_slots, recompute_policy="seam", neighbours=args.neighbours)
 
     def progress(done: int, total: int) -> None:
         print(f"\rcalibrating: {done}/{total} requests", end="" if done < total else "\n", file=sys.stderr, flush=True)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hypic_rag.retrieval.chunk_context import contextualised
 from hypic_rag.retrieval.chunking import Chunk, Chunker
 from hypic_rag.retrieval.loading import Document, SkippedInput, load_file
 
@@ -123,6 +124,8 @@ class IngestFeeder:
         stored = index.docstore.document_digests()
         self._changed = [document for document in corpus.documents
                          if stored.get(document.doc_id, (None, None))[0] != document.content_sha256]
+        self._documents = {document.doc_id: document for document in self._changed}
+        self._embedding_context = index.manifest.retrieval_settings.embedding_context
         self._chunk_task = _remote(ray, _chunk_task)
         self._embed_task = _remote(ray, _embed_task)
         self._chunker_ref = ray.put(chunker) if self._changed else None
@@ -181,7 +184,9 @@ class IngestFeeder:
         while self._predict_order:
             doc_id = self._predict_order.popleft()
             known = self.index.docstore.chunk_ids_of(doc_id)  # read before the writer replaces this document
-            new = [chunk.text for chunk in self._chunks.get(doc_id, ()) if chunk.chunk_id not in known]
+            keyed, texts = contextualised(self._documents[doc_id], self._chunks.get(doc_id, []),
+                                          self._embedding_context)  # the ids and texts the writer embeds
+            new = [text for chunk, text in zip(keyed, texts) if chunk.chunk_id not in known]
             self._pending_texts.extend(new)
             self._pending_chunks += len(new)
             if self._pending_chunks >= self.embed_batch_chunks:

@@ -29,7 +29,7 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
     HypicLLM,
     HypicQueryEngine,
 )
-from hypic_rag.integrations.llama_index.layout import node_follows  # noqa: E402
+from hypic_rag.integrations.llama_index.layout import document_order, node_follows  # noqa: E402
 from hypic_rag.runtime.recompute_policy import as_policy  # noqa: E402
 from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
 
@@ -205,13 +205,26 @@ def test_query_engine_takes_any_retriever(nodes, llm: HypicLLM) -> None:
     assert usage["recomputed_tokens"] == usage["prompt_tokens"] and response.metadata["mode"] == "full"
 
 
+def _chained_llm(tmp_path: Path, tiny_model: Path) -> HypicLLM:
+    return HypicLLM(model_path=str(tiny_model), cache_dir=str(tmp_path / "cache"), seam_tokens=SEAM, device="cpu",
+                    max_new_tokens=2)
+
+
+def _chained_usage(query: HypicQueryEngine, llm: HypicLLM) -> dict:
+    """The usage of a query under `seam+chained`, once every node's anchored entry is cached."""
+    engine = llm.runtime.engine
+    engine.recompute_policy = as_policy("seam+anchored")
+    query.query("Who grows lavender?")  # every node's anchored entry is now cached
+    engine.recompute_policy = as_policy("seam+chained")
+    return query.query("Who grows lavender?").metadata["usage"]
+
+
 def test_a_chained_policy_reads_chained_entries_through_llama_index(tmp_path: Path, tiny_model: Path) -> None:
     """One document cut into several nodes by LlamaIndex's node parser, all retrieved in document order: the
     synthesizer marks each node after the first as following the one before it (its PREVIOUS relationship), so a
     chained policy reads chained entries. Observed as cache misses: after the anchored entries are cached, the
     chained policy misses every node's entry but the first (without the marks it would read the anchored ones)."""
-    chained_llm = HypicLLM(model_path=str(tiny_model), cache_dir=str(tmp_path / "cache"), seam_tokens=SEAM,
-                           device="cpu", max_new_tokens=2)
+    chained_llm = _chained_llm(tmp_path, tiny_model)
     try:
         splitter = TokenTextSplitter(chunk_size=64, chunk_overlap=0, tokenizer=chained_llm.runtime.tokenize)
         document = Document(text=" ".join(SMALL_CORPUS.values()), id_="corpus.md")
@@ -220,17 +233,71 @@ def test_a_chained_policy_reads_chained_entries_through_llama_index(tmp_path: Pa
         assert node_follows(nodes) == [False] + [True] * (len(nodes) - 1)
         assert node_follows([nodes[1], nodes[0], nodes[2]]) == [False, False, False]  # out of document order
 
-        engine = chained_llm.runtime.engine
         query = HypicQueryEngine(retriever=SummaryIndex(nodes).as_retriever(), llm=chained_llm)
-        engine.recompute_policy = as_policy("seam+anchored")
-        query.query("Who grows lavender?")  # every node's anchored entry is now cached
-        engine.recompute_policy = as_policy("seam+chained")
-        first = query.query("Who grows lavender?").metadata["usage"]
+        first = _chained_usage(query, chained_llm)
         again = query.query("Who grows lavender?").metadata["usage"]
     finally:
         chained_llm.runtime.close()
     assert first["cache_misses"] == len(nodes) - 1  # the chained entries of nodes 2..n, encoded and kept
     assert again["cache_misses"] == 0 and again["cache_hits"] == first["cache_hits"] + len(nodes) - 1
+
+
+def test_nodes_are_put_in_document_order_so_chained_entries_are_read(tmp_path: Path, tiny_model: Path) -> None:
+    """A vector retriever returns one document's nodes by similarity, not as written: the synthesizer puts them
+    back in document order (`layout.document_order`: start_char_idx, else PREVIOUS / NEXT), so each node after the
+    first follows its antecedent and a chained policy reads chained entries (n - 1 chained misses after the anchored
+    entries are cached; in LlamaIndex's order most nodes would not follow the node before them)."""
+    chained_llm = _chained_llm(tmp_path, tiny_model)
+    try:
+        splitter = SentenceSplitter(chunk_size=48, chunk_overlap=0, tokenizer=chained_llm.runtime.tokenize)
+        first_document = Document(text=" ".join(SMALL_CORPUS.values()), id_="corpus.md")
+        nodes = splitter.get_nodes_from_documents([first_document])
+        other = splitter.get_nodes_from_documents([Document(text="The ferry leaves at noon.", id_="ferry.md")])
+        assert len(nodes) >= 3 and all(node.start_char_idx is not None for node in nodes)
+        shuffled = [nodes[2], other[0], nodes[0], *nodes[3:], nodes[1]]
+        assert [node.node_id for node in document_order(shuffled)] == [node.node_id for node in [*nodes, other[0]]]
+        for node in nodes:  # without character offsets the PREVIOUS / NEXT relationships give the same order
+            node.start_char_idx = None
+        assert [node.node_id for node in document_order(shuffled)] == [node.node_id for node in [*nodes, other[0]]]
+
+        retriever = VectorStoreIndex(nodes, embed_model=HypicEmbedding()).as_retriever(similarity_top_k=len(nodes))
+        retrieved = [item.node.node_id for item in retriever.retrieve("Who grows lavender?")]
+        assert retrieved != [node.node_id for node in nodes]  # LlamaIndex's order is not the document's
+        assert node_follows([item.node for item in retriever.retrieve("Who grows lavender?")]).count(True) < len(nodes) - 1
+        usage = _chained_usage(HypicQueryEngine(retriever=retriever, llm=chained_llm), chained_llm)
+    finally:
+        chained_llm.runtime.close()
+    assert usage["cache_misses"] == len(nodes) - 1  # every node after the first read its chained entry
+
+
+def test_transformation_embeds_later_nodes_with_their_document_head(llm: HypicLLM) -> None:
+    """Contextual embedding on the LlamaIndex path: a node after its document's first carries the document's first
+    sentence in metadata that LlamaIndex embeds, not in what the LLM reads or the cache encodes; a vector retriever
+    then finds the node that never names its subject (without the context it does not rank first)."""
+    text = ("Ada Lind was born in 1970 in the harbour town of Kerran. She trained as a baker and later as a "
+            "clockmaker.\n\nTwo years after her wedding, she moved to Dunmore, where she opened a workshop by the "
+            "mill. The workshop still repairs tower clocks for three counties.")
+    other = Document(text="Tomas Quill keeps bees on the cliffs of Orvath and sells honey cakes.", id_="quill.md")
+    splitter = SentenceSplitter(chunk_size=40, chunk_overlap=0, tokenizer=llm.runtime.tokenize)
+
+    def ingested(context: str):
+        pipeline = IngestionPipeline(transformations=[
+            splitter, HypicCacheTransformation(runtime=llm.runtime, embedding_context=context), HypicEmbedding()])
+        return pipeline.run(documents=[Document(text=text, id_="ada.md"), other])
+
+    nodes, plain = ingested("document_head"), ingested("none")
+    ada = [node for node in nodes if node.ref_doc_id == "ada.md"]
+    assert len(ada) >= 2 and "document_context" not in ada[0].metadata
+    for node in ada[1:]:
+        assert node.metadata["document_context"] == "Ada Lind was born in 1970 in the harbour town of Kerran."
+        assert "Ada Lind was born" in node.get_content(MetadataMode.EMBED)
+        assert "document_context" not in node.get_content(MetadataMode.LLM)
+    assert [node.get_content(MetadataMode.NONE) for node in nodes] == [node.get_content(MetadataMode.NONE) for node in plain]
+    assert "document_context" not in nodes[-1].metadata  # a one-node document gets no context
+    question = "Where did Ada Lind move to?"
+    moved = lambda found: "Dunmore" in found[0].node.get_content(MetadataMode.NONE)  # noqa: E731
+    assert moved(VectorStoreIndex(nodes, embed_model=HypicEmbedding()).as_retriever(similarity_top_k=1).retrieve(question))
+    assert not moved(VectorStoreIndex(plain, embed_model=HypicEmbedding()).as_retriever(similarity_top_k=1).retrieve(question))
 
 
 def test_query_engine_uses_settings_llm_by_default(index: VectorStoreIndex, llm: HypicLLM) -> None:

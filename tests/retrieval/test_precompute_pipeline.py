@@ -228,6 +228,12 @@ def test_bad_input_gives_one_clear_error(built: dict[str, Path], tmp_path: Path,
     code, _, err = run_cli(capsys, "precompute", str(built["corpus"]), "--index", index, "--model", str(model_dir),
                            "--chunk-tokens", "64", "--no-progress")
     assert code == 3 and "--chunk-tokens (24)" in err
+    code, _, err = run_cli(capsys, "precompute", str(built["corpus"]), "--index", index, "--model", str(model_dir),
+                           "--chunk-tokens", str(CHUNK_TOKENS), "--embedding-context", "none", "--no-progress")
+    assert code == 3 and "embedding context 'document_head', not 'none'" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exited:
+        run_cli(capsys, "ask", "--index", index, "--neighbours", "sideways:1", "Where is the ferry?")
+    assert exited.value.code == 2 and "argument --neighbours: neighbours must be one of" in capsys.readouterr().err
 
     other_model = save_tiny_checkpoint(tmp_path / "other-model", list(DOCUMENTS.values()), seed=1)
     code, _, err = run_cli(capsys, "precompute", str(built["corpus"]), "--index", index, "--model", str(other_model),
