@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_rag.runtime.fast_linear import LinearGroup
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, ModuleConv, Projections, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
@@ -38,6 +39,10 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
+        # the input projections read the same tokens: one product for a decode step's row (`LinearGroup`)
+        names = ("in_proj_qkvz", "in_proj_ba") if hasattr(module, "in_proj_qkvz") else (
+            "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        self.input_projections = LinearGroup([getattr(module, name) for name in names])
 
     @property
     def state_shape(self) -> tuple[int, ...]:
@@ -48,16 +53,13 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
         module = self.module
         if hasattr(module, "in_proj_qkvz"):  # Qwen3-Next: grouped qkvz / ba layout (its own code wants 3 dims)
             batched = x if x.dim() == 3 else x[None]
-            query, key, value, z, b, a = module.fix_query_key_value_ordering(
-                module.in_proj_qkvz(batched), module.in_proj_ba(batched)
-            )
+            query, key, value, z, b, a = module.fix_query_key_value_ordering(*self.input_projections(batched))
             preconv = torch.cat([t.reshape(*t.shape[:2], -1) for t in (query, key, value)], dim=-1)
             if x.dim() != 3:
                 preconv, z, b, a = preconv[0], z[0], b[0], a[0]
             return Projections(preconv, (z, b, a))
-        preconv = module.in_proj_qkv(x)
-        z = module.in_proj_z(x).reshape(*x.shape[:-1], -1, module.head_v_dim)
-        return Projections(preconv, (z, module.in_proj_b(x), module.in_proj_a(x)))
+        preconv, z, b, a = self.input_projections(x)
+        return Projections(preconv, (z.reshape(*x.shape[:-1], -1, module.head_v_dim), b, a))
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         conv = self.module.conv1d  # weight [C, 1, kernel]
