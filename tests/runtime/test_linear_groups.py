@@ -1,8 +1,9 @@
 """`LinearGroup` (`runtime/fast_linear.py`): layers that read the same input multiplied as one for one row. Its
 fused product agrees with each layer's own (the reference, `ONE_ROW_FUSED` off) to float32 round-off, the layers'
 parameters become views of the fused weight without changing a value, it falls back when a weight was replaced,
-and a decode through the groups (GDN input projections, attention q/k/v, gated MLP gate/up) gives transformers'
-greedy tokens over 32 steps and the reference's logits within 1e-5."""
+and a decode through the groups (GDN input projections, attention q/k/v, gated MLP gate/up) and the GDN layers'
+short decode step (`FUSED_STEP`) gives transformers' greedy tokens over 32 steps and the reference's logits within
+1e-5."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 
 from hypic_rag.runtime import fast_linear
 from hypic_rag.runtime.fast_linear import LinearGroup, fast_view
+from hypic_rag.runtime.mixers import gated_deltanet
 
 needs_onednn = pytest.mark.skipif(not fast_linear.ONEDNN, reason="this torch has no oneDNN linear")
 
@@ -79,7 +81,7 @@ def test_a_second_group_over_fused_layers_copies_nothing_and_unfusable_layers_ar
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_next", "jamba", "lfm2"])
 def test_decode_through_the_groups_gives_transformers_greedy_tokens(model_type: str, monkeypatch) -> None:
     """32 greedy decode steps after a `full` prefill: transformers' own greedy `generate` tokens, and the next-token
-    logits of the reference (every layer on its own) within 1e-5."""
+    logits of the reference (every layer on its own, the generic GDN decode step) within 1e-5."""
     from hypic_rag.runtime.engine import Engine
     from hypic_rag.runtime.model import wrap_model
     from hypic_rag.testing import build_tiny_model
@@ -110,6 +112,7 @@ def test_decode_through_the_groups_gives_transformers_greedy_tokens(model_type: 
 
     fused_tokens, fused_logits = decode()
     monkeypatch.setattr(fast_linear, "ONE_ROW_FUSED", False)
+    monkeypatch.setattr(gated_deltanet, "FUSED_STEP", False)  # and the generic decode step of the GDN layers
     reference_tokens, reference_logits = decode()
     assert fused_tokens == expected.tolist() == reference_tokens
     torch.testing.assert_close(fused_logits, reference_logits, atol=1e-5, rtol=1e-5)

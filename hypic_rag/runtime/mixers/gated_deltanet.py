@@ -18,6 +18,13 @@ from hypic_rag.runtime.layers import activation, causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, ModuleConv, Projections, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_packed
+from hypic_rag.runtime.ops.gated_delta_rule.recurrent import gated_delta_rule_step
+
+FUSED_STEP = True
+"""Whether a CPU decode step runs `GatedDeltaNetMixer.step`'s own short form (the conv window as one product, q and
+k normalised together, the one-token recurrence with unrepeated key heads: `gated_delta_rule_step`). False: the
+generic step over runs of one token (`RecurrentMixer.step`, the reference the tests compare with); CUDA always
+takes the generic step (fla's kernels)."""
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -88,6 +95,34 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
             beta = beta * valid[..., None]
             log_decay = log_decay * valid[..., None]
         return DeltaRuleInputs.from_time_major(query, key, value, log_decay, beta)
+
+    def step(
+        self, projections: Projections, tails: torch.Tensor, starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step of n sequences (contract: `RecurrentMixer.step`): preconv [n, C], z [n, H, V], b, a
+        [n, H]; tails [n, C, kernel-1]; starts [n, H, K, V]. On CPU with `FUSED_STEP`, in few operations: the conv
+        window (tail and token) times the taps summed, q and k l2-normalised as one tensor, the gates, and
+        `gated_delta_rule_step`; the same values as the generic step (float32 round-off)."""
+        preconv = projections.preconv
+        if not FUSED_STEP or preconv.is_cuda or tails.shape[-1] == 0:
+            return super().step(projections, tails, starts)
+        module = self.module
+        conv = module.conv1d  # weight [C, 1, kernel]
+        batch = preconv.shape[0]
+        window = torch.cat([tails.to(conv.weight.dtype), preconv[:, :, None].to(conv.weight.dtype)], dim=2)
+        mixed = (window * conv.weight[:, 0]).sum(dim=-1)  # [n, C]
+        if conv.bias is not None:
+            mixed = mixed + conv.bias
+        mixed = self.activation(mixed).float()
+        key_heads, key_dim = module.num_k_heads, module.head_k_dim
+        both = mixed[:, : 2 * module.key_dim].reshape(batch, 2 * key_heads, key_dim)
+        both = _l2norm(both)
+        query = both[:, :key_heads] * (key_dim**-0.5)
+        value = mixed[:, 2 * module.key_dim :].reshape(batch, module.num_v_heads, module.head_v_dim)
+        _, b, a = projections.extras
+        log_decay = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
+        outputs, finals = gated_delta_rule_step(query, both[:, key_heads:], value, log_decay, b.float().sigmoid(), starts)
+        return outputs, window[:, :, 1:].float(), finals
 
     @property
     def scans_runs(self) -> bool:  # type: ignore[override]
