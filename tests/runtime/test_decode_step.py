@@ -34,7 +34,7 @@ def test_one_step_matches_the_naive_recurrence(key_heads: int, value_heads: int,
     assert torch.equal(state, kept)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_next", "olmo_hybrid"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_mixers_fused_step_matches_the_generic_step(model_type: str, batch: int, monkeypatch) -> None:
     from hypic_rag.runtime.model import wrap_model

@@ -78,7 +78,7 @@ def test_a_second_group_over_fused_layers_copies_nothing_and_unfusable_layers_ar
 
 
 @needs_onednn
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_next", "jamba", "lfm2"])
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_next", "olmo_hybrid", "jamba", "lfm2"])
 def test_decode_through_the_groups_gives_transformers_greedy_tokens(model_type: str, monkeypatch) -> None:
     """32 greedy decode steps after a `full` prefill: transformers' own greedy `generate` tokens, and the next-token
     logits of the reference (every layer on its own, the generic GDN decode step) within 1e-5."""

@@ -47,9 +47,17 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
         self.module = module
         self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
         # the input projections read the same tokens: one product for a decode step's row (`LinearGroup`)
-        names = ("in_proj_qkvz", "in_proj_ba") if hasattr(module, "in_proj_qkvz") else (
-            "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-        self.input_projections = LinearGroup([getattr(module, name) for name in names])
+        self.input_projections = LinearGroup([getattr(module, name) for name in self.input_projection_names()])
+
+    def input_projection_names(self) -> tuple[str, ...]:
+        """The module's input projections, in the order `project` takes them from `input_projections`."""
+        if hasattr(self.module, "in_proj_qkvz"):  # Qwen3-Next
+            return ("in_proj_qkvz", "in_proj_ba")
+        return ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+
+    def write_strength(self, b: torch.Tensor) -> torch.Tensor:
+        """beta [..., H] float32 from the b projection: sigmoid(b)."""
+        return b.float().sigmoid()
 
     @property
     def state_shape(self) -> tuple[int, ...]:
@@ -88,7 +96,7 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
             key = key.repeat_interleave(heads_v // heads_k, dim=2)
         query = _l2norm(query) * (module.head_k_dim**-0.5)
         key = _l2norm(key)
-        beta = b.float().sigmoid()
+        beta = self.write_strength(b)
         log_decay = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
         if lengths is not None:  # identity steps past each run's end: decay 1, write strength 0
             valid = valid_steps(lengths, length, convolved.device)
@@ -121,7 +129,7 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
         value = mixed[:, 2 * module.key_dim :].reshape(batch, module.num_v_heads, module.head_v_dim)
         _, b, a = projections.extras
         log_decay = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
-        outputs, finals = gated_delta_rule_step(query, both[:, key_heads:], value, log_decay, b.float().sigmoid(), starts)
+        outputs, finals = gated_delta_rule_step(query, both[:, key_heads:], value, log_decay, self.write_strength(b), starts)
         return outputs, window[:, :, 1:].float(), finals
 
     @property
