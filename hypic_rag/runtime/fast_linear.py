@@ -252,10 +252,10 @@ def _fused_parameters(parameters: list[torch.Tensor]) -> torch.Tensor:
     step = first[0].numel() if first.dim() > 1 else 1
     consecutive = all(parameter.is_contiguous() for parameter in parameters) and all(
         later.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-        and later.data_ptr() == earlier.data_ptr() + earlier.numel() * earlier.element_size()
+        and later.storage_offset() == earlier.storage_offset() + earlier.numel()
         for earlier, later in zip(parameters, parameters[1:]))
-    if consecutive and first.storage_offset() + rows * step <= first.untyped_storage().nbytes() // first.element_size():
-        return first.detach().as_strided((rows, *tail), first.stride() if first.dim() > 1 else (1,))
+    if consecutive:  # each one ends where the next begins, in one storage: their rows together are a view
+        return first.detach().as_strided((rows, *tail), (step, *first.stride()[1:]) if first.dim() > 1 else (1,))
     fused = torch.cat([parameter.detach() for parameter in parameters])
     start = 0
     for parameter in parameters:
