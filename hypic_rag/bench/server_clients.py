@@ -9,6 +9,11 @@ bounded by `max_requests` / `max_seconds`), and every answer a cell got is compa
 `mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio.
 
     python -m hypic_rag.bench.server_clients --requests 48 --seconds 120 --json out.json
+    python -m hypic_rag.bench.server_clients --bare --runs 3 --alternate-workers 1 --json out.json
+
+`--bare` runs the server as `hypic-rag serve` without `--workers` (its own choice of processes and threads);
+`--runs N` repeats the row with a new server each time (`--alternate-workers W`: a run with `--workers W` after
+each, side by side), and the file then holds every run, the spread of the ratios and the load averages.
 """
 
 from __future__ import annotations
@@ -36,11 +41,13 @@ logger = logging.getLogger(__name__)
 ONE_CLIENT, CONCURRENT = "one_client", "concurrent"
 
 
-def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4, workers: int | str = 1,
+def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4, workers: int | str | None = 1,
                    prefill_wait_s: float | None = None, read_only: bool = False) -> dict[str, Any]:
     """The row (see the module docstring); `config.clients` is not used (the cells are 1 and `clients`). workers:
     the server's `--workers` (model processes behind its endpoint; 1: the single-process server; "auto": its
-    rule); prefill_wait_s: the server's `--prefill-wait` (None: its default); read_only: `serve --read-only`."""
+    rule; None: no `--workers` at all, the bare command); prefill_wait_s: the server's `--prefill-wait` (None: its
+    default); read_only: `serve --read-only`."""
+    load_before = os.getloadavg()
     import httpx
 
     from hypic_rag.bench.foreign_corpus import questions
@@ -86,15 +93,17 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         "prefill_wait_s": prefill_wait_s,
         "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
         "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
+        "load_average_before": [round(value, 2) for value in load_before],
+        "load_average_after": [round(value, 2) for value in os.getloadavg()],
     }
 
 
 @contextmanager
-def foreign_corpus_server(workers: int, queue_size: int, extra: list[str] | None = None,
+def foreign_corpus_server(workers: int | str | None, queue_size: int, extra: list[str] | None = None,
                           environment: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     """`hypic-rag serve` in a process of its own on 127.0.0.1 over the bundled default model and `foreign_corpus`
     (precomputed into a temporary index), ready: yields (its URL, its process); SIGTERM at the end. workers: its
-    `--workers`; queue_size: its `--queue-size`; extra: more arguments; environment: variables set for it on top
+    `--workers` (None: none given); queue_size: its `--queue-size`; extra: more arguments; environment: variables set for it on top
     of this process's."""
     import httpx
 
@@ -112,7 +121,8 @@ def foreign_corpus_server(workers: int, queue_size: int, extra: list[str] | None
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
             [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--device", "cpu", "--port", str(port),
-             "--queue-size", str(queue_size), "--log-level", "warning", "--workers", str(workers), *(extra or [])],
+             "--queue-size", str(queue_size), "--log-level", "warning",
+             *([] if workers is None else ["--workers", str(workers)]), *(extra or [])],
             env={**os.environ, **(environment or {})},
         )
         try:
@@ -171,19 +181,52 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0, help="wall time per cell")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--workers", default="1", help="the server's --workers (model processes, or auto)")
+    parser.add_argument("--bare", action="store_true", help="no --workers: the server's own choice (the bare command)")
+    parser.add_argument("--runs", type=int, default=1, help="rows, each with a new server (1)")
+    parser.add_argument("--alternate-workers", default=None, metavar="W",
+                        help="after each run, one with the server's --workers W (side by side, same session)")
     parser.add_argument("--read-only", action="store_true", help="serve --read-only")
     parser.add_argument("--prefill-wait", type=float, default=None, metavar="S",
                         help="the server's --prefill-wait (default: the server's default)")
     parser.add_argument("--json", type=Path, default=None, help="write the row here")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    row = server_clients(ThroughputConfig(clients=(1, options.clients), max_requests=options.requests,
-                                          max_seconds=options.seconds), clients=options.clients,
-                         workers=options.workers, prefill_wait_s=options.prefill_wait, read_only=options.read_only)
-    text = json.dumps(row, indent=2)
+    settings = ThroughputConfig(clients=(1, options.clients), max_requests=options.requests,
+                                max_seconds=options.seconds)
+
+    def row(workers: int | str | None) -> dict[str, Any]:
+        return server_clients(settings, clients=options.clients, workers=workers, prefill_wait_s=options.prefill_wait,
+                              read_only=options.read_only)
+
+    measured = None if options.bare else options.workers
+    if options.runs == 1 and options.alternate_workers is None:
+        result = row(measured)
+    else:
+        runs, alternates = [], []
+        for _ in range(options.runs):
+            runs.append(row(measured))
+            if options.alternate_workers is not None:
+                alternates.append(row(options.alternate_workers))
+        result = {"runs": runs, "ratios": ratio_spread(runs)}
+        if alternates:
+            result["alternate"] = {"workers": options.alternate_workers, "runs": alternates,
+                                   "ratios": ratio_spread(alternates)}
+    result = {"command": " ".join(["python -m hypic_rag.bench.server_clients", *sys.argv[1:]]),
+              "cpu_cores": len(os.sched_getaffinity(0)), **result}
+    text = json.dumps(result, indent=2)
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")
     print(text)
+
+
+def ratio_spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' 8-against-1 ratios (in run order), their minimum, median and maximum, and the answers that differed."""
+    ratios = [run["requests_per_second_ratio"] for run in runs]
+    ordered = sorted(ratios)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {"each": [round(ratio, 3) for ratio in ratios], "min": round(ordered[0], 3), "median": round(median, 3),
+            "max": round(ordered[-1], 3), "mismatches": sum(run["mismatches"] for run in runs)}
 
 
 if __name__ == "__main__":
