@@ -38,8 +38,8 @@ from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, NoReplicaAvailable, RendezvousRouter, RouteDecision
 from hypic_rag.errors import HypicError
 from hypic_rag.utils.limits import question_problem
-from hypic_rag.server.auth import WRITE_PREFIXES
 from hypic_rag.server import (
+    WRITE_PREFIXES,
     ServerConfig,
     check_api_keys,
     limit_body_size,
