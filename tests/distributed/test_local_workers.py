@@ -78,30 +78,46 @@ def ask(url: str, question: str) -> tuple[str, tuple[str, ...], str]:
     return body["answer"], tuple(source["chunk_id"] for source in body["sources"]), response.headers["x-hypic-replica"]
 
 
+def start_serve(index: Path, port: int, *options: str, **keys: str) -> subprocess.Popen[str]:
+    """`hypic-rag serve` over `index` on 127.0.0.1:`port` in a subprocess (keys: environment variables to set)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", **keys}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--port", str(port), "--device", "cpu",
+         *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )
+
+
+def two_workers_up(url: str, process: subprocess.Popen[str], *, read_only: bool) -> tuple[dict, list[int]]:
+    """Once the server is healthy: its /healthz (both workers listed, `read_only` as expected) and the workers' pids."""
+    health = wait_healthy(url, process)
+    assert [replica["replica"] for replica in health["replicas"]] == worker_names(2)
+    assert health["read_only"] is read_only
+    pids = worker_pids(process.pid)
+    assert len(pids) == 2
+    return health, pids
+
+
+def answers_alike(url: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Every question asked alone, then 16 at once from 8 threads: the same answers and sources, from both workers;
+    returns the answers alone."""
+    alone = [ask(url, question)[:2] for question in QUESTIONS]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda number: ask(url, QUESTIONS[number % 4]), range(16)))
+    assert [answer[:2] for answer in together] == [alone[number % 4] for number in range(16)]
+    assert {answer[2] for answer in together} == set(worker_names(2))  # routed by load: both served
+    return alone
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_two_workers_serve_equal_answers_restart_and_stop(tmp_path: Path, copy_tiny_index) -> None:
     index = copy_tiny_index(tmp_path / "index")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1",
-           "HYPIC_RAG_API_KEY": API_KEY}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--port", str(port), "--device", "cpu",
-         "--workers", "2", "--read-only", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )
+    process = start_serve(index, port, "--workers", "2", "--read-only", "--log-level", "warning",
+                          HYPIC_RAG_API_KEY=API_KEY)
     try:
-        health = wait_healthy(url, process)
-        assert [replica["replica"] for replica in health["replicas"]] == worker_names(2)
-        assert health["read_only"] is True
-        pids = worker_pids(process.pid)
-        assert len(pids) == 2
-
-        alone = [ask(url, question)[:2] for question in QUESTIONS]
-        with ThreadPoolExecutor(8) as pool:
-            together = list(pool.map(lambda number: ask(url, QUESTIONS[number % 4]), range(16)))
-        assert [answer[:2] for answer in together] == [alone[number % 4] for number in range(16)]
-        assert {answer[2] for answer in together} == set(worker_names(2))  # routed by load: both served
+        health, pids = two_workers_up(url, process, read_only=True)
+        alone = answers_alike(url)
 
         with httpx.stream("POST", f"{url}/v1/ask", json={"question": QUESTIONS[0], "top_k": 2, "max_new_tokens": 6,
                                                          "stream": True}, headers=AUTH, timeout=120) as response:
@@ -218,24 +234,10 @@ def test_the_bare_command_serves_a_writable_index_from_a_worker_per_core(tmp_pat
     index = copy_tiny_index(tmp_path / "index")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1",
-           "HYPIC_RAG_API_KEY": API_KEY, "HYPIC_RAG_ADMIN_KEY": WRITE_KEY}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--port", str(port), "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )
+    process = start_serve(index, port, HYPIC_RAG_API_KEY=API_KEY, HYPIC_RAG_ADMIN_KEY=WRITE_KEY)  # bare
     try:
-        health = wait_healthy(url, process)
-        assert [replica["replica"] for replica in health["replicas"]] == worker_names(2)
-        assert health["read_only"] is False
-        pids = worker_pids(process.pid)
-        assert len(pids) == 2
-
-        alone = [ask(url, question)[:2] for question in QUESTIONS]
-        with ThreadPoolExecutor(8) as pool:
-            together = list(pool.map(lambda number: ask(url, QUESTIONS[number % 4]), range(16)))
-        assert [answer[:2] for answer in together] == [alone[number % 4] for number in range(16)]
-        assert {answer[2] for answer in together} == set(worker_names(2))
+        health, pids = two_workers_up(url, process, read_only=False)
+        alone = answers_alike(url)
 
         document = {"documents": [{"id": "zorblat.md", "text": NEW_TEXT}]}
         for headers, status in ((AUTH, 403), ({"Authorization": "Bearer sk-wrong-key-000000"}, 401), ({}, 401)):
@@ -300,11 +302,7 @@ def test_the_bare_command_serves_a_writable_index_from_a_worker_per_core(tmp_pat
         assert job["status"] != "failed", job
         found = ask_workers(url, asked)
         assert all("zorblat.md" in sources for sources, _ in found) and len({w for _, w in found}) == 2, found
-        alone = [ask(url, question)[:2] for question in QUESTIONS]  # the index holds the documents written since
-        with ThreadPoolExecutor(8) as pool:
-            again = list(pool.map(lambda number: ask(url, QUESTIONS[number % 4]), range(16)))
-        assert [answer[:2] for answer in again] == [alone[number % 4] for number in range(16)]  # every worker alike
-        assert {answer[2] for answer in again} == set(worker_names(2))
+        answers_alike(url)  # the index holds the documents written since: every worker answers alike
         running = worker_pids(process.pid)
     finally:
         process.send_signal(signal.SIGTERM)
