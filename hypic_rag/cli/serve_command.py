@@ -255,10 +255,9 @@ def run_serve(args: argparse.Namespace) -> int:
         elif replicated:  # Ray is imported only here
             started = _serve_replicated(args, config, port, sock, announce)
         else:
-            if args.replicas < 2:
-                import torch
+            import torch
 
-                torch.set_num_threads(args.threads)  # this process runs the model
+            torch.set_num_threads(args.threads)  # this process runs the model
             started = serve(config, args.host, port, log_level=args.log_level, sock=sock, on_ready=announce)
     except Exception as error:  # noqa: BLE001 - every start-up failure becomes one line
         raise _startup_error(error) from None
