@@ -6,7 +6,10 @@ over the bundled default model and a corpus it never saw
 end at its stop string, often sooner). First every question is asked alone (the reference answers), then the
 closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
 bounded by `max_requests` / `max_seconds`), and every answer a cell got is compared with its question's reference:
-`mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio.
+`mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio, and
+each cell's CPU time of the server's processes (the front and its workers, from /proc): per request, and cores
+busy; `cpu_per_request_ratio` is one client's CPU per request over 8 clients' (what batching saves), a figure the
+other jobs on a shared machine distort far less than wall time.
 
     python -m hypic_rag.bench.server_clients --requests 48 --seconds 120 --json out.json
     python -m hypic_rag.bench.server_clients --bare --runs 3 --alternate-workers 1 --json out.json
@@ -54,7 +57,7 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
 
     asked = questions()
     extra = ([] if prefill_wait_s is None else ["--prefill-wait", str(prefill_wait_s)]) + (["--read-only"] if read_only else [])
-    with foreign_corpus_server(workers, max(64, 4 * clients), extra) as (url, _):
+    with foreign_corpus_server(workers, max(64, 4 * clients), extra) as (url, server):
         local = threading.local()
 
         def http() -> httpx.Client:
@@ -75,15 +78,22 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         for number, question in enumerate(asked):  # alone: the references (the first one warms up)
             reference[number] = _ask(http(), question, top_k, config.new_tokens)[2]
         cells: dict[str, list[Any]] = {ONE_CLIENT: [], CONCURRENT: []}
+        server_cpu = {ONE_CLIENT: 0.0, CONCURRENT: 0.0}  # CPU seconds of the server's processes in each cell
         per_run = -(-config.max_requests // config.repeats)
         for repeat in range(config.repeats):
             for name, count in ((ONE_CLIENT, 1), (CONCURRENT, clients)):
+                before = tree_cpu_seconds(server.pid)
                 cells[name].append(closed_loop(run_one, count, per_run, config.max_seconds / config.repeats,
                                                first=(2 * repeat + (name == CONCURRENT)) * per_run))
+                server_cpu[name] += cpu_used(before, tree_cpu_seconds(server.pid))
         mismatches = [number for number, answer in answers.items()
                       if answer != reference[number % len(asked)]]
     one = summarize(1, cells[ONE_CLIENT])
     many = summarize(clients, cells[CONCURRENT])
+    for cell, name in ((one, ONE_CLIENT), (many, CONCURRENT)):  # CPU-time figures: what load distorts least
+        cell["server_cpu_seconds"] = round(server_cpu[name], 3)
+        cell["server_cpu_ms_per_request"] = round(1000 * server_cpu[name] / max(cell["completed"], 1), 2)
+        cell["server_cores_busy"] = round(server_cpu[name] / cell["seconds"], 3) if cell["seconds"] else 0.0
     ratio = many["requests_per_second"] / one["requests_per_second"] if one["requests_per_second"] else float("nan")
     logger.info("server (%s workers), 1 client %.3f req/s, %d clients %.3f req/s (%.2fx), %d answers differ from alone",
                 workers, one["requests_per_second"], clients, many["requests_per_second"], ratio, len(mismatches))
@@ -93,9 +103,48 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
         "prefill_wait_s": prefill_wait_s,
         "new_tokens": config.new_tokens, ONE_CLIENT: one, CONCURRENT: many,
         "requests_per_second_ratio": ratio, "answers_compared": len(answers), "mismatches": len(mismatches),
+        "cpu_per_request_ratio": round(one["server_cpu_ms_per_request"] / many["server_cpu_ms_per_request"], 3)
+        if many["server_cpu_ms_per_request"] else float("nan"),
         "load_average_before": [round(value, 2) for value in load_before],
         "load_average_after": [round(value, 2) for value in os.getloadavg()],
     }
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (children of any of its threads, recursively), parents first."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop(0)
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = Path(f"/proc/{current}/task/{task}/children").read_text().split()
+            except OSError:
+                continue
+            pending.extend(int(child) for child in children if int(child) not in found)
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system, every thread) of `pid` and each process below it, by pid."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for member in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds[member] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15
+    return seconds
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the processes spent between two `tree_cpu_seconds` readings (one that ended meanwhile: lost)."""
+    return sum(value - before.get(member, 0.0) for member, value in after.items())
 
 
 @contextmanager
@@ -220,13 +269,15 @@ def main() -> None:
 
 
 def ratio_spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The runs' 8-against-1 ratios (in run order), their minimum, median and maximum, and the answers that differed."""
+    """The runs' 8-against-1 ratios (in run order), their minimum, median and maximum, the answers that differed, and
+    each run's `cpu_per_request_ratio`."""
     ratios = [run["requests_per_second_ratio"] for run in runs]
     ordered = sorted(ratios)
     middle = len(ordered) // 2
     median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
     return {"each": [round(ratio, 3) for ratio in ratios], "min": round(ordered[0], 3), "median": round(median, 3),
-            "max": round(ordered[-1], 3), "mismatches": sum(run["mismatches"] for run in runs)}
+            "max": round(ordered[-1], 3), "mismatches": sum(run["mismatches"] for run in runs),
+            "cpu_per_request_ratio": [run.get("cpu_per_request_ratio") for run in runs]}
 
 
 if __name__ == "__main__":
