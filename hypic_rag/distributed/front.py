@@ -276,6 +276,8 @@ class _RawHeadersStreamingResponse(StreamingResponse):
         self.raw_headers = [(k.lower(), v) for k, v in raw_headers]
 
 
+SUMMED_HEALTH_FIELDS = ("queue_depth", "queue_capacity", "pending_jobs")
+"""`/healthz` fields each replica counts for itself: the front's answer sums them over the replicas."""
 PER_PROCESS_FIELDS = ("hot_entries", "hot_bytes", "hot_budget_bytes", "hot_evictions", "hot_hits", "disk_hits")
 """Cache counters each replica keeps for itself (summed over the replicas), besides its remote tier's (``remote_*``:
 also its own); the others are its store's, shared by the replicas that open the same directory."""
@@ -327,6 +329,8 @@ def create_front_app(front: Front) -> FastAPI:
         ready = all(status == 200 for status, _ in answers.values())
         first = next((body for _, body in answers.values() if isinstance(body, dict) and "model" in body), {})
         summary = {**first, "status": "ok" if ready else "degraded", "replicas": replicas}
+        for name in SUMMED_HEALTH_FIELDS:  # the whole server's queue, not its first replica's
+            summary[name] = sum(int(replica.get(name, 0)) for replica in replicas)
         return JSONResponse(summary, status_code=200 if ready else 503)
 
     @app.get("/v1/cache/stats")
