@@ -15,7 +15,8 @@ response is streamed back as it is produced. What the front adds is the choice o
   least loaded replica.
 
 `GET /v1/cache/stats` and `GET /healthz` gather every replica's answer, each under its replica id, with the
-router's counts; `GET /metrics` is the front's own (requests routed, in flight and overflowed per replica).
+router's counts; `GET /metrics` is the replicas' metrics merged (`merge_metrics`: the whole server's counts) and
+the front's own (requests routed, in flight and overflowed per replica).
 A response carries `X-Hypic-Replica`, the replica that served it. Replicas are `ReplicaClient`s: Ray Serve
 deployments in production (`serve_replicas.py`), in-process applications in tests.
 """
@@ -26,12 +27,14 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.version import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
@@ -245,8 +248,9 @@ class Front:
             if closer is not None:
                 await closer()
 
-    async def gather(self, path: str) -> dict[str, tuple[int, Any]]:
-        """Every replica's answer to `GET path`: replica id -> (status, JSON body or None)."""
+    async def gather(self, path: str, *, as_text: bool = False) -> dict[str, tuple[int, Any]]:
+        """Every replica's answer to `GET path`: replica id -> (status, JSON body or None; the body's text with
+        `as_text`)."""
 
         async def one(name: str, client: ReplicaClient) -> tuple[int, Any]:
             status, chunks = 502, []
@@ -256,7 +260,8 @@ class Front:
                         status = part.status
                     else:
                         chunks.append(part)
-                return status, json.loads(b"".join(chunks) or b"null")
+                body = b"".join(chunks)
+                return status, body.decode("utf-8", "replace") if as_text else json.loads(body or b"null")
             except Exception as error:  # noqa: BLE001 - a replica that cannot answer is reported, not fatal
                 if isinstance(error, ReplicaUnreachable):
                     self.router.mark_down(name, f"unreachable ({error})")  # logged once, not per health check
@@ -353,7 +358,9 @@ def create_front_app(front: Front) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render_metrics(front.router.snapshot()), media_type="text/plain; version=0.0.4")
+        answers = await front.gather("/metrics", as_text=True)
+        merged = merge_metrics([text for status, text in answers.values() if status == 200 and isinstance(text, str)])
+        return Response(merged + render_metrics(front.router.snapshot()), media_type="text/plain; version=0.0.4")
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
                    include_in_schema=False)
@@ -363,6 +370,62 @@ def create_front_app(front: Front) -> FastAPI:
     limit_body_size(app, front.config)
     check_api_keys(app, front.config)  # the front checks the keys; its replicas run without (`for_replica`)
     return app
+
+
+STORE_WIDE_GAUGES = ("hypic_segment_cache_bytes", "hypic_segment_cache_entries")
+"""Gauges every replica reads from the one persistent store it shares with the others: merged as their maximum."""
+LEAST_GAUGES = ("hypic_segment_cache_remote_up",)
+"""Gauges that hold for the server only if they hold for every replica (1 = up): merged as their minimum."""
+
+
+def merge_metrics(texts: Sequence[str]) -> str:
+    """The replicas' Prometheus texts as one server's: each sample (name and labels) summed over the replicas
+    (counters, histogram buckets, queue and batch gauges), the store-wide gauges' maximum, `remote_up`'s minimum,
+    a `_created` timestamp's earliest. Families keep their first text's order, help and type."""
+    families: dict[str, tuple[str, str]] = {}  # family name -> (type, help)
+    samples: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            families.setdefault(family.name, (family.type, family.documentation))
+            merged = samples.setdefault(family.name, {})
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                value = float(sample.value)
+                if key not in merged:
+                    merged[key] = value
+                elif sample.name.endswith("_created"):
+                    merged[key] = min(merged[key], value)
+                elif family.name in STORE_WIDE_GAUGES:
+                    merged[key] = max(merged[key], value)
+                elif family.name in LEAST_GAUGES:
+                    merged[key] = min(merged[key], value)
+                else:
+                    merged[key] = merged[key] + value
+    lines = []
+    for name, (kind, documentation) in families.items():
+        shown = f"{name}_total" if kind == "counter" else name  # as the replicas wrote it (the parser cuts _total)
+        lines += [f"# HELP {shown} {_escape_help(documentation)}", f"# TYPE {shown} {kind}"]
+        for (sample_name, labels), value in samples[name].items():
+            label_text = ",".join(f'{label}="{_escape_label(text)}"' for label, text in labels)
+            lines.append(f"{sample_name}{{{label_text}}} {_prometheus_float(value)}" if labels
+                         else f"{sample_name} {_prometheus_float(value)}")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_label(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _prometheus_float(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
 
 
 def render_metrics(snapshot: Mapping[str, Any]) -> str:

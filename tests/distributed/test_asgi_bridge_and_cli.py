@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart, stream_asgi
-from hypic_rag.distributed.front import chat_keys, completion_keys, merge_cache_stats
+from hypic_rag.distributed.front import chat_keys, completion_keys, merge_cache_stats, merge_metrics
 from hypic_rag.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,6 +178,37 @@ def test_replicas_stats_merge_per_process_and_per_store_counters() -> None:
     assert (merged["entries"], merged["hits"], merged["misses"], merged["hit_rate"]) == (14, 6, 4, 0.6)
     assert merged["paths"] == ["/c", "/d"] and merged["remote_url"] == "s3://b/p"
     assert merge_cache_stats([]) == {}
+
+
+def replica_metrics(requests: int, entries: float, up: float, durations: list[float]) -> str:
+    """One replica's Prometheus text, from a real registry of the kinds the service exports."""
+    registry = CollectorRegistry()
+    served = Counter("hypic_requests", "HTTP requests answered", ["route", "status"], registry=registry)
+    served.labels(route='/v1/ask "x"', status="200").inc(requests)
+    Gauge("hypic_segment_cache_entries", "Entries in the persistent segment cache.", registry=registry).set(entries)
+    Gauge("hypic_segment_cache_remote_up", "1 when the remote tier answers.", registry=registry).set(up)
+    Gauge("hypic_queue_depth", "Requests waiting.", registry=registry).set(requests)
+    duration = Histogram("hypic_request_duration_seconds", "time", buckets=(0.1, 1.0), registry=registry)
+    for seconds in durations:
+        duration.observe(seconds)
+    return generate_latest(registry).decode()
+
+
+def test_workers_metrics_merge_into_one_servers() -> None:
+    merged = merge_metrics([replica_metrics(3, 10, 1, [0.05, 2.0]), replica_metrics(4, 10, 0, [0.5])])
+    values = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+              for family in text_string_to_metric_families(merged) for sample in family.samples}
+    assert values[("hypic_requests_total", (("route", '/v1/ask "x"'), ("status", "200")))] == 7  # summed, label kept
+    assert values[("hypic_queue_depth", ())] == 7
+    assert values[("hypic_segment_cache_entries", ())] == 10  # one store both read: not doubled
+    assert values[("hypic_segment_cache_remote_up", ())] == 0  # down for one replica: down
+    buckets = {dict(labels)["le"]: value for (name, labels), value in values.items()
+               if name == "hypic_request_duration_seconds_bucket"}
+    assert buckets == {"0.1": 1, "1.0": 2, "+Inf": 3}
+    assert values[("hypic_request_duration_seconds_count", ())] == 3
+    assert merged.count("# TYPE hypic_requests_total counter") == 1 and merged.count("# TYPE") == len(
+        list(text_string_to_metric_families(replica_metrics(1, 1, 1, []))))
+    assert merge_metrics([]) == ""
 
 
 def test_malformed_addresses_are_refused_before_any_connection() -> None:
