@@ -245,6 +245,7 @@ def test_llama_index_query_engine_answers_over_a_zamba2_stand_in(tmp_path: Path)
     from llama_index.core.schema import MetadataMode
 
     from hypic_rag.integrations.llama_index import HypicEmbedding, HypicLLM, HypicQueryEngine
+    from hypic_rag.integrations.llama_index.layout import document_order
 
     model_dir = stand_in("zamba2", tmp_path / "model")
     llm = HypicLLM(model_path=str(model_dir), cache_dir=str(tmp_path / "cache"), device="cpu",
@@ -258,7 +259,8 @@ def test_llama_index_query_engine_answers_over_a_zamba2_stand_in(tmp_path: Path)
         engine = HypicQueryEngine(retriever=index.as_retriever(similarity_top_k=2), llm=llm)
         for question in (QUESTION, SMALL_CORPUS_QUESTIONS["chess.md"]):
             response = engine.query(question)
-            texts = [item.node.get_content(metadata_mode=MetadataMode.NONE) for item in response.source_nodes]
+            laid_out = document_order(response.source_nodes)  # the prompt's order: a document's nodes as written
+            texts = [item.node.get_content(metadata_mode=MetadataMode.NONE) for item in laid_out]
             expected = runtime.generate(runtime.rag_request(texts, question), "hypic", llm.sampling())
             assert response.response == expected.text.strip()
             assert response.metadata["usage"]["completion_tokens"] == len(expected.token_ids)
