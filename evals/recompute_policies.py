@@ -836,6 +836,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", default="", help="KL targets (comma-separated): calibrate on --calibration-"
                         "questions of worlds --calibration-seed with `hypic_rag.calibration.policy`, record the choice")
     parser.add_argument("--calibration-questions", type=int, default=50)
+    parser.add_argument("--max-recompute", type=float, default=None, help="calibration chooses only among the "
+                        "candidates recomputing at most X times the fixed seam's tokens per request (default: all)")
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
                         "`hypic_rag.runtime.recompute_policy.calibration_candidates`)")
     parser.add_argument("--calibration-seed", type=int, default=None, help="default: the test bed's calibration seed")
@@ -1024,8 +1026,11 @@ def resumed_report(path: Path | None, header: dict[str, Any]) -> tuple[dict[str,
 def calibration_markdown(calibration: dict[str, Any]) -> str:
     """The candidates' calibration scores (cheapest first) and the choice per KL target."""
     choices = calibration["choices"]
+    cap = calibration.get("max_recompute")
     lines = [f"Calibration on {calibration['questions']} questions of worlds {calibration['seed']}+ "
-             "(the runtime's `calibrate`, requests ranked as the pipeline ranks).", "",
+             "(the runtime's `calibrate`, requests ranked as the pipeline ranks)"
+             + (f", choosing among the candidates recomputing at most {cap:g}x the fixed seam's tokens "
+                f"({choices[0]['token_cap']:.1f} per request)" if cap is not None and choices else "") + ".", "",
              "| candidate | recomputed tokens / request | mean KL | max KL | top-1 agreement |",
              "| --- | --- | --- | --- | --- |"]
     for candidate in choices[0]["candidates"] if choices else []:
@@ -1055,12 +1060,13 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     measured = None
     candidates = [spec.strip() for spec in args.candidates.split(",") if spec.strip()] or None
     for target in targets:
-        result = calibrate(engine, requests, candidates, target, measured=measured)
+        result = calibrate(engine, requests, candidates, target, measured=measured, max_recompute=args.max_recompute)
         measured = result.candidates
         spec = result.chosen.resolved(args.seam_tokens).spec if result.chosen.kind == "seam" else result.chosen.spec
         choices.append({"kl_target": target, "chosen": spec if result.chosen.kind == "seam" else f"{spec}|alternate",
                         **result.to_dict()})
-    return {"questions": len(cases), "seed": args.calibration_seed, "choices": choices}
+    return {"questions": len(cases), "seed": args.calibration_seed, "max_recompute": args.max_recompute,
+            "choices": choices}
 
 
 if __name__ == "__main__":
