@@ -2,7 +2,9 @@
 
 Each held-out world is written out as a corpus, indexed with `hypic_rag.retrieval` exactly as a user's corpus is
 (chunker, docstore, FAISS), and each question's k chunks are the top-k hits for the question text (direct hits best
-first, then the retrieval hop's), laid out as the pipeline lays them out (`pipeline.prompt_order`).
+first, then the retrieval hop's, with the neighbours the index's expansion brings), laid out as the pipeline lays
+them out (`pipeline.prompt_order`). Each index is built with `retrieval` (`hypic_rag.retrieval.chunk_context.
+RetrievalSettings`; None: a new index's default, `DEFAULT_RETRIEVAL`), as a user's new index is.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def retrieved_cases(
     questions_per_world: int = 50,
     hop_slots: int = 2,
     work_dir: str | Path | None = None,
+    retrieval: Any = None,
 ) -> Iterator[RetrievedCase]:
     """Held-out cases of worlds `seed`, `seed + 1`, ... (the same questions as `evaluate.heldout_cases`), each
     world indexed in its own corpus index under `work_dir` (a temporary directory by default) and searched as the
@@ -70,7 +73,8 @@ def retrieved_cases(
         return world, generate_questions(world, world_seed, count, two_hop_share=two_hop_share)
 
     yield from _indexed_cases(seed, num_questions, tokenizer, world_of, write_corpus, num_chunks=num_chunks,
-                              questions_per_world=questions_per_world, hop_slots=hop_slots, work_dir=work_dir)
+                              questions_per_world=questions_per_world, hop_slots=hop_slots, work_dir=work_dir,
+                              retrieval=retrieval)
 
 
 def retrieved_cross_chunk_cases(
@@ -83,6 +87,7 @@ def retrieved_cross_chunk_cases(
     questions_per_world: int = 50,
     hop_slots: int = 2,
     work_dir: str | Path | None = None,
+    retrieval: Any = None,
 ) -> Iterator[RetrievedCase]:
     """Held-out cases of the cross-chunk worlds `seed`, `seed + 1`, ... (`training.data.cross_chunk_qa`: two-chunk
     documents, half the questions cross-chunk), each world indexed with that test bed's chunker
@@ -96,13 +101,13 @@ def retrieved_cross_chunk_cases(
 
     yield from _indexed_cases(seed, num_questions, tokenizer, world_of, write_cross_chunk_corpus,
                               num_chunks=num_chunks, questions_per_world=questions_per_world, hop_slots=hop_slots,
-                              work_dir=work_dir, chunker=cross_chunk_chunker(tokenizer))
+                              work_dir=work_dir, chunker=cross_chunk_chunker(tokenizer), retrieval=retrieval)
 
 
 def _indexed_cases(
     seed: int, num_questions: int, tokenizer, world_of: Callable[[int, int], tuple[Any, Sequence[Any]]],
     write: Callable[[Any, Sequence[Any], Path], Path], *, num_chunks: int, questions_per_world: int, hop_slots: int,
-    work_dir: str | Path | None, chunker: Any = None,
+    work_dir: str | Path | None, chunker: Any = None, retrieval: Any = None,
 ) -> Iterator[RetrievedCase]:
     """Cases of worlds `seed`, `seed + 1`, ... (`world_of(world_seed, count)`: the world and its questions; `write`:
     its corpus directory), each world indexed in its own corpus index and searched as the pipeline searches (its
@@ -124,7 +129,8 @@ def _indexed_cases(
             world, questions = world_of(world_seed, min(questions_per_world, num_questions - produced))
             documents_dir = write(world, questions, Path(scratch) / f"world-{world_seed}")
             index_dir = Path(scratch) / f"index-{world_seed}"
-            with CorpusIndex.open_for_update(index_dir, embedder, IndexConfig(model=identity, chunker=chunker.config)) as index:
+            with CorpusIndex.open_for_update(index_dir, embedder, IndexConfig(model=identity, chunker=chunker.config,
+                                                                                  retrieval=retrieval)) as index:
                 index.ingest(load_corpus(documents_dir), chunker)
                 for question in questions:
                     hits = prompt_order(index.search(question.text, k=num_chunks, hop_slots=hop_slots))

@@ -23,6 +23,7 @@ from hypic_rag.cli.common import (
     EXIT_OK,
     CliError,
     add_index_model_arguments,
+    add_neighbours_argument,
     add_recompute_policy_argument,
     number_in,
     process_seconds,
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop from the best hit (2; 0: off)")
     parser.add_argument("--mode", choices=MODES, default="hypic", help="composition mode (hypic)")
+    add_neighbours_argument(parser)
     add_recompute_policy_argument(parser)
     parser.add_argument("--max-new-tokens", type=number_in(MAX_NEW_TOKENS), default=32, metavar="N",
                         help="answer length cap (32; 1..65536)")
@@ -152,7 +154,8 @@ def open_pipeline(args: argparse.Namespace) -> RagPipeline:
 
     return RagPipeline.open(args.index, model_path=args.model, embedder_path=args.embedder, device=args.device,
                             hop_slots=args.hop_slots, dtype=args.dtype, remote_cache=remote_cache_config(args),
-                            recompute_policy=args.recompute_policy, cache_format=args.cache_format)
+                            recompute_policy=args.recompute_policy, cache_format=args.cache_format,
+                            neighbours=args.neighbours)
 
 
 def run_ask(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from hypic_rag.cli.common import (
     cache_format_name,
     device_name,
     int_in,
+    add_neighbours_argument,
     number_in,
     recompute_policy_spec,
 )
@@ -78,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-recompute", type=number_in(POLICY_BUDGET), default=None, metavar="X",
                         help="choose only among candidates recomputing at most X times the tokens per request of the "
                              "fixed seam on the same requests (a bound on time to first token; default: no bound)")
+    add_neighbours_argument(parser)
     parser.add_argument("--candidates", type=_candidates, metavar="SPECS",
                         help="comma-separated policies to compare (default: "
                              f"{', '.join(policy.spec for policy in calibration_candidates())})")
@@ -114,7 +116,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             raise CliError(f"{error}; stop it (calibration records its choice in the manifest) or pass --dry-run",
                            EXIT_FAILURE) from None
     pipeline = RagPipeline.open(index_dir, model_path=args.model, device=args.device, dtype=args.dtype,
-                                hop_slots=args.hop_slots, recompute_policy="seam")
+                                hop_slots=args.hop_slots, recompute_policy="seam", neighbours=args.neighbours)
 
     def progress(done: int, total: int) -> None:
         print(f"\rcalibrating: {done}/{total} requests", end="" if done < total else "\n", file=sys.stderr, flush=True)

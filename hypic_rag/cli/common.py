@@ -117,6 +117,29 @@ def recompute_policy_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def neighbours_spec(text: str) -> str:
+    """A neighbour expansion `KIND[:SLOTS]` (`hypic_rag.retrieval.chunk_context`), checked; an argparse error
+    naming the forms."""
+    from hypic_rag.retrieval.chunk_context import LEGACY_RETRIEVAL
+
+    try:
+        return LEGACY_RETRIEVAL.with_neighbours(text).neighbours_spec
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_neighbours_argument(parser: argparse.ArgumentParser) -> None:
+    """The `--neighbours` option of ask, serve, calibrate and demo: the neighbour expansion of each search."""
+    from hypic_rag.retrieval.chunk_context import DEFAULT_RETRIEVAL
+
+    parser.add_argument(
+        "--neighbours", type=neighbours_spec, metavar="KIND[:SLOTS]",
+        help="neighbour expansion: each retrieved chunk brings its document's next / previous / both chunks into "
+             "the top-k places, at most SLOTS of them (next:1, both:2, none); default: what the index records "
+             f"(new indexes: {DEFAULT_RETRIEVAL.neighbours_spec}; docs/retrieval.md)",
+    )
+
+
 def add_recompute_policy_argument(parser: argparse.ArgumentParser) -> None:
     """The `--recompute-policy` option of ask and serve (the forms of every registered policy)."""
     from hypic_rag.runtime.recompute_policy import policy_help

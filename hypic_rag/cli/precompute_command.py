@@ -29,12 +29,14 @@ from hypic_rag.cli.common import (
     add_remote_cache_arguments,
     device_name,
     int_in,
+    neighbours_spec,
     number_in,
     recompute_policy_spec,
     remote_cache_config,
     resolve_model_path,
     worker_count,
 )
+from hypic_rag.retrieval.chunk_context import DEFAULT_RETRIEVAL, EMBEDDING_CONTEXTS
 from hypic_rag.retrieval.loading import FORMATS_NOTE
 from hypic_rag.utils.limits import CHUNK_TOKENS, SEAM_TOKENS
 
@@ -57,6 +59,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="PATH", help="local model checkpoint (default: the bundled default model)")
     parser.add_argument("--chunk-tokens", type=number_in(CHUNK_TOKENS), default=256, metavar="N",
                         help="tokens per chunk (256; 1..65536)")
+    parser.add_argument("--embedding-context", choices=EMBEDDING_CONTEXTS, default=None,
+                        help="what each chunk is embedded with besides its text (its cached tokens stay its own): "
+                             "title (the document's title and section), document_head (title + the document's "
+                             f"first sentence), previous_tail (title + the previous chunk's last sentence), none; "
+                             f"default: an existing index's, else {DEFAULT_RETRIEVAL.embedding_context}")
+    parser.add_argument("--neighbours", type=neighbours_spec, metavar="KIND[:SLOTS]",
+                        help="the neighbour expansion the index records for ask / serve / calibrate: each retrieved "
+                             "chunk brings its document's next / previous / both chunks into the top-k places, at "
+                             f"most SLOTS of them; default: an existing index's, else {DEFAULT_RETRIEVAL.neighbours_spec}")
     parser.add_argument("--workers", type=worker_count(), default=1, metavar="N", help="encoding processes (1)")
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help="run on a Ray cluster: load, chunk and embed as tasks, encode on actors; ADDRESS is "
@@ -180,6 +191,8 @@ def run_precompute(args: argparse.Namespace) -> int:
             scale_out=scale_out,
             cache_format=args.cache_format,
             recompute_policy=args.recompute_policy,
+            embedding_context=args.embedding_context,
+            neighbours=args.neighbours,
         )
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None

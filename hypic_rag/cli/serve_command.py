@@ -35,6 +35,7 @@ from hypic_rag.cli.common import (
     EXIT_OK,
     CliError,
     add_index_model_arguments,
+    add_neighbours_argument,
     add_recompute_policy_argument,
     int_in,
     number_in,
@@ -64,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "on a shared file system; with --replicas, {replica} in DIR becomes each replica's name")
     parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of each question's top_k places, how many go to one retrieval hop from the best hit (2; 0: off)")
+    add_neighbours_argument(parser)
     add_recompute_policy_argument(parser)
     parser.add_argument("--read-only", action="store_true", help="search only: refuse document changes")
     parser.add_argument("--no-ui", dest="page", action="store_false",
@@ -186,6 +188,7 @@ def run_serve(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             read_only=args.read_only,
             hop_slots=args.hop_slots,
+            neighbours=args.neighbours,
             queue_size=args.queue_size,
             retrieval_batch=args.retrieval_batch,
             prefill_wait_s=args.prefill_wait,

@@ -189,7 +189,7 @@ class RagPipeline:
         seam_tokens: int | None = None, device: str | None = None, hot_budget_bytes: int | None = None,
         readonly_cache: bool = False, hop_slots: int = 2, dtype: str | None = None,
         remote_cache: RemoteTierConfig | None = None, recompute_policy: RecomputePolicy | str | None = None,
-        cache_format: str | None = None,
+        cache_format: str | None = None, neighbours: str | None = None,
     ) -> RagPipeline:
         """Open an index and the session it was built for (`ModelSession.for_index`: its model, the one recorded
         in the manifest unless `model_path`, in the dtype recorded there unless `dtype`, checked against the
@@ -198,7 +198,9 @@ class RagPipeline:
         timing is the question's). A model directory that cannot be loaded raises `ModelLoadError`, a bad policy
         spec `RecomputePolicyError`. remote_cache: the shared remote tier below the segment cache
         (`hypic_rag.cache.remote_config.RemoteTierConfig`; None: none). cache_format: the cache format expected
-        (None: the index's; another than the index's raises `IndexMismatchError`, docs/cache.md)."""
+        (None: the index's; another than the index's raises `IndexMismatchError`, docs/cache.md). neighbours: the
+        neighbour expansion of every search (`KIND:SLOTS`, `hypic_rag.retrieval.chunk_context`; None: the
+        index's)."""
         policy = as_policy(recompute_policy)
         from hypic_rag.retrieval.corpus_index import CorpusIndex
         from hypic_rag.retrieval.manifest import IndexManifest
@@ -219,7 +221,7 @@ class RagPipeline:
         timings = {"model_load": time.perf_counter() - began}
         try:
             began = time.perf_counter()
-            index = CorpusIndex.open(index_dir, embedder_path=embedder_path)
+            index = CorpusIndex.open(index_dir, embedder_path=embedder_path, neighbours=neighbours)
             timings["index_open"] = time.perf_counter() - began
         except BaseException:
             session.close()

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +30,7 @@ from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
 from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.retrieval.chunk_context import DEFAULT_RETRIEVAL, RetrievalSettings
 from hypic_rag.retrieval.chunking import Chunker, ChunkerConfig
 from hypic_rag.retrieval.corpus_index import (
     DEFAULT_CACHE_DIR,
@@ -97,10 +98,14 @@ class PrecomputeConfig:
     index's single writer. cache_format: the format cache entries are stored in (a name of
     `hypic_rag.entry.compression.CACHE_FORMATS`; None: an existing index's, float32 for a new one); naming
     another than an existing index's rebuilds its cache in it: every planned entry is encoded in the new format,
-    then the manifest records it and the old format's entries are removed. recompute_policy: the policy spec whose
-    entries are encoded (None: the one the index records, `hypic-rag calibrate`; an index without one: the fixed
-    seam): an anchored policy's entries are encoded after the prompt prefix's anchor, a chained policy's also for
-    every chunk that follows the previous chunk of its document (`ModelSession.plan`); not recorded in the manifest.
+    then the manifest records it and the old format's entries are removed. embedding_context: what each chunk is
+    embedded with (`hypic_rag.retrieval.chunk_context.EMBEDDING_CONTEXTS`; None: an existing index's, else
+    `DEFAULT_RETRIEVAL`'s; another than an existing index's is refused). neighbours: the neighbour expansion the
+    index records for its searches (`KIND:SLOTS`; None: an existing index's, else the default's). recompute_policy:
+    the policy spec whose entries are encoded (None: the one the index records, `hypic-rag calibrate`; an index
+    without one: the fixed seam): an anchored policy's entries are encoded after the prompt prefix's anchor, a
+    chained policy's also for every chunk that follows the previous chunk of its document (`ModelSession.plan`);
+    not recorded in the manifest.
     """
 
     corpus: Path
@@ -121,12 +126,15 @@ class PrecomputeConfig:
     scale_out: ScaleOut | None = None
     cache_format: str | None = None
     recompute_policy: str | None = None
+    embedding_context: str | None = None
+    neighbours: str | None = None
 
     def __post_init__(self) -> None:
         if self.recompute_policy is not None:
             RecomputePolicy.parse(self.recompute_policy)  # a bad spec: RecomputePolicyError naming the forms
         if self.cache_format is not None:
             cache_format(self.cache_format)  # an unknown name: ValueError naming the choices
+        self.retrieval(None)  # validates the embedding context and the neighbour expansion
         ChunkerConfig(chunk_tokens=self.chunk_tokens)  # validates chunk_tokens
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
@@ -139,6 +147,17 @@ class PrecomputeConfig:
             from hypic_rag.runtime.model import resolve_dtype
 
             resolve_dtype(self.dtype)  # validates the name
+
+
+    def retrieval(self, recorded: RetrievalSettings | None) -> RetrievalSettings | None:
+        """The retrieval settings to ask of an index that records `recorded` (None: a new index): those with
+        `embedding_context` and `neighbours` applied, or None when neither is given and the index exists."""
+        if self.embedding_context is None and self.neighbours is None and recorded is not None:
+            return None
+        base = recorded or DEFAULT_RETRIEVAL
+        if self.embedding_context is not None:
+            base = replace(base, embedding_context=self.embedding_context)
+        return base.with_neighbours(self.neighbours)
 
 
 class ScaleOut(Protocol):
@@ -325,6 +344,7 @@ def precompute(options: PrecomputeConfig, corpus: LoadedCorpus | None = None) ->
         options.model_path, device=options.device, dtype=options.dtype or recorded_dtype(options.index_dir),
         require_tokenizer=True,
     )
+    existing = _existing_manifest(options.index_dir)
     recorded_format = recorded_cache_format(options.index_dir)
     policy = options.recompute_policy or recorded_recompute_policy(options.index_dir)
     chosen_format = options.cache_format or recorded_format or DEFAULT_CACHE_FORMAT
@@ -337,6 +357,7 @@ def precompute(options: PrecomputeConfig, corpus: LoadedCorpus | None = None) ->
         vector_index=options.vector_index,
         cache_dir=options.cache_dir,
         cache_format=chosen_format,
+        retrieval=options.retrieval(None if existing is None else existing.retrieval_settings),
     )
     # the cache opens before the index is created: a path that cannot hold a cache leaves no index behind
     remote = options.remote_cache

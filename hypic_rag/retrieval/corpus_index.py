@@ -36,6 +36,7 @@ from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.utils.paths import unusable_directory_reason
 from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.retrieval.chunk_context import DEFAULT_RETRIEVAL, RetrievalSettings, contextualised, expand_with_neighbours
 from hypic_rag.retrieval.chunking import Chunk, Chunker, ChunkerConfig
 from hypic_rag.retrieval.docstore import DocStore, DocStoreCounts, StoredChunk
 from hypic_rag.retrieval.embeddings import SentenceEmbedder
@@ -68,7 +69,9 @@ class IndexConfig:
     vector_index: None keeps an existing index's FAISS kind (flat for a new one). cache_dir: None puts the
     segment cache in `<index>/segment_cache`. embed_batch_chunks: new chunks embedded per batch. cache_format: the
     cache format a new index records (an existing one keeps its own until precompute rebuilds its cache in another:
-    `CorpusIndex.record_cache_format`).
+    `CorpusIndex.record_cache_format`). retrieval: how chunks are embedded and hits expanded
+    (`chunk_context.RetrievalSettings`); None: an existing index's own, `DEFAULT_RETRIEVAL` for a new one. An
+    existing index refuses another embedding context and takes the given neighbour expansion for this session.
     """
 
     model: ModelIdentity
@@ -79,6 +82,7 @@ class IndexConfig:
     cache_dir: Path | None = None
     embed_batch_chunks: int = DEFAULT_EMBED_BATCH_CHUNKS
     cache_format: str = DEFAULT_CACHE_FORMAT
+    retrieval: RetrievalSettings | None = None
 
     def __post_init__(self) -> None:
         check_seam_tokens(self.seam_tokens)
@@ -109,13 +113,20 @@ class SearchHit:
     """One retrieved chunk and its cosine similarity to the query.
 
     hop_query: for a chunk found by the retrieval hop, the follow-up query that found it (None for a direct hit);
-    hop_score: its similarity to that query (its `score` stays its similarity to the question).
+    hop_score: its similarity to that query (its `score` stays its similarity to the question). neighbour_of: for
+    a chunk brought by neighbour expansion, the chunk id of the retrieved chunk of its document that brought it.
     """
 
     score: float
     chunk: StoredChunk
     hop_query: str | None = None
     hop_score: float | None = None
+    neighbour_of: str | None = None
+
+
+def _neighbour_hit(chunk: StoredChunk, source: SearchHit) -> SearchHit:
+    """The hit of `chunk`, brought by neighbour expansion from `source` (scored against the query later)."""
+    return SearchHit(0.0, chunk, neighbour_of=source.chunk.chunk_id)
 
 
 @dataclass(slots=True)
@@ -124,6 +135,8 @@ class _PendingDocument:
     chunks: list[Chunk]
     new_chunks: list[Chunk]
     existed: bool
+    embed_texts: dict[str, str] = field(default_factory=dict)
+    """chunk id -> the text its vector is made from (`chunk_context.embedding_text`), for the new chunks."""
 
 
 def _relative_cache_dir(index_dir: Path, cache_dir: Path | None) -> str:
@@ -225,6 +238,8 @@ class CorpusIndex:
         self._lock = lock
         self.embed_batch_chunks = DEFAULT_EMBED_BATCH_CHUNKS
         self._unsaved_changes = False
+        self.retrieval = manifest.retrieval_settings
+        """The settings searches use: the manifest's, or a caller's neighbour expansion (`use_retrieval`)."""
 
     # -------------------------------------------------------------------------- opening
     @classmethod
@@ -248,6 +263,11 @@ class CorpusIndex:
                 manifest.check_prompt_format(settings.prompt_format)
                 if settings.vector_index is not None:
                     manifest.check_vector_index(settings.vector_index)
+                if settings.retrieval is not None:
+                    manifest.check_embedding_context(settings.retrieval)
+                    if manifest.retrieval != settings.retrieval.to_dict():  # another neighbour expansion: recorded
+                        manifest.retrieval = settings.retrieval.to_dict()
+                        adopted = True
                 if adopted:
                     manifest.save(directory)
             else:
@@ -261,9 +281,12 @@ class CorpusIndex:
                     cache_dir=_relative_cache_dir(directory, settings.cache_dir),
                     embedder_path=embedder.source_path,
                     cache_format=settings.cache_format,
+                    retrieval=(settings.retrieval or DEFAULT_RETRIEVAL).to_dict(),
                 )
                 manifest.save(directory)
             index = cls._assemble(directory, manifest, embedder, lock)
+            if settings.retrieval is not None:
+                index.use_retrieval(settings.retrieval)
         except BaseException:
             lock.close()
             raise
@@ -277,19 +300,25 @@ class CorpusIndex:
 
     @classmethod
     def open(
-        cls, directory: str | Path, embedder: SentenceEmbedder | None = None, *, embedder_path: str | Path | None = None
+        cls, directory: str | Path, embedder: SentenceEmbedder | None = None, *, embedder_path: str | Path | None = None,
+        neighbours: str | None = None,
     ) -> CorpusIndex:
         """Open an existing index for search.
 
         embedder: the one it was built with; None loads it (from `embedder_path` if given, else from the path the
-        manifest recorded, else the shipped default). Another embedder raises IndexMismatchError.
+        manifest recorded, else the shipped default). Another embedder raises IndexMismatchError. neighbours: the
+        neighbour expansion searches use (`KIND:SLOTS`, `RetrievalSettings.with_neighbours`); None: the one the
+        manifest records.
         """
         directory = Path(directory).expanduser().resolve()
         manifest = IndexManifest.load(directory)
+        settings = manifest.retrieval_settings.with_neighbours(neighbours)  # a bad spec: ValueError before loading
         if embedder is None:
             embedder = SentenceEmbedder(embedder_path if embedder_path is not None else manifest.embedder_path)
         manifest.check_embedder(embedder.identity)
-        return cls._assemble(directory, manifest, embedder, lock=None)
+        index = cls._assemble(directory, manifest, embedder, lock=None)
+        index.retrieval = settings
+        return index
 
     @classmethod
     def _assemble(
@@ -312,6 +341,12 @@ class CorpusIndex:
                 repaired.removed,
             )
         return index
+
+    def use_retrieval(self, settings: RetrievalSettings) -> None:
+        """Search with `settings`' neighbour expansion from now on; `IndexMismatchError` when its embedding context
+        is not the one the index's vectors were made with (those cannot change without embedding again)."""
+        self.manifest.check_embedding_context(settings)
+        self.retrieval = settings
 
     def _write_back_repairs(self) -> None:
         """Write what opening repaired back to disk (the writer's job: a reader repairs in memory only).
@@ -387,9 +422,12 @@ class CorpusIndex:
                     chunks.append(chunk)
                 if step_chunks is not None and number % step_chunks == 0:
                     yield done
+            chunks, texts = contextualised(document, chunks, self.manifest.retrieval_settings.embedding_context)
             stored_chunk_ids = self.docstore.chunk_ids_of(document.doc_id)
             new_chunks = [chunk for chunk in chunks if chunk.chunk_id not in stored_chunk_ids]
-            pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in stored))
+            embed_texts = {chunk.chunk_id: text for chunk, text in zip(chunks, texts)
+                           if chunk.chunk_id not in stored_chunk_ids}
+            pending.append(_PendingDocument(document, chunks, new_chunks, document.doc_id in stored, embed_texts))
             pending_chunks += len(new_chunks)
             if pending_chunks >= self.embed_batch_chunks:
                 done = yield from self._commit_steps(pending, source_root, counts, step_chunks, done, embed)
@@ -428,7 +466,7 @@ class CorpusIndex:
         if not pending:
             return done
         new_chunks = [chunk for item in pending for chunk in item.new_chunks]
-        texts = [chunk.text for chunk in new_chunks]
+        texts = [item.embed_texts.get(chunk.chunk_id, chunk.text) for item in pending for chunk in item.new_chunks]
         if step_chunks is None:
             vectors = (embed or self.embedder.embed)(texts)
         else:
@@ -505,7 +543,7 @@ class CorpusIndex:
     def counts(self) -> DocStoreCounts:
         return self.docstore.counts()
 
-    def search(self, query: str, k: int = 4, *, hop_slots: int = 0) -> list[SearchHit]:
+    def search(self, query: str, k: int = 4, *, hop_slots: int = 0, neighbours: str | None = None) -> list[SearchHit]:
         """The k chunks most similar to `query`, best first (k is capped at the chunks the index holds, so a huge
         k costs no more than the whole index).
 
@@ -513,13 +551,31 @@ class CorpusIndex:
         query per place built from the best hit's sentences (see `multi_hop`), for questions whose second document
         shares no words with the question; places the hop cannot fill keep the direct hits. A hop's hits carry
         the follow-up query (`hop_query`) and their similarity to it (`hop_score`); every hit's `score` is its
-        similarity to `query`. One query is `search_many` of one."""
-        return self.search_many([query], [k], hop_slots=hop_slots)[0]
+        similarity to `query`.
 
-    def search_many(self, queries: Sequence[str], ks: Sequence[int], *, hop_slots: int = 0) -> list[list[SearchHit]]:
-        """`search(queries[i], ks[i], hop_slots=hop_slots)` for every i, batched: the queries are embedded in one
-        call and searched together (one FAISS search per distinct k), and so are the hop's follow-up queries of all
-        of them. Each query gets the hits it gets alone (batching changes only how the work is grouped)."""
+        Then the neighbour expansion (`self.retrieval`, the manifest's unless `use_retrieval` or `open(neighbours=)`
+        chose another; `neighbours` overrides it for this call, `KIND:SLOTS`): the hits' next / previous chunks of
+        their documents take up to that many of the k places (`chunk_context.expand_with_neighbours`), each with
+        `neighbour_of` set and its similarity to `query` as its score. One query is `search_many` of one."""
+        return self.search_many([query], [k], hop_slots=hop_slots, neighbours=neighbours)[0]
+
+    def search_many(self, queries: Sequence[str], ks: Sequence[int], *, hop_slots: int = 0,
+                    neighbours: str | None = None) -> list[list[SearchHit]]:
+        """`search(queries[i], ks[i], hop_slots=hop_slots, neighbours=neighbours)` for every i, batched: the queries
+        are embedded in one call and searched together (one FAISS search per distinct k), and so are the hop's
+        follow-up queries of all of them. Each query gets the hits it gets alone (batching changes only how the
+        work is grouped)."""
+        settings = self.retrieval.with_neighbours(neighbours)
+        found, query_vectors = self._search_many(queries, ks, hop_slots)
+        if settings.neighbours == "none" or not queries:
+            return found
+        return [self._scored_against(expand_with_neighbours(hits, min(k, len(self.vectors)), settings,
+                                                            self.docstore.chunks_at, _neighbour_hit), vector)
+                for hits, k, vector in zip(found, ks, query_vectors)]
+
+    def _search_many(self, queries: Sequence[str], ks: Sequence[int],
+                     hop_slots: int) -> tuple[list[list[SearchHit]], np.ndarray]:
+        """`search_many` before the neighbour expansion, and the queries' vectors ([n, d])."""
         if hop_slots < 0:
             raise ValueError("hop_slots must be >= 0")
         if len(ks) != len(queries):
@@ -529,7 +585,7 @@ class CorpusIndex:
                 raise ValueError(f"k must be positive, got {k}")
         capped = [min(k, len(self.vectors)) for k in ks]
         if not queries or max(capped) == 0:
-            return [[] for _ in queries]
+            return [[] for _ in queries], np.zeros((len(queries), self.manifest.embedder.dimension), np.float32)
         query_vectors = self.embedder.embed(list(queries))
         direct = self._search_vectors(query_vectors, capped)
         hopping = [number for number, k in enumerate(capped) if 0 < hop_slots < k and direct[number]]
@@ -540,7 +596,7 @@ class CorpusIndex:
         }
         hopping = [number for number in hopping if candidates[number]]
         if not hopping:
-            return direct
+            return direct, query_vectors
         follow_vectors = self.embedder.embed([follow for number in hopping for _, follow in candidates[number]])
         follows: dict[int, list[tuple[str, np.ndarray]]] = {}
         offset = 0
@@ -560,17 +616,19 @@ class CorpusIndex:
             merged = merge_hop_hits(direct[number], hops[number], capped[number], hop_slots,
                                     key=lambda hit: hit.chunk.vector_id)
             results[number] = self._scored_against(merged, query_vectors[number])
-        return results
+        return results, query_vectors
 
     def _scored_against(self, hits: list[SearchHit], query_vector: np.ndarray) -> list[SearchHit]:
-        """`hits` with each hop hit's `score` made its cosine similarity to the question ([d] `query_vector`)."""
-        hop_ids = [hit.chunk.vector_id for hit in hits if hit.hop_query is not None]
-        if not hop_ids:
+        """`hits` with each hop or neighbour hit's `score` made its cosine similarity to the question ([d]
+        `query_vector`)."""
+        found = lambda hit: hit.hop_query is not None or hit.neighbour_of is not None  # noqa: E731
+        other_ids = [hit.chunk.vector_id for hit in hits if found(hit)]
+        if not other_ids:
             return hits
-        similarity = dict(zip(hop_ids, (self.docstore.embeddings(hop_ids) @ query_vector).tolist()))
+        similarity = dict(zip(other_ids, (self.docstore.embeddings(other_ids) @ query_vector).tolist()))
         return [
-            hit if hit.hop_query is None else SearchHit(float(similarity[hit.chunk.vector_id]), hit.chunk,
-                                                        hit.hop_query, hit.hop_score)
+            hit if not found(hit) else SearchHit(float(similarity[hit.chunk.vector_id]), hit.chunk,
+                                                 hit.hop_query, hit.hop_score, hit.neighbour_of)
             for hit in hits
         ]
 

@@ -208,6 +208,20 @@ class DocStore:
         rows = self._fetch_by_ids(query, ids, whole_row=True)
         return [self._stored_chunk(rows[i]) for i in ids if i in rows]
 
+    @_sqlite_errors
+    def chunks_at(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredChunk]:
+        """The chunks at (doc_id, position) `keys` that the docstore holds (a document's neighbours, for
+        `chunk_context.expand_with_neighbours`); absent keys are left out."""
+        found: dict[tuple[str, int], StoredChunk] = {}
+        for start in range(0, len(keys), 250):
+            batch = keys[start : start + 250]
+            where = " OR ".join(["(c.doc_id = ? AND c.position = ?)"] * len(batch))
+            arguments = [value for key in batch for value in key]
+            for row in self._db.execute(self._chunk_select + f" WHERE {where}", arguments):
+                chunk = self._stored_chunk(row)
+                found[(chunk.doc_id, chunk.position)] = chunk
+        return found
+
     def iter_chunks(self) -> Iterator[StoredChunk]:
         """Every chunk, by document then position."""
         try:

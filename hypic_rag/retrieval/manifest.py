@@ -9,7 +9,8 @@ precompute's `--cache-format`, kept until precompute rebuilds the cache in anoth
 float32), counts, the recompute policy `ask` and `serve` use for it (`recompute_policy`: set by `hypic-rag
 calibrate`; absent: the fixed seam), the cache format calibration recommends (`cache_format_choice`) and, for an
 index of the bundled demo model, how its chunks fit that model's synthetic world (`bundled_model_fit`,
-`hypic_rag.demo.world`). Opening an index with another embedder, model, tokenizer, chunker setting or prompt format
+`hypic_rag.demo.world`), and how it embeds and expands chunks (`retrieval`: `chunk_context.RetrievalSettings`;
+absent in older manifests: the chunk's text alone, no expansion). Opening an index with another embedder, model, tokenizer, chunker setting or prompt format
 is refused with an `IndexMismatchError` that names the difference.
 
 A manifest written before the whole format was recorded holds only `chunk_template`: it reads as that template
@@ -31,6 +32,7 @@ from hypic_rag.demo.world import CorpusFit
 from hypic_rag.entry.schema import check_seam_tokens
 from hypic_rag.entry.compression import DEFAULT_CACHE_FORMAT, cache_format
 from hypic_rag.prompting.layout import DEFAULT_PROMPT_FORMAT, PromptFormat
+from hypic_rag.retrieval.chunk_context import LEGACY_RETRIEVAL, RetrievalSettings
 from hypic_rag.retrieval.embeddings import EmbedderIdentity
 from hypic_rag.retrieval.errors import IndexCorruptError, IndexMismatchError, IndexNotFoundError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
@@ -93,6 +95,9 @@ class IndexManifest:
     bundled_model_fit: dict[str, Any] | None = None
     """How the chunks fit the bundled demo model's world (`hypic_rag.demo.world.CorpusFit.to_dict()`), measured by
     precompute for an index of the bundled model; None for any other model (and in older manifests)."""
+    retrieval: dict[str, Any] | None = None
+    """How chunks were embedded and hits are expanded (`RetrievalSettings.to_dict()`); None in a manifest written
+    before it was recorded (`LEGACY_RETRIEVAL`)."""
 
     def __post_init__(self) -> None:
         check_seam_tokens(self.seam_tokens)
@@ -107,6 +112,10 @@ class IndexManifest:
             if not isinstance(self.recompute_policy, dict) or not isinstance(self.recompute_policy.get("policy"), str):
                 raise ValueError(f"recompute_policy must be an object with a policy spec, got {self.recompute_policy!r}")
             RecomputePolicy.parse(self.recompute_policy["policy"])  # a bad spec: ValueError (IndexCorruptError on load)
+        if self.retrieval is not None:
+            if not isinstance(self.retrieval, dict):
+                raise ValueError(f"retrieval must be an object, got {self.retrieval!r}")
+            RetrievalSettings.from_dict(self.retrieval)  # unknown kinds: ValueError (IndexCorruptError on load)
         if self.format_version != MANIFEST_FORMAT_VERSION:
             raise IndexMismatchError(
                 f"index format version {self.format_version} is not supported (expected {MANIFEST_FORMAT_VERSION})"
@@ -116,6 +125,12 @@ class IndexManifest:
     def recompute_policy_spec(self) -> str | None:
         """The recompute policy recorded for this index (`hypic-rag calibrate`), or None (the fixed seam)."""
         return None if self.recompute_policy is None else str(self.recompute_policy["policy"])
+
+    @property
+    def retrieval_settings(self) -> RetrievalSettings:
+        """How this index's chunks were embedded and its hits are expanded by default (`LEGACY_RETRIEVAL` for an
+        index built before this was recorded)."""
+        return LEGACY_RETRIEVAL if self.retrieval is None else RetrievalSettings.from_dict(self.retrieval)
 
     @property
     def corpus_fit(self) -> CorpusFit | None:
@@ -217,6 +232,16 @@ class IndexManifest:
             )
         return self.cache_format
 
+    def check_embedding_context(self, settings: RetrievalSettings) -> None:
+        """Refuse `settings` whose embedding context is not the one this index's vectors were made with (its
+        neighbour expansion may differ: that is chosen per query)."""
+        built = self.retrieval_settings.embedding_context
+        if settings.embedding_context != built:
+            raise IndexMismatchError(
+                f"index embedded its chunks with embedding context {built!r}, not {settings.embedding_context!r}; "
+                f"pass --embedding-context {built} (or leave it out) or use a new index directory"
+            )
+
     def check_vector_index(self, config: VectorIndexConfig) -> None:
         if config.kind != self.vector_index.kind:
             raise IndexMismatchError(
@@ -251,6 +276,7 @@ class IndexManifest:
             cache_format=str(data.get("cache_format", DEFAULT_CACHE_FORMAT)),
             cache_format_choice=data.get("cache_format_choice"),
             bundled_model_fit=data.get("bundled_model_fit"),
+            retrieval=data.get("retrieval"),
         )
 
     def save(self, index_dir: Path) -> None:

@@ -173,6 +173,8 @@ class ServiceBackend:
             session.close()
             raise
         try:
+            if config.neighbours is not None:
+                index.use_retrieval(index.retrieval.with_neighbours(config.neighbours))
             pipeline = RagPipeline(index, session, hop_slots=config.hop_slots,
                                    max_question_chars=config.max_question_chars)
         except BaseException:

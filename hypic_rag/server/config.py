@@ -88,6 +88,7 @@ class ServerConfig:
     max_new_tokens: int = 1_024
     max_top_k: int = 64
     hop_slots: int = 2
+    neighbours: str | None = None
     retrieval_batch: int = 4
     prefill_wait_s: float = 0.05
     max_documents: int = 1_000

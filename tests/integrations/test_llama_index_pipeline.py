@@ -29,7 +29,7 @@ from hypic_rag.integrations.llama_index import (  # noqa: E402
     HypicLLM,
     HypicQueryEngine,
 )
-from hypic_rag.integrations.llama_index.layout import node_follows  # noqa: E402
+from hypic_rag.integrations.llama_index.layout import document_order, node_follows  # noqa: E402
 from hypic_rag.runtime.recompute_policy import as_policy  # noqa: E402
 from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS  # noqa: E402
 
@@ -231,6 +231,40 @@ def test_a_chained_policy_reads_chained_entries_through_llama_index(tmp_path: Pa
         chained_llm.runtime.close()
     assert first["cache_misses"] == len(nodes) - 1  # the chained entries of nodes 2..n, encoded and kept
     assert again["cache_misses"] == 0 and again["cache_hits"] == first["cache_hits"] + len(nodes) - 1
+
+
+def test_nodes_are_put_in_document_order_so_chained_entries_are_read(tmp_path: Path, tiny_model: Path) -> None:
+    """A vector retriever returns one document's nodes by similarity, not as written: the synthesizer puts them
+    back in document order (`layout.document_order`: start_char_idx, else PREVIOUS / NEXT), so each node after the
+    first follows its antecedent and a chained policy reads chained entries (n - 1 chained misses after the anchored
+    entries are cached; in LlamaIndex's order most nodes would not follow the node before them)."""
+    chained_llm = HypicLLM(model_path=str(tiny_model), cache_dir=str(tmp_path / "cache"), seam_tokens=SEAM,
+                           device="cpu", max_new_tokens=2)
+    try:
+        splitter = SentenceSplitter(chunk_size=48, chunk_overlap=0, tokenizer=chained_llm.runtime.tokenize)
+        first_document = Document(text=" ".join(SMALL_CORPUS.values()), id_="corpus.md")
+        nodes = splitter.get_nodes_from_documents([first_document])
+        other = splitter.get_nodes_from_documents([Document(text="The ferry leaves at noon.", id_="ferry.md")])
+        assert len(nodes) >= 3 and all(node.start_char_idx is not None for node in nodes)
+        shuffled = [nodes[2], other[0], nodes[0], *nodes[3:], nodes[1]]
+        assert [node.node_id for node in document_order(shuffled)] == [node.node_id for node in [*nodes, other[0]]]
+        for node in nodes:  # without character offsets the PREVIOUS / NEXT relationships give the same order
+            node.start_char_idx = None
+        assert [node.node_id for node in document_order(shuffled)] == [node.node_id for node in [*nodes, other[0]]]
+
+        retriever = VectorStoreIndex(nodes, embed_model=HypicEmbedding()).as_retriever(similarity_top_k=len(nodes))
+        retrieved = [item.node.node_id for item in retriever.retrieve("Who grows lavender?")]
+        assert retrieved != [node.node_id for node in nodes]  # LlamaIndex's order is not the document's
+        assert node_follows([item.node for item in retriever.retrieve("Who grows lavender?")]).count(True) < len(nodes) - 1
+        engine = chained_llm.runtime.engine
+        query = HypicQueryEngine(retriever=retriever, llm=chained_llm)
+        engine.recompute_policy = as_policy("seam+anchored")
+        query.query("Who grows lavender?")  # every node's anchored entry is now cached
+        engine.recompute_policy = as_policy("seam+chained")
+        usage = query.query("Who grows lavender?").metadata["usage"]
+    finally:
+        chained_llm.runtime.close()
+    assert usage["cache_misses"] == len(nodes) - 1  # every node after the first read its chained entry
 
 
 def test_query_engine_uses_settings_llm_by_default(index: VectorStoreIndex, llm: HypicLLM) -> None:

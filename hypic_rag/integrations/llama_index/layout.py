@@ -17,6 +17,7 @@ lays out messages, one piece per message. The default template reproduces hypic-
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from llama_index.core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate, SelectorPromptTemplate
 from llama_index.core.prompts.prompt_type import PromptType
@@ -28,8 +29,8 @@ from hypic_rag.prompting.layout import PromptFormat, tokenize_query
 from hypic_rag.runtime.request import Request
 from hypic_rag.pipeline.session import ModelSession
 
-__all__ = ["check_template", "default_qa_template", "node_follows", "prompt_text", "segmented_request",
-           "template_pieces"]
+__all__ = ["check_template", "default_qa_template", "document_order", "node_follows", "prompt_text",
+           "segmented_request", "template_pieces"]
 
 CONTEXT = "context_str"
 QUERY = "query_str"
@@ -125,6 +126,47 @@ def segmented_request(
     chunk_follows = [flag for _, flag in kept]
     return Request(prefix_ids=prefix, chunk_ids=[ids for ids, _ in kept], question_ids=question,
                    answer_lead=answer_lead, chunk_follows=chunk_follows if any(chunk_follows) else [])
+
+
+def document_order(nodes: Sequence[Any]) -> list[Any]:
+    """The nodes (`NodeWithScore`s or nodes) as the prompt lays them out, the rule of the pipeline's `prompt_order`:
+    the nodes of one source document (`ref_doc_id`, LlamaIndex's SOURCE relationship; a node without one is its
+    own document) together, in document order, at the place of that document's first node; documents keep the
+    order given. Document order is the nodes' `start_char_idx` when every node of the document has one, else their
+    PREVIOUS / NEXT relationships (a node after the node its PREVIOUS names, chains kept in the order their first
+    nodes came), else the order given."""
+    groups: dict[str, list[Any]] = {}
+    for item in nodes:
+        node = getattr(item, "node", item)
+        groups.setdefault(node.ref_doc_id or node.node_id, []).append(item)
+    return [item for group in groups.values() for item in _in_document_order(group)]
+
+
+def _in_document_order(group: list[Any]) -> list[Any]:
+    """One document's nodes in document order (see `document_order`)."""
+    nodes = [getattr(item, "node", item) for item in group]
+    if len(group) < 2:
+        return group
+    if all(node.start_char_idx is not None for node in nodes):
+        return [item for _, item in sorted(zip(nodes, group), key=lambda pair: pair[0].start_char_idx)]
+    by_id = {node.node_id: item for node, item in zip(nodes, group)}
+    has_previous = {node.node_id for node in nodes if node.prev_node is not None and node.prev_node.node_id in by_id}
+    ordered: list[Any] = []
+    placed: set[str] = set()
+    for node in nodes:  # each chain from its head, following NEXT (or the PREVIOUS of a later node)
+        if node.node_id in has_previous or node.node_id in placed:
+            continue
+        current: BaseNode | None = node
+        while current is not None and current.node_id not in placed:
+            placed.add(current.node_id)
+            ordered.append(by_id[current.node_id])
+            following = [other for other in nodes if other.prev_node is not None
+                         and other.prev_node.node_id == current.node_id and other.node_id not in placed]
+            if not following and current.next_node is not None and current.next_node.node_id in by_id:
+                following = [getattr(by_id[current.next_node.node_id], "node", by_id[current.next_node.node_id])]
+            current = following[0] if following else None
+    ordered.extend(item for node, item in zip(nodes, group) if node.node_id not in placed)  # a cycle: as given
+    return ordered
 
 
 def node_follows(nodes: Sequence[BaseNode]) -> list[bool]:

@@ -40,6 +40,7 @@ from hypic_rag.integrations.llama_index.events import completion_events, complet
 from hypic_rag.integrations.llama_index.layout import (
     check_template,
     default_qa_template,
+    document_order,
     node_follows,
     prompt_text,
     segmented_request,
@@ -218,11 +219,13 @@ class HypicSynthesizer(BaseSynthesizer):
     def _calls(self, query_str: str, nodes: Sequence[NodeWithScore]) -> list[_Call]:
         """The model calls the response mode makes over these nodes."""
         head, tail = template_pieces(self._text_qa_template, query_str)
-        chunks = [self.llm.runtime.prompt_format.chunk(text) for text in self._texts(nodes)]
         if self._response_mode == "no_text":
             return []
         if self._response_mode == "accumulate":
+            chunks = [self.llm.runtime.prompt_format.chunk(text) for text in self._texts(nodes)]
             return [_Call(head, [chunk], tail, [False]) for chunk in chunks]
+        nodes = document_order(nodes)  # a document's nodes together, as written (the pipeline's `prompt_order`)
+        chunks = [self.llm.runtime.prompt_format.chunk(text) for text in self._texts(nodes)]
         return [_Call(head, chunks, tail, node_follows([item.node for item in nodes]))]
 
     def _request(self, call: _Call) -> Request:
