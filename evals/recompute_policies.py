@@ -293,6 +293,113 @@ def anchored_bytes_per_chunk(engine: Any, request: Any, seam: int, policy: Any =
     return sum(extra) / max(1, len(extra))
 
 
+INDEX_KINDS = {"plain": "seam", "anchored": "seam+anchored", "chained": "seam+chained"}
+"""The kinds of precomputed index a policy needs, each with the policy whose entries `precompute` encodes for it: a
+plain index (every chunk's entry), an anchored one (every chunk's anchored entry) and a chained one (the anchored
+entries and the chained entry of every chunk that follows its document's previous chunk)."""
+
+
+def index_kind(policy: Any) -> str | None:
+    """The `INDEX_KINDS` kind a variant's runtime policy reads from (None: a mode or a study rule)."""
+    if not hasattr(policy, "anchored"):
+        return None
+    return "chained" if policy.chained else ("anchored" if policy.anchored else "plain")
+
+
+def stored_entries(cache_dir: Path) -> dict[bytes, int]:
+    """Every entry a segment cache directory's LMDB store holds: key -> bytes of its stored value (each value read,
+    not its bookkeeping record)."""
+    from hypic_rag.cache.lmdb_store import LmdbSegmentStore
+
+    store = LmdbSegmentStore.open(cache_dir, readonly=True)
+    try:
+        keys = list(store.keys())
+        return {bytes(key): len(value) for key, value in zip(keys, store.batched_get(keys, touch=False))
+                if value is not None}
+    finally:
+        store.close()
+
+
+def index_bytes(model_path: Path, documents_dir: Path, work_dir: Path, *, chunk_tokens: int, seam_tokens: int = 8,
+                kinds: dict[str, str] = INDEX_KINDS) -> dict[str, Any]:
+    """What a precomputed index of `documents_dir` stores per chunk for each index kind (`kinds`: kind -> the policy
+    whose entries are encoded): each built by `precompute` (`build_index(..., recompute_policy=...)`) in `work_dir`,
+    its entries then counted in its LMDB store (`stored_entries`; the prompt prefix's entry included). Per kind:
+    chunks, entries, stored bytes, bytes per chunk, the ratio to the plain index's, the encoding seconds and
+    tokens; for the chained index also the entries and bytes beyond the anchored index's (its chained entries)."""
+    from hypic_rag.pipeline.precompute import build_index
+
+    rows: dict[str, dict[str, Any]] = {}
+    held: dict[str, dict[bytes, int]] = {}
+    for kind, policy in kinds.items():
+        summary = build_index(documents_dir, work_dir / f"index-{kind}", model=model_path, chunk_tokens=chunk_tokens,
+                              seam_tokens=seam_tokens, recompute_policy=policy, device="cpu", show_progress=False)
+        held[kind] = stored_entries(Path(summary.cache_dir))
+        stored = sum(held[kind].values())
+        rows[kind] = {"policy": policy, "documents": summary.documents, "chunks": summary.chunks,
+                      "entries": len(held[kind]), "stored_bytes": stored, "bytes_per_chunk": stored / summary.chunks,
+                      "planned_bytes": summary.cache_bytes, "encode_seconds": summary.encode.seconds,
+                      "encoded_tokens": summary.encode.tokens_encoded}
+    for row in rows.values():
+        row["x_plain"] = row["stored_bytes"] / rows["plain"]["stored_bytes"] if "plain" in rows else float("nan")
+    if "chained" in held and "anchored" in held:
+        beyond = {key: size for key, size in held["chained"].items() if key not in held["anchored"]}
+        rows["chained"]["chained_entries"] = len(beyond)
+        rows["chained"]["chained_bytes"] = sum(beyond.values())
+        rows["chained"]["x_anchored"] = rows["chained"]["stored_bytes"] / rows["anchored"]["stored_bytes"]
+    return {"chunk_tokens": chunk_tokens, "seam_tokens": seam_tokens, "kinds": rows}
+
+
+def cross_chunk_index_bytes(model_path: Path, seed: int, seam_tokens: int = 8) -> dict[str, Any]:
+    """`index_bytes` of cross-chunk world `seed`'s documents at the test bed's chunk size, checked to be cut into the
+    test bed's chunks (`cross_chunk_chunker`)."""
+    import tempfile
+
+    from hypic_rag.retrieval.corpus_index import DOCSTORE_FILE
+    from training.data.cross_chunk_qa import CROSS_CHUNK_TOKENS, generate_cross_chunk_world, write_cross_chunk_corpus
+
+    with tempfile.TemporaryDirectory() as scratch:
+        documents_dir = write_cross_chunk_corpus(generate_cross_chunk_world(seed), [], Path(scratch) / "world")
+        result = index_bytes(model_path, documents_dir, Path(scratch), chunk_tokens=CROSS_CHUNK_TOKENS,
+                             seam_tokens=seam_tokens)
+        result["seed"] = seed
+        result["chunks_per_document"] = _chunks_per_document(Path(scratch) / "index-plain" / DOCSTORE_FILE)
+    return result
+
+
+def _chunks_per_document(path: Path) -> dict[int, int]:
+    """How many documents of the docstore at `path` have 1, 2, ... chunks."""
+    from collections import Counter
+
+    from hypic_rag.retrieval.docstore import DocStore
+
+    docstore = DocStore(path)
+    try:
+        per_document = Counter(chunk.doc_id for chunk in docstore.iter_chunks())
+    finally:
+        docstore.close()
+    return dict(sorted(Counter(per_document.values()).items()))
+
+
+def index_bytes_markdown(measured: dict[str, Any]) -> str:
+    """The index bytes per chunk of each index kind (`index_bytes`)."""
+    kinds = measured["kinds"]
+    lines = [f"Index bytes per chunk (`precompute` of world {measured.get('seed', '?')}'s documents at "
+             f"{measured['chunk_tokens']}-token chunks, seam {measured['seam_tokens']}; counted from the entries in "
+             "the index's LMDB store, the prompt prefix's entry included):", "",
+             "| index | policy it is built for | chunks | entries | bytes / chunk | x plain | encoding (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for kind, row in kinds.items():
+        lines.append(f"| {kind} | `{row['policy']}` | {row['chunks']} | {row['entries']} | "
+                     f"{row['bytes_per_chunk'] / 1024:.1f} KiB | {row['x_plain']:.2f} | {row['encode_seconds']:.1f} |")
+    chained = kinds.get("chained", {})
+    if "chained_entries" in chained:
+        lines += ["", f"The chained index holds the anchored index's entries and {chained['chained_entries']} chained "
+                      f"ones ({chained['chained_bytes'] / max(1, chained['chained_entries']) / 1024:.1f} KiB each): "
+                      f"{chained['x_anchored']:.2f}x the anchored index's bytes."]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(slots=True)
 class Tally:
     """What one variant accumulates over the cases."""
@@ -602,6 +709,7 @@ def worlds_markdown(report: dict[str, Any]) -> str:
     """The multi-world report: the mean table (one line per variant, by recomputed tokens), EM - full per world,
     then each world's own table."""
     worlds = report["worlds"]
+    index = (report.get("index_bytes") or {}).get("kinds")
     summary = sorted(report["summary"].values(), key=lambda row: (row["recomputed_tokens"], -row["exact_match"]))
     seeds = [world["seed"] for world in worlds]
     lines = [
@@ -612,8 +720,8 @@ def worlds_markdown(report: dict[str, Any]) -> str:
         "**Mean over the worlds**",
         "",
         "| variant | recomputed tokens / request | x seam@8 | EM | EM - full: mean [pooled 95% paired] | worst world "
-        "| agreement with full | KL(full ‖ variant) | cost |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| agreement with full | KL(full ‖ variant) | cost |" + (" index bytes / chunk |" if index else ""),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if index else ""),
     ]
     for row in summary:
         low, high = row["em_minus_full_ci95_pooled"]
@@ -621,7 +729,8 @@ def worlds_markdown(report: dict[str, Any]) -> str:
             f"| {row['variant']} | {row['recomputed_tokens']:.1f} | {row['x_reference']:.2f} | "
             f"{100 * row['exact_match']:.1f}% | {100 * row['em_minus_full_mean']:+.1f} [{100 * low:+.1f}, "
             f"{100 * high:+.1f}] | {100 * row['em_minus_full_worst']:+.1f} | {100 * row['agreement']:.1f}% | "
-            f"{row['kl']:.4f} | {_cost(row)} |")
+            f"{row['kl']:.4f} | {_cost(row)} |"
+            + (f" {_index_cell(index, row, report['seam_tokens'])} |" if index else ""))
     lines += ["", "**EM - full (points) per world** (`full`'s EM in the header)", "",
               "| variant | " + " | ".join(f"{seed} ({100 * world['rows']['full']['exact_match']:.1f}%)"
                                         for seed, world in zip(seeds, worlds)) + " |",
@@ -641,6 +750,15 @@ def worlds_markdown(report: dict[str, Any]) -> str:
     for world in worlds:
         lines += ["", f"**World {world['seed']}**", "", markdown_table(world)]
     return "\n".join(lines) + "\n"
+
+
+def _index_cell(index: dict[str, Any], row: dict[str, Any], seam_tokens: int) -> str:
+    """The bytes per chunk of the index a summary row's policy reads from (`index_bytes`), and its ratio to a plain
+    index's; empty for a mode or a study rule."""
+    kind = index_kind(parse_variant(row["variant"], seam_tokens).policy)
+    if kind is None or kind not in index:
+        return ""
+    return f"{index[kind]['bytes_per_chunk'] / 1024:.0f} KiB ({index[kind]['x_plain']:.2f}x, {kind})"
 
 
 def plot_worlds(report: dict[str, Any], path: Path) -> None:
@@ -718,6 +836,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", default="", help="KL targets (comma-separated): calibrate on --calibration-"
                         "questions of worlds --calibration-seed with `hypic_rag.calibration.policy`, record the choice")
     parser.add_argument("--calibration-questions", type=int, default=50)
+    parser.add_argument("--max-recompute", type=float, default=None, help="calibration chooses only among the "
+                        "candidates recomputing at most X times the fixed seam's tokens per request (default: all)")
     parser.add_argument("--candidates", default="", help="calibration candidates, comma-separated specs (default: "
                         "`hypic_rag.runtime.recompute_policy.calibration_candidates`)")
     parser.add_argument("--calibration-seed", type=int, default=None, help="default: the test bed's calibration seed")
@@ -730,6 +850,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recount-bytes", action="store_true", help="correct the bytes per chunk of the anchored "
                         "and chained rows of the report at --out in place (cases retrieved again, nothing rerun), "
                         "and rewrite --markdown from it")
+    parser.add_argument("--index-bytes", action="store_true", help="precompute a plain, an anchored and a chained "
+                        "index of the first world's documents (cross-chunk test bed), count the bytes per chunk their "
+                        "LMDB stores hold, add them to the report at --out (kept otherwise) and rewrite --markdown")
     parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out: its worlds and its "
                         "calibration are kept, only the worlds it lacks are evaluated (same model, questions, k)")
     args = parser.parse_args(argv)
@@ -753,10 +876,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.recount_bytes:
         if args.out is None:
             parser.error("--recount-bytes corrects the report at --out: give --out")
-        recounted = recount_bytes(args.out, engine)
-        text = worlds_markdown(recounted) if "worlds" in recounted else markdown_table(recounted)
-        if recounted.get("calibration"):
-            text += "\n" + calibration_markdown(recounted["calibration"])
+        text = report_markdown(recount_bytes(args.out, engine))
+        if args.markdown:
+            args.markdown.write_text(text)
+        print(text)
+        return 0
+    if args.index_bytes:
+        if not cross_chunk or args.out is None:
+            parser.error("--index-bytes measures the cross-chunk test bed's index into the report at --out: give "
+                         "--test-bed cross-chunk and --out")
+        report = json.loads(args.out.read_text()) if args.out.exists() else {}
+        report["index_bytes"] = cross_chunk_index_bytes(args.model, worlds[0], args.seam_tokens)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        text = report_markdown(report)
         if args.markdown:
             args.markdown.write_text(text)
         print(text)
@@ -803,7 +936,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # after every world: a long run stopped early keeps what it measured
             _write_report(args.out, header, world_reports, calibration, started)
     report = _write_report(args.out, header, world_reports, calibration, started)
-    text = markdown_table(world_reports[0]) if len(world_reports) == 1 else worlds_markdown(report)
+    text = report_markdown(report)
     if args.markdown:
         args.markdown.write_text(text)
     if args.plot:
@@ -811,6 +944,21 @@ def main(argv: list[str] | None = None) -> int:
                                                             args.plot)
     print(text)
     return 0
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    """The markdown of a report: its worlds' tables (one world's, or the multi-world one), its calibration and its
+    index bytes, whichever it holds."""
+    parts = []
+    if "worlds" in report:
+        parts.append(worlds_markdown(report))
+    elif "rows" in report:
+        parts.append(markdown_table(report))
+    if report.get("calibration"):
+        parts.append(calibration_markdown(report["calibration"]))
+    if report.get("index_bytes"):
+        parts.append(index_bytes_markdown(report["index_bytes"]))
+    return "\n".join(parts)
 
 
 def _write_report(path: Path | None, header: dict[str, Any], worlds: list[dict[str, Any]],
@@ -823,6 +971,10 @@ def _write_report(path: Path | None, header: dict[str, Any], worlds: list[dict[s
         report = {**header, "worlds": worlds, "summary": summarize_worlds(worlds)}
     if calibration is not None:
         report["calibration"] = calibration
+    if path is not None and path.exists():  # measured apart (--index-bytes): kept
+        measured = json.loads(path.read_text()).get("index_bytes")
+        if measured is not None:
+            report["index_bytes"] = measured
     report["seconds"] = round(time.perf_counter() - started, 1)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -874,8 +1026,11 @@ def resumed_report(path: Path | None, header: dict[str, Any]) -> tuple[dict[str,
 def calibration_markdown(calibration: dict[str, Any]) -> str:
     """The candidates' calibration scores (cheapest first) and the choice per KL target."""
     choices = calibration["choices"]
+    cap = calibration.get("max_recompute")
     lines = [f"Calibration on {calibration['questions']} questions of worlds {calibration['seed']}+ "
-             "(the runtime's `calibrate`, requests ranked as the pipeline ranks).", "",
+             "(the runtime's `calibrate`, requests ranked as the pipeline ranks)"
+             + (f", choosing among the candidates recomputing at most {cap:g}x the fixed seam's tokens "
+                f"({choices[0]['token_cap']:.1f} per request)" if cap is not None and choices else "") + ".", "",
              "| candidate | recomputed tokens / request | mean KL | max KL | top-1 agreement |",
              "| --- | --- | --- | --- | --- |"]
     for candidate in choices[0]["candidates"] if choices else []:
@@ -905,12 +1060,13 @@ def calibrate_on_worlds(engine: Any, args: argparse.Namespace, stop: str) -> dic
     measured = None
     candidates = [spec.strip() for spec in args.candidates.split(",") if spec.strip()] or None
     for target in targets:
-        result = calibrate(engine, requests, candidates, target, measured=measured)
+        result = calibrate(engine, requests, candidates, target, measured=measured, max_recompute=args.max_recompute)
         measured = result.candidates
         spec = result.chosen.resolved(args.seam_tokens).spec if result.chosen.kind == "seam" else result.chosen.spec
         choices.append({"kl_target": target, "chosen": spec if result.chosen.kind == "seam" else f"{spec}|alternate",
                         **result.to_dict()})
-    return {"questions": len(cases), "seed": args.calibration_seed, "choices": choices}
+    return {"questions": len(cases), "seed": args.calibration_seed, "max_recompute": args.max_recompute,
+            "choices": choices}
 
 
 if __name__ == "__main__":

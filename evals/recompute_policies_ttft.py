@@ -4,7 +4,8 @@ The random `hypic_rag.bench` timing model (`medium`: 174M parameters, 16 layers)
 drawn from a pool, a 32-token prefix, a 24-token question, warm cache: every entry a variant reads encoded
 beforehand, as precompute would), at the shapes `--shapes` (k x chunk tokens; the issue's 8 x 256 and 16 x 512, and
 the test bed's 8 x 34). For each variant: the median TTFT (prefill + choosing the token, probe passes included) over
-the requests, its ratio to seam 8's, and the tokens recomputed. A variant is a runtime policy spec (`seam@8`,
+the requests, its ratio to seam 8's, the same for the process's CPU time (with `--threads 1` what a loaded machine
+distorts least), and the tokens recomputed. A variant is a runtime policy spec (`seam@8`,
 `budget:2`, `seam@0+anchored`, ...), a mode (`transition_rope`, `full`), or a model-signal rule of
 `evals/policy_signals.py` (`attention:N@W`: its probe pass is timed with it; `deviation:N@W`: its per-chunk
 statistic is computed beforehand, as ingestion would). The variants are timed side by side in one process (each
@@ -76,11 +77,11 @@ def measure(model: Any, top_k: int, chunk_tokens: int, variants: list[str], requ
         # chained policies read this (chunk 2m+1 follows chunk 2m)
         request.chunk_follows = [number % 2 == 1 for number in range(len(request.chunk_ids))]
 
-    def once(variant: str, request: Any) -> tuple[float, int]:
-        began = time.perf_counter()
+    def once(variant: str, request: Any) -> tuple[float, float, int]:
+        began, began_cpu = time.perf_counter(), time.process_time()
         logits, recomputed = functions[variant](request)
         int(torch.argmax(logits))
-        return time.perf_counter() - began, recomputed
+        return time.perf_counter() - began, time.process_time() - began_cpu, recomputed
 
     for variant in variants:  # untimed: every entry it reads encoded (precompute), the code paths warm
         for request in workload.warmup + workload.requests:
@@ -88,21 +89,26 @@ def measure(model: Any, top_k: int, chunk_tokens: int, variants: list[str], requ
     # timed side by side: each round runs every variant on every request, the variants' order rotated per round, so
     # a change in the machine's load falls on all of them alike; a request's time is its best round
     times = {variant: [float("inf")] * len(workload.requests) for variant in variants}
+    cpu_times = {variant: [float("inf")] * len(workload.requests) for variant in variants}
     recomputed = {variant: [0] * len(workload.requests) for variant in variants}
     for round_number in range(repeats):
         for number, request in enumerate(workload.requests):
             shift = (round_number + number) % len(variants)
             for variant in variants[shift:] + variants[:shift]:
-                seconds, tokens = once(variant, request)
+                seconds, cpu_seconds, tokens = once(variant, request)
                 times[variant][number] = min(times[variant][number], seconds)
+                cpu_times[variant][number] = min(cpu_times[variant][number], cpu_seconds)
                 recomputed[variant][number] = tokens
     rows: dict[str, dict[str, Any]] = {
         variant: {"ttft_median_s": statistics.median(times[variant]), "ttft_s": times[variant],
+                  "ttft_cpu_median_s": statistics.median(cpu_times[variant]), "ttft_cpu_s": cpu_times[variant],
                   "recomputed_tokens": sum(recomputed[variant]) / len(recomputed[variant])}
         for variant in variants}
     base = rows["seam@8"]["ttft_median_s"] if "seam@8" in rows else float("nan")
+    base_cpu = rows["seam@8"]["ttft_cpu_median_s"] if "seam@8" in rows else float("nan")
     for row in rows.values():
         row["x_seam8"] = row["ttft_median_s"] / base
+        row["x_seam8_cpu"] = row["ttft_cpu_median_s"] / base_cpu
     prompt = sum(request.prompt_tokens for request in workload.requests) / len(workload.requests)
     return {"chunk_tokens": chunk_tokens, "top_k": top_k, "requests": requests, "prompt_tokens": prompt, "rows": rows,
             "entry_bytes": entry_bytes(engine, workload.requests[0], seam=8)}
@@ -151,9 +157,13 @@ def markdown(result: dict[str, Any]) -> str:
     for case in result["cases"]:
         lines += [f"### k = {case['top_k']} x {case['chunk_tokens']}-token chunks, {case['requests']} requests "
                   f"(~{case['prompt_tokens']:.0f} prompt tokens)", "",
-                  "| variant | TTFT median (s) | x seam@8 | recomputed tokens |", "| --- | --- | --- | --- |"]
+                  "| variant | TTFT median (s) | x seam@8 | CPU time median (s) | x seam@8 (CPU) | recomputed tokens |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for name, row in case["rows"].items():
-            lines.append(f"| {name} | {row['ttft_median_s']:.3f} | {row['x_seam8']:.2f} | {row['recomputed_tokens']:.0f} |")
+            cpu = (f"{row['ttft_cpu_median_s']:.3f} | {row['x_seam8_cpu']:.2f}" if "ttft_cpu_median_s" in row
+                   else " | ")  # reports written before CPU time was measured
+            lines.append(f"| {name} | {row['ttft_median_s']:.3f} | {row['x_seam8']:.2f} | {cpu} | "
+                         f"{row['recomputed_tokens']:.0f} |")
         sizes = case.get("entry_bytes")
         if sizes:
             lines += ["", f"Entry bytes per chunk (seam {sizes['seam']}): plain {sizes['plain_bytes_per_chunk'] / 2**20:.2f} "

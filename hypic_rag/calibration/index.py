@@ -131,13 +131,16 @@ def calibration_requests(pipeline: Any, questions: Sequence[str], top_k: int) ->
 
 def calibrate_index(
     pipeline: Any, *, kl_target: float, questions: Sequence[str] | None = None, requests: int = 32, top_k: int = 8,
-    candidates: Sequence[RecomputePolicy | str] | None = None, on_progress: Callable[[int, int], None] | None = None,
+    candidates: Sequence[RecomputePolicy | str] | None = None, max_recompute: float | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
     """Calibrate `candidates` (None: the registered policies' own, `recompute_policy.calibration_candidates`) on
-    `questions` (None: `requests` probes of the index) at `top_k`; returns the calibration and the
-    record to keep in the manifest (the calibration, how many requests, their source, top_k, when)."""
+    `questions` (None: `requests` probes of the index) at `top_k`, choosing among those recomputing at most
+    `max_recompute` times the fixed seam's tokens (None: all); returns the calibration and the record to keep in the
+    manifest (the calibration, how many requests, their source, top_k, when)."""
     built, source = _requests_of(pipeline, questions, requests, top_k)
-    result = calibrate(pipeline.engine, built, candidates, kl_target, on_progress=on_progress)
+    result = calibrate(pipeline.engine, built, candidates, kl_target, max_recompute=max_recompute,
+                       on_progress=on_progress)
     record = {**result.to_dict(), "requests": len(built), "source": source, "top_k": top_k,
               "seam_tokens": pipeline.session.seam_tokens, "calibrated_at": time.time()}
     return result, record

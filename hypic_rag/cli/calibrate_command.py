@@ -4,7 +4,9 @@ record them.
 Builds calibration requests as `ask` does (questions from `--questions FILE`, else probes made from the index's
 own chunks), scores each candidate recompute policy against `full` by the mean KL divergence of the next-token
 distribution, and records the one recomputing fewest tokens whose mean KL is at most `--kl-target` in the index
-manifest; `ask` and `serve` then use it unless given `--recompute-policy`. Prints a table of the candidates (or
+manifest (`--max-recompute X`: only among the candidates recomputing at most X times the fixed seam's tokens per
+request); `ask` and `serve` then use it unless given `--recompute-policy`; `hypic-rag precompute` run again encodes
+the entries it reads. Prints a table of the candidates (or
 `--json`). Then, on the same requests under the chosen policy, it scores each cache format (`--cache-format`, a
 comma-separated list; default: every format) by the mean KL of the next-token distribution between float32 entries
 and entries in that format, and records the smallest format whose mean KL is at most `--format-kl-target` as the
@@ -36,7 +38,7 @@ from hypic_rag.cli.common import (
     number_in,
     recompute_policy_spec,
 )
-from hypic_rag.utils.limits import HOP_SLOTS, TOP_K, NumberRange
+from hypic_rag.utils.limits import HOP_SLOTS, POLICY_BUDGET, TOP_K, NumberRange
 from hypic_rag.runtime.recompute_policy import DEFAULT_KL_TARGET, calibration_candidates
 
 KL_TARGET = NumberRange(0, 1_000, integer=False)
@@ -74,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="chunks retrieved per request, as ask will retrieve them (4)")
     parser.add_argument("--hop-slots", type=number_in(HOP_SLOTS), default=2, metavar="N",
                         help="of the top-k places, how many go to one retrieval hop (2, as ask)")
+    parser.add_argument("--max-recompute", type=number_in(POLICY_BUDGET), default=None, metavar="X",
+                        help="choose only among candidates recomputing at most X times the tokens per request of the "
+                             "fixed seam on the same requests (a bound on time to first token; default: no bound)")
     add_neighbours_argument(parser)
     parser.add_argument("--candidates", type=_candidates, metavar="SPECS",
                         help="comma-separated policies to compare (default: "
@@ -119,7 +124,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     try:
         result, record = calibrate_index(
             pipeline, kl_target=args.kl_target, questions=questions, requests=args.requests, top_k=args.top_k,
-            candidates=args.candidates or None, on_progress=None if args.json else progress,
+            candidates=args.candidates or None, max_recompute=args.max_recompute,
+            on_progress=None if args.json else progress,
         )
         formats = None if args.no_cache_format else calibrate_format_step(
             args, pipeline, questions, result.chosen, None if args.json else progress)
@@ -136,11 +142,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
         extra = {} if formats is None else {"cache_format_choice": formats[1]}
         print(json.dumps({**record, **extra, "recorded": not args.dry_run}, ensure_ascii=False))
         return EXIT_OK
+    cap = "" if result.token_cap is None else \
+        f", at most {result.token_cap:.1f} recomputed tokens per request ({args.max_recompute:g}x the fixed seam's)"
     print(f"Calibrated on {record['requests']} requests ({record['source']}, top-k {args.top_k}), KL target "
-          f"{args.kl_target:g}:")
+          f"{args.kl_target:g}{cap}:")
     print(f"  {'policy':<16} {'recomputed/request':>18} {'mean KL':>10} {'max KL':>10} {'top-1 agree':>12}")
     for candidate in result.candidates:
-        mark = "  <- chosen" if candidate.spec == result.chosen.spec else ""
+        mark = "  <- chosen" if candidate.spec == result.chosen.spec else (
+            "  (above the cap)" if result.token_cap is not None and candidate.recomputed_tokens > result.token_cap
+            else "")
         print(f"  {candidate.spec:<16} {candidate.recomputed_tokens:>18.1f} {candidate.mean_kl:>10.4f} "
               f"{candidate.max_kl:>10.4f} {100 * candidate.top1_agreement:>11.1f}%{mark}")
     verdict = "meets the target" if result.met else "is the closest (no candidate met the target)"

@@ -31,6 +31,7 @@ from hypic_rag.cli.common import (
     int_in,
     neighbours_spec,
     number_in,
+    recompute_policy_spec,
     remote_cache_config,
     resolve_model_path,
     worker_count,
@@ -85,6 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_cache_format_argument(parser, "default: the index's, float32 for a new one; another than the index's "
                                       "rebuilds its cache in that format")
     add_remote_cache_arguments(parser)
+    parser.add_argument("--recompute-policy", type=recompute_policy_spec, metavar="SPEC",
+                        help="the policy whose entries are encoded (anchored ones for +anchored, chained ones too for "
+                             "+chained); default: the index's calibrated policy (hypic-rag calibrate), else seam")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_precompute)
 
@@ -186,6 +190,7 @@ def run_precompute(args: argparse.Namespace) -> int:
             remote_cache=remote,
             scale_out=scale_out,
             cache_format=args.cache_format,
+            recompute_policy=args.recompute_policy,
             embedding_context=args.embedding_context,
             neighbours=args.neighbours,
         )

@@ -46,6 +46,7 @@ from hypic_rag.retrieval.errors import IndexLocationError, IndexMismatchError
 from hypic_rag.retrieval.faiss_index import VectorIndexConfig
 from hypic_rag.retrieval.loading import LoadedCorpus, SkippedInput, load_corpus
 from hypic_rag.retrieval.manifest import MANIFEST_FILE, IndexManifest, ModelIdentity
+from hypic_rag.runtime.recompute_policy import RecomputePolicy
 from hypic_rag.runtime.get_or_encode import SegmentPlan, TaskEncoder, distinct_segments, plan_segments
 from hypic_rag.pipeline.session import CacheConfig, ModelSession
 from hypic_rag.utils.streaming import ResultStream
@@ -72,6 +73,7 @@ __all__ = [
     "precompute",
     "recorded_cache_format",
     "recorded_dtype",
+    "recorded_recompute_policy",
 ]
 
 
@@ -99,7 +101,11 @@ class PrecomputeConfig:
     then the manifest records it and the old format's entries are removed. embedding_context: what each chunk is
     embedded with (`hypic_rag.retrieval.chunk_context.EMBEDDING_CONTEXTS`; None: an existing index's, else
     `DEFAULT_RETRIEVAL`'s; another than an existing index's is refused). neighbours: the neighbour expansion the
-    index records for its searches (`KIND:SLOTS`; None: an existing index's, else the default's).
+    index records for its searches (`KIND:SLOTS`; None: an existing index's, else the default's). recompute_policy:
+    the policy spec whose entries are encoded (None: the one the index records, `hypic-rag calibrate`; an index
+    without one: the fixed seam): an anchored policy's entries are encoded after the prompt prefix's anchor, a
+    chained policy's also for every chunk that follows the previous chunk of its document (`ModelSession.plan`);
+    not recorded in the manifest.
     """
 
     corpus: Path
@@ -119,10 +125,13 @@ class PrecomputeConfig:
     remote_cache: RemoteTierConfig | None = None
     scale_out: ScaleOut | None = None
     cache_format: str | None = None
+    recompute_policy: str | None = None
     embedding_context: str | None = None
     neighbours: str | None = None
 
     def __post_init__(self) -> None:
+        if self.recompute_policy is not None:
+            RecomputePolicy.parse(self.recompute_policy)  # a bad spec: RecomputePolicyError naming the forms
         if self.cache_format is not None:
             cache_format(self.cache_format)  # an unknown name: ValueError naming the choices
         self.retrieval(None)  # validates the embedding context and the neighbour expansion
@@ -267,6 +276,12 @@ def recorded_cache_format(index_dir: Path) -> str | None:
     return None if manifest is None else manifest.cache_format
 
 
+def recorded_recompute_policy(index_dir: Path) -> str | None:
+    """The recompute policy spec an existing index at `index_dir` records (None: no index, or none recorded)."""
+    manifest = _existing_manifest(index_dir)
+    return None if manifest is None else manifest.recompute_policy_spec
+
+
 def _existing_manifest(index_dir: Path) -> IndexManifest | None:
     index_dir = Path(index_dir).expanduser()
     return IndexManifest.load(index_dir) if (index_dir / MANIFEST_FILE).is_file() else None
@@ -331,6 +346,7 @@ def precompute(options: PrecomputeConfig, corpus: LoadedCorpus | None = None) ->
     )
     existing = _existing_manifest(options.index_dir)
     recorded_format = recorded_cache_format(options.index_dir)
+    policy = options.recompute_policy or recorded_recompute_policy(options.index_dir)
     chosen_format = options.cache_format or recorded_format or DEFAULT_CACHE_FORMAT
     embedder = SentenceEmbedder(options.embedder_path, batch_size=options.embed_batch_size)
     settings = IndexConfig(
@@ -351,7 +367,7 @@ def precompute(options: PrecomputeConfig, corpus: LoadedCorpus | None = None) ->
     with (
         ModelSession.of_model(
             model, model_path=options.model_path, seam_tokens=options.seam_tokens, cache_dir=cache_dir,
-            prompt_format=options.prompt_format, cache=cache_options,
+            prompt_format=options.prompt_format, cache=cache_options, recompute_policy=policy,
         ) as session,
         CorpusIndex.open_for_update(options.index_dir, embedder, settings) as index,
     ):
@@ -410,8 +426,8 @@ def build_index(
     corpus: a folder (or one file) of .txt, .md, .jsonl, .pdf, .html and .docx documents. index_dir: created if
     absent. model: a local checkpoint directory (None: the bundled default model). options: any other field of
     `PrecomputeConfig` (chunk_tokens=256, seam_tokens=8, workers, device, dtype, cache_dir, cache_format,
-    remote_cache, show_progress, ...). Rerun on an unchanged corpus it embeds and encodes nothing; on a changed one,
-    only what changed. Returns the run's `PrecomputeSummary` (documents, chunks, tokens, what was encoded, bytes,
+    remote_cache, recompute_policy, show_progress, ...). Rerun on an unchanged corpus it embeds and encodes nothing;
+    on a changed one, only what changed. Returns the run's `PrecomputeSummary` (documents, chunks, tokens, what was encoded, bytes,
     seconds); open the index with `RagPipeline.open(index_dir)`. Bad paths and options raise before anything is
     created (`HypicError`s, `ValueError`, `TypeError` for an unknown option).
     """

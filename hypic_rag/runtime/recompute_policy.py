@@ -337,8 +337,9 @@ class BudgetPolicy(RecomputePolicy):
     meaning: ClassVar[str] = "whole chunks while at most X times the seam's tokens"
     amount: ClassVar[PolicyAmount | None] = PolicyAmount("budget", POLICY_BUDGET, "X", "budget")
     candidates: ClassVar[tuple[tuple[float, str], ...]] = (
-        (1, "budget:1.5"), (3, "budget:2"), (5, "budget:3"), (12, "budget:2+anchored"), (13, "budget:2+chained"),
-        (14, "budget:3+anchored"))
+        (1, "budget:1.5"), (3, "budget:2"), (5, "budget:3"), (11.5, "budget:1.5+anchored"),
+        (11.6, "budget:1.5+chained"), (12, "budget:2+anchored"), (13, "budget:2+chained"), (14, "budget:3+anchored"),
+        (14.5, "budget:3+chained"))
 
     budget: float
 

@@ -110,3 +110,17 @@ def test_calibrate_records_the_choice_and_ask_uses_it(capsys, tmp_path: Path, in
                "Who keeps bees?")  # a real process reads the manifest on its own
     assert text.returncode == 0, text.stderr
     assert "(recompute policy whole:3@8)" in text.stdout
+
+
+def test_calibrate_chooses_within_max_recompute(capsys, tmp_path: Path, index: Path) -> None:
+    questions = tmp_path / "questions.txt"
+    questions.write_text("Where does the river flow?\nWho keeps bees?\n")
+    common = ["calibrate", "--index", str(index), "--device", "cpu", "--questions", str(questions), "--top-k", "3",
+              "--kl-target", "0", "--candidates", "seam,whole:1,whole:3", "--dry-run", "--json"]
+    free = json.loads(run_here(capsys, *common).stdout)
+    capped = json.loads(run_here(capsys, *common, "--max-recompute", "1").stdout)
+    assert free["policy"] == "whole:3" and "token_cap" not in free  # the lowest KL: every chunk whole
+    seam = next(candidate for candidate in capped["candidates"] if candidate["spec"] == "seam")
+    assert capped["policy"] == "seam" and capped["max_recompute"] == 1
+    assert capped["token_cap"] == pytest.approx(seam["recomputed_tokens"])
+    one_line_error(run_here(capsys, *common, "--max-recompute", "0.5"), "calibrate")

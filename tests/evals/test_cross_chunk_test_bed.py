@@ -156,3 +156,57 @@ def test_the_evaluation_reports_recall_and_em_per_question_subset() -> None:
     assert subset_rows([SimpleNamespace(question=SimpleNamespace(hops=1))], [True], [True]) == {}
     with pytest.raises(SystemExit):
         main(["--test-bed", "no-such-bed"])
+
+
+def test_index_bytes_count_the_entries_each_kind_of_index_stores(tmp_path: Path, tiny_model: Path) -> None:
+    """`precompute` encodes the entries of the policy an index is built for (a chained index: the anchored entry of
+    every chunk and the chained entry of every chunk that follows its document's previous one), and `index_bytes`
+    counts what each index's LMDB store holds; a chained request then reads the chained index without a miss and
+    the plain index with misses (the check can fail)."""
+    from evals.recompute_policies import index_bytes, stored_entries
+    from hypic_rag.retrieval.corpus_index import DEFAULT_CACHE_DIR
+    from kits.corpora import write_corpus
+
+    documents = {
+        f"doc{number}.md": "\n\n".join(
+            f"{name} paragraph {part} says the {colour} lamp stands by the {place}. It has more to say here."
+            for part in range(3))
+        for number, (name, colour, place) in enumerate([("Ada", "red", "door"), ("Bo", "blue", "window")])
+    }
+    corpus = write_corpus(tmp_path / "corpus", documents)
+    kinds = index_bytes(tiny_model, corpus, tmp_path, chunk_tokens=CROSS_CHUNK_TOKENS, seam_tokens=4)["kinds"]
+    chunks = kinds["plain"]["chunks"]
+    with RagPipeline.open(tmp_path / "index-chained", device="cpu", recompute_policy="seam+chained") as pipeline:
+        stored = list(pipeline.index.docstore.iter_chunks())
+    pairs = [(before, chunk) for before, chunk in zip(stored, stored[1:])
+             if chunk.doc_id == before.doc_id and chunk.position == before.position + 1]
+    distinct = {tuple(chunk.token_ids) for chunk in stored}  # a chunk repeated in two documents is stored once
+    distinct_pairs = {(tuple(before.token_ids), tuple(chunk.token_ids)) for before, chunk in pairs}
+    assert chunks == len(stored) and len(distinct_pairs) >= 2  # documents of several chunks
+    assert kinds["plain"]["entries"] == kinds["anchored"]["entries"] == len(distinct) + 1  # every chunk, the prefix
+    assert kinds["chained"]["entries"] == len(distinct) + 1 + len(distinct_pairs)
+    assert kinds["chained"]["chained_entries"] == len(distinct_pairs)
+    for kind, row in kinds.items():
+        held = stored_entries(tmp_path / f"index-{kind}" / DEFAULT_CACHE_DIR)
+        assert row["stored_bytes"] == sum(held.values()) == row["planned_bytes"]
+        assert row["bytes_per_chunk"] == row["stored_bytes"] / chunks
+    assert kinds["plain"]["stored_bytes"] < kinds["anchored"]["stored_bytes"] < kinds["chained"]["stored_bytes"]
+    assert kinds["chained"]["stored_bytes"] == kinds["anchored"]["stored_bytes"] + kinds["chained"]["chained_bytes"]
+    misses = {}
+    for kind in ("chained", "plain"):
+        with RagPipeline.open(tmp_path / f"index-{kind}", device="cpu", recompute_policy="seam+chained") as pipeline:
+            before, chunk = pairs[0]
+            request = pipeline.request_for("Where does the lamp stand?",
+                                           [list(before.token_ids), list(chunk.token_ids)], follows=[False, True])
+            misses[kind] = pipeline.engine.prefill(request, "hypic").stats.cache_misses
+    assert misses == {"chained": 0, "plain": 2}
+    # the product's path: calibration records a chained policy, and precompute run again encodes what it reads
+    from hypic_rag.pipeline.precompute import build_index
+    from hypic_rag.retrieval.corpus_index import record_recompute_policy
+
+    record_recompute_policy(tmp_path / "index-plain", {"policy": "seam+chained", "kl_target": 0.1, "met": True})
+    build_index(corpus, tmp_path / "index-plain", model=tiny_model, chunk_tokens=CROSS_CHUNK_TOKENS, seam_tokens=4,
+                device="cpu", show_progress=False)
+    rebuilt = stored_entries(tmp_path / "index-plain" / DEFAULT_CACHE_DIR)
+    assert set(rebuilt) >= set(stored_entries(tmp_path / "index-chained" / DEFAULT_CACHE_DIR))
+    assert len(rebuilt) == kinds["plain"]["entries"] + kinds["chained"]["entries"] - 1  # the prefix's is shared

@@ -164,7 +164,7 @@ def test_the_deviation_rule_reads_a_per_chunk_statistic(engine: Engine) -> None:
 
 
 def test_worlds_are_summarised_per_world_and_on_average(tmp_path) -> None:
-    from evals.recompute_policies import plot_worlds, summarize_worlds, worlds_markdown
+    from evals.recompute_policies import plot_worlds, report_markdown, summarize_worlds, worlds_markdown
 
     def row(label: str, flags: str, tokens: float, kind: str = "policy", **extra) -> dict:
         return {"variant": label, "spec": label, "kind": kind, "notes": "", "exact_match": flags.count("1") / len(flags),
@@ -188,6 +188,16 @@ def test_worlds_are_summarised_per_world_and_on_average(tmp_path) -> None:
     assert "| seam@0+anchored | 5.0 | 0.25 | 100.0% | +0.0" in text and "+2.0 KiB/chunk" in text
     assert "| seam@8 | -25.0 [" in text  # the per-world matrix
     assert "**World 2**" in text
+    assert "index bytes / chunk" not in text  # no index measured: no column
+    kinds = {kind: {"policy": policy, "chunks": 2, "entries": 3, "bytes_per_chunk": 1024.0 * size,
+                    "x_plain": size / 100, "encode_seconds": 1.0}
+             for kind, policy, size in (("plain", "seam", 100), ("anchored", "seam+anchored", 103),
+                                        ("chained", "seam+chained", 160))}
+    measured = report_markdown({**report, "seam_tokens": 8,
+                                "index_bytes": {"chunk_tokens": 48, "seam_tokens": 8, "kinds": kinds}})
+    assert "| seam@8 | 20.0 |" in measured and "| 100 KiB (1.00x, plain) |" in measured
+    assert "| 103 KiB (1.03x, anchored) |" in measured  # seam@0+anchored reads the anchored index
+    assert "| full | 100.0 |" in measured and "| anchored | `seam+anchored` | 2 | 3 | 103.0 KiB | 1.03 |" in measured
     plot_worlds(report, tmp_path / "worlds.png")
     assert (tmp_path / "worlds.png").stat().st_size > 1000
 

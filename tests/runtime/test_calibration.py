@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_rag.calibration.policy import CandidateScore, Calibration, calibrate, choose, score_candidates
+from hypic_rag.calibration.policy import (
+    CandidateScore,
+    Calibration,
+    calibrate,
+    choose,
+    score_candidates,
+    seam_plan_tokens,
+)
 from hypic_rag.runtime.engine import Engine
 from hypic_rag.runtime.model import wrap_model
 from hypic_rag.runtime.quality import kl_divergence
@@ -68,6 +75,31 @@ def test_an_unmet_target_gives_the_closest_candidate_marked_unmet(engine_and_req
     result = calibrate(engine, requests, ("seam", "whole:1"), 0.0)
     assert not result.met
     assert result.chosen.spec == min(result.candidates, key=lambda c: c.mean_kl).spec
+
+
+def test_a_cap_on_recomputed_tokens_leaves_the_dearer_candidates_out(engine_and_requests) -> None:
+    """`max_recompute` X: the choice is among the candidates recomputing at most X times the fixed seam's tokens on
+    the same requests (`seam_plan_tokens`: what the seam candidate recomputes); the dearer ones are still listed."""
+    engine, requests = engine_and_requests
+    scores = score_candidates(engine, requests, CANDIDATES)
+    by_spec = {score.spec: score for score in scores}
+    assert seam_plan_tokens(engine, requests) == by_spec["seam"].recomputed_tokens
+    uncapped = calibrate(engine, requests, CANDIDATES, 0.0, measured=scores)
+    assert uncapped.chosen.spec == "whole:3" and uncapped.token_cap is None  # every chunk whole: the lowest KL
+    factor = by_spec["whole:2"].recomputed_tokens / by_spec["seam"].recomputed_tokens
+    capped = calibrate(engine, requests, CANDIDATES, 0.0, measured=scores, max_recompute=factor)
+    within = [score for score in scores if score.recomputed_tokens <= by_spec["whole:2"].recomputed_tokens]
+    assert capped.chosen.spec == min(within, key=lambda score: score.mean_kl).spec != "whole:3"  # lowest KL within
+    assert not capped.met
+    assert capped.token_cap == pytest.approx(by_spec["whole:2"].recomputed_tokens)
+    assert len(capped.candidates) == len(CANDIDATES)
+    assert Calibration.from_dict(json.loads(json.dumps(capped.to_dict()))) == capped
+    assert calibrate(engine, requests, CANDIDATES, 1e3, measured=scores, max_recompute=1.0).chosen.spec == "seam"
+    with pytest.raises(RecomputePolicyError, match="no candidate recomputes at most"):
+        calibrate(engine, requests, ("whole:2", "whole:3"), 1e3, measured=scores[2:], max_recompute=1.0)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(RecomputePolicyError, match="max_recompute"):
+            calibrate(engine, requests, CANDIDATES, 0.1, measured=scores, max_recompute=bad)
 
 
 def test_calibration_checks_its_inputs(engine_and_requests) -> None:

@@ -41,10 +41,11 @@ BAD_SPECS: tuple[Any, ...] = (
 DEFAULT_SEAMS = (0, 4, 16)
 
 CALIBRATION_CANDIDATES = ("seam", "budget:1.5", "whole:1", "budget:2", "whole:2", "budget:3", "whole:3", "whole:4",
-                          "seam@0+anchored", "seam@0+chained", "seam+anchored", "seam+chained", "budget:2+anchored",
-                          "budget:2+chained", "budget:3+anchored")
-"""What `hypic-rag calibrate` compared by default at the branch point, in that order (of equal cost and KL the
-earlier is chosen, so the order is part of the choice)."""
+                          "seam@0+anchored", "seam@0+chained", "seam+anchored", "seam+chained", "budget:1.5+anchored",
+                          "budget:1.5+chained", "budget:2+anchored", "budget:2+chained", "budget:3+anchored",
+                          "budget:3+chained")
+"""What `hypic-rag calibrate` compares by default, in that order (of equal cost and KL the earlier is chosen, so the
+order is part of the choice)."""
 
 
 def layouts() -> list[dict[str, Any]]:

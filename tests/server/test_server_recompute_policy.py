@@ -81,3 +81,20 @@ def test_prompt_parts_show_which_tokens_each_chunk_recomputed(client: httpx.Clie
             assert recomputed == [min(8, part["tokens"]) for part in chunks]
         else:  # the first chunk of the prompt is the best direct hit: rank 0
             assert whole[0] and recomputed[1:] == [min(8, part["tokens"]) for part in chunks[1:]]
+
+
+def test_a_served_index_answers_under_its_calibrated_policy(tmp_path, copy_tiny_index) -> None:
+    """No policy in the service's config: answers use the one calibration recorded in the index's manifest, and the
+    cache statistics say where it came from; a request may still name another."""
+    from hypic_rag.retrieval.corpus_index import record_recompute_policy
+
+    index = copy_tiny_index(tmp_path / "index")
+    record_recompute_policy(index, {"policy": "budget:2+chained", "kl_target": 0.1, "met": True})
+    with ServerThread(ServerConfig(index_dir=index, device="cpu")) as running:
+        with httpx.Client(base_url=running.url, timeout=120) as http:
+            calibrated = ask(http)
+            assert calibrated.status_code == 200, calibrated.text
+            assert calibrated.json()["recompute_policy"] == "budget:2@8+chained"
+            answering = http.get("/v1/cache/stats").json()["answering"]
+            assert answering["recompute_policy"] == "budget:2@8+chained" and answering["policy_from"] == "calibration"
+            assert ask(http, recompute_policy="seam").json()["recompute_policy"] == "seam@8"
