@@ -109,15 +109,44 @@ def converter_script(source: Path) -> Path:
                            "source (pip download --no-deps --no-binary :all: llama-cpp-python; tar xzf ...)")
 
 
-def write_checkpoint(model: torch.nn.Module, directory: Path) -> Path:
-    """`model`'s config and weights (unchanged) plus a byte-level BPE tokenizer of at most its vocabulary size, so
-    that llama.cpp's converter accepts the directory (see the module docstring)."""
-    from hypic_rag.testing import train_tiny_tokenizer
+def full_vocabulary_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer of exactly `vocab_size` tokens (at least 259), every id a distinct token: three
+    special tokens (`<|endoftext|>` first, the end of sequence), the 256 byte symbols, then merges of lowercase
+    letters with and without a leading space (" a", "ab", " ab", "abc", " abc", ... as far as the size goes). Every id
+    the model can emit thus decodes to text of its own, and `" " + two letters` is one token."""
+    import string
 
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=ord)
+    vocab = {token: number for number, token in enumerate(special + alphabet)}
+    if vocab_size < len(vocab):
+        raise ValueError(f"a byte-level vocabulary needs at least {len(vocab)} tokens, got {vocab_size}")
+    merges: list[tuple[str, str]] = []
+    space, letters = "\u0120", string.ascii_lowercase  # the byte-level symbol of a space
+    pairs = [a + b for a in letters for b in letters]
+    for left, rights in (([space], letters), (letters, letters), ([space + a for a in letters], letters),
+                         (pairs, letters), ([space + pair for pair in pairs], letters)):
+        for left_part in left:
+            for right_part in rights:
+                if len(vocab) < vocab_size and left_part + right_part not in vocab:
+                    vocab[left_part + right_part] = len(vocab)
+                    merges.append((left_part, right_part))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=special[0], pad_token=special[0],
+                                   additional_special_tokens=special[1:])
+
+
+def write_checkpoint(model: torch.nn.Module, directory: Path) -> Path:
+    """`model`'s config and weights (unchanged) plus a byte-level BPE tokenizer of its vocabulary size
+    (`full_vocabulary_tokenizer`), so that llama.cpp's converter accepts the directory and `hypic-rag serve` can
+    serve it (see the module docstring)."""
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = int(model.config.get_text_config().vocab_size)
-    texts = [f"chunk {number} of the benchmark corpus, the question and its answer" for number in range(64)]
-    tokenizer = train_tiny_tokenizer(texts, vocab_size=min(vocab, 512))
+    tokenizer = full_vocabulary_tokenizer(int(model.config.get_text_config().vocab_size))
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -334,9 +363,22 @@ def machine() -> dict[str, Any]:
     }
 
 
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages (`/proc/loadavg`; empty where there is none)."""
+    try:
+        return [float(value) for value in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return []
+
+
 def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, max_seconds: float = 900.0,
-        models: tuple[str, ...] = ("bundled", "medium"), decode_only: bool = False) -> dict[str, Any]:
-    """Convert, check agreement, compare (see the module docstring); the result as a JSON-ready dict."""
+        models: tuple[str, ...] = ("bundled", "medium"), decode_only: bool = False,
+        llama_server: Path | None = None, serving: dict[str, Any] | None = None,
+        convert_only: Path | None = None) -> dict[str, Any]:
+    """Convert, check agreement, compare (see the module docstring); the result as a JSON-ready dict.
+    llama_server: llama.cpp's server binary: on the timing model, the throughput rows at 1 and `SLOTS` clients
+    against the bare `hypic-rag serve` (`peers_serving.serving_throughput`, keyword arguments `serving`), after the
+    TTFT rows. convert_only: write the GGUF files (and the checkpoints they come from) into this directory and stop."""
     from hypic_rag.bench.timing_model import build_timing_model
     from hypic_rag.demo.default_model import default_model_path
     from hypic_rag.runtime.model import load_model, wrap_model
@@ -344,7 +386,7 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
     require_llama_cpp()
     script = converter_script(source)
     torch.set_num_threads(THREADS)
-    result: dict[str, Any] = {"machine": machine(), "models": {}}
+    result: dict[str, Any] = {"machine": machine(), "load_average": {"start": load_average()}, "models": {}}
     longest = max(shape.top_k * shape.chunk_tokens for shape in shapes) + 16 + 24 + NEW_TOKENS + 8
     for name in models:
         if name == "bundled":
@@ -353,10 +395,15 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             hf_model = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
         else:
             hf_model = build_timing_model(name)
-        checkpoint = write_checkpoint(hf_model, workdir / name)
+        target = convert_only if convert_only is not None else workdir
+        checkpoint = write_checkpoint(hf_model, target / name)
         files, seconds = {}, {}
         for outtype in GGUF_TYPES:
-            files[outtype], seconds[outtype] = convert(checkpoint, script, workdir / f"{name}-{outtype}.gguf", outtype)
+            files[outtype], seconds[outtype] = convert(checkpoint, script, target / f"{name}-{outtype}.gguf", outtype)
+            logger.info("%s %s: %s (%.1f s)", name, outtype, files[outtype], seconds[outtype])
+        if convert_only is not None:
+            result["models"][name] = {"conversion_seconds": seconds, "gguf": {k: str(v) for k, v in files.items()}}
+            continue
         model = wrap_model(hf_model) if name != "bundled" else load_model(default_model_path(), device="cpu")
         context = min(longest, int(model.config.max_position_embeddings)) if name == "bundled" else longest
         llms = {outtype: load_llama(path, context) for outtype, path in files.items()}
@@ -381,9 +428,21 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             continue
         if name == "bundled":
             continue  # the bundled model is checked for agreement; speed is measured on the timing model
-        entry["speed"] = [compare(model, llms, shape, seed + index, max_seconds=max_seconds, decode_only=decode_only)
-                          for index, shape in enumerate(shapes)]
+        entry["speed"] = []
+        for index, shape in enumerate(shapes):
+            began = load_average()
+            speed = compare(model, llms, shape, seed + index, max_seconds=max_seconds, decode_only=decode_only)
+            speed["load_average"] = {"start": began, "end": load_average()}
+            entry["speed"].append(speed)
         del llms
+        if llama_server is not None:
+            from hypic_rag.bench.peers_serving import serving_throughput
+
+            began = load_average()
+            entry["throughput"] = serving_throughput(model, checkpoint, files["f32"], llama_server, workdir,
+                                                     seed=seed, **(serving or {}))
+            entry["throughput"]["load_average"] = {"start": began, "end": load_average()}
+    result["load_average"]["end"] = load_average()
     return result
 
 
@@ -424,7 +483,34 @@ def table(result: dict[str, Any]) -> str:
                     rate = medians[f"{prefix} decode tok/s"]
                     lines.append(f"| {label} | {medians[f'{prefix} e2e']:.3f} | {rate:.1f} | "
                                  f"{medians['hypic decode tok/s'] / rate:.2f}x |")
+    for name, entry in result["models"].items():
+        if "throughput" in entry:
+            lines += ["", *throughput_table(name, entry["throughput"])]
     return "\n".join(lines) + "\n"
+
+
+def throughput_table(name: str, row: dict[str, Any]) -> list[str]:
+    """The markdown lines of a `peers_serving.serving_throughput` result."""
+    clients = row["clients"]
+    lines = [f"**{name}, throughput** ({row['prompt']}, {row['prompt_tokens']} prompt tokens, {row['new_tokens']} new "
+             "tokens, greedy, closed loop)", "",
+             f"| server | 1 client, requests/s | {clients} clients, requests/s | {clients} / 1 | "
+             f"TTFT p50 at {clients} clients, s | concurrent answers equal to alone |", "|---|---|---|---|---|---|"]
+    for key, label in (("llama_server", f"llama-server F32 (`-np {clients}`, `--cache-reuse`)"),
+                       ("hypic_rag_serve", "`hypic-rag serve` (bare command)")):
+        side = row[key]
+        one, many = side["one_client"], side["concurrent"]
+        lines.append(f"| {label} | {one['requests_per_second']:.3f} ({one['completed']}) | "
+                     f"{many['requests_per_second']:.3f} ({many['completed']}) | {side['requests_per_second_ratio']:.2f}x | "
+                     f"{many['ttft_p50']:.2f} | {side['concurrent_answers_compared_alone'] - side['mismatches']} of "
+                     f"{side['concurrent_answers_compared_alone']} |")
+    checks = row["checks"]
+    lines += ["", f"hypic-rag serve over llama-server, requests/s: {row['hypic_vs_llama_server_requests_per_second_one_client']:.1f}x "
+              f"at 1 client, {row['hypic_vs_llama_server_requests_per_second_concurrent']:.1f}x at {clients}. Checks: "
+              f"llama-server's greedy tokens equal `full`'s in this process for {checks['llama_server_vs_full_greedy_equal_steps']} "
+              f"of {checks['full_tokens']} steps; the bare server's text "
+              f"{'equals' if checks['hypic_serve_text_equals_in_process_hypic'] else 'differs from'} `hypic`'s in this process."]
+    return lines
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -453,27 +539,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp-source", type=Path, required=True, metavar="DIR",
                         help="the unpacked llama-cpp-python source (holds vendor/llama.cpp/convert_hf_to_gguf.py)")
-    parser.add_argument("--requests", type=int, default=5, help="measured requests at 8 x 256 (16 x 512: 2)")
+    parser.add_argument("--llama-server", type=Path, default=None, metavar="PATH",
+                        help="llama.cpp's llama-server built from that source (scripts/build_llama_cpp.sh): adds the "
+                             "throughput rows (1 and 8 clients) against the bare `hypic-rag serve`")
+    parser.add_argument("--requests", type=int, default=5, help="measured requests at 8 x 256")
+    parser.add_argument("--long-requests", type=int, default=2, help="measured requests at 16 x 512 (0: none)")
     parser.add_argument("--seconds", type=float, default=900.0, help="wall-time bound per prompt shape")
+    parser.add_argument("--serving-requests", type=int, default=16,
+                        help="requests of the 8-client throughput cells (the 1-client cells: a quarter, at least 2)")
     parser.add_argument("--models", default="bundled,medium", help="comma-separated: bundled, medium")
     parser.add_argument("--decode-only", action="store_true",
                         help="8 x 256 only, and only the 48-token generations (decode tokens/s both ways)")
+    parser.add_argument("--convert-only", type=Path, default=None, metavar="DIR",
+                        help="only write the checkpoints and their GGUF files (F32, Q8_0) into DIR")
+    parser.add_argument("--note", default="", help="a line recorded in the JSON (e.g. which branches were merged)")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         require_llama_cpp()
         converter_script(options.llama_cpp_source)
+        if options.llama_server is not None:
+            from hypic_rag.bench.peers_serving import require_llama_server
+
+            require_llama_server(options.llama_server)
     except PeerMissingError as error:
         print(f"hypic-rag peers: {error}", file=sys.stderr)
         raise SystemExit(error.exit_code) from None
     shapes = [PromptShape(8, 256, 24, options.requests)]
-    if not options.decode_only:
-        shapes.append(PromptShape(16, 512, 16, 2))
+    if not options.decode_only and options.long_requests > 0:
+        shapes.append(PromptShape(16, 512, 16, options.long_requests))
+    serving = {"concurrent_requests": options.serving_requests,
+               "one_client_requests": max(2, options.serving_requests // 4)}
+    if options.convert_only is not None:
+        options.convert_only.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hypic-peers-") as directory:
         result = run(options.llama_cpp_source, Path(directory), shapes, max_seconds=options.seconds,
-                     models=tuple(options.models.split(",")), decode_only=options.decode_only)
+                     models=tuple(options.models.split(",")), decode_only=options.decode_only,
+                     llama_server=None if options.decode_only else options.llama_server, serving=serving,
+                     convert_only=options.convert_only)
+    result["command"] = "python -m hypic_rag.bench.peers " + " ".join(sys.argv[1:])
+    if options.note:
+        result["note"] = options.note
     text = json.dumps(result, indent=2)
+    if options.convert_only is not None:
+        print(text)
+        return
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")
         if not options.decode_only:  # the plot shows TTFT rows, which a decode-only run has not
