@@ -507,9 +507,12 @@ def throughput_table(name: str, row: dict[str, Any]) -> list[str]:
     checks = row["checks"]
     lines += ["", f"hypic-rag serve over llama-server, requests/s: {row['hypic_vs_llama_server_requests_per_second_one_client']:.1f}x "
               f"at 1 client, {row['hypic_vs_llama_server_requests_per_second_concurrent']:.1f}x at {clients}. Checks: "
-              f"llama-server's greedy tokens equal `full`'s in this process for {checks['llama_server_vs_full_greedy_equal_steps']} "
-              f"of {checks['full_tokens']} steps; the bare server's text "
-              f"{'equals' if checks['hypic_serve_text_equals_in_process_hypic'] else 'differs from'} `hypic`'s in this process."]
+              f"each of llama-server's {checks['llama_server_tokens']} greedy tokens, fed to `full` in this process, is "
+              f"`full`'s own choice at {checks['llama_server_steps_full_would_choose']} steps and within "
+              f"{checks['llama_server_largest_gap_to_full_choice']:.1e} of its largest logit at every step (tolerance "
+              f"{checks['tolerance']:.0e}: {'met' if checks['llama_server_tokens_within_tolerance'] else 'NOT met'}); the bare "
+              f"server's text {'equals' if checks['hypic_serve_text_equals_in_process_hypic'] else 'differs from'} "
+              "`hypic`'s in this process."]
     return lines
 
 
