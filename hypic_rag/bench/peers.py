@@ -495,14 +495,16 @@ def throughput_table(name: str, row: dict[str, Any]) -> list[str]:
     lines = [f"**{name}, throughput** ({row['prompt']}, {row['prompt_tokens']} prompt tokens, {row['new_tokens']} new "
              "tokens, greedy, closed loop)", "",
              f"| server | 1 client, requests/s | {clients} clients, requests/s | {clients} / 1 | "
-             f"TTFT p50 at {clients} clients, s | concurrent answers equal to alone |", "|---|---|---|---|---|---|"]
+             f"TTFT p50, 1 / {clients} clients, s | exact repeat TTFT, s | concurrent answers equal to alone |",
+             "|---|---|---|---|---|---|---|"]
     for key, label in (("llama_server", f"llama-server F32 (`-np {clients}`, `--cache-reuse`)"),
                        ("hypic_rag_serve", "`hypic-rag serve` (bare command)")):
         side = row[key]
         one, many = side["one_client"], side["concurrent"]
         lines.append(f"| {label} | {one['requests_per_second']:.3f} ({one['completed']}) | "
                      f"{many['requests_per_second']:.3f} ({many['completed']}) | {side['requests_per_second_ratio']:.2f}x | "
-                     f"{many['ttft_p50']:.2f} | {side['concurrent_answers_compared_alone'] - side['mismatches']} of "
+                     f"{one['ttft_p50']:.2f} / {many['ttft_p50']:.2f} | {side.get('repeat_ttft_p50', float('nan')):.2f} | "
+                     f"{side['concurrent_answers_compared_alone'] - side['mismatches']} of "
                      f"{side['concurrent_answers_compared_alone']} |")
     checks = row["checks"]
     lines += ["", f"hypic-rag serve over llama-server, requests/s: {row['hypic_vs_llama_server_requests_per_second_one_client']:.1f}x "

@@ -339,13 +339,20 @@ def serving_throughput(model: Any, checkpoint: Path, gguf: Path, binary: Path, w
                 cells[f"{name} {count}"] = summarize(count, [loop])
                 logger.info("%s, %d client(s): %.3f requests/s", name, count, cells[f"{name} {count}"]["requests_per_second"])
         # the concurrent answers against the same prompt asked alone
+        # (llama-server answers such an exact repeat from a context checkpoint of the slot that held the prompt:
+        # their TTFT is its exact-repeat reuse through the server, `repeat_ttft_p50`)
         mismatches = {"llama": 0, "hypic": 0}
+        repeat_ttfts: dict[str, list[float]] = {"llama": [], "hypic": []}
         compared = 0
         for number in range(one_client_requests, one_client_requests + min(clients, concurrent_requests)):
             if number in answers["llama"] and number in answers["hypic"]:
                 compared += 1
-                mismatches["llama"] += ask_llama_server(http("llama"), cell_prompts[number].ids, new_tokens)[1] != answers["llama"][number]
-                mismatches["hypic"] += ask_hypic_server(http("hypic"), cell_prompts[number].text, new_tokens)[2] != answers["hypic"][number]
+                ttft, ids = ask_llama_server(http("llama"), cell_prompts[number].ids, new_tokens)
+                repeat_ttfts["llama"].append(ttft)
+                mismatches["llama"] += ids != answers["llama"][number]
+                ttft, _, text = ask_hypic_server(http("hypic"), cell_prompts[number].text, new_tokens)
+                repeat_ttfts["hypic"].append(ttft)
+                mismatches["hypic"] += text != answers["hypic"][number]
     log = (workdir / "llama-server.log").read_text(errors="replace").splitlines()
     result["llama_server"]["warnings"] = [line.split(" W ", 1)[1].strip() for line in log if " W " in line][:12]
     for name, label in (("llama", "llama_server"), ("hypic", "hypic_rag_serve")):
@@ -355,6 +362,7 @@ def serving_throughput(model: Any, checkpoint: Path, gguf: Path, binary: Path, w
             "requests_per_second_ratio": many["requests_per_second"] / one["requests_per_second"]
             if one["requests_per_second"] else float("nan"),
             "concurrent_answers_compared_alone": compared, "mismatches": mismatches[name],
+            "repeat_ttft_p50": float(np.median(repeat_ttfts[name])) if repeat_ttfts[name] else float("nan"),
         })
     for key in ("one_client", "concurrent"):
         theirs = result["llama_server"][key]["requests_per_second"]
