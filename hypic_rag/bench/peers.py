@@ -519,22 +519,48 @@ def throughput_table(name: str, row: dict[str, Any]) -> list[str]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Bar chart of the TTFT medians of every shape (log scale)."""
+    """Bar charts: the TTFT medians of every shape (log scale, seconds written beside each bar), and the
+    throughput rows (requests/s at 1 and at 8 clients, both servers) where the run has them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     speeds = [(name, speed) for name, entry in result["models"].items() for speed in entry.get("speed", [])]
-    figure, axes = plt.subplots(1, max(1, len(speeds)), figsize=(7 * max(1, len(speeds)), 4.5), squeeze=False)
+    rows = [(name, entry["throughput"]) for name, entry in result["models"].items() if "throughput" in entry]
+    panels = max(1, len(speeds) + len(rows))
+    figure, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.8), squeeze=False)
     for axis, (name, speed) in zip(axes[0], speeds):
-        rows = [(label, speed["medians"][key]) for key, label in ROWS if key in speed["medians"]]
-        axis.barh([label.replace("hypic-rag ", "").replace("`", "") for label, _ in rows], [v for _, v in rows],
-                  color=["#c44" if label.startswith("llama") else "#48c" for label, _ in rows])
+        bars = [(label, speed["medians"][key]) for key, label in ROWS if key in speed["medians"]]
+        labels = [label.replace("hypic-rag ", "").replace("`", "").replace(" of the prompt it just answered", "")
+                  .replace("same chunks reordered + new question (its reuse)", "reordered (its reuse)")
+                  .replace("same chunks reordered (its reuse)", "reordered (its reuse)") for label, _ in bars]
+        values = [value for _, value in bars]
+        axis.barh(labels, values, color=["#c44" if label.startswith("llama") else "#48c" for label in labels])
+        for number, value in enumerate(values):
+            axis.text(value * 1.05, number, f"{value:.2f} s", va="center", fontsize=8)
         axis.set_xscale("log")
+        axis.set_xlim(min(values) / 2, max(values) * 4)
+        axis.xaxis.set_major_locator(LogLocator(base=10))
+        axis.xaxis.set_major_formatter(ScalarFormatter())
+        axis.xaxis.set_minor_formatter(NullFormatter())
         axis.set_xlabel("time to first token, s (median, log scale)")
-        axis.set_title(f"{name} model, {speed['shape']}, {result['machine']['threads']} threads")
+        axis.set_title(f"{name} model, {speed['shape']}, {result['machine']['threads']} threads", fontsize=10)
         axis.invert_yaxis()
+    for axis, (name, row) in zip(axes[0][len(speeds):], rows):
+        clients = row["clients"]
+        servers = (("llama_server", "llama-server F32", "#c44"), ("hypic_rag_serve", "hypic-rag serve", "#48c"))
+        for number, (key, label, color) in enumerate(servers):
+            values = [row[key]["one_client"]["requests_per_second"], row[key]["concurrent"]["requests_per_second"]]
+            places = [place + (number - 0.5) * 0.38 for place in range(2)]
+            axis.bar(places, values, width=0.36, color=color, label=label)
+            for place, value in zip(places, values):
+                axis.text(place, value, f"{value:.3f}", ha="center", va="bottom", fontsize=8)
+        axis.set_xticks([0, 1], ["1 client", f"{clients} clients"])
+        axis.set_ylabel("requests/s (48 new tokens)")
+        axis.set_title(f"{name} model, throughput, {row['prompt_tokens']}-token RAG prompts", fontsize=10)
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
