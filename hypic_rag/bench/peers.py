@@ -110,8 +110,10 @@ def converter_script(source: Path) -> Path:
 
 
 def full_vocabulary_tokenizer(vocab_size: int) -> Any:
-    """A byte-level BPE tokenizer of exactly `vocab_size` tokens (at least 259), every id a distinct token: three
-    special tokens (`<|endoftext|>` first, the end of sequence), the 256 byte symbols, then merges of lowercase
+    """A byte-level BPE tokenizer of exactly `vocab_size` tokens (at least 257), every id a distinct token: one
+    special token (`<|endoftext|>`, id 0, the end of sequence: the only one, so that llama.cpp, which ends a
+    generation at every special token it recognises, and this package stop at the same id), the 256 byte symbols,
+    then merges of lowercase
     letters with and without a leading space (" a", "ab", " ab", "abc", " abc", ... as far as the size goes). Every id
     the model can emit thus decodes to text of its own, and `" " + two letters` is one token."""
     import string
@@ -119,7 +121,7 @@ def full_vocabulary_tokenizer(vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    special = ["<|endoftext|>"]
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=ord)
     vocab = {token: number for number, token in enumerate(special + alphabet)}
     if vocab_size < len(vocab):
@@ -137,8 +139,7 @@ def full_vocabulary_tokenizer(vocab_size: int) -> Any:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=special[0], pad_token=special[0],
-                                   additional_special_tokens=special[1:])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=special[0], pad_token=special[0])
 
 
 def write_checkpoint(model: torch.nn.Module, directory: Path) -> Path:
@@ -426,8 +427,15 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             entry["refused"] = "llama.cpp's F32 logits differ from full beyond the tolerance: no speed reported"
             logger.error("%s: %s", name, entry["refused"])
             continue
-        if name == "bundled":
-            continue  # the bundled model is checked for agreement; speed is measured on the timing model
+        if name == "bundled":  # checked for agreement; TTFT and decode are measured on the timing model
+            if llama_server is not None:
+                from hypic_rag.bench.peers_serving import serving_throughput
+
+                began = load_average()
+                entry["throughput"] = serving_throughput(model, checkpoint, files["f32"], llama_server, workdir,
+                                                         seed=seed, **(serving or {}))
+                entry["throughput"]["load_average"] = {"start": began, "end": load_average()}
+            continue
         entry["speed"] = []
         for index, shape in enumerate(shapes):
             began = load_average()

@@ -160,11 +160,10 @@ def hypic_serve_command(index: Path, port: int) -> list[str]:
 
 
 def ask_llama_server(http: Any, ids: list[int], new_tokens: int) -> tuple[float, list[int]]:
-    """llama-server's `/completion` on `ids`, greedy, streamed, `new_tokens` tokens (`ignore_eos`: the GGUF marks
-    the tokenizer's special tokens as end of generation, which this package's generation of the same checkpoint does
-    not stop at): (seconds to the first token, generated ids)."""
-    body = {"prompt": ids, "n_predict": new_tokens, "temperature": 0.0, "stream": True, "return_tokens": True,
-            "ignore_eos": True}
+    """llama-server's `/completion` on `ids`, greedy, streamed, at most `new_tokens` tokens (it stops at the end of
+    sequence, id 0 of the peers tokenizer, as this package's generation does): (seconds to the first token,
+    generated ids)."""
+    body = {"prompt": ids, "n_predict": new_tokens, "temperature": 0.0, "stream": True, "return_tokens": True}
     began = time.perf_counter()
     first = None
     tokens: list[int] = []

@@ -75,7 +75,7 @@ def test_checkpoint_tokenizer_covers_the_vocabulary_and_prompts_have_exact_lengt
     tokenizer = full_vocabulary_tokenizer(4096)
     assert len(tokenizer) == 4096
     assert len({tokenizer.convert_ids_to_tokens(number) for number in range(4096)}) == 4096
-    with pytest.raises(ValueError, match="at least 259"):
+    with pytest.raises(ValueError, match="at least 257"):
         full_vocabulary_tokenizer(100)
     pool, prompts = make_prompts(tokenizer, count=3, top_k=4, chunk_tokens=32, pool_size=6, seed=1, question_tokens=5)
     assert len(pool) == 6 and len(prompts) == 3
