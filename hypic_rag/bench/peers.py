@@ -52,17 +52,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hypic_rag.errors import HypicError
+from hypic_rag.bench.peers_common import LOGIT_TOLERANCE, NEW_TOKENS, THREADS, PeerMissingError
 
 logger = logging.getLogger(__name__)
 
-LOGIT_TOLERANCE = 1e-3
-"""Largest |llama.cpp logit - full-mode logit| allowed, as a fraction of the vector's largest |logit| (F32 both
-sides; the kernels sum in different orders through every layer, so bit equality is not expected)."""
-
 GREEDY_STEPS = 32
-NEW_TOKENS = 48
-THREADS = 2
 GGUF_TYPES = ("f32", "q8_0")
 
 _CONVERT_WRAPPER = r"""
@@ -83,10 +77,6 @@ sys.argv = [str(script)] + sys.argv[3:]
 import runpy
 runpy.run_path(str(script), run_name="__main__")
 """
-
-
-class PeerMissingError(HypicError):
-    """The peer (llama-cpp-python) or llama.cpp's converter is not where the benchmark looks."""
 
 
 def require_llama_cpp() -> Any:
@@ -510,17 +500,20 @@ def throughput_table(name: str, row: dict[str, Any]) -> list[str]:
         side = row[key]
         one, many = side["one_client"], side["concurrent"]
         lines.append(f"| {label} | {one['requests_per_second']:.3f} ({one['completed']}) | "
-                     f"{many['requests_per_second']:.3f} ({many['completed']}) | {side['requests_per_second_ratio']:.2f}x | "
-                     f"{one['ttft_p50']:.2f} / {many['ttft_p50']:.2f} | {side.get('repeat_ttft_p50', float('nan')):.2f} | "
+                     f"{many['requests_per_second']:.3f} ({many['completed']}) | "
+                     f"{side['requests_per_second_ratio']:.2f}x | {one['ttft_p50']:.2f} / {many['ttft_p50']:.2f} | "
+                     f"{side.get('repeat_ttft_p50', float('nan')):.2f} | "
                      f"{side['concurrent_answers_compared_alone'] - side['mismatches']} of "
                      f"{side['concurrent_answers_compared_alone']} |")
     checks = row["checks"]
-    lines += ["", f"hypic-rag serve over llama-server, requests/s: {row['hypic_vs_llama_server_requests_per_second_one_client']:.1f}x "
+    ratio_one = row["hypic_vs_llama_server_requests_per_second_one_client"]
+    lines += ["", f"hypic-rag serve over llama-server, requests/s: {ratio_one:.1f}x "
               f"at 1 client, {row['hypic_vs_llama_server_requests_per_second_concurrent']:.1f}x at {clients}. Checks: "
               f"each of llama-server's {checks['llama_server_tokens']} greedy tokens, fed to `full` in this process, is "
               f"`full`'s own choice at {checks['llama_server_steps_full_would_choose']} steps and within "
               f"{checks['llama_server_largest_gap_to_full_choice']:.1e} of its largest logit at every step (tolerance "
-              f"{checks['tolerance']:.0e}: {'met' if checks['llama_server_tokens_within_tolerance'] else 'NOT met'}); the bare "
+              f"{checks['tolerance']:.0e}: {'met' if checks['llama_server_tokens_within_tolerance'] else 'NOT met'}); "
+              "the bare "
               f"server's text {'equals' if checks['hypic_serve_text_equals_in_process_hypic'] else 'differs from'} "
               "`hypic`'s in this process."]
     return lines

@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -48,7 +47,7 @@ import torch
 
 from hypic_rag.bench.batching import summarize
 from hypic_rag.bench.measure import closed_loop
-from hypic_rag.bench.peers import LOGIT_TOLERANCE, NEW_TOKENS, THREADS, PeerMissingError
+from hypic_rag.bench.peers_common import LOGIT_TOLERANCE, NEW_TOKENS, THREADS, PeerMissingError
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +120,8 @@ def _process(command: list[str], ready_url: str, log_path: Path, environment: di
     import httpx
 
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(environment or {})})
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(environment or {})})
         try:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -159,6 +159,20 @@ def hypic_serve_command(index: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "hypic_rag", "serve", "--index", str(index), "--port", str(port)]
 
 
+def _stream_events(http: Any, path: str, body: dict[str, Any], server: str) -> Iterator[dict[str, Any]]:
+    """The JSON events of a server-sent-event answer to `POST path` (`data: {...}` lines); RuntimeError naming
+    `server` on a status other than 200 or an error event."""
+    with http.stream("POST", path, json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{server} answered {response.status_code}: {response.read()[:200]!r}")
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[len("data: "):])
+                if "error" in event:
+                    raise RuntimeError(f"{server}: {line}")
+                yield event
+
+
 def ask_llama_server(http: Any, ids: list[int], new_tokens: int) -> tuple[float, list[int]]:
     """llama-server's `/completion` on `ids`, greedy, streamed, at most `new_tokens` tokens (it stops at the end of
     sequence, id 0 of the peers tokenizer, as this package's generation does): (seconds to the first token,
@@ -167,19 +181,13 @@ def ask_llama_server(http: Any, ids: list[int], new_tokens: int) -> tuple[float,
     began = time.perf_counter()
     first = None
     tokens: list[int] = []
-    with http.stream("POST", "/completion", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"llama-server answered {response.status_code}: {response.read()[:200]!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            event = json.loads(line[len("data: "):])
-            if event.get("tokens"):
-                if first is None:
-                    first = time.perf_counter() - began
-                tokens.extend(int(token) for token in event["tokens"])
-            if event.get("stop"):
-                break
+    for event in _stream_events(http, "/completion", body, "llama-server"):
+        if event.get("tokens"):
+            if first is None:
+                first = time.perf_counter() - began
+            tokens.extend(int(token) for token in event["tokens"])
+        if event.get("stop"):
+            break
     return (first if first is not None else time.perf_counter() - began), tokens
 
 
@@ -192,22 +200,14 @@ def ask_hypic_server(http: Any, text: str, new_tokens: int) -> tuple[float, int,
     first = None
     pieces: list[str] = []
     completion = 0
-    with http.stream("POST", "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"hypic-rag serve answered {response.status_code}: {response.read()[:200]!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[len("data: "):])
-            if "error" in event:
-                raise RuntimeError(line)
-            for choice in event.get("choices", []):
-                if choice.get("text"):
-                    if first is None:
-                        first = time.perf_counter() - began
-                    pieces.append(choice["text"])
-            if event.get("usage"):
-                completion = int(event["usage"]["completion_tokens"])
+    for event in _stream_events(http, "/v1/completions", body, "hypic-rag serve"):
+        for choice in event.get("choices", []):
+            if choice.get("text"):
+                if first is None:
+                    first = time.perf_counter() - began
+                pieces.append(choice["text"])
+        if event.get("usage"):
+            completion = int(event["usage"]["completion_tokens"])
     return (first if first is not None else time.perf_counter() - began), completion, "".join(pieces)
 
 
@@ -236,7 +236,7 @@ def forced_gaps(engine: Any, request: Any, tokens: list[int]) -> list[float]:
     """`full` mode fed `tokens` (another engine's greedy choices) after `request`: per step, how far the chosen
     token's logit lies below this package's largest logit there, as a fraction of the largest |logit| (0: the same
     choice). Near-flat logits of a random model make near ties, which F32 kernels summing in other orders may break
-    either way; a gap within `peers.LOGIT_TOLERANCE` is such a tie, a larger one a different model or prompt."""
+    either way; a gap within `peers_common.LOGIT_TOLERANCE` is such a tie, a larger one a different model or prompt."""
     gaps = []
     with torch.no_grad():
         prefilled = engine.prefill(request, "full")
@@ -270,7 +270,6 @@ def serving_throughput(model: Any, checkpoint: Path, gguf: Path, binary: Path, w
     index = build_index(checkpoint, workdir / "serving")
     context_per_slot = -(-(len(check_prompt.ids) + new_tokens + 64) // 256) * 256  # llama.cpp pads to 256
     llama_port, hypic_port = free_port(), free_port()
-    servers: dict[str, Any] = {}
     result: dict[str, Any] = {
         "prompt": f"{top_k} x {chunk_tokens} from a pool of {pool_size}, new order and question per request",
         "prompt_tokens": len(check_prompt.ids), "new_tokens": new_tokens, "clients": clients,
@@ -279,9 +278,9 @@ def serving_throughput(model: Any, checkpoint: Path, gguf: Path, binary: Path, w
         "hypic_rag_serve": {"command": " ".join(hypic_serve_command(index, hypic_port))},
     }
     with (_process(llama_server_command(binary, gguf, llama_port, context_per_slot),
-                   f"http://127.0.0.1:{llama_port}/health", workdir / "llama-server.log") as _llama,
+                   f"http://127.0.0.1:{llama_port}/health", workdir / "llama-server.log"),
           _process(hypic_serve_command(index, hypic_port), f"http://127.0.0.1:{hypic_port}/healthz",
-                   workdir / "hypic-serve.log") as _hypic):
+                   workdir / "hypic-serve.log")):
         local = threading.local()
 
         def http(name: str) -> Any:
@@ -332,11 +331,13 @@ def serving_throughput(model: Any, checkpoint: Path, gguf: Path, binary: Path, w
             return ttft, count
 
         cells: dict[str, dict[str, Any]] = {}
-        for count, requests, first in ((1, one_client_requests, 0), (clients, concurrent_requests, one_client_requests)):
+        cell_plan = ((1, one_client_requests, 0), (clients, concurrent_requests, one_client_requests))
+        for count, requests, first in cell_plan:
             for name, run_one in (("llama", run_llama), ("hypic", run_hypic)):  # the same prompts both ways
                 loop = closed_loop(run_one, count, requests, max_seconds, first=first)
                 cells[f"{name} {count}"] = summarize(count, [loop])
-                logger.info("%s, %d client(s): %.3f requests/s", name, count, cells[f"{name} {count}"]["requests_per_second"])
+                logger.info("%s, %d client(s): %.3f requests/s", name, count,
+                            cells[f"{name} {count}"]["requests_per_second"])
         # the concurrent answers against the same prompt asked alone
         # (llama-server answers such an exact repeat from a context checkpoint of the slot that held the prompt:
         # their TTFT is its exact-repeat reuse through the server, `repeat_ttft_p50`)

@@ -104,7 +104,8 @@ def test_throughput_table_names_both_servers_and_their_ratio() -> None:
                       "llama_server_largest_gap_to_full_choice": 2e-4, "llama_server_tokens_within_tolerance": True,
                       "tolerance": 1e-3, "hypic_serve_text_equals_in_process_hypic": True}}
     text = "\n".join(throughput_table("medium", row))
-    assert "| llama-server F32 (`-np 8`, `--cache-reuse`) | 0.100 (4) | 0.080 (16) | 0.80x | 1.00 / 2.00 | 0.50 | 7 of 8 |" in text
+    assert ("| llama-server F32 (`-np 8`, `--cache-reuse`) | 0.100 (4) | 0.080 (16) | 0.80x | 1.00 / 2.00 | 0.50 "
+            "| 7 of 8 |") in text
     assert "| `hypic-rag serve` (bare command) | 0.200 (4) | 0.500 (16) | 2.50x | 1.00 / 2.00 | 0.50 | 7 of 8 |" in text
     assert "2.0x at 1 client, 6.2x at 8" in text and "`full`'s own choice at 45 steps and within 2.0e-04" in text
 
