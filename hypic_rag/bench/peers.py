@@ -419,12 +419,7 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             continue
         if name == "bundled":  # checked for agreement; TTFT and decode are measured on the timing model
             if llama_server is not None:
-                from hypic_rag.bench.peers_serving import serving_throughput
-
-                began = load_average()
-                entry["throughput"] = serving_throughput(model, checkpoint, files["f32"], llama_server, workdir,
-                                                         seed=seed, **(serving or {}))
-                entry["throughput"]["load_average"] = {"start": began, "end": load_average()}
+                _throughput(entry, model, checkpoint, files["f32"], llama_server, workdir, seed, serving)
             continue
         entry["speed"] = []
         for index, shape in enumerate(shapes):
@@ -434,14 +429,26 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             entry["speed"].append(speed)
         del llms
         if llama_server is not None:
-            from hypic_rag.bench.peers_serving import serving_throughput
-
-            began = load_average()
-            entry["throughput"] = serving_throughput(model, checkpoint, files["f32"], llama_server, workdir,
-                                                     seed=seed, **(serving or {}))
-            entry["throughput"]["load_average"] = {"start": began, "end": load_average()}
+            _throughput(entry, model, checkpoint, files["f32"], llama_server, workdir, seed, serving)
     result["load_average"]["end"] = load_average()
     return result
+
+
+def _throughput(entry: dict[str, Any], model: Any, checkpoint: Path, gguf: Path, llama_server: Path, workdir: Path,
+                seed: int, serving: dict[str, Any] | None) -> None:
+    """`entry["throughput"]`: `peers_serving.serving_throughput` with the load averages around it; a failure is
+    logged and recorded as `entry["throughput_error"]` (the rows measured before it are kept)."""
+    from hypic_rag.bench.peers_serving import serving_throughput
+
+    began = load_average()
+    try:
+        entry["throughput"] = serving_throughput(model, checkpoint, gguf, llama_server, workdir, seed=seed,
+                                                 **(serving or {}))
+    except Exception as error:  # noqa: BLE001 - the run's other rows are still written
+        logger.exception("throughput rows failed")
+        entry["throughput_error"] = f"{type(error).__name__}: {error}"
+        return
+    entry["throughput"]["load_average"] = {"start": began, "end": load_average()}
 
 
 ROWS = (
