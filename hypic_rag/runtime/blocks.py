@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from hypic_rag.entry.schema import ATTENTION_LAYER, LINEAR_LAYER, MLP_LAYER
-from hypic_rag.runtime.layers import call_mlp
+from hypic_rag.runtime.layers import call_mlp, fuse_gate_up
 from hypic_rag.runtime.mixers.base import AttentionMixer, Mixer, RecurrentMixer
 
 MixFunction = Callable[[Mixer, torch.Tensor], torch.Tensor]
@@ -101,6 +101,7 @@ class ResidualBlock(Block):
         self.mixer, self.input_norm, self.mlp, self.mlp_norm = mixer, input_norm, mlp, mlp_norm
         self.residual_multiplier = float(residual_multiplier)
         self.mixers = () if mixer is None else (mixer,)
+        fuse_gate_up(mlp)
         self.check()
 
     def forward(self, hidden: torch.Tensor, mix: MixFunction, context: BlockContext) -> torch.Tensor:
@@ -135,6 +136,7 @@ class ParallelBlock(Block):
         self.branches, self.input_norm, self.mlp, self.mlp_norm = branches, input_norm, mlp, mlp_norm
         self.mixers = tuple(branch.mixer for branch in branches)
         self.check()
+        fuse_gate_up(mlp)
 
     def forward(self, hidden: torch.Tensor, mix: MixFunction, context: BlockContext) -> torch.Tensor:
         x = self.input_norm(hidden)

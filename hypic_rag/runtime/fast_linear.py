@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -124,19 +125,25 @@ def _worth_widening(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return size >= WIDE_MIN_WEIGHT or (x.numel() // max(x.shape[-1], 1)) * size >= WIDE_MIN_MULTIPLY_ADDS
 
 
+def _widened(product: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor,  # noqa: A002
+              weight: torch.Tensor) -> torch.Tensor:
+    """product(input) (a product by `weight`), on every thread when inside a serial section and `_worth_widening`."""
+    threads = wide_threads()  # inside a serial section: a large product wants every thread, a small one not
+    if threads is None or not _worth_widening(input, weight):
+        return product(input)
+    torch.set_num_threads(threads)
+    try:
+        return product(input)
+    finally:
+        torch.set_num_threads(1)
+
+
 class FastLinear(nn.Linear):
     """An `nn.Linear` whose forward is `onednn_linear`, through a packed weight copy for 2..`PACKED_MAX_ROWS` rows
     (made by `fast_view` over a plain `nn.Linear`'s parameters, never constructed directly)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
-        threads = wide_threads()  # inside a serial section: a large product wants every thread, a small one not
-        if threads is None or not _worth_widening(input, self.weight):
-            return self._product(input)
-        torch.set_num_threads(threads)
-        try:
-            return self._product(input)
-        finally:
-            torch.set_num_threads(1)
+        return _widened(self._product, input, self.weight)
 
     def _product(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
         weight, bias = self.weight, self.bias
@@ -158,6 +165,103 @@ class FastLinear(nn.Linear):
             cached = (weakref.ref(weight), key, pack_weight(weight))
             self.__dict__["_packed"] = cached
         return cached[2]
+
+
+ONE_ROW_FUSED = True
+"""Whether a `LinearGroup` multiplies ONE row (a batch-1 decode step) by its fused weight in one product. False:
+each layer multiplies the row on its own (the reference the tests compare with)."""
+
+
+class LinearGroup:
+    """Linear layers that read the same input (a mixer's input projections, a gated MLP's gate and up), multiplied
+    as one for one row.
+
+    Made once when the runtime builds its blocks: when every layer is a `FastLinear` over CPU float32 weights of the
+    same input width (biases all present or all absent), their weights are copied into one tensor [sum of outputs,
+    in] and each layer's weight (and bias) parameter is pointed at its rows of it (`param.data` = a view: the same
+    values, the same parameter objects, one copy of the weights; a module that shares the parameters, the caller's
+    transformers model, sees the same values from the same memory). Layers already laid out that way (the model
+    wrapped a second time) are taken as they are. A batch-1 decode step then streams the group's weights in one
+    matrix-vector product instead of one per layer (one parallel region woken instead of several: fewer wakes of the
+    sleeping OpenMP threads per token, docs/benchmarks/peers.md "Decode").
+
+    `__call__(x)`: x [..., in] -> one tensor [..., out_i] per layer, in order. One row, `ONE_ROW_FUSED`, the layers
+    still views of the fused weight (a weight replaced since, e.g. `model.to(...)`, makes the group fall back) and
+    the input `onednn_eligible`: the fused product, split (views). Otherwise each layer's own forward (the
+    reference): more rows keep each layer's packed oneDNN weight."""
+
+    def __init__(self, linears: Sequence[nn.Module]) -> None:
+        self.linears = tuple(linears)
+        self.sizes = [int(linear.out_features) if isinstance(linear, nn.Linear) else 0 for linear in self.linears]
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self._pointers: tuple[int, ...] = ()
+        if len(self.linears) > 1 and _fusable(self.linears):
+            with torch.no_grad():
+                self.weight = _fused_parameters([linear.weight for linear in self.linears])
+                if self.linears[0].bias is not None:
+                    self.bias = _fused_parameters([linear.bias for linear in self.linears])
+            self._pointers = self._current_pointers()
+
+    def _current_pointers(self) -> tuple[int, ...]:
+        return tuple(tensor.data_ptr() for linear in self.linears
+                     for tensor in ((linear.weight,) if linear.bias is None else (linear.weight, linear.bias)))
+
+    @property
+    def fused(self) -> bool:
+        """Whether the layers' weights are (still) rows of this group's fused weight."""
+        return self.weight is not None and self._current_pointers() == self._pointers
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        weight = self.weight
+        if (ONE_ROW_FUSED and weight is not None and x.numel() == x.shape[-1] and self.fused
+                and onednn_eligible(x, weight, self.bias)):
+            product = _widened(self._one_row, x, weight)
+            return tuple(product.split(self.sizes, dim=-1))
+        return tuple(linear(x) for linear in self.linears)
+
+    def _one_row(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.weight is not None
+        return F.linear(x, self.weight, self.bias) if ONE_ROW_BLAS else _onednn_product(x, self.weight, self.bias)
+
+
+def _fusable(linears: Sequence[nn.Module]) -> bool:
+    """Whether `LinearGroup` may fuse these layers: distinct `FastLinear`s over CPU float32 weights (not meta) of one
+    input width, biases all present or all absent (float32 CPU)."""
+    if not ONEDNN or not all(type(linear) is FastLinear for linear in linears):
+        return False
+    weights = [linear.weight for linear in linears]
+    if len({id(weight) for weight in weights}) != len(weights) or len({weight.shape[1] for weight in weights}) != 1:
+        return False
+    if any(weight.is_meta or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2
+           for weight in weights):
+        return False
+    biases = [linear.bias for linear in linears]
+    if all(bias is None for bias in biases):
+        return True
+    return all(bias is not None and bias.device.type == "cpu" and bias.dtype == torch.float32 and not bias.is_meta
+               for bias in biases) and len({id(bias) for bias in biases}) == len(biases)
+
+
+def _fused_parameters(parameters: list[torch.Tensor]) -> torch.Tensor:
+    """One tensor whose leading-dim row ranges the `parameters` (in order) are views of: the tensor they already lie
+    in, consecutively, or a new one they are copied into and pointed at (`param.data`)."""
+    first = parameters[0]
+    rows = sum(parameter.shape[0] for parameter in parameters)
+    tail = tuple(first.shape[1:])
+    step = first[0].numel() if first.dim() > 1 else 1
+    consecutive = all(parameter.is_contiguous() for parameter in parameters) and all(
+        later.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and later.storage_offset() == earlier.storage_offset() + earlier.numel()
+        for earlier, later in zip(parameters, parameters[1:]))
+    if consecutive:  # each one ends where the next begins, in one storage: their rows together are a view
+        return first.detach().as_strided((rows, *tail), (step, *first.stride()[1:]) if first.dim() > 1 else (1,))
+    fused = torch.cat([parameter.detach() for parameter in parameters])
+    start = 0
+    for parameter in parameters:
+        parameter.data = fused[start : start + parameter.shape[0]]
+        start += parameter.shape[0]
+    return fused
 
 
 def fast_view(module: nn.Module) -> nn.Module:

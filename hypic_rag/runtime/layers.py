@@ -114,9 +114,42 @@ def causal_attention(attention: AttentionMixer, query: torch.Tensor, keys: torch
     return out.transpose(1, 2).reshape(query.shape[0], query.shape[2], -1)
 
 
+GATED_MLPS = frozenset({
+    "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5MLP",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe.Qwen3_5MoeMLP",
+    "transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextMLP",
+    "transformers.models.jamba.modeling_jamba.JambaMLP",
+    "transformers.models.bamba.modeling_bamba.BambaMLP",
+    "transformers.models.kimi_linear.modeling_kimi_linear.KimiLinearMLP",
+    "transformers.models.olmo_hybrid.modeling_olmo_hybrid.OlmoHybridMLP",
+    "hypic_rag.runtime.checkpoints.native.qwen3_5.GatedMLP",
+})
+"""MLP classes whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))` (read in their source), so
+that `fuse_gate_up` may compute it with gate and up as one `LinearGroup`."""
+
+_GATE_UP = "_hypic_gate_up"
+
+
+def fuse_gate_up(mlp: nn.Module | None) -> None:
+    """Give a `GATED_MLPS` module of the runtime's view its gate and up projections as one `LinearGroup` (built once,
+    when the blocks are built), which `call_mlp` then uses; other modules are left alone."""
+    if mlp is None or f"{type(mlp).__module__}.{type(mlp).__qualname__}" not in GATED_MLPS:
+        return
+    from hypic_rag.runtime.fast_linear import LinearGroup
+
+    group = LinearGroup([mlp.gate_proj, mlp.up_proj])
+    if group.weight is not None:
+        mlp.__dict__[_GATE_UP] = group
+
+
 def call_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """An MLP or MoE block on x [T, hidden] or [n, T, hidden] (MoE blocks may want a batch dim and may return
-    (out, router_logits))."""
+    (out, router_logits)). A gated MLP given its `fuse_gate_up` group computes down(act(gate(x)) * up(x)) with it
+    (one product for one row; its module's own forward is the same arithmetic, layer by layer)."""
+    gate_up = mlp.__dict__.get(_GATE_UP)
+    if gate_up is not None:
+        gate, up = gate_up(x)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
     batched = x.dim() == 3
     out = mlp(x if batched else x[None])
     if isinstance(out, tuple):

@@ -287,16 +287,15 @@ def _decode_steps(
     """One decode step of every item at once: item n's token is row n; its conv window is its conv tail and the
     token, its state steps once from the stacked states [n, *state_shape]. The same values as the walk."""
     previous = [layout.state.linear[layer_index] for layout in layouts]
-    tails = torch.stack([state.conv_tail for state in previous]).float()  # [n, C, W]
-    starts = torch.stack([state.recurrent for state in previous]).float()  # [n, *state_shape]
-    gathered = projections.map(lambda tensor: tensor[:, None])  # [n, 1, ...]
-    convolved = mixer.convolve(gathered.preconv, tails)
-    outputs, finals = mixer.run(mixer.recurrence_inputs(convolved, gathered), starts)
-    preconv = projections.preconv
-    new_tails = torch.cat([tails, preconv[:, :, None].float()], dim=2)[:, :, 1:] if tails.shape[-1] else tails
+    if len(previous) == 1 and previous[0].recurrent.device.type == "cpu":  # one sequence: views (never written)
+        tails, starts = previous[0].conv_tail[None].float(), previous[0].recurrent[None].float()
+    else:
+        tails = torch.stack([state.conv_tail for state in previous]).float()  # [n, C, W]
+        starts = torch.stack([state.recurrent for state in previous]).float()  # [n, *state_shape]
+    outputs, new_tails, finals = mixer.step(projections, tails, starts)
     for number, layout in enumerate(layouts):
         layout.state.linear[layer_index] = LinearLayerState(finals[number], new_tails[number])
-    return mixer.output(outputs[:, 0], projections, dtype)
+    return mixer.output(outputs, projections, dtype)
 
 
 def _apply_cached_steps(

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hypic_rag.runtime import layers as L
+from hypic_rag.runtime.fast_linear import LinearGroup
 from hypic_rag.runtime.mixers.base import AttentionMixer, AttentionProjections, Positioner
 
 
@@ -58,22 +59,24 @@ class ProjectedAttention(AttentionMixer):
         self.q_norm = q_norm if q_norm is not None else getattr(module, "q_norm", None)
         self.k_norm = k_norm if k_norm is not None else getattr(module, "k_norm", None)
         self.o_proj = o_proj if o_proj is not None else module.o_proj
+        # q, k and v read the same tokens: one product for a decode step's row (`LinearGroup`)
+        self.qkv = LinearGroup([module.q_proj, module.k_proj, module.v_proj])
 
     def project(self, x: torch.Tensor) -> AttentionProjections:
-        module, tokens, head_dim, heads = self.module, x.shape[:-1], self.head_dim, self.num_heads
-        projected = module.q_proj(x)
+        tokens, head_dim, heads = x.shape[:-1], self.head_dim, self.num_heads
+        projected, key, value = self.qkv(x)
         extras: tuple[torch.Tensor, ...] = ()
         if projected.shape[-1] == heads * head_dim * 2:  # gated attention (Qwen3.5 / Qwen3-Next)
             query, gate = torch.chunk(projected.view(*tokens, heads, head_dim * 2), 2, dim=-1)
             extras = (gate.reshape(*tokens, -1),)
         else:
             query = projected.view(*tokens, heads, head_dim)
-        key = module.k_proj(x).view(*tokens, -1, head_dim)
+        key = key.reshape(*tokens, -1, head_dim)
         if self.q_norm is not None:
             query = self.q_norm(query)
         if self.k_norm is not None:
             key = self.k_norm(key)
-        value = module.v_proj(x).view(*tokens, -1, head_dim)
+        value = value.reshape(*tokens, -1, head_dim)
         return AttentionProjections(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2), extras)
 
     def output(self, core: torch.Tensor, projections: AttentionProjections) -> torch.Tensor:

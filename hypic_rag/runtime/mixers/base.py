@@ -214,6 +214,22 @@ class RecurrentMixer(ABC):
             raise ValueError("run_packed needs at least one run")
         return torch.cat(pieces, dim=1), state
 
+    def step(
+        self, projections: Projections, tails: torch.Tensor, starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step of n sequences, one token each: projections of the n tokens ([n, ...]: preconv [n, C]),
+        their conv tails [n, C, W] and states [n, *state_shape] (float32; read, never written). Returns the
+        recurrence outputs [n, *output_shape], the new conv tails [n, C, W] and end states [n, *state_shape].
+
+        This default is the prefill's path over runs of one step (`convolve`, `recurrence_inputs`, `run`): the
+        reference for faster overrides."""
+        gathered = projections.map(lambda tensor: tensor[:, None])  # [n, 1, ...]
+        convolved = self.convolve(gathered.preconv, tails)
+        outputs, finals = self.run(self.recurrence_inputs(convolved, gathered), starts)
+        preconv = projections.preconv
+        new_tails = torch.cat([tails, preconv[:, :, None].float()], dim=2)[:, :, 1:] if tails.shape[-1] else tails
+        return outputs[:, 0], new_tails, finals
+
     @abstractmethod
     def outputs_from_start(
         self, zero_outputs: torch.Tensor, transition_outputs: torch.Tensor | tuple[torch.Tensor, ...],

@@ -13,10 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_rag.runtime.fast_linear import LinearGroup
 from hypic_rag.runtime.layers import activation, causal_depthwise_conv
 from hypic_rag.runtime.mixers.base import DeltaRuleInputs, DeltaRuleMixer, ModuleConv, Projections, valid_steps
 from hypic_rag.runtime.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_with_transition
 from hypic_rag.runtime.ops.gated_delta_rule.chunk import BetweenRuns, chunk_gated_delta_rule_packed
+from hypic_rag.runtime.ops.gated_delta_rule.recurrent import gated_delta_rule_step
+
+FUSED_STEP = True
+"""Whether a CPU decode step runs `GatedDeltaNetMixer.step`'s own short form (the conv window as one product, q and
+k normalised together, the one-token recurrence with unrepeated key heads: `gated_delta_rule_step`). False: the
+generic step over runs of one token (`RecurrentMixer.step`, the reference the tests compare with); CUDA always
+takes the generic step (fla's kernels)."""
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -38,6 +46,18 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.activation = activation(module.activation)  # transformers applies `config.hidden_act` after the conv
+        # the input projections read the same tokens: one product for a decode step's row (`LinearGroup`)
+        self.input_projections = LinearGroup([getattr(module, name) for name in self.input_projection_names()])
+
+    def input_projection_names(self) -> tuple[str, ...]:
+        """The module's input projections, in the order `project` takes them from `input_projections`."""
+        if hasattr(self.module, "in_proj_qkvz"):  # Qwen3-Next
+            return ("in_proj_qkvz", "in_proj_ba")
+        return ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+
+    def write_strength(self, b: torch.Tensor) -> torch.Tensor:
+        """beta [..., H] float32 from the b projection: sigmoid(b)."""
+        return b.float().sigmoid()
 
     @property
     def state_shape(self) -> tuple[int, ...]:
@@ -48,16 +68,13 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
         module = self.module
         if hasattr(module, "in_proj_qkvz"):  # Qwen3-Next: grouped qkvz / ba layout (its own code wants 3 dims)
             batched = x if x.dim() == 3 else x[None]
-            query, key, value, z, b, a = module.fix_query_key_value_ordering(
-                module.in_proj_qkvz(batched), module.in_proj_ba(batched)
-            )
+            query, key, value, z, b, a = module.fix_query_key_value_ordering(*self.input_projections(batched))
             preconv = torch.cat([t.reshape(*t.shape[:2], -1) for t in (query, key, value)], dim=-1)
             if x.dim() != 3:
                 preconv, z, b, a = preconv[0], z[0], b[0], a[0]
             return Projections(preconv, (z, b, a))
-        preconv = module.in_proj_qkv(x)
-        z = module.in_proj_z(x).reshape(*x.shape[:-1], -1, module.head_v_dim)
-        return Projections(preconv, (z, module.in_proj_b(x), module.in_proj_a(x)))
+        preconv, z, b, a = self.input_projections(x)
+        return Projections(preconv, (z.reshape(*x.shape[:-1], -1, module.head_v_dim), b, a))
 
     def convolve(self, preconv: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         conv = self.module.conv1d  # weight [C, 1, kernel]
@@ -79,13 +96,41 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
             key = key.repeat_interleave(heads_v // heads_k, dim=2)
         query = _l2norm(query) * (module.head_k_dim**-0.5)
         key = _l2norm(key)
-        beta = b.float().sigmoid()
+        beta = self.write_strength(b)
         log_decay = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
         if lengths is not None:  # identity steps past each run's end: decay 1, write strength 0
             valid = valid_steps(lengths, length, convolved.device)
             beta = beta * valid[..., None]
             log_decay = log_decay * valid[..., None]
         return DeltaRuleInputs.from_time_major(query, key, value, log_decay, beta)
+
+    def step(
+        self, projections: Projections, tails: torch.Tensor, starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step of n sequences (contract: `RecurrentMixer.step`): preconv [n, C], z [n, H, V], b, a
+        [n, H]; tails [n, C, kernel-1]; starts [n, H, K, V]. On CPU with `FUSED_STEP`, in few operations: the conv
+        window (tail and token) times the taps summed, q and k l2-normalised as one tensor, the gates, and
+        `gated_delta_rule_step`; the same values as the generic step (float32 round-off)."""
+        preconv = projections.preconv
+        if not FUSED_STEP or preconv.is_cuda or tails.shape[-1] == 0:
+            return super().step(projections, tails, starts)
+        module = self.module
+        conv = module.conv1d  # weight [C, 1, kernel]
+        batch = preconv.shape[0]
+        window = torch.cat([tails.to(conv.weight.dtype), preconv[:, :, None].to(conv.weight.dtype)], dim=2)
+        mixed = (window * conv.weight[:, 0]).sum(dim=-1)  # [n, C]
+        if conv.bias is not None:
+            mixed = mixed + conv.bias
+        mixed = self.activation(mixed).float()
+        key_heads, key_dim = module.num_k_heads, module.head_k_dim
+        both = mixed[:, : 2 * module.key_dim].reshape(batch, 2 * key_heads, key_dim)
+        both = _l2norm(both)
+        query = both[:, :key_heads] * (key_dim**-0.5)
+        value = mixed[:, 2 * module.key_dim :].reshape(batch, module.num_v_heads, module.head_v_dim)
+        _, b, a = projections.extras
+        log_decay = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
+        outputs, finals = gated_delta_rule_step(query, both[:, key_heads:], value, log_decay, self.write_strength(b), starts)
+        return outputs, window[:, :, 1:].float(), finals
 
     @property
     def scans_runs(self) -> bool:  # type: ignore[override]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from hypic_rag.runtime.mixers.attention import ProjectedAttention
-from hypic_rag.runtime.mixers.base import AttentionProjections, DeltaRuleInputs, Projections
+from hypic_rag.runtime.mixers.base import AttentionProjections, Projections
 from hypic_rag.runtime.mixers.gated_deltanet import GatedDeltaNetMixer
 
 
@@ -20,19 +20,17 @@ class OlmoGatedDeltaNetMixer(GatedDeltaNetMixer):
     """Wraps `OlmoHybridGatedDeltaNet`: state (Hv, K, V); projections: preconv [.., T, 2*Hk*K + Hv*V] (q | k | v),
     extras (g [.., T, Hv, V], b [.., T, Hv], a [.., T, Hv])."""
 
-    def project(self, x: torch.Tensor) -> Projections:
-        module = self.module
-        preconv = torch.cat([module.q_proj(x), module.k_proj(x), module.v_proj(x)], dim=-1)
-        gate = module.g_proj(x).reshape(*x.shape[:-1], -1, module.head_v_dim)
-        return Projections(preconv, (gate, module.b_proj(x), module.a_proj(x)))
+    def input_projection_names(self) -> tuple[str, ...]:
+        return ("q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "a_proj")
 
-    def recurrence_inputs(
-        self, convolved: torch.Tensor, projections: Projections, lengths: list[int] | None = None
-    ) -> DeltaRuleInputs:
-        inputs = super().recurrence_inputs(convolved, projections, lengths)
-        if self.module.allow_neg_eigval:  # b = 2 sigmoid(.) in [0, 2]; identity steps keep b = 0
-            inputs.beta = inputs.beta * 2.0
-        return inputs
+    def project(self, x: torch.Tensor) -> Projections:
+        query, key, value, gate, b, a = self.input_projections(x)
+        preconv = torch.cat([query, key, value], dim=-1)
+        return Projections(preconv, (gate.reshape(*x.shape[:-1], -1, self.module.head_v_dim), b, a))
+
+    def write_strength(self, b: torch.Tensor) -> torch.Tensor:
+        beta = super().write_strength(b)
+        return beta * 2.0 if self.module.allow_neg_eigval else beta  # b = 2 sigmoid(.) in [0, 2]
 
     def output(self, core: torch.Tensor, projections: Projections, dtype: torch.dtype) -> torch.Tensor:
         """RMS norm over V times silu(g), then o_proj: core [..., T, Hv, V] -> [..., T, hidden]."""
@@ -48,7 +46,8 @@ class WholeNormAttention(ProjectedAttention):
 
     def project(self, x: torch.Tensor) -> AttentionProjections:
         module, tokens, head_dim = self.module, x.shape[:-1], self.head_dim
-        query = module.q_norm(module.q_proj(x)).view(*tokens, -1, head_dim)
-        key = module.k_norm(module.k_proj(x)).view(*tokens, -1, head_dim)
-        value = module.v_proj(x).view(*tokens, -1, head_dim)
+        query, key, value = self.qkv(x)
+        query = module.q_norm(query).reshape(*tokens, -1, head_dim)
+        key = module.k_norm(key).reshape(*tokens, -1, head_dim)
+        value = value.reshape(*tokens, -1, head_dim)
         return AttentionProjections(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2))

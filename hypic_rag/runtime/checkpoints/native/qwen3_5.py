@@ -164,9 +164,10 @@ class GatedMLP(nn.Module):
         self.gate_proj = _linear(hidden, intermediate, bias=False)
         self.up_proj = _linear(hidden, intermediate, bias=False)
         self.down_proj = _linear(intermediate, hidden, bias=False)
+        self.act_fn = F.silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class RotaryEmbedding(nn.Module):
