@@ -37,25 +37,6 @@ logger = logging.getLogger(__name__)
 MIB = 1 << 20
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it (children of any of its threads, recursively), parents first."""
-    found, pending = [], [pid]
-    while pending:
-        current = pending.pop(0)
-        found.append(current)
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                children = Path(f"/proc/{current}/task/{task}/children").read_text().split()
-            except OSError:
-                continue
-            pending.extend(int(child) for child in children if int(child) not in found)
-    return found
-
-
 def rss_mib(pid: int) -> float | None:
     """The resident set of process `pid` in MiB (VmRSS), None when it is gone."""
     try:
@@ -163,7 +144,7 @@ def burst_memory(*, bursts: int = 20, streams: int = 64, workers: int = 2, top_k
     import httpx
 
     from hypic_rag.bench.foreign_corpus import questions
-    from hypic_rag.bench.server_clients import _ask, foreign_corpus_server
+    from hypic_rag.bench.server_clients import _ask, foreign_corpus_server, process_tree
 
     asked = questions()
     rows: list[dict[str, Any]] = []

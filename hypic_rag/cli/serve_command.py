@@ -4,8 +4,13 @@ Endpoints: POST /v1/ask, POST /v1/completions (OpenAI-compatible; segments separ
 POST /v1/documents, GET /v1/jobs/{id}, DELETE /v1/documents/{id}, GET /v1/cache/stats, GET /healthz,
 GET /metrics, the OpenAPI page at /docs, and a page to ask from at / (its assets under /ui/; --no-ui: none). SIGINT or SIGTERM shut down gracefully (in-flight requests finish,
 the cache is closed cleanly). Start-up binds the port first, then loads the model, so a port in use fails at once.
-With --workers N the model runs in N processes on this host (read-only) behind this endpoint, each request sent
-to the least loaded (data parallel over the cores, no Ray). With --replicas N the model runs in N Ray Serve
+Processes and threads: on a CPU with at least 2 cores and a model whose weights are at most 64 MiB (the bundled
+model), the model runs in one worker process per core this process may use (os.sched_getaffinity; at most 8), each
+with cores // workers intra-op threads, behind this endpoint, each request sent to the least loaded; otherwise (a
+larger model, one core, a GPU) in this one process with every core's threads. The log names the choice and why;
+--workers N and --threads N override it. Over a writable index worker-0 owns the index: the front sends it every
+document route, the other workers follow its writes (a document is found by every worker once its job reports it
+indexed). With --replicas N the model runs in N Ray Serve
 replicas (read-only) behind this endpoint: the same API, each request routed to the replica likely to hold its
 retrieved chunks hot (rendezvous hashing, load as tie-break); /v1/cache/stats and /healthz report every replica.
 --encode-actors K encodes cache misses on K Ray actors.
@@ -112,11 +117,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="server log level (info)")
     parser.add_argument("--workers", type=worker_count_or_auto, default=AUTO, metavar="N|auto",
                         help="model worker processes on this host behind this endpoint, each request to the least "
-                             "loaded (data parallel over the cores, no Ray; each loads the model; read-only; the "
-                             "cores shared out as intra-op threads). 1: this process serves alone. auto (the "
-                             "default): one worker per core this process may use (at most 8) when the index is "
-                             "served --read-only on a CPU with at least 2 cores and the model's weights are at most "
-                             "64 MiB, else 1: a writable index keeps its document endpoints")
+                             "loaded (data parallel over the cores, no Ray; each loads the model; over a writable "
+                             "index worker-0 writes it and gets every document route, the others follow its writes). "
+                             "1: this process serves alone. auto (the default): one worker per core this process may "
+                             "use (at most 8) on a CPU with at least 2 cores when the model's weights are at most "
+                             "64 MiB, else 1")
+    parser.add_argument("--threads", type=int_in(1, 1_024), default=None, metavar="N",
+                        help="intra-op threads of each model process (default: the cores this process may use "
+                             "divided by the workers, at least 1)")
     scale = parser.add_argument_group("scale-out (Ray; needs the ray extra)")
     scale.add_argument("--replicas", type=int_in(1, 1_024), default=1, metavar="N",
                        help="model replicas behind this endpoint, as Ray Serve deployments; each request goes to the "
@@ -171,8 +179,7 @@ def run_serve(args: argparse.Namespace) -> int:
     manifest = IndexManifest.load(index_dir.resolve())  # an unreadable one: IndexCorruptError, exit 1
     manifest.check_cache_format(args.cache_format, args.index)  # another format: IndexMismatchError, exit 3
     model_path = Path(args.model).expanduser() if args.model else Path(manifest.model.path)
-    if args.workers == AUTO:
-        args.workers = _auto_workers(args, model_path)
+    layout = _choose_layout(args, model_path)
     if args.replicas > 1 or args.encode_actors or args.workers > 1:  # its processes end with it, however it ends
         from hypic_rag.utils.reaper import reap_on_exit
 
@@ -211,7 +218,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CliError(str(error), EXIT_BAD_INPUT) from None
     replicated = args.replicas > 1 or args.workers > 1
-    if not args.read_only and not replicated:
+    if not args.read_only and args.replicas < 2:  # this process or worker-0 will write the index
         try:
             check_not_locked(index_dir)
         except IndexLockedError as error:
@@ -231,11 +238,12 @@ def run_serve(args: argparse.Namespace) -> int:
     package_logger = logging.getLogger("hypic_rag")
     level_before = package_logger.level  # restored when serve returns (in-process callers, tests)
     package_logger.setLevel(getattr(logging, args.log_level.upper()))
+    logger.info("serve: %s", layout)
     port = sock.getsockname()[1]
 
     def announce() -> None:
-        replicas = (f" with {args.workers} workers (read-only)" if args.workers > 1
-                    else f" with {args.replicas} replicas (read-only)" if replicated else "")
+        replicas = (f" with {args.workers} workers ({'read-only' if args.read_only else 'worker-0 writes the index'})"
+                    if args.workers > 1 else f" with {args.replicas} replicas (read-only)" if replicated else "")
         print(f"hypic-rag: serving {index_dir}{replicas} on http://{args.host}:{port} (OpenAPI page: /docs)", flush=True)
 
     try:
@@ -243,10 +251,13 @@ def run_serve(args: argparse.Namespace) -> int:
             from hypic_rag.distributed.serve_front import serve_with_workers
 
             started = serve_with_workers(config, args.workers, args.host, port, sock=sock, log_level=args.log_level,
-                                         on_ready=announce, max_in_flight=args.max_in_flight)
+                                         on_ready=announce, max_in_flight=args.max_in_flight, threads=args.threads)
         elif replicated:  # Ray is imported only here
             started = _serve_replicated(args, config, port, sock, announce)
         else:
+            import torch
+
+            torch.set_num_threads(args.threads)  # this process runs the model
             started = serve(config, args.host, port, log_level=args.log_level, sock=sock, on_ready=announce)
     except Exception as error:  # noqa: BLE001 - every start-up failure becomes one line
         raise _startup_error(error) from None
@@ -266,19 +277,24 @@ def worker_count_or_auto(text: str) -> int | str:
     return AUTO if text.strip().lower() == AUTO else int_in(1, 256)(text)
 
 
-def _auto_workers(args: argparse.Namespace, model_path: Path) -> int:
-    """`--workers auto` resolved (`auto_workers`: this process's cores, the model's weight bytes, --read-only, the
-    device), logged."""
+def _choose_layout(args: argparse.Namespace, model_path: Path) -> str:
+    """Resolve `--workers auto` (`auto_workers`: this process's cores, the model's weight bytes, the device) and
+    `--threads` (None: the cores shared out, `worker_threads`) into `args`; the line saying what and why."""
     import torch
 
-    from hypic_rag.distributed.local_workers import auto_workers, host_cores, weight_bytes
+    from hypic_rag.distributed.local_workers import auto_workers, host_cores, layout_reason, weight_bytes, worker_threads
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cores, size = host_cores(), weight_bytes(model_path)
-    chosen = auto_workers(cores, size, read_only=args.read_only, device=device)
-    logger.info("--workers auto: %d (%d cores, %.1f MB of weights, %s, %s)", chosen, cores, size / 1e6, device,
-                "read-only" if args.read_only else "writable index")
-    return chosen
+    chosen = args.workers == AUTO
+    if chosen:
+        args.workers = auto_workers(cores, size, device=device)
+    chosen = chosen and args.threads is None
+    if args.threads is None:
+        args.threads = worker_threads(args.workers, cores)
+    if args.replicas > 1:
+        return f"{args.replicas} Ray replicas (--replicas)"
+    return layout_reason(args.workers, args.threads, cores, size, device, chosen=chosen)
 
 
 def _check_scale_out_options(args: argparse.Namespace) -> None:
@@ -287,6 +303,9 @@ def _check_scale_out_options(args: argparse.Namespace) -> None:
     if args.replicas > 1 and args.workers > 1:
         raise CliError("--workers N runs the model in N processes on this host and --replicas N on Ray Serve; "
                        "choose one", EXIT_BAD_INPUT)
+    if args.replicas > 1 and args.threads is not None:
+        raise CliError("--threads sets the threads of this host's model processes; Ray replicas take "
+                       "--replica-cpus", EXIT_BAD_INPUT)
     if args.ray is not None and args.replicas < 2 and not args.encode_actors:
         raise CliError("--ray names the Ray cluster for --replicas N (N > 1) or --encode-actors K, and this server "
                        "would use neither; add one of them, or drop --ray", EXIT_BAD_INPUT)

@@ -9,6 +9,8 @@ response is streamed back as it is produced. What the front adds is the choice o
   order or company it is retrieved in;
 - `POST /v1/completions`, `POST /v1/chat/completions`: by the digests of the cached segments (every separated
   part of the prompt but the query, every part of a chat message but the last message's last one);
+- the document routes (`owner_route`: adding, deleting and listing documents, job status) when an `owner` is
+  named (local workers over a writable index): that worker alone, the index's one writer (503 while it restarts);
 - anything else (and a body the front cannot read, which the replica will refuse with the proper error): the
   least loaded replica.
 
@@ -37,6 +39,7 @@ from hypic_rag.distributed.rendezvous import DEFAULT_MAX_IN_FLIGHT, NoReplicaAva
 from hypic_rag.errors import HypicError
 from hypic_rag.utils.limits import question_problem
 from hypic_rag.server import (
+    WRITE_PREFIXES,
     ServerConfig,
     check_api_keys,
     limit_body_size,
@@ -50,6 +53,14 @@ REPLICA_HEADER = "x-hypic-replica"
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade"})
 DEFAULT_TOP_K = 4
 """`/v1/ask`'s default top_k (its schema's)."""
+JOBS_PREFIX = "/v1/jobs"
+"""Job status routes: the jobs live in the worker that runs them, the index's owner."""
+
+
+def owner_route(path: str) -> bool:
+    """Whether a request to `path` must reach the index's owner: a document route (any method: the changes, and
+    the listing, which then reports the owner's `read_only`) or a job's status."""
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in (*WRITE_PREFIXES, JOBS_PREFIX))
 
 
 class ReplicaUnreachable(HypicError):
@@ -136,15 +147,19 @@ def chat_keys(body: Mapping[str, Any], separator: str) -> list[str]:
 
 class Front:
     """Routes and forwards requests to `replicas` (replica id -> client); `retrieve` None routes `/v1/ask` by load
-    alone (local workers, which share one segment cache: `local_workers.py`)."""
+    alone (local workers, which share one segment cache: `local_workers.py`); `owner`: the replica that writes the
+    index, which alone gets the document routes (`owner_route`; None: any replica, each refusing changes)."""
 
     def __init__(
         self, config: ServerConfig, replicas: Mapping[str, ReplicaClient], retrieve: Retrieve | None,
-        *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, owner: str | None = None,
     ) -> None:
+        if owner is not None and owner not in replicas:
+            raise ValueError(f"owner {owner!r} is not one of the replicas {sorted(replicas)}")
         self.config = config
         self.replicas = dict(replicas)
         self.retrieve = retrieve
+        self.owner = owner
         self.router = RendezvousRouter(list(self.replicas), max_in_flight=max_in_flight)
 
     async def affinity_keys(self, path: str, body: bytes) -> list[str]:
@@ -181,8 +196,9 @@ class Front:
         be reached is taken out of rotation and the request goes to the next one (it never reached the first);
         503 when none is in rotation; 400 for a body nested too deeply to parse."""
         body = await request.body()
+        to_owner = self.owner is not None and owner_route(request.url.path)
         try:
-            keys = await self.affinity_keys(request.url.path, body)
+            keys = [] if to_owner else await self.affinity_keys(request.url.path, body)
         except RecursionError as error:
             return unreadable_body_response(error)
         forwarded = ForwardedRequest(
@@ -192,9 +208,9 @@ class Front:
                      (b"content-length", str(len(body)).encode())),
             body=body, client=(request.client.host, request.client.port) if request.client else ("127.0.0.1", 0),
         )
-        for _attempt in range(len(self.replicas)):
+        for _attempt in range(1 if to_owner else len(self.replicas)):  # a change is never sent to another worker
             try:
-                decision = self.router.acquire(keys)
+                decision = self.router.acquire_on(self.owner) if to_owner else self.router.acquire(keys)
             except NoReplicaAvailable as error:
                 return unavailable_response(f"{error}; the server is restarting it, retry shortly")
             try:
@@ -209,7 +225,8 @@ class Front:
                 raise
             break
         else:
-            return unavailable_response("no replica could be reached; the server is restarting it, retry shortly")
+            what = f"the index's owner ({self.owner})" if to_owner else "no replica"
+            return unavailable_response(f"{what} could not be reached; the server is restarting it, retry shortly")
         if not isinstance(start, ResponseStart):
             self.router.release(decision)
             raise RuntimeError(f"replica {decision.replica} answered without a response start")
@@ -259,6 +276,8 @@ class _RawHeadersStreamingResponse(StreamingResponse):
         self.raw_headers = [(k.lower(), v) for k, v in raw_headers]
 
 
+SUMMED_HEALTH_FIELDS = ("queue_depth", "queue_capacity", "pending_jobs")
+"""`/healthz` fields each replica counts for itself: the front's answer sums them over the replicas."""
 PER_PROCESS_FIELDS = ("hot_entries", "hot_bytes", "hot_budget_bytes", "hot_evictions", "hot_hits", "disk_hits")
 """Cache counters each replica keeps for itself (summed over the replicas), besides its remote tier's (``remote_*``:
 also its own); the others are its store's, shared by the replicas that open the same directory."""
@@ -310,6 +329,8 @@ def create_front_app(front: Front) -> FastAPI:
         ready = all(status == 200 for status, _ in answers.values())
         first = next((body for _, body in answers.values() if isinstance(body, dict) and "model" in body), {})
         summary = {**first, "status": "ok" if ready else "degraded", "replicas": replicas}
+        for name in SUMMED_HEALTH_FIELDS:  # the whole server's queue, not its first replica's
+            summary[name] = sum(int(replica.get(name, 0)) for replica in replicas)
         return JSONResponse(summary, status_code=200 if ready else 503)
 
     @app.get("/v1/cache/stats")

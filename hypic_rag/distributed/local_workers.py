@@ -1,22 +1,31 @@
-"""The workers of `hypic-rag serve --workers N`: N model processes on this host behind one endpoint, no Ray.
+"""The workers of `hypic-rag serve --workers N` (and of the bare `serve` on a CPU with a small model): N model
+processes on this host behind one endpoint, no Ray.
 
 Each worker is a process of its own (multiprocessing, spawned) that runs the single-process service
-(`create_app` over the index, read-only, as a replica: `ServerConfig.for_replica`) on a private Unix socket;
-the front (`front.Front`, in the serving process) forwards every request whole to the worker with the fewest
-requests in flight and streams its response back. So the model work of N workers runs on N cores at once,
-each worker with its own Python interpreter (no GIL shared) and `cores // N` intra-op threads: on a CPU host
-whose per-step work is many small operations, one model worker thread is the limit that batching alone does not
-lift (docs/service.md, "Workers").
+(`create_app` over the index, as a replica: `ServerConfig.for_replica`) on a private Unix socket; the front
+(`front.Front`, in the serving process) forwards every request whole to the worker with the fewest requests in
+flight and streams its response back. So the model work of N workers runs on N cores at once, each worker with its
+own Python interpreter (no GIL shared) and `cores // N` intra-op threads: on a CPU host whose per-step work is many
+small operations, one model worker thread is the limit that batching alone does not lift (docs/service.md,
+"Workers").
 
     workers = LocalWorkers(config, count=2).start()   # loads the model in every worker; raises if one fails
-    front = Front(config, workers.clients, retrieve=None)
+    front = Front(config, workers.clients, retrieve=None, owner=workers.owner)
     ...
     workers.stop()
 
+Writes: over a writable index (`config.read_only` False) worker-0 is the index's **owner**: it opens the index as
+its writer (the index's lock, the docstore, the FAISS file, the manifest) and the front sends it every document
+route (`front.owner_route`: adding, deleting, listing documents, job status); the others open the index for
+search and follow the owner's commits before each retrieval (`CorpusIndex.follow_writer`), so a document the owner
+has indexed is found by every worker from then on. Every worker answers questions, the owner included. Segment
+cache entries are written by whichever worker encodes them: each put is an LMDB write transaction, serialised
+across the processes by LMDB's own lock, and one killed mid-transaction leaves nothing of it (lmdb_store.py).
+Over a read-only index every worker is a reader and document routes answer 409.
+
 Unlike Ray replicas, the front does not retrieve to route `/v1/ask` (the workers share the host's LMDB segment
 cache, and a retrieval in the front would embed every question twice on the same cores): it routes by load, and
-completions by their segments' digests (`front.Front.affinity_keys`). Document endpoints answer 409, as on any
-read-only server: update the index with `hypic-rag precompute` (or a single server) and restart the workers.
+completions by their segments' digests (`front.Front.affinity_keys`).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import httpx
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
 from hypic_rag.distributed.front import ReplicaStartError, ReplicaUnreachable
 from hypic_rag.distributed.rendezvous import RendezvousRouter
+from hypic_rag.errors import HypicError
 from hypic_rag.server import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -80,20 +90,39 @@ def weight_bytes(model_path: Path) -> int:
     return sum(path.stat().st_size for pattern in ("*.safetensors", "*.bin") for path in model_path.glob(pattern))
 
 
-def auto_workers(cores: int, model_bytes: int, *, read_only: bool, device: str | None) -> int:
-    """`serve --workers auto`: the model processes to start. One per core (at most `MAX_AUTO_WORKERS`) when the
-    index is served read-only on a CPU, the host has at least 2 cores and the weights are at most
-    `SMALL_MODEL_BYTES`; otherwise 1. A writable index always gets 1: workers serve the index read-only, and the
-    default must not take the document endpoints away (pass --read-only, or --workers N, to get workers)."""
-    if not read_only or cores < 2 or model_bytes > SMALL_MODEL_BYTES or (device or "cpu") != "cpu":
+def auto_workers(cores: int, model_bytes: int, *, device: str | None) -> int:
+    """`serve` without `--workers` (or `--workers auto`): the model processes to start. One per core (at most
+    `MAX_AUTO_WORKERS`) on a CPU with at least 2 cores when the weights are at most `SMALL_MODEL_BYTES`; otherwise
+    1 (a larger model: one process batching with every core's threads; on a GPU: one process per device). Readable
+    and writable indexes alike: over a writable one worker-0 owns the index and the others follow its writes."""
+    if cores < 2 or model_bytes > SMALL_MODEL_BYTES or (device or "cpu") != "cpu":
         return 1
     return min(cores, MAX_AUTO_WORKERS)
 
 
+def layout_reason(workers: int, threads: int, cores: int, model_bytes: int, device: str, *, chosen: bool) -> str:
+    """One line saying what `serve` runs and why (`chosen`: by `auto_workers`, else by --workers / --threads)."""
+    shape = f"{workers} worker process{'es' if workers > 1 else ''} x {threads} intra-op thread{'s' * (threads > 1)}"
+    facts = f"{cores} cores this process may use, {model_bytes / 1e6:.1f} MB of weights, {device}"
+    if not chosen:
+        return f"{shape} ({facts}; set by --workers / --threads)"
+    if workers > 1:
+        why = (f"weights <= {SMALL_MODEL_BYTES >> 20} MiB on a CPU: a small model's step is Python-bound, so one "
+               "process per core")
+    elif (device or "cpu") != "cpu":
+        why = "one process per device"
+    elif cores < 2:
+        why = "one core"
+    else:
+        why = f"weights > {SMALL_MODEL_BYTES >> 20} MiB: a matrix-bound model, one process batching on every core"
+    return f"{shape} ({facts}: {why}; --workers N / --threads N override)"
+
+
 def run_worker(config: ServerConfig, name: str, socket_path: str, threads: int, log_level: str,
                ready: Connection) -> None:
-    """A worker process's body: open the service (model, index read-only, cache), listen on `socket_path`, say
-    `READY` (or the start-up error, one line) on `ready`, then serve until SIGTERM or SIGINT."""
+    """A worker process's body: open the service as `config` says (the replica's: `ServerConfig.for_replica`;
+    model, index, cache), listen on `socket_path`, say `READY` (or the start-up error, one line) on `ready`, then
+    serve until SIGTERM or SIGINT."""
     import torch
     import uvicorn
 
@@ -104,12 +133,13 @@ def run_worker(config: ServerConfig, name: str, socket_path: str, threads: int, 
     try:
         from hypic_rag.server import create_app
 
-        app = create_app(config.for_replica(name), start=True)
+        app = create_app(config, start=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(socket_path)
         listener.listen(1024)  # connections wait in the backlog until uvicorn accepts them
     except BaseException as error:  # noqa: BLE001 - reported to the parent as one line, then this process ends
-        ready.send(" ".join(f"{type(error).__name__}: {error}".split()))  # one line, whatever the message
+        code = error.exit_code if isinstance(error, HypicError) else 1  # 3: an index built for another model, ...
+        ready.send((code, " ".join(f"{type(error).__name__}: {error}".split())))  # one line, whatever the message
         ready.close()
         raise SystemExit(1) from None
     ready.send(READY)
@@ -164,7 +194,8 @@ class WorkerClient:
 
 class LocalWorkers:
     """`count` worker processes over `config`'s index (see the module docstring); `clients` are their front
-    clients, by worker name. A worker that dies while serving is restarted by `watch` (`serve --workers` runs it)."""
+    clients, by worker name; `owner` the worker that writes a writable index (None when it is served read-only).
+    A worker that dies while serving is restarted by `watch` (`serve --workers` runs it)."""
 
     def __init__(self, config: ServerConfig, count: int, *, threads: int | None = None,
                  log_level: str = "warning") -> None:
@@ -178,6 +209,7 @@ class LocalWorkers:
         self._context = multiprocessing.get_context("spawn")  # no fork of a process holding threads and the cache
         self._processes: dict[str, Any] = {}
         self.restarts = 0
+        self.owner: str | None = None if config.read_only else worker_names(count)[0]
         self.clients: dict[str, WorkerClient] = {
             name: WorkerClient(name, str(Path(self._directory) / f"{name}.sock")) for name in worker_names(count)}
 
@@ -200,7 +232,8 @@ class LocalWorkers:
         receive, send = self._context.Pipe(duplex=False)
         process = self._context.Process(
             target=run_worker, name=f"hypic-{name}", daemon=False,
-            args=(self.config, name, path, self.threads, self.log_level, send),
+            args=(self.config.for_replica(name, owner=name == self.owner), name, path, self.threads, self.log_level,
+                  send),
         )
         process.start()
         send.close()
@@ -223,8 +256,12 @@ class LocalWorkers:
         finally:
             ready.close()
         if message != READY:
-            raise ReplicaStartError(f"{name} could not start: {message}")
-        logger.info("%s ready (pid %d, %d intra-op threads)", name, process.pid, self.threads)
+            code, line = message
+            failure = ReplicaStartError(f"{name} could not start: {line}")
+            failure.exit_code = code  # the command exits as the single server would for the same error
+            raise failure
+        logger.info("%s ready (pid %d, %d intra-op threads%s)", name, process.pid, self.threads,
+                    ", owns the index" if name == self.owner else "")
 
     def alive(self) -> dict[str, bool]:
         return {name: process.is_alive() for name, process in self._processes.items()}

@@ -152,6 +152,18 @@ class RendezvousRouter:
             self._overflowed += decision.overflowed
         return decision
 
+    def acquire_on(self, replica: str) -> RouteDecision:
+        """Count a request in flight on `replica` itself (a request only it may serve: the index owner's document
+        routes) until `release(decision)`; `NoReplicaAvailable` while it is out of rotation."""
+        with self._lock:
+            if replica not in self._in_flight:
+                raise ValueError(f"unknown replica {replica!r}")
+            if replica in self._down:
+                raise NoReplicaAvailable(f"{replica} is not running ({self._down[replica]})")
+            self._in_flight[replica] += 1
+            self._routed[replica] += 1
+        return RouteDecision(replica, {}, replica, overflowed=False)
+
     def release(self, decision: RouteDecision) -> None:
         """The request `acquire` routed has finished (its response ended or failed)."""
         with self._lock:

@@ -59,15 +59,17 @@ def serve_with_replicas(
 
 def serve_with_workers(
     config: ServerConfig, workers: int, host: str, port: int, *, sock: socket.socket, log_level: str = "info",
-    on_ready: Callable[[], None] | None = None, max_in_flight: int | None = None,
+    on_ready: Callable[[], None] | None = None, max_in_flight: int | None = None, threads: int | None = None,
 ) -> bool:
-    """`serve --workers N`: N local worker processes (`local_workers.LocalWorkers`, each loads the model), then the
-    front on `sock`, routing by load, until SIGINT or SIGTERM; the workers stop after the front. False if uvicorn
-    failed to start; `ReplicaStartError` if a worker could not load."""
+    """`serve --workers N`: N local worker processes (`local_workers.LocalWorkers`, each loads the model, with
+    `threads` intra-op threads: None shares the cores out), then the front on `sock`, routing by load (the document
+    routes to the index's owner, over a writable index), until SIGINT or SIGTERM; the workers stop after the
+    front. False if uvicorn failed to start; `ReplicaStartError` if a worker could not load."""
     from hypic_rag.distributed.local_workers import LocalWorkers
 
-    pool = LocalWorkers(config, workers, log_level="warning" if log_level == "info" else log_level).start()
-    front = Front(config, pool.clients, retrieve=None)
+    pool = LocalWorkers(config, workers, threads=threads,
+                        log_level="warning" if log_level == "info" else log_level).start()
+    front = Front(config, pool.clients, retrieve=None, owner=pool.owner)
     if max_in_flight is not None:
         front.router.max_in_flight = max_in_flight
     try:

@@ -225,6 +225,7 @@ class CorpusIndex:
         self._lock = lock
         self.embed_batch_chunks = DEFAULT_EMBED_BATCH_CHUNKS
         self._unsaved_changes = False
+        self._seen_version = docstore.data_version()  # the docstore's commits this object has caught up with
 
     # -------------------------------------------------------------------------- opening
     @classmethod
@@ -454,6 +455,24 @@ class CorpusIndex:
         removed = self.docstore.delete_document(doc_id)
         self.save()
         return removed
+
+    def follow_writer(self) -> list[StoredChunk] | None:
+        """For an index opened for search (`open`) while another process writes it (the owner of a writable
+        `serve --workers N`, a `precompute`): catch up with what the writer committed to the docstore since the
+        last call. The in-memory FAISS index is synced to the docstore (as opening does), so the next search sees
+        every document committed before this call and none deleted before it. Returns the chunks that joined
+        (empty: only deletions), or None when nothing was committed meanwhile (one `PRAGMA data_version`, the
+        common case). The FAISS file is not read: the docstore is the truth, and its commits are atomic."""
+        version = self.docstore.data_version()  # read first: a commit during the sync is caught by the next call
+        if version == self._seen_version:
+            return None
+        live = self.docstore.live_vector_ids()
+        joined = live[~np.isin(live, self.vectors.stored_ids())]
+        result = self.sync_vectors()
+        self._seen_version = version
+        logger.info("index %s followed its writer: %d chunks joined, %d left", self.directory, result.added,
+                    result.removed)
+        return self.docstore.chunks(joined.tolist()) if len(joined) else []
 
     def sync_vectors(self) -> SyncResult:
         """Make the FAISS index hold exactly the docstore's chunks."""

@@ -189,6 +189,13 @@ class DocStore:
         return [_tokens_from_blob(row[0]) for row in rows]
 
     @_sqlite_errors
+    def data_version(self) -> int:
+        """SQLite's `PRAGMA data_version` on this connection: it changes whenever another connection (another
+        process: the index's writer) has committed to the docstore since the last call, never for this
+        connection's own commits. One cheap query: a reader polls it to see whether it must catch up."""
+        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
+    @_sqlite_errors
     def live_vector_ids(self) -> np.ndarray:
         rows = self._db.execute("SELECT vector_id FROM chunks ORDER BY vector_id").fetchall()
         return np.asarray([row[0] for row in rows], dtype=np.int64)

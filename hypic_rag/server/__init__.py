@@ -3,8 +3,8 @@
 The public surface, what other packages (`hypic_rag.distributed`) build on: `ServerConfig`, `create_app` (with
 `start=True` the model loads now and start-up errors raise here; `app_ready(app)` tells whether it serves, and
 `stop_app(app)` stops it), `limit_body_size` and `check_api_keys` (the server's request-size limit and API keys,
-for an app of one's own), and the error responses a front answers alike (`unreadable_body_response`,
-`unavailable_response`).
+for an app of one's own), the error responses a front answers alike (`unreadable_body_response`,
+`unavailable_response`), and `WRITE_PREFIXES`, the document routes (a front sends them to the index's owner).
 `create_app` is imported on first use, so `ServerConfig` loads without FastAPI.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hypic_rag.server.auth import WRITE_PREFIXES
 from hypic_rag.server.config import DEFAULT_SEPARATOR, ServerConfig
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ PUBLIC_FACTORY = ("create_app", "limit_body_size", "check_api_keys", "app_ready"
 PUBLIC_ERRORS = ("unreadable_body_response", "unavailable_response")
 """Error responses (imported from `hypic_rag.server.errors` on first use)."""
 
-__all__ = ["DEFAULT_SEPARATOR", "ServerConfig", *PUBLIC_FACTORY, *PUBLIC_ERRORS]
+__all__ = ["DEFAULT_SEPARATOR", "WRITE_PREFIXES", "ServerConfig", *PUBLIC_FACTORY, *PUBLIC_ERRORS]
 
 
 def __getattr__(name: str) -> Any:

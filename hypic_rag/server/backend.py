@@ -127,6 +127,7 @@ class ServiceBackend:
         ))
         self.index_lock = threading.RLock()
         """Held by whoever uses the index: the retrieval stage's batches, the worker's control tasks and job steps."""
+        self._joined_texts: list[str] = []  # chunks a reader followed in, for the matcher (`know_joined_chunks`)
 
     # ------------------------------------------------------------------------------------------- opening
     @classmethod
@@ -212,6 +213,30 @@ class ServiceBackend:
             if self.miss_encoder is not None:
                 self.miss_encoder.close()
 
+    def follow_index_writer(self) -> None:
+        """(Any thread) A read-only backend catches up with the documents another process (the index's owner:
+        `serve --workers N` over a writable index) committed since the last call (`CorpusIndex.follow_writer`): its
+        retrieval then finds every document indexed, and none deleted, before this call (docs/service.md,
+        "Workers", says the consistency rule). The joined chunks' texts wait for the matcher, which belongs to the
+        worker thread (`know_joined_chunks`). A writable backend makes the changes itself: nothing to do."""
+        if self.writable:
+            return
+        with self.index_lock:
+            joined = self.pipeline.index.follow_writer()
+            if joined is None:
+                return
+            self.counts = self.pipeline.index.counts()
+            if self.config.match_segments:
+                self._joined_texts.extend(chunk.text for chunk in joined)
+
+    def know_joined_chunks(self) -> None:
+        """(The worker thread) Follow the index's writer, then let the matcher find the chunks that joined."""
+        self.follow_index_writer()
+        with self.index_lock:
+            texts, self._joined_texts = self._joined_texts, []
+        if texts:
+            self.pipeline.session.know_chunks(texts)
+
     @property
     def cache(self) -> Any:
         """The session's segment source: the index's `SegmentCache`, opened in `open`."""
@@ -235,6 +260,7 @@ class ServiceBackend:
         `TextEvent(delta, choice=k)`. A choice that fails stops the others.
         """
         session = self.pipeline.session
+        self.know_joined_chunks()  # a reader's matcher finds the documents the owner indexed before this request
         vocab = self.vocab_size
         bad = [token for token in params.logit_bias if not 0 <= token < vocab]
         if bad:

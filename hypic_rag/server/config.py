@@ -174,12 +174,13 @@ class ServerConfig:
         """The API keys this service checks."""
         return ApiKeys(self.api_key, self.admin_key, self.metrics_need_key)
 
-    def for_replica(self, replica: str) -> ServerConfig:
-        """This configuration as replica `replica` runs it: read-only (N replicas cannot all write the index),
-        ``{replica}`` in `cache_dir` replaced by the replica's name, and no API keys: the front checks them, and a
-        replica is reached through it only (a worker's Unix socket lies in a private directory; Ray replicas have
-        no HTTP proxy)."""
+    def for_replica(self, replica: str, *, owner: bool = False) -> ServerConfig:
+        """This configuration as replica `replica` runs it: read-only (N replicas cannot all write the index)
+        unless it is the `owner` (the one worker of `serve --workers N` that writes a writable index: it keeps
+        `read_only` as configured), ``{replica}`` in `cache_dir` replaced by the replica's name, and no API keys:
+        the front checks them, and a replica is reached through it only (a worker's Unix socket lies in a private
+        directory; Ray replicas have no HTTP proxy)."""
         cache_dir = self.cache_dir
         if cache_dir is not None and REPLICA_PLACEHOLDER in str(cache_dir):
             cache_dir = Path(str(cache_dir).replace(REPLICA_PLACEHOLDER, replica))
-        return replace(self, read_only=True, cache_dir=cache_dir, api_key=None, admin_key=None)
+        return replace(self, read_only=self.read_only or not owner, cache_dir=cache_dir, api_key=None, admin_key=None)

@@ -198,6 +198,7 @@ class RetrievalStage:
             return
         pipeline = self.backend.pipeline
         with self.backend.index_lock:
+            self.backend.follow_index_writer()  # a reader sees what the index's owner committed before now
             prepared = pipeline.prepare_many([item.question for item in live], tokenizer=self._tokenizer)
         self.batches += 1
         self._handing_over = True  # the worker steps once they are submitted (`wake` in `_run`), not before

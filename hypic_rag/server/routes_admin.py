@@ -52,6 +52,7 @@ async def cache_stats(service: ServiceDep) -> CacheStatsOut:
     server's segment lookups and token accounting."""
 
     def run(backend: Any, context: TaskContext) -> tuple[dict[str, Any], Any, AnsweringOut]:
+        backend.follow_index_writer()  # a reader's counts include what the index's owner committed
         return backend.refresh_cache_snapshot(), backend.counts, answering(backend, service.config)
 
     snapshot, counts, how = await service.control(run)

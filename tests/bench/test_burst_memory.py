@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 
-from hypic_rag.bench.burst_memory import mapping_rss_mib, process_tree, rss_mib, thread_count
+from hypic_rag.bench.burst_memory import mapping_rss_mib, rss_mib, thread_count
+from hypic_rag.bench.server_clients import process_tree, tree_cpu_seconds
 
 
 def test_the_mapping_kinds_add_up_to_the_resident_set() -> None:
@@ -23,6 +24,8 @@ def test_a_child_is_in_the_tree_and_a_gone_process_reads_none() -> None:
     try:
         assert process_tree(os.getpid())[0] == os.getpid() and child.pid in process_tree(os.getpid())
         assert thread_count(child.pid) == 1
+        cpu = tree_cpu_seconds(os.getpid())  # the server bench's CPU-time figures read the same tree
+        assert set(cpu) == set(process_tree(os.getpid())) and cpu[os.getpid()] > 0
     finally:
         child.kill()
         child.wait()

@@ -39,7 +39,8 @@ def test_serve_help_states_the_workers_auto_rule(capsys: pytest.CaptureFixture[s
     from hypic_rag.distributed.local_workers import MAX_AUTO_WORKERS, SMALL_MODEL_BYTES
 
     text = " ".join(run_here(capsys, "serve", "--help").stdout.split())
-    assert "--workers N|auto" in text and "auto (the default)" in text
-    for part in ("one worker per core", f"at most {MAX_AUTO_WORKERS}", "--read-only", f"{SMALL_MODEL_BYTES >> 20} MiB",
-                 "a writable index keeps its document endpoints"):
+    assert "--workers N|auto" in text and "auto (the default)" in text and "--threads N" in text
+    for part in ("one worker per core", f"at most {MAX_AUTO_WORKERS}", "os.sched_getaffinity",
+                 f"{SMALL_MODEL_BYTES >> 20} MiB", "cores // workers intra-op threads", "worker-0 owns the index",
+                 "The log names the choice and why"):
         assert part in text, part

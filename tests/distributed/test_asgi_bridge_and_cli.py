@@ -138,7 +138,7 @@ def test_scale_out_options_refused_in_one_line(tmp_path: Path, copy_tiny_index,
     refused(["precompute", str(corpus), "--index", str(index), "--ray-actors", "2"], "--ray-actors needs --ray")
     assert not index.exists()
     served = copy_tiny_index(tmp_path / "served")
-    refused(["serve", "--index", str(served), "--port", "0", "--cache", str(tmp_path / "c" / "{replica}")],
+    refused(["serve", "--index", str(served), "--port", "0", "--workers", "1", "--cache", str(tmp_path / "c" / "{replica}")],
             "{replica} names a directory per replica and needs --replicas N or --workers N (N > 1)")
     refused(["serve", "--index", str(served), "--port", "0", "--workers", "2", "--replicas", "2"],
             "--workers N runs the model in N processes on this host and --replicas N on Ray Serve; choose one")

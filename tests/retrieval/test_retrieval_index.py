@@ -264,3 +264,29 @@ def test_ingest_steps_bound_each_step_and_give_what_ingest_gives(tmp_path, embed
     with CorpusIndex.open(tmp_path / "stopped", embedder) as reopened:  # FAISS catches up with the docstore
         assert reopened.counts().documents == 2
         assert_index_consistent(reopened)
+
+
+def test_a_reader_follows_its_writer_and_finds_what_a_fresh_reader_finds(tmp_path, embedder, chunker) -> None:
+    """`follow_writer`: a search-only index opened before the writer's changes catches up with them (the workers of
+    a writable `serve`), added and deleted documents alike; without the call it keeps its own snapshot."""
+    root = write_corpus(tmp_path / "corpus", {name: FACTS[name] for name in ("lighthouse.md", "trains.txt")})
+    with CorpusIndex.open_for_update(tmp_path / "index", embedder, settings()) as writer:
+        writer.ingest(load_corpus(root), chunker)
+        with CorpusIndex.open(tmp_path / "index", embedder) as reader:
+            assert reader.follow_writer() is None  # nothing committed since it opened
+            write_corpus(root, {"bakery.txt": FACTS["bakery.txt"]})
+            writer.ingest(load_corpus(root), chunker)
+            question = "What does the bakery sell on Tuesday?"
+            assert top_doc(reader, question) != "bakery.txt"  # its own snapshot until it follows
+            joined = reader.follow_writer()
+            assert joined and {chunk.doc_id for chunk in joined} == {"bakery.txt"}
+            assert top_doc(reader, question) == "bakery.txt"
+            assert reader.follow_writer() is None
+            assert_index_consistent(reader)
+            writer.delete_document("bakery.txt")
+            assert reader.follow_writer() == []  # only a deletion
+            assert all(hit.chunk.doc_id != "bakery.txt" for hit in reader.search(question, k=20))
+            with CorpusIndex.open(tmp_path / "index", embedder) as fresh:
+                for probe in (question, "Who keeps the lighthouse?", "When does the night train leave?"):
+                    assert ([(hit.chunk.chunk_id, round(hit.score, 5)) for hit in reader.search(probe, k=4)]
+                            == [(hit.chunk.chunk_id, round(hit.score, 5)) for hit in fresh.search(probe, k=4)])

@@ -9,7 +9,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "hypic_rag"
 SERVER_PUBLIC = {
     "hypic_rag.server": {"ServerConfig", "DEFAULT_SEPARATOR", "create_app", "limit_body_size", "check_api_keys",
-                         "app_ready", "stop_app", "unreadable_body_response", "unavailable_response"},
+                         "app_ready", "stop_app", "unreadable_body_response", "unavailable_response", "WRITE_PREFIXES"},
     "hypic_rag.server.config": {"ServerConfig", "DEFAULT_SEPARATOR"},
 }
 """What other packages may import from the server: its package's public names and its config module."""
