@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ import torch
 
 from hypic_rag.bench.batching import summarize
 from hypic_rag.bench.measure import closed_loop
+from hypic_rag.bench.server_clients import stop_server
 from hypic_rag.bench.peers_common import LOGIT_TOLERANCE, NEW_TOKENS, THREADS, PeerMissingError
 
 logger = logging.getLogger(__name__)
@@ -139,11 +139,7 @@ def _process(command: list[str], ready_url: str, log_path: Path, environment: di
                 time.sleep(0.3)
             yield process
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_server(process)
 
 
 def llama_server_command(binary: Path, gguf: Path, port: int, context_per_slot: int) -> list[str]:
