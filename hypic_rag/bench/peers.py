@@ -52,17 +52,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hypic_rag.errors import HypicError
+from hypic_rag.bench.peers_common import LOGIT_TOLERANCE, NEW_TOKENS, THREADS, PeerMissingError
 
 logger = logging.getLogger(__name__)
 
-LOGIT_TOLERANCE = 1e-3
-"""Largest |llama.cpp logit - full-mode logit| allowed, as a fraction of the vector's largest |logit| (F32 both
-sides; the kernels sum in different orders through every layer, so bit equality is not expected)."""
-
 GREEDY_STEPS = 32
-NEW_TOKENS = 48
-THREADS = 2
 GGUF_TYPES = ("f32", "q8_0")
 
 _CONVERT_WRAPPER = r"""
@@ -85,10 +79,6 @@ runpy.run_path(str(script), run_name="__main__")
 """
 
 
-class PeerMissingError(HypicError):
-    """The peer (llama-cpp-python) or llama.cpp's converter is not where the benchmark looks."""
-
-
 def require_llama_cpp() -> Any:
     """The `llama_cpp` module, or a one-line `PeerMissingError` saying how to install it."""
     try:
@@ -109,15 +99,45 @@ def converter_script(source: Path) -> Path:
                            "source (pip download --no-deps --no-binary :all: llama-cpp-python; tar xzf ...)")
 
 
-def write_checkpoint(model: torch.nn.Module, directory: Path) -> Path:
-    """`model`'s config and weights (unchanged) plus a byte-level BPE tokenizer of at most its vocabulary size, so
-    that llama.cpp's converter accepts the directory (see the module docstring)."""
-    from hypic_rag.testing import train_tiny_tokenizer
+def full_vocabulary_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer of exactly `vocab_size` tokens (at least 257), every id a distinct token: one
+    special token (`<|endoftext|>`, id 0, the end of sequence: the only one, so that llama.cpp, which ends a
+    generation at every special token it recognises, and this package stop at the same id), the 256 byte symbols,
+    then merges of lowercase
+    letters with and without a leading space (" a", "ab", " ab", "abc", " abc", ... as far as the size goes). Every id
+    the model can emit thus decodes to text of its own, and `" " + two letters` is one token."""
+    import string
 
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<|endoftext|>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=ord)
+    vocab = {token: number for number, token in enumerate(special + alphabet)}
+    if vocab_size < len(vocab):
+        raise ValueError(f"a byte-level vocabulary needs at least {len(vocab)} tokens, got {vocab_size}")
+    merges: list[tuple[str, str]] = []
+    space, letters = "\u0120", string.ascii_lowercase  # the byte-level symbol of a space
+    pairs = [a + b for a in letters for b in letters]
+    for left, rights in (([space], letters), (letters, letters), ([space + a for a in letters], letters),
+                         (pairs, letters), ([space + pair for pair in pairs], letters)):
+        for left_part in left:
+            for right_part in rights:
+                if len(vocab) < vocab_size and left_part + right_part not in vocab:
+                    vocab[left_part + right_part] = len(vocab)
+                    merges.append((left_part, right_part))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=special[0], pad_token=special[0])
+
+
+def write_checkpoint(model: torch.nn.Module, directory: Path) -> Path:
+    """`model`'s config and weights (unchanged) plus a byte-level BPE tokenizer of its vocabulary size
+    (`full_vocabulary_tokenizer`), so that llama.cpp's converter accepts the directory and `hypic-rag serve` can
+    serve it (see the module docstring)."""
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = int(model.config.get_text_config().vocab_size)
-    texts = [f"chunk {number} of the benchmark corpus, the question and its answer" for number in range(64)]
-    tokenizer = train_tiny_tokenizer(texts, vocab_size=min(vocab, 512))
+    tokenizer = full_vocabulary_tokenizer(int(model.config.get_text_config().vocab_size))
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -334,9 +354,22 @@ def machine() -> dict[str, Any]:
     }
 
 
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages (`/proc/loadavg`; empty where there is none)."""
+    try:
+        return [float(value) for value in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return []
+
+
 def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, max_seconds: float = 900.0,
-        models: tuple[str, ...] = ("bundled", "medium"), decode_only: bool = False) -> dict[str, Any]:
-    """Convert, check agreement, compare (see the module docstring); the result as a JSON-ready dict."""
+        models: tuple[str, ...] = ("bundled", "medium"), decode_only: bool = False,
+        llama_server: Path | None = None, serving: dict[str, Any] | None = None,
+        convert_only: Path | None = None) -> dict[str, Any]:
+    """Convert, check agreement, compare (see the module docstring); the result as a JSON-ready dict.
+    llama_server: llama.cpp's server binary: on the timing model, the throughput rows at 1 and `SLOTS` clients
+    against the bare `hypic-rag serve` (`peers_serving.serving_throughput`, keyword arguments `serving`), after the
+    TTFT rows. convert_only: write the GGUF files (and the checkpoints they come from) into this directory and stop."""
     from hypic_rag.bench.timing_model import build_timing_model
     from hypic_rag.demo.default_model import default_model_path
     from hypic_rag.runtime.model import load_model, wrap_model
@@ -344,7 +377,7 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
     require_llama_cpp()
     script = converter_script(source)
     torch.set_num_threads(THREADS)
-    result: dict[str, Any] = {"machine": machine(), "models": {}}
+    result: dict[str, Any] = {"machine": machine(), "load_average": {"start": load_average()}, "models": {}}
     longest = max(shape.top_k * shape.chunk_tokens for shape in shapes) + 16 + 24 + NEW_TOKENS + 8
     for name in models:
         if name == "bundled":
@@ -353,10 +386,15 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             hf_model = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
         else:
             hf_model = build_timing_model(name)
-        checkpoint = write_checkpoint(hf_model, workdir / name)
+        target = convert_only if convert_only is not None else workdir
+        checkpoint = write_checkpoint(hf_model, target / name)
         files, seconds = {}, {}
         for outtype in GGUF_TYPES:
-            files[outtype], seconds[outtype] = convert(checkpoint, script, workdir / f"{name}-{outtype}.gguf", outtype)
+            files[outtype], seconds[outtype] = convert(checkpoint, script, target / f"{name}-{outtype}.gguf", outtype)
+            logger.info("%s %s: %s (%.1f s)", name, outtype, files[outtype], seconds[outtype])
+        if convert_only is not None:
+            result["models"][name] = {"conversion_seconds": seconds, "gguf": {k: str(v) for k, v in files.items()}}
+            continue
         model = wrap_model(hf_model) if name != "bundled" else load_model(default_model_path(), device="cpu")
         context = min(longest, int(model.config.max_position_embeddings)) if name == "bundled" else longest
         llms = {outtype: load_llama(path, context) for outtype, path in files.items()}
@@ -379,12 +417,38 @@ def run(source: Path, workdir: Path, shapes: list[PromptShape], seed: int = 0, m
             entry["refused"] = "llama.cpp's F32 logits differ from full beyond the tolerance: no speed reported"
             logger.error("%s: %s", name, entry["refused"])
             continue
-        if name == "bundled":
-            continue  # the bundled model is checked for agreement; speed is measured on the timing model
-        entry["speed"] = [compare(model, llms, shape, seed + index, max_seconds=max_seconds, decode_only=decode_only)
-                          for index, shape in enumerate(shapes)]
+        if name == "bundled":  # checked for agreement; TTFT and decode are measured on the timing model
+            if llama_server is not None:
+                _throughput(entry, model, checkpoint, files["f32"], llama_server, workdir, seed, serving)
+            continue
+        entry["speed"] = []
+        for index, shape in enumerate(shapes):
+            began = load_average()
+            speed = compare(model, llms, shape, seed + index, max_seconds=max_seconds, decode_only=decode_only)
+            speed["load_average"] = {"start": began, "end": load_average()}
+            entry["speed"].append(speed)
         del llms
+        if llama_server is not None:
+            _throughput(entry, model, checkpoint, files["f32"], llama_server, workdir, seed, serving)
+    result["load_average"]["end"] = load_average()
     return result
+
+
+def _throughput(entry: dict[str, Any], model: Any, checkpoint: Path, gguf: Path, llama_server: Path, workdir: Path,
+                seed: int, serving: dict[str, Any] | None) -> None:
+    """`entry["throughput"]`: `peers_serving.serving_throughput` with the load averages around it; a failure is
+    logged and recorded as `entry["throughput_error"]` (the rows measured before it are kept)."""
+    from hypic_rag.bench.peers_serving import serving_throughput
+
+    began = load_average()
+    try:
+        entry["throughput"] = serving_throughput(model, checkpoint, gguf, llama_server, workdir, seed=seed,
+                                                 **(serving or {}))
+    except Exception as error:  # noqa: BLE001 - the run's other rows are still written
+        logger.exception("throughput rows failed")
+        entry["throughput_error"] = f"{type(error).__name__}: {error}"
+        return
+    entry["throughput"]["load_average"] = {"start": began, "end": load_average()}
 
 
 ROWS = (
@@ -424,26 +488,87 @@ def table(result: dict[str, Any]) -> str:
                     rate = medians[f"{prefix} decode tok/s"]
                     lines.append(f"| {label} | {medians[f'{prefix} e2e']:.3f} | {rate:.1f} | "
                                  f"{medians['hypic decode tok/s'] / rate:.2f}x |")
+    for name, entry in result["models"].items():
+        if "throughput" in entry:
+            lines += ["", *throughput_table(name, entry["throughput"])]
     return "\n".join(lines) + "\n"
 
 
+def throughput_table(name: str, row: dict[str, Any]) -> list[str]:
+    """The markdown lines of a `peers_serving.serving_throughput` result."""
+    clients = row["clients"]
+    lines = [f"**{name}, throughput** ({row['prompt']}, {row['prompt_tokens']} prompt tokens, {row['new_tokens']} new "
+             "tokens, greedy, closed loop)", "",
+             f"| server | 1 client, requests/s | {clients} clients, requests/s | {clients} / 1 | "
+             f"TTFT p50, 1 / {clients} clients, s | exact repeat TTFT, s | concurrent answers equal to alone |",
+             "|---|---|---|---|---|---|---|"]
+    for key, label in (("llama_server", f"llama-server F32 (`-np {clients}`, `--cache-reuse`)"),
+                       ("hypic_rag_serve", "`hypic-rag serve` (bare command)")):
+        side = row[key]
+        one, many = side["one_client"], side["concurrent"]
+        lines.append(f"| {label} | {one['requests_per_second']:.3f} ({one['completed']}) | "
+                     f"{many['requests_per_second']:.3f} ({many['completed']}) | "
+                     f"{side['requests_per_second_ratio']:.2f}x | {one['ttft_p50']:.2f} / {many['ttft_p50']:.2f} | "
+                     f"{side.get('repeat_ttft_p50', float('nan')):.2f} | "
+                     f"{side['concurrent_answers_compared_alone'] - side['mismatches']} of "
+                     f"{side['concurrent_answers_compared_alone']} |")
+    checks = row["checks"]
+    ratio_one = row["hypic_vs_llama_server_requests_per_second_one_client"]
+    lines += ["", f"hypic-rag serve over llama-server, requests/s: {ratio_one:.1f}x "
+              f"at 1 client, {row['hypic_vs_llama_server_requests_per_second_concurrent']:.1f}x at {clients}. Checks: "
+              f"each of llama-server's {checks['llama_server_tokens']} greedy tokens, fed to `full` in this process, is "
+              f"`full`'s own choice at {checks['llama_server_steps_full_would_choose']} steps and within "
+              f"{checks['llama_server_largest_gap_to_full_choice']:.1e} of its largest logit at every step (tolerance "
+              f"{checks['tolerance']:.0e}: {'met' if checks['llama_server_tokens_within_tolerance'] else 'NOT met'}); "
+              "the bare "
+              f"server's text {'equals' if checks['hypic_serve_text_equals_in_process_hypic'] else 'differs from'} "
+              "`hypic`'s in this process."]
+    return lines
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Bar chart of the TTFT medians of every shape (log scale)."""
+    """Bar charts: the TTFT medians of every shape (log scale, seconds written beside each bar), and the
+    throughput rows (requests/s at 1 and at 8 clients, both servers) where the run has them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     speeds = [(name, speed) for name, entry in result["models"].items() for speed in entry.get("speed", [])]
-    figure, axes = plt.subplots(1, max(1, len(speeds)), figsize=(7 * max(1, len(speeds)), 4.5), squeeze=False)
+    rows = [(name, entry["throughput"]) for name, entry in result["models"].items() if "throughput" in entry]
+    panels = max(1, len(speeds) + len(rows))
+    figure, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.8), squeeze=False)
     for axis, (name, speed) in zip(axes[0], speeds):
-        rows = [(label, speed["medians"][key]) for key, label in ROWS if key in speed["medians"]]
-        axis.barh([label.replace("hypic-rag ", "").replace("`", "") for label, _ in rows], [v for _, v in rows],
-                  color=["#c44" if label.startswith("llama") else "#48c" for label, _ in rows])
+        bars = [(label, speed["medians"][key]) for key, label in ROWS if key in speed["medians"]]
+        labels = [label.replace("hypic-rag ", "").replace("`", "").replace(" of the prompt it just answered", "")
+                  .replace("same chunks reordered + new question (its reuse)", "reordered (its reuse)")
+                  .replace("same chunks reordered (its reuse)", "reordered (its reuse)") for label, _ in bars]
+        values = [value for _, value in bars]
+        axis.barh(labels, values, color=["#c44" if label.startswith("llama") else "#48c" for label in labels])
+        for number, value in enumerate(values):
+            axis.text(value * 1.05, number, f"{value:.2f} s", va="center", fontsize=8)
         axis.set_xscale("log")
+        axis.set_xlim(min(values) / 2, max(values) * 4)
+        axis.xaxis.set_major_locator(LogLocator(base=10))
+        axis.xaxis.set_major_formatter(ScalarFormatter())
+        axis.xaxis.set_minor_formatter(NullFormatter())
         axis.set_xlabel("time to first token, s (median, log scale)")
-        axis.set_title(f"{name} model, {speed['shape']}, {result['machine']['threads']} threads")
+        axis.set_title(f"{name} model, {speed['shape']}, {result['machine']['threads']} threads", fontsize=10)
         axis.invert_yaxis()
+    for axis, (name, row) in zip(axes[0][len(speeds):], rows):
+        clients = row["clients"]
+        servers = (("llama_server", "llama-server F32", "#c44"), ("hypic_rag_serve", "hypic-rag serve", "#48c"))
+        for number, (key, label, color) in enumerate(servers):
+            values = [row[key]["one_client"]["requests_per_second"], row[key]["concurrent"]["requests_per_second"]]
+            places = [place + (number - 0.5) * 0.38 for place in range(2)]
+            axis.bar(places, values, width=0.36, color=color, label=label)
+            for place, value in zip(places, values):
+                axis.text(place, value, f"{value:.3f}", ha="center", va="bottom", fontsize=8)
+        axis.set_xticks([0, 1], ["1 client", f"{clients} clients"])
+        axis.set_ylabel("requests/s (48 new tokens)")
+        axis.set_title(f"{name} model, throughput, {row['prompt_tokens']}-token RAG prompts", fontsize=10)
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -453,27 +578,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp-source", type=Path, required=True, metavar="DIR",
                         help="the unpacked llama-cpp-python source (holds vendor/llama.cpp/convert_hf_to_gguf.py)")
-    parser.add_argument("--requests", type=int, default=5, help="measured requests at 8 x 256 (16 x 512: 2)")
+    parser.add_argument("--llama-server", type=Path, default=None, metavar="PATH",
+                        help="llama.cpp's llama-server built from that source (scripts/build_llama_cpp.sh): adds the "
+                             "throughput rows (1 and 8 clients) against the bare `hypic-rag serve`")
+    parser.add_argument("--requests", type=int, default=5, help="measured requests at 8 x 256")
+    parser.add_argument("--long-requests", type=int, default=2, help="measured requests at 16 x 512 (0: none)")
     parser.add_argument("--seconds", type=float, default=900.0, help="wall-time bound per prompt shape")
+    parser.add_argument("--serving-requests", type=int, default=16,
+                        help="requests of the 8-client throughput cells (the 1-client cells: a quarter, at least 2)")
     parser.add_argument("--models", default="bundled,medium", help="comma-separated: bundled, medium")
     parser.add_argument("--decode-only", action="store_true",
                         help="8 x 256 only, and only the 48-token generations (decode tokens/s both ways)")
+    parser.add_argument("--convert-only", type=Path, default=None, metavar="DIR",
+                        help="only write the checkpoints and their GGUF files (F32, Q8_0) into DIR")
+    parser.add_argument("--note", default="", help="a line recorded in the JSON (e.g. which branches were merged)")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         require_llama_cpp()
         converter_script(options.llama_cpp_source)
+        if options.llama_server is not None:
+            from hypic_rag.bench.peers_serving import require_llama_server
+
+            require_llama_server(options.llama_server)
     except PeerMissingError as error:
         print(f"hypic-rag peers: {error}", file=sys.stderr)
         raise SystemExit(error.exit_code) from None
     shapes = [PromptShape(8, 256, 24, options.requests)]
-    if not options.decode_only:
-        shapes.append(PromptShape(16, 512, 16, 2))
+    if not options.decode_only and options.long_requests > 0:
+        shapes.append(PromptShape(16, 512, 16, options.long_requests))
+    serving = {"concurrent_requests": options.serving_requests,
+               "one_client_requests": max(2, options.serving_requests // 4)}
+    if options.convert_only is not None:
+        options.convert_only.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hypic-peers-") as directory:
         result = run(options.llama_cpp_source, Path(directory), shapes, max_seconds=options.seconds,
-                     models=tuple(options.models.split(",")), decode_only=options.decode_only)
+                     models=tuple(options.models.split(",")), decode_only=options.decode_only,
+                     llama_server=None if options.decode_only else options.llama_server, serving=serving,
+                     convert_only=options.convert_only)
+    result["command"] = "python -m hypic_rag.bench.peers " + " ".join(sys.argv[1:])
+    if options.note:
+        result["note"] = options.note
     text = json.dumps(result, indent=2)
+    if options.convert_only is not None:
+        print(text)
+        return
     if options.json is not None:
         options.json.write_text(text + "\n", encoding="utf-8")
         if not options.decode_only:  # the plot shows TTFT rows, which a decode-only run has not

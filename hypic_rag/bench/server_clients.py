@@ -178,11 +178,16 @@ def foreign_corpus_server(workers: int | str | None, queue_size: int, extra: lis
             _wait_ready(httpx, url, server)
             yield url, server
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop_server(server)
+
+
+def stop_server(server: subprocess.Popen, grace_s: float = 120.0) -> None:
+    """SIGTERM (a graceful shutdown), then SIGKILL if `server` has not ended within `grace_s` seconds."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def _wait_ready(httpx: Any, url: str, server: subprocess.Popen, timeout_s: float = 600.0) -> None:
