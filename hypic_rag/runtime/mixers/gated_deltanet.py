@@ -22,7 +22,7 @@ from hypic_rag.runtime.ops.gated_delta_rule.recurrent import gated_delta_rule_st
 
 FUSED_STEP = True
 """Whether a CPU decode step runs `GatedDeltaNetMixer.step`'s own short form (the conv window as one product, q and
-k normalised together, the one-token recurrence with unrepeated key heads: `gated_delta_rule_step`). False: the
+k normalised together, the one-token recurrence `gated_delta_rule_step`). False: the
 generic step over runs of one token (`RecurrentMixer.step`, the reference the tests compare with); CUDA always
 takes the generic step (fla's kernels)."""
 
@@ -129,7 +129,8 @@ class GatedDeltaNetMixer(ModuleConv, DeltaRuleMixer):
         value = mixed[:, 2 * module.key_dim :].reshape(batch, module.num_v_heads, module.head_v_dim)
         _, b, a = projections.extras
         log_decay = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
-        outputs, finals = gated_delta_rule_step(query, both[:, key_heads:], value, log_decay, self.write_strength(b), starts)
+        key = both[:, key_heads:]
+        outputs, finals = gated_delta_rule_step(query, key, value, log_decay, self.write_strength(b), starts)
         return outputs, window[:, :, 1:].float(), finals
 
     @property

@@ -2,7 +2,7 @@
 
 Same contract and mathematics as `naive.recurrent` (the reference), written for speed at T of 1-4: the state is
 updated in place with batched matrix products. Longer inputs belong to `chunk.py`. `gated_delta_rule_step`: ONE
-token of n sequences with the key heads shared by groups of value heads (GQA) left unrepeated, what a CPU decode
+token of n sequences, q / k with the model's key heads (repeated over their value heads inside), what a CPU decode
 step runs (`GatedDeltaNetMixer.step`).
 """
 
@@ -55,7 +55,8 @@ def gated_delta_rule_step(
         key = key.repeat_interleave(value_heads // key_heads, dim=1)
     k_t = key.float().reshape(rows, 1, key_dim)
     updated = state.float().reshape(rows, key_dim, value_dim) * log_decay.float().exp().reshape(rows, 1, 1)
-    correction = (value.float().reshape(rows, 1, value_dim) - torch.bmm(k_t, updated)) * beta.float().reshape(rows, 1, 1)
+    error = value.float().reshape(rows, 1, value_dim) - torch.bmm(k_t, updated)  # v - S^T k
+    correction = error * beta.float().reshape(rows, 1, 1)
     updated.baddbmm_(k_t.transpose(1, 2), correction)  # + k (beta (v - S^T k))^T
     output = torch.bmm(query.float().reshape(rows, 1, key_dim), updated)
     return output.view(batch, value_heads, value_dim), updated.view(batch, value_heads, key_dim, value_dim)
