@@ -141,18 +141,19 @@ def burst_memory(*, bursts: int = 20, streams: int = 64, workers: int = 2, top_k
                  environment: dict[str, str] | None = None) -> dict[str, Any]:
     """The row (see the module docstring). Stops early (`stopped_early`) past `max_seconds` of bursts.
     environment: variables the server runs with on top of this process's."""
-    import httpx
-
     from hypic_rag.bench.foreign_corpus import questions
-    from hypic_rag.bench.server_clients import _ask, foreign_corpus_server, process_tree
+    from hypic_rag.bench.server_clients import AskClient, foreign_corpus_server, process_tree
 
     asked = questions()
     rows: list[dict[str, Any]] = []
     differing = failed_streams = 0
     began = time.monotonic()
     with foreign_corpus_server(workers, max(256, 4 * streams), environment=environment) as (url, server):
-        with httpx.Client(base_url=url, timeout=600) as http:
-            reference = [_ask(http, question, top_k, new_tokens)[2][0] for question in asked]
+        client = AskClient(url)
+        try:
+            reference = [client.ask(question, top_k, new_tokens)[2][0] for question in asked]
+        finally:
+            client.close()
         time.sleep(settle_s)
         rows.append({"burst": 0, **_reading(process_tree(server.pid))})
         for burst in range(1, bursts + 1):

@@ -2,7 +2,8 @@
 
 The real service (`hypic-rag serve` in a process of its own, on 127.0.0.1; the clients are threads of this process)
 over the bundled default model and a corpus it never saw
-(`foreign_corpus`: 15 invented documents), `/v1/ask` streamed (top_k 4, `new_tokens` at most: the model's answers
+(`foreign_corpus`: 15 invented documents), `/v1/ask` streamed by `AskClient`s (the standard library's
+HTTP/1.1 client, one keep-alive connection per client thread: a light load generator) (top_k 4, `new_tokens` at most: the model's answers
 end at its stop string, often sooner). First every question is asked alone (the reference answers), then the
 closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
 bounded by `max_requests` / `max_seconds`), and every answer a cell got is compared with its question's reference:
@@ -22,6 +23,7 @@ each, side by side), and the file then holds every run, the spread of the ratios
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import logging
 import os
@@ -35,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from hypic_rag.bench.batching import ThroughputConfig, summarize
 from hypic_rag.bench.measure import closed_loop
@@ -51,8 +54,6 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
     rule; None: no `--workers` at all, the bare command); prefill_wait_s: the server's `--prefill-wait` (None: its
     default); read_only: `serve --read-only`."""
     load_before = os.getloadavg()
-    import httpx
-
     from hypic_rag.bench.foreign_corpus import questions
 
     asked = questions()
@@ -60,23 +61,23 @@ def server_clients(config: ThroughputConfig, *, clients: int = 8, top_k: int = 4
     with foreign_corpus_server(workers, max(64, 4 * clients), extra) as (url, server):
         local = threading.local()
 
-        def http() -> httpx.Client:
+        def client() -> AskClient:
             if not hasattr(local, "client"):
-                local.client = httpx.Client(base_url=url, timeout=600)
+                local.client = AskClient(url)
             return local.client
 
         answers: dict[int, tuple[str, tuple[str, ...]]] = {}
         lock = threading.Lock()
 
         def run_one(number: int) -> tuple[float, int]:
-            ttft, tokens, answer = _ask(http(), asked[number % len(asked)], top_k, config.new_tokens)
+            ttft, tokens, answer = client().ask(asked[number % len(asked)], top_k, config.new_tokens)
             with lock:
                 answers[number] = answer
             return ttft, tokens
 
         reference = {}
         for number, question in enumerate(asked):  # alone: the references (the first one warms up)
-            reference[number] = _ask(http(), question, top_k, config.new_tokens)[2]
+            reference[number] = client().ask(question, top_k, config.new_tokens)[2]
         cells: dict[str, list[Any]] = {ONE_CLIENT: [], CONCURRENT: []}
         server_cpu = {ONE_CLIENT: 0.0, CONCURRENT: 0.0}  # CPU seconds of the server's processes in each cell
         per_run = -(-config.max_requests // config.repeats)
@@ -205,28 +206,55 @@ def _wait_ready(httpx: Any, url: str, server: subprocess.Popen, timeout_s: float
     raise TimeoutError(f"the server was not ready within {timeout_s:g} s")
 
 
-def _ask(http: Any, question: str, top_k: int, new_tokens: int) -> tuple[float, int, tuple[str, tuple[str, ...]]]:
-    """Streams `/v1/ask`: (seconds to its first token event, completion tokens, (answer, source chunk ids))."""
-    body = {"question": question, "top_k": top_k, "max_new_tokens": new_tokens, "stream": True}
-    began = time.perf_counter()
-    first = None
-    sources: tuple[str, ...] = ()
-    with http.stream("POST", "/v1/ask", json=body) as response:
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[len("data: "):])
-            kind = event.get("type")
-            if kind == "sources":
-                sources = tuple(source["chunk_id"] for source in event["sources"])
-            elif kind == "token" and first is None:
-                first = time.perf_counter() - began
-            elif kind == "done":
-                elapsed = first if first is not None else time.perf_counter() - began
-                return elapsed, int(event["usage"]["completion_tokens"]), (event["answer"], sources)
-            elif kind == "error" or "error" in event:
-                raise RuntimeError(line)
-    raise RuntimeError(f"the stream ended without a done event (status {response.status_code})")
+class AskClient:
+    """One client's keep-alive HTTP/1.1 connection to the server (the standard library's `http.client`: a load
+    generator light enough to share the server's cores, as `wrk` or `oha` would be, where httpx costs several ms of
+    CPU per streamed request), asking `/v1/ask` streamed. Not thread-safe: one per client thread."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0) -> None:
+        parsed = urlsplit(url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise ValueError(f"an http:// URL is needed, got {url!r}")
+        self._connection = http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout_s)
+
+    def ask(self, question: str, top_k: int, new_tokens: int) -> tuple[float, int, tuple[str, tuple[str, ...]]]:
+        """Streams `/v1/ask`: (seconds to its first token event, completion tokens, (answer, source chunk ids)).
+        RuntimeError for an error status, an error event, or a stream that ends without its done event."""
+        body = json.dumps({"question": question, "top_k": top_k, "max_new_tokens": new_tokens, "stream": True})
+        began = time.perf_counter()
+        try:
+            self._connection.request("POST", "/v1/ask", body=body.encode(), headers={"Content-Type": "application/json"})
+            response = self._connection.getresponse()
+        except (OSError, http.client.HTTPException):
+            self._connection.close()  # a dropped keep-alive connection: the next request opens a new one
+            raise
+        first = None
+        sources: tuple[str, ...] = ()
+        try:
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
+            while line := response.readline():
+                if not line.startswith(b"data: {"):
+                    continue
+                event = json.loads(line[len(b"data: "):])
+                kind = event.get("type")
+                if kind == "sources":
+                    sources = tuple(source["chunk_id"] for source in event["sources"])
+                elif kind == "token" and first is None:
+                    first = time.perf_counter() - began
+                elif kind == "done":
+                    response.read()  # the rest (the closing chunk): the connection is then reusable
+                    elapsed = first if first is not None else time.perf_counter() - began
+                    return elapsed, int(event["usage"]["completion_tokens"]), (event["answer"], sources)
+                elif kind == "error" or "error" in event:
+                    raise RuntimeError(line.decode("utf-8", "replace"))
+            raise RuntimeError(f"the stream ended without a done event (status {response.status})")
+        except BaseException:
+            self._connection.close()  # whatever is left of this response is not read: never reuse the connection
+            raise
+
+    def close(self) -> None:
+        self._connection.close()
 
 
 def main() -> None:
