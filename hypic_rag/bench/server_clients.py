@@ -1,10 +1,10 @@
 """Throughput where users meet it: one server, one client against `clients` concurrent clients.
 
 The real service (`hypic-rag serve` in a process of its own, on 127.0.0.1; the clients are threads of this process)
-over the bundled default model and a corpus it never saw
-(`foreign_corpus`: 15 invented documents), `/v1/ask` streamed by `AskClient`s (the standard library's
-HTTP/1.1 client, one keep-alive connection per client thread: a light load generator) (top_k 4, `new_tokens` at most: the model's answers
-end at its stop string, often sooner). First every question is asked alone (the reference answers), then the
+over the bundled default model and a corpus it never saw (`foreign_corpus`: 15 invented documents), `/v1/ask`
+streamed (top_k 4, `new_tokens` at most: the model's answers end at its stop string, often sooner), asked through
+`AskClient`s (the standard library's HTTP/1.1 client, one keep-alive connection per client thread: a load
+generator light enough to share the server's cores). First every question is asked alone (the reference answers), then the
 closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
 bounded by `max_requests` / `max_seconds`), and every answer a cell got is compared with its question's reference:
 `mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio, and
