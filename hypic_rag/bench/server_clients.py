@@ -4,8 +4,8 @@ The real service (`hypic-rag serve` in a process of its own, on 127.0.0.1; the c
 over the bundled default model and a corpus it never saw (`foreign_corpus`: 15 invented documents), `/v1/ask`
 streamed (top_k 4, `new_tokens` at most: the model's answers end at its stop string, often sooner), asked through
 `AskClient`s (the standard library's HTTP/1.1 client, one keep-alive connection per client thread: a load
-generator light enough to share the server's cores). First every question is asked alone (the reference answers), then the
-closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
+generator light enough to share the server's cores). First every question is asked alone (the reference
+answers), then the closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
 bounded by `max_requests` / `max_seconds`), and every answer a cell got is compared with its question's reference:
 `mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio, and
 each cell's CPU time of the server's processes (the front and its workers, from /proc): per request, and cores
@@ -223,7 +223,8 @@ class AskClient:
         body = json.dumps({"question": question, "top_k": top_k, "max_new_tokens": new_tokens, "stream": True})
         began = time.perf_counter()
         try:
-            self._connection.request("POST", "/v1/ask", body=body.encode(), headers={"Content-Type": "application/json"})
+            self._connection.request("POST", "/v1/ask", body=body.encode(),
+                                     headers={"Content-Type": "application/json"})
             response = self._connection.getresponse()
         except (OSError, http.client.HTTPException):
             self._connection.close()  # a dropped keep-alive connection: the next request opens a new one
