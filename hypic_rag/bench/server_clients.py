@@ -3,14 +3,14 @@
 The real service (`hypic-rag serve` in a process of its own, on 127.0.0.1; the clients are threads of this process)
 over the bundled default model and a corpus it never saw (`foreign_corpus`: 15 invented documents), `/v1/ask`
 streamed (top_k 4, `new_tokens` at most: the model's answers end at its stop string, often sooner), asked through
-`AskClient`s (the standard library's HTTP/1.1 client, one keep-alive connection per client thread: a load
-generator light enough to share the server's cores). First every question is asked alone (the reference
-answers), then the closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
+`AskClient`s (the standard library's HTTP/1.1 client, one keep-alive connection per client thread: a load generator
+light enough to share the server's cores). First every question is asked alone (the reference answers), then the
+closed-loop cells alternate (one client, `clients` clients, one client, ...; `ThroughputConfig.repeats` runs each,
 bounded by `max_requests` / `max_seconds`), and every answer a cell got is compared with its question's reference:
-`mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio, and
-each cell's CPU time of the server's processes (the front and its workers, from /proc): per request, and cores
-busy; `cpu_per_request_ratio` is one client's CPU per request over 8 clients' (what batching saves), a figure the
-other jobs on a shared machine distort far less than wall time.
+`mismatches` counts those that differ (text or sources). The row: requests/s of each cell and their ratio, and each
+cell's CPU time of the server's processes (the front and its workers, from /proc): per request, and cores busy;
+`cpu_per_request_ratio` is one client's CPU per request over 8 clients' (what batching saves), a figure the other
+jobs on a shared machine distort far less than wall time.
 
     python -m hypic_rag.bench.server_clients --requests 48 --seconds 120 --json out.json
     python -m hypic_rag.bench.server_clients --bare --runs 3 --alternate-workers 1 --json out.json
