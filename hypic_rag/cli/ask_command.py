@@ -2,9 +2,10 @@
 
 Prints the answer, its sources in order of similarity to the question (document, chunk, similarity, page or
 section, opening words; a chunk found by the retrieval hop is marked `hop`, with a line saying which follow-up
-query found it) and timings: retrieval, cache load, compose, prefill and time to first token (measured from the
-question, retrieval included); `--timings` adds where the whole run went (start-up, imports, model load, index
-open, embedder load, answer, total). `--json` prints one JSON object instead, all of these timings in it.
+query found it; a chunk the index's neighbour expansion brought is marked `neighbour`, with a line naming the
+source that brought it) and timings: retrieval, cache load, compose, prefill and time to first token (measured
+from the question, retrieval included); `--timings` adds where the whole run went (start-up, imports, model load,
+index open, embedder load, answer, total). `--json` prints one JSON object instead, all of these timings in it.
 `ask -` reads the question from standard input. Each `ask` loads the model once for one question; for many
 questions run `hypic-rag serve` and ask it over HTTP. Exit codes: 0 answered; 2 bad input (no index, empty
 question, missing model); 3 the index was built with another embedder or model; 1 any other failure.
@@ -16,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hypic_rag.cli.common import (
@@ -33,7 +35,7 @@ from hypic_rag.utils.limits import HOP_SLOTS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS
 from hypic_rag.runtime.modes import MODES
 
 if TYPE_CHECKING:
-    from hypic_rag.pipeline.answering import Answer, RagPipeline
+    from hypic_rag.pipeline.answering import Answer, RagPipeline, Source
 
 SNIPPET_CHARACTERS = 80
 STDIN_QUESTION = "-"
@@ -77,6 +79,18 @@ def location_label(metadata: dict[str, Any]) -> str:
     return ""
 
 
+def neighbour_note(source: Source, sources: Sequence[Source]) -> str:
+    """The line under a source the index's neighbour expansion brought (`source.neighbour_of` set; `sources` the
+    answer's, best first): which source brought it, by rank and chunk id, and that the question did not."""
+    found = [(rank, other) for rank, other in enumerate(sources, start=1) if other.chunk_id == source.neighbour_of]
+    if not found:  # the bringer is not among the sources: named by its chunk id alone
+        return f"neighbour: brought by chunk {source.neighbour_of} of its document, not by the question"
+    rank, bringer = found[0]
+    side = "after" if source.position > bringer.position else "before"
+    return (f"neighbour: the chunk {side} [{rank}] {bringer.doc_id} #{bringer.position} in its document, brought by "
+            f"that hit (chunk {bringer.chunk_id}), not by the question")
+
+
 def print_answer(answer: Answer) -> None:
     print(f"Answer: {answer.text}")
     if answer.note:
@@ -87,11 +101,14 @@ def print_answer(answer: Answer) -> None:
         if len(snippet) > SNIPPET_CHARACTERS:
             snippet = snippet[: SNIPPET_CHARACTERS - 3] + "..."
         notes = ", ".join(note for note in (f"score {source.score:.3f}", location_label(source.metadata),
-                                            "hop" if source.hop_query is not None else "") if note)
+                                            "hop" if source.hop_query is not None else "",
+                                            "neighbour" if source.neighbour_of is not None else "") if note)
         print(f"  [{rank}] {source.doc_id} #{source.position} ({notes}): {snippet}")
         if source.hop_query is not None:
             print(f"      hop: found by the follow-up query {json.dumps(source.hop_query, ensure_ascii=False)}, made "
                   f"from the best hit's sentences (score {source.hop_score or 0.0:.3f} against it), not by the question")
+        if source.neighbour_of is not None:
+            print(f"      {neighbour_note(source, answer.sources)}")
     timings = answer.timings
     print(
         "Timings: "

@@ -129,7 +129,9 @@ def neighbours_spec(text: str) -> str:
 
 
 def add_neighbours_argument(parser: argparse.ArgumentParser) -> None:
-    """The `--neighbours` option of ask, serve, calibrate and demo: the neighbour expansion of each search."""
+    """The `--neighbours` option of ask, serve and calibrate: the neighbour expansion of each search. (`demo` has
+    none: every document of the bundled example corpus is one chunk at the demo's chunk size, so no KIND:SLOTS
+    brings anything.)"""
     from hypic_rag.retrieval.chunk_context import DEFAULT_RETRIEVAL
 
     parser.add_argument(

@@ -50,7 +50,9 @@ class Source:
 
     score: cosine similarity to the question. metadata: the document's fields and the chunk's location (`page`,
     `page_end`, `section`). hop_query: for a chunk found by the retrieval hop, the follow-up query that found it
-    (None for a direct hit), and hop_score its similarity to that query. As JSON: `vocabulary.source_record`.
+    (None for a direct hit), and hop_score its similarity to that query. neighbour_of: for a chunk brought by the
+    index's neighbour expansion (`SearchHit.neighbour_of`), the chunk id of the retrieved chunk of its document that
+    brought it (None for a chunk retrieved by its own similarity). As JSON: `vocabulary.source_record`.
     """
 
     doc_id: str
@@ -62,6 +64,7 @@ class Source:
     metadata: dict[str, Any] = field(default_factory=dict)
     hop_query: str | None = None
     hop_score: float | None = None
+    neighbour_of: str | None = None
 
 
 @dataclass(slots=True)
@@ -451,7 +454,7 @@ def retrieval_ranks(from_hop: Sequence[bool]) -> list[int]:
 def _source_of(hit: Any) -> Source:
     chunk = hit.chunk
     return Source(chunk.doc_id, chunk.chunk_id, hit.score, chunk.text, chunk.source, chunk.position, dict(chunk.metadata),
-                  hit.hop_query, hit.hop_score)
+                  hit.hop_query, hit.hop_score, hit.neighbour_of)
 
 
 def _relay(inner: GenerationStream) -> Generator[tuple[str, str], None, Generation]:

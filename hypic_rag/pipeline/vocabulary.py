@@ -12,6 +12,8 @@ A source (one retrieved chunk the answer drew on), best first:
     metadata    the document's fields and where the chunk lies in it (`LOCATION_FIELDS`)
     hop         whether the retrieval hop found it; hop_query: the follow-up query that did (None for a direct
                 hit); hop_score: its similarity to that query
+    neighbour_of  for a chunk the index's neighbour expansion brought, the chunk id of the retrieved chunk of its
+                document that brought it (None for a chunk retrieved by its own similarity)
 Usage (token and segment accounting of one answer or completion): `USAGE_FIELDS`, plus `MATCHING_FIELDS` where a
 prompt is cut around known chunks (the OpenAI routes, `HypicLLM`). On the OpenAI routes they sit in `usage`
 beside OpenAI's own fields (`total_tokens`, `prompt_tokens_details.cached_tokens`, where OpenAI's clients read the
@@ -33,7 +35,7 @@ __all__ = ["LOCATION_FIELDS", "MATCHING_FIELDS", "PROMPT_PARTS", "PROMPT_PART_FI
            "USAGE_FIELDS", "prompt_part_record", "source_record"]
 
 SOURCE_FIELDS = ("rank", "doc_id", "chunk_id", "score", "text", "source", "position", "metadata", "hop",
-                 "hop_query", "hop_score")
+                 "hop_query", "hop_score", "neighbour_of")
 LOCATION_FIELDS = ("page", "page_end", "section", "title")
 """Where a chunk lies, in a source's `metadata` (a LlamaIndex node's metadata holds them directly, with `doc_id`,
 `source` and LlamaIndex's own `file_name` / `file_path`)."""
@@ -65,6 +67,7 @@ def source_record(source: Any, rank: int) -> dict[str, Any]:
         "hop": source.hop_query is not None,
         "hop_query": source.hop_query,
         "hop_score": source.hop_score,
+        "neighbour_of": source.neighbour_of,
     }
 
 

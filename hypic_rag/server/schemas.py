@@ -103,6 +103,10 @@ class SourceOut(BaseModel):
         None, description="Set when the retrieval hop found the chunk: the follow-up query that found it."
     )
     hop_score: float | None = Field(None, description="The chunk's similarity to hop_query.")
+    neighbour_of: str | None = Field(
+        None, description="Set when the index's neighbour expansion brought the chunk (not its own similarity): the "
+                          "chunk id of the retrieved chunk of its document that brought it."
+    )
 
 
 class Usage(BaseModel):

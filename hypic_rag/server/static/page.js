@@ -141,6 +141,11 @@ function showSources(card, sources) {
     head.append(el("strong", `${source.rank}. ${source.doc_id}`), " ",
                 el("span", `score ${Number(source.score).toFixed(3)}`, { class: "score" }));
     if (source.hop) head.append(" ", el("span", "(found by the retrieval hop)", { class: "muted" }));
+    if (source.neighbour_of) {
+      const bringer = sources.find((other) => other.chunk_id === source.neighbour_of);
+      const by = bringer ? `source ${bringer.rank}` : `chunk ${source.neighbour_of}`;
+      head.append(" ", el("span", `(brought as the neighbour of ${by} in its document)`, { class: "muted" }));
+    }
     const details = el("details");
     details.append(el("summary", "Chunk text"), el("pre", source.text, { class: "chunk" }));
     item.append(head, details);
