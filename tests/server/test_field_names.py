@@ -1,7 +1,8 @@
 """One vocabulary on every surface: the same field names for the same things in `hypic-rag ask --json`, `/v1/ask`
 (JSON and its stream) through a real server on 127.0.0.1, the OpenAI routes' extensions and error bodies,
 LlamaIndex's node and response metadata, and `docs/CONTRACTS.md`, all read against `hypic_rag/pipeline/vocabulary.py`; the
-same question gives the same sources on the command line and over REST."""
+same question gives the same sources on the command line and over REST; a source the neighbour expansion brought
+names the chunk that brought it on every surface."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from hypic_rag.cli.main import main
 from hypic_rag.server import ServerConfig
 from hypic_rag.server.runner import ServerThread
-from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, write_corpus
+from kits.corpora import SMALL_CORPUS, SMALL_CORPUS_QUESTIONS, build_index, write_corpus
 from hypic_rag.pipeline.vocabulary import (
     LOCATION_FIELDS,
     MATCHING_FIELDS,
@@ -26,6 +27,7 @@ from hypic_rag.pipeline.vocabulary import (
     SOURCE_FIELDS,
     TIMING_STAGES,
     USAGE_FIELDS,
+    source_record,
 )
 
 QUESTION = SMALL_CORPUS_QUESTIONS["chess.md"]
@@ -91,6 +93,66 @@ def test_cli_json_and_v1_ask_name_sources_usage_and_timings_alike(surfaces: dict
             assert sum(part[name] for part in parts) == answer["usage"][name], name
         assert sum(part["tokens"] for part in parts) == answer["usage"]["prompt_tokens"]
     assert rest["prompt_parts"] == events[-1]["prompt_parts"]
+
+
+@pytest.fixture(scope="module")
+def neighbour_surfaces(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, object]:
+    """What each surface answers for `QUESTION` over `SMALL_CORPUS` cut into 16-token chunks (about four per
+    document) and searched with `next:1` neighbour expansion, top 3, no retrieval hop: the best hit (the chess
+    club's first chunk) brings its next chunk into the third place. The pipeline's `Answer`, `ask --json`,
+    `ask`'s text, a real server's `/v1/ask` JSON and its stream's events."""
+    from hypic_rag.pipeline.answering import RagPipeline
+    from hypic_rag.runtime.sampling import SamplingParams
+
+    index = build_index(tmp_path_factory.mktemp("neighbour_sources") / "index", tiny_model, SMALL_CORPUS,
+                        chunk_tokens=16)
+    captured: dict[str, object] = {}
+    with RagPipeline.open(index, device="cpu", hop_slots=0, neighbours="next:1") as pipeline:
+        answer = pipeline.answer(QUESTION, top_k=TOP_K, params=SamplingParams(max_new_tokens=2))
+    captured["pipeline"] = [source_record(source, rank) for rank, source in enumerate(answer.sources, start=1)]
+    ask = ["ask", "--index", str(index), QUESTION, "--top-k", str(TOP_K), "--hop-slots", "0", "--neighbours", "next:1",
+           "--max-new-tokens", "2", "--device", "cpu"]
+    for name, extra in (("cli", ["--json"]), ("cli_text", [])):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(ask + extra)
+        assert code == 0, out.getvalue()
+        captured[name] = out.getvalue()
+    captured["cli"] = json.loads(captured["cli"])["sources"]
+    with ServerThread(ServerConfig(index_dir=index, device="cpu", hop_slots=0, neighbours="next:1")) as running, \
+            httpx.Client(base_url=running.url, timeout=120) as client:
+        request = {"question": QUESTION, "top_k": TOP_K, "max_new_tokens": 2}
+        captured["ask"] = client.post("/v1/ask", json=request).json()["sources"]
+        with client.stream("POST", "/v1/ask", json={**request, "stream": True}) as stream:
+            frames = stream.read().decode().strip().split("\n\n")
+        events = [json.loads(frame[len("data: "):]) for frame in frames[:-1]]
+        assert events[0]["type"] == "sources", events[0]
+        captured["ask_stream"] = events[0]["sources"]
+    return captured
+
+
+def test_a_brought_neighbour_names_the_hit_that_brought_it_on_every_surface(neighbour_surfaces: dict) -> None:
+    marks = {}
+    for surface in ("pipeline", "cli", "ask", "ask_stream"):
+        sources = neighbour_surfaces[surface]
+        assert [list(source) for source in sources] == [list(SOURCE_FIELDS)] * TOP_K, surface
+        brought = [source for source in sources if source["neighbour_of"] is not None]
+        assert len(brought) == 1, (surface, sources)  # the best hit's next chunk; the direct hits have none (null)
+        bringer = next(source for source in sources if source["chunk_id"] == brought[0]["neighbour_of"])
+        assert bringer["neighbour_of"] is None and bringer["rank"] == 1, (surface, sources)
+        assert (brought[0]["doc_id"], brought[0]["position"]) == (bringer["doc_id"], bringer["position"] + 1)
+        marks[surface] = [(source["chunk_id"], source["neighbour_of"]) for source in sources]
+    assert marks["pipeline"] == marks["cli"] == marks["ask"] == marks["ask_stream"]
+    # ask's text: the brought source marked `neighbour`, the line under it naming the source that brought it
+    text = neighbour_surfaces["cli_text"]
+    source = next(source for source in neighbour_surfaces["cli"] if source["neighbour_of"] is not None)
+    lines = text.splitlines()
+    at = next(number for number, line in enumerate(lines) if line.startswith(f"  [{source['rank']}] "))
+    assert re.match(rf"  \[{source['rank']}\] {re.escape(source['doc_id'])} #{source['position']} \(score [\d.]+, "
+                    r"neighbour\): ", lines[at]), lines[at]
+    assert lines[at + 1] == (f"      neighbour: the chunk after [1] {source['doc_id']} #{source['position'] - 1} in "
+                             f"its document, brought by that hit (chunk {source['neighbour_of']}), not by the question")
+    assert sum(", neighbour)" in line for line in lines) == 1
 
 
 def test_openai_routes_carry_the_same_usage_names_and_openai_error_bodies(surfaces: dict) -> None:
