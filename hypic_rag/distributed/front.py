@@ -22,7 +22,7 @@ response is streamed back as it is produced. What the front adds is the choice o
 
 `GET /v1/cache/stats` and `GET /healthz` gather every replica's answer, each under its replica id, with the
 router's counts; `GET /metrics` is the replicas' metrics merged (`merge_metrics`: the whole server's counts) and
-the front's own (requests routed, in flight and overflowed per replica).
+the front's own (requests routed, in flight and overflowed per replica; whether the owner is passed over).
 A response carries `X-Hypic-Replica`, the replica that served it. Replicas are `ReplicaClient`s: Ray Serve
 deployments in production (`serve_replicas.py`), in-process applications in tests.
 """
