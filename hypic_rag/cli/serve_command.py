@@ -10,7 +10,8 @@ with cores // workers intra-op threads, behind this endpoint, each request sent 
 larger model, one core, a GPU) in this one process with every core's threads. The log names the choice and why;
 --workers N and --threads N override it. Over a writable index worker-0 owns the index: the front sends it every
 document route, the other workers follow its writes (a document is found by every worker once its job reports it
-indexed). With --replicas N the model runs in N Ray Serve
+indexed), and while it has document jobs pending, questions go to the other workers while one has room. With
+--replicas N the model runs in N Ray Serve
 replicas (read-only) behind this endpoint: the same API, each request routed to the replica likely to hold its
 retrieved chunks hot (rendezvous hashing, load as tie-break); /v1/cache/stats and /healthz report every replica.
 --encode-actors K encodes cache misses on K Ray actors.

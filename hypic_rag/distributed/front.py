@@ -11,12 +11,18 @@ response is streamed back as it is produced. What the front adds is the choice o
   part of the prompt but the query, every part of a chat message but the last message's last one);
 - the document routes (`owner_route`: adding, deleting and listing documents, job status) when an `owner` is
   named (local workers over a writable index): that worker alone, the index's one writer (503 while it restarts);
+- while the owner has document jobs pending, every other request passes it over (`RendezvousRouter.acquire`'s
+  `avoid`) for as long as another replica is in rotation with room below its in-flight limit: the owner's model
+  worker steps a job only when no question is queued or generating there, so questions would starve its jobs.
+  The front marks the owner busy when it relays an owner route's 202 (a job accepted) and, while it is busy, asks
+  the owner's `/healthz` every `OWNER_JOBS_POLL_S` for its `pending_jobs` (no poll while none is pending); 0, or
+  an owner that cannot answer (dead or restarting: its jobs died with it), releases it;
 - anything else (and a body the front cannot read, which the replica will refuse with the proper error): the
   least loaded replica.
 
 `GET /v1/cache/stats` and `GET /healthz` gather every replica's answer, each under its replica id, with the
 router's counts; `GET /metrics` is the replicas' metrics merged (`merge_metrics`: the whole server's counts) and
-the front's own (requests routed, in flight and overflowed per replica).
+the front's own (requests routed, in flight and overflowed per replica; whether the owner is passed over).
 A response carries `X-Hypic-Replica`, the replica that served it. Replicas are `ReplicaClient`s: Ray Serve
 deployments in production (`serve_replicas.py`), in-process applications in tests.
 """
@@ -58,6 +64,8 @@ DEFAULT_TOP_K = 4
 """`/v1/ask`'s default top_k (its schema's)."""
 JOBS_PREFIX = "/v1/jobs"
 """Job status routes: the jobs live in the worker that runs them, the index's owner."""
+OWNER_JOBS_POLL_S = 0.5
+"""Seconds between two asks of the owner's `/healthz` while it has document jobs pending (none otherwise)."""
 
 
 def owner_route(path: str) -> bool:
@@ -151,19 +159,61 @@ def chat_keys(body: Mapping[str, Any], separator: str) -> list[str]:
 class Front:
     """Routes and forwards requests to `replicas` (replica id -> client); `retrieve` None routes `/v1/ask` by load
     alone (local workers, which share one segment cache: `local_workers.py`); `owner`: the replica that writes the
-    index, which alone gets the document routes (`owner_route`; None: any replica, each refusing changes)."""
+    index, which alone gets the document routes (`owner_route`; None: any replica, each refusing changes) and is
+    passed over by the other requests while it has document jobs pending (`owner_busy`; `owner_jobs_poll_s`
+    between two asks of its `/healthz` meanwhile)."""
 
     def __init__(
         self, config: ServerConfig, replicas: Mapping[str, ReplicaClient], retrieve: Retrieve | None,
         *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, owner: str | None = None,
+        owner_jobs_poll_s: float = OWNER_JOBS_POLL_S,
     ) -> None:
         if owner is not None and owner not in replicas:
             raise ValueError(f"owner {owner!r} is not one of the replicas {sorted(replicas)}")
+        if owner_jobs_poll_s <= 0:
+            raise ValueError(f"owner_jobs_poll_s must be > 0, got {owner_jobs_poll_s}")
         self.config = config
         self.replicas = dict(replicas)
         self.retrieve = retrieve
         self.owner = owner
         self.router = RendezvousRouter(list(self.replicas), max_in_flight=max_in_flight)
+        self.owner_jobs_poll_s = owner_jobs_poll_s
+        self.owner_busy = False
+        """Whether the owner has document jobs pending, as far as the front knows (it accepted one through the
+        front, and its `/healthz` has not yet counted 0 since)."""
+        self._owner_jobs_accepted = 0  # jobs the owner accepted through this front: a poll's answer is stale if it grew
+        self._owner_watch: asyncio.Task[None] | None = None
+
+    def _owner_job_accepted(self) -> None:
+        """The owner answered a document route with 202 (a job queued there): pass it over until its jobs end."""
+        self._owner_jobs_accepted += 1
+        if not self.owner_busy:
+            logger.info("%s has document jobs pending: questions go to the other replicas while they have room",
+                        self.owner)
+        self.owner_busy = True
+        if self._owner_watch is None or self._owner_watch.done():
+            self._owner_watch = asyncio.get_running_loop().create_task(self._watch_owner_jobs())
+
+    async def _watch_owner_jobs(self) -> None:
+        """Ask the owner's `/healthz` every `owner_jobs_poll_s` until it counts no pending job (and no job was
+        accepted while it answered) or cannot answer (dead, restarting or stopping: its jobs end with it); then
+        the owner takes questions again."""
+        assert self.owner is not None
+        try:
+            while True:
+                await asyncio.sleep(self.owner_jobs_poll_s)
+                accepted = self._owner_jobs_accepted
+                status, body = await self.ask_replica(self.owner, "/healthz")
+                pending = body.get("pending_jobs") if status == 200 and isinstance(body, dict) else None
+                if isinstance(pending, int) and pending > 0:
+                    continue
+                if pending is not None and accepted != self._owner_jobs_accepted:
+                    continue  # a job accepted while the owner answered may not be counted in it: ask again
+                logger.info("%s has no document job pending%s: it takes questions again", self.owner,
+                            "" if pending is not None else f" (its /healthz answered {status})")
+                return
+        finally:  # also when the front stops: never an owner passed over for good
+            self.owner_busy = False
 
     async def affinity_keys(self, path: str, body: bytes) -> list[str]:
         """What to route a request by (empty: no affinity, the least loaded replica). A body nested too deeply to
@@ -213,7 +263,8 @@ class Front:
         )
         for _attempt in range(1 if to_owner else len(self.replicas)):  # a change is never sent to another worker
             try:
-                decision = self.router.acquire_on(self.owner) if to_owner else self.router.acquire(keys)
+                decision = (self.router.acquire_on(self.owner) if to_owner else
+                            self.router.acquire(keys, avoid=self.owner if self.owner_busy else None))
             except NoReplicaAvailable as error:
                 return unavailable_response(f"{error}; the server is restarting it, retry shortly")
             try:
@@ -233,6 +284,8 @@ class Front:
         if not isinstance(start, ResponseStart):
             self.router.release(decision)
             raise RuntimeError(f"replica {decision.replica} answered without a response start")
+        if to_owner and start.status == 202:  # a document job accepted: it runs on the owner's model worker
+            self._owner_job_accepted()
         headers = [(k, v) for k, v in start.headers if k.lower() not in HOP_BY_HOP]
         headers.append((REPLICA_HEADER.encode(), decision.replica.encode()))
         return _RawHeadersStreamingResponse(self._relay(parts, decision), start.status, headers)
@@ -248,28 +301,28 @@ class Front:
             if closer is not None:
                 await closer()
 
-    async def gather(self, path: str, *, as_text: bool = False) -> dict[str, tuple[int, Any]]:
-        """Every replica's answer to `GET path`: replica id -> (status, JSON body or None; the body's text with
-        `as_text`)."""
-
-        async def one(name: str, client: ReplicaClient) -> tuple[int, Any]:
-            status, chunks = 502, []
-            try:
-                async for part in client.stream(ForwardedRequest("GET", path)):
-                    if isinstance(part, ResponseStart):
-                        status = part.status
-                    else:
-                        chunks.append(part)
-                body = b"".join(chunks)
-                return status, body.decode("utf-8", "replace") if as_text else json.loads(body or b"null")
-            except Exception as error:  # noqa: BLE001 - a replica that cannot answer is reported, not fatal
-                if isinstance(error, ReplicaUnreachable):
-                    self.router.mark_down(name, f"unreachable ({error})")  # logged once, not per health check
+    async def ask_replica(self, name: str, path: str, *, as_text: bool = False) -> tuple[int, Any]:
+        """Replica `name`'s answer to `GET path`: (status, JSON body or None; the body's text with `as_text`);
+        (502, an error body) when it cannot answer (taken out of rotation when it cannot be reached)."""
+        status, chunks = 502, []
+        try:
+            async for part in self.replicas[name].stream(ForwardedRequest("GET", path)):
+                if isinstance(part, ResponseStart):
+                    status = part.status
                 else:
-                    logger.warning("replica %s did not answer %s: %s", name, path, error)
-                return 502, {"error": {"message": f"replica unreachable: {type(error).__name__}: {error}"}}
+                    chunks.append(part)
+            body = b"".join(chunks)
+            return status, body.decode("utf-8", "replace") if as_text else json.loads(body or b"null")
+        except Exception as error:  # noqa: BLE001 - a replica that cannot answer is reported, not fatal
+            if isinstance(error, ReplicaUnreachable):
+                self.router.mark_down(name, f"unreachable ({error})")  # logged once, not per health check
+            else:
+                logger.warning("replica %s did not answer %s: %s", name, path, error)
+            return 502, {"error": {"message": f"replica unreachable: {type(error).__name__}: {error}"}}
 
-        answers = await asyncio.gather(*(one(name, client) for name, client in self.replicas.items()))
+    async def gather(self, path: str, *, as_text: bool = False) -> dict[str, tuple[int, Any]]:
+        """Every replica's answer to `GET path` (`ask_replica`): replica id -> (status, body)."""
+        answers = await asyncio.gather(*(self.ask_replica(name, path, as_text=as_text) for name in self.replicas))
         return dict(zip(self.replicas, answers))
 
 
@@ -360,7 +413,9 @@ def create_front_app(front: Front) -> FastAPI:
     async def metrics() -> Response:
         answers = await front.gather("/metrics", as_text=True)
         merged = merge_metrics([text for status, text in answers.values() if status == 200 and isinstance(text, str)])
-        return Response(merged + render_metrics(front.router.snapshot()), media_type="text/plain; version=0.0.4")
+        owner_busy = front.owner_busy if front.owner is not None else None
+        return Response(merged + render_metrics(front.router.snapshot(), owner_busy=owner_busy),
+                        media_type="text/plain; version=0.0.4")
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
                    include_in_schema=False)
@@ -428,8 +483,9 @@ def _prometheus_float(value: float) -> str:
     return repr(float(value))
 
 
-def render_metrics(snapshot: Mapping[str, Any]) -> str:
-    """The front's Prometheus text: requests routed and in flight per replica, overflows past the affine replica."""
+def render_metrics(snapshot: Mapping[str, Any], *, owner_busy: bool | None = None) -> str:
+    """The front's Prometheus text: requests routed and in flight per replica, overflows past the affine replica,
+    and (`owner_busy` not None: an index owner is named) whether the owner is passed over for its document jobs."""
     lines = ["# HELP hypic_front_routed_total Requests the front routed to each replica.",
              "# TYPE hypic_front_routed_total counter"]
     lines += [f'hypic_front_routed_total{{replica="{name}"}} {count}' for name, count in snapshot["routed"].items()]
@@ -438,4 +494,8 @@ def render_metrics(snapshot: Mapping[str, Any]) -> str:
     lines += [f'hypic_front_in_flight{{replica="{name}"}} {count}' for name, count in snapshot["in_flight"].items()]
     lines += ["# HELP hypic_front_overflowed_total Requests sent past their affine replica because it was busy.",
               "# TYPE hypic_front_overflowed_total counter", f"hypic_front_overflowed_total {snapshot['overflowed']}"]
+    if owner_busy is not None:
+        lines += ["# HELP hypic_front_owner_busy 1 while the index's owner has document jobs pending (other "
+                  "requests pass it over).", "# TYPE hypic_front_owner_busy gauge",
+                  f"hypic_front_owner_busy {int(owner_busy)}"]
     return "\n".join(lines) + "\n"

@@ -18,9 +18,11 @@ Writes: over a writable index (`config.read_only` False) worker-0 is the index's
 its writer (the index's lock, the docstore, the FAISS file, the manifest) and the front sends it every document
 route (`front.owner_route`: adding, deleting, listing documents, job status); the others open the index for
 search and follow the owner's commits before each retrieval (`CorpusIndex.follow_writer`), so a document the owner
-has indexed is found by every worker from then on. Every worker answers questions, the owner included. Segment
-cache entries are written by whichever worker encodes them: each put is an LMDB write transaction, serialised
-across the processes by LMDB's own lock, and one killed mid-transaction leaves nothing of it (lmdb_store.py).
+has indexed is found by every worker from then on. Every worker answers questions, the owner included, but while
+the owner has document jobs pending the front sends questions to the others as long as one has room (the owner's
+model worker steps a job only between questions: `front.Front.owner_busy`). Segment cache entries are written by
+whichever worker encodes them: each put is an LMDB write transaction, serialised across the processes by LMDB's
+own lock, and one killed mid-transaction leaves nothing of it (lmdb_store.py).
 Over a read-only index every worker is a reader and document routes answer 409.
 
 Unlike Ray replicas, the front does not retrieve to route `/v1/ask` (the workers share the host's LMDB segment

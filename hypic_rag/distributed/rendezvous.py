@@ -9,6 +9,11 @@ requests in flight, then to the higher summed weight (deterministic). Overflow: 
 `max_in_flight` requests is passed over for the next-ranked one below it; when all are that busy, the least loaded
 one is taken.
 
+Avoiding a replica (`acquire(keys, avoid=...)`: the front passes the index's owner while it has document jobs
+pending, so its jobs are not starved by questions): the avoided replica is passed over while any other replica in
+rotation has room below `max_in_flight`; when every other one is down or at its limit, the choice is made as if
+nothing were avoided (the request is still served, never refused for it).
+
 Out of rotation: a replica marked down (`mark_down`: its process died, or it refused a connection) is passed over
 until `mark_up`; its keys go to the next-ranked replica meanwhile. Each change is logged once, whatever the
 number of requests it turns away. When every replica is down, `acquire` raises `NoReplicaAvailable`.
@@ -118,11 +123,11 @@ class RendezvousRouter:
         return sorted(self.replicas,
                       key=lambda r: (-owned[r], in_flight.get(r, 0), -summed[r], r))
 
-    def choose(self, keys: Sequence[str]) -> RouteDecision:
-        """The replica for a request over `keys` (chunk ids, or any affinity keys), under the current load; does not
-        count it in flight (see `routed`)."""
+    def choose(self, keys: Sequence[str], *, avoid: str | None = None) -> RouteDecision:
+        """The replica for a request over `keys` (chunk ids, or any affinity keys), under the current load, passing
+        over `avoid` while another replica has room (module docstring); does not count it in flight (see `routed`)."""
         with self._lock:
-            return self._choose(keys)
+            return self._choose(keys, avoid)
 
     def _owned(self, keys: Sequence[str]) -> dict[str, int]:
         owned = dict.fromkeys(self.replicas, 0)
@@ -130,23 +135,26 @@ class RendezvousRouter:
             owned[owner(self.replicas, key)] += 1
         return owned
 
-    def _choose(self, keys: Sequence[str]) -> RouteDecision:
+    def _choose(self, keys: Sequence[str], avoid: str | None = None) -> RouteDecision:
         ranking = [replica for replica in self.ranking(keys, self._in_flight) if replica not in self._down]
         if not ranking:
             raise NoReplicaAvailable(f"no replica is running ({'; '.join(sorted(set(self._down.values())))})")
         owned = self._owned(keys)
         affine = ranking[0] if keys else None
+        others = [replica for replica in ranking if replica != avoid]
+        if len(others) < len(ranking) and any(self._in_flight[replica] < self.max_in_flight for replica in others):
+            ranking = others  # the avoided replica only when every other one is down or at its limit
         for replica in ranking:
             if self._in_flight[replica] < self.max_in_flight:
                 return RouteDecision(replica, owned, affine, overflowed=replica != ranking[0])
         least = min(ranking, key=lambda r: (self._in_flight[r], ranking.index(r)))  # all busy: least loaded
         return RouteDecision(least, owned, affine, overflowed=least != ranking[0])
 
-    def acquire(self, keys: Sequence[str]) -> RouteDecision:
-        """Choose a replica in rotation and count the request in flight on it until `release(decision)`;
-        `NoReplicaAvailable` when every one is down."""
+    def acquire(self, keys: Sequence[str], *, avoid: str | None = None) -> RouteDecision:
+        """Choose a replica in rotation (passing over `avoid` while another has room) and count the request in
+        flight on it until `release(decision)`; `NoReplicaAvailable` when every one is down."""
         with self._lock:
-            decision = self._choose(keys)
+            decision = self._choose(keys, avoid)
             self._in_flight[decision.replica] += 1
             self._routed[decision.replica] += 1
             self._overflowed += decision.overflowed

@@ -219,3 +219,129 @@ def test_malformed_addresses_are_refused_before_any_connection() -> None:
             check_reachable(address)
     with pytest.raises(ValueError):
         ClusterConfig(address=" ")
+
+
+class AppReplica:
+    """A `front.ReplicaClient` over an in-process ASGI application (as a Ray replica runs one)."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    def stream(self, request: ForwardedRequest):
+        return stream_asgi(self.app, request)
+
+
+def jobs_replica(name: str, state: dict[str, object]) -> FastAPI:
+    """A replica that queues document jobs as the service does (202; `pending_jobs` in its `/healthz`, which counts
+    each poll and answers `health_status`), and answers questions, holding one whose body asks to wait."""
+    app = FastAPI()
+
+    @app.post("/v1/documents")
+    async def add() -> JSONResponse:
+        state["pending"] = int(state["pending"]) + 1
+        return JSONResponse({"job_id": "j"}, status_code=202)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        state["polls"] = int(state["polls"]) + 1
+        return JSONResponse({"pending_jobs": state["pending"]}, status_code=int(state["health_status"]))
+
+    @app.post("/v1/ask")
+    @app.post("/v1/completions")
+    async def ask(request: Request) -> JSONResponse:
+        if (await request.json()).get("wait"):
+            await state["release"].wait()
+        return JSONResponse({"replica": name})
+
+    return app
+
+
+def test_the_front_passes_over_the_owner_while_its_document_jobs_are_pending(tmp_path: Path) -> None:
+    """Over in-process replicas: a 202 from the owner's document route makes questions go to the other replica
+    (also when their segments point at the owner); with the other at its in-flight limit or unreachable they reach
+    the owner (200, never 503); once the owner's `/healthz` counts no pending job, or cannot answer (restarting),
+    it takes questions again; its `/healthz` is asked only while it is busy. A front without an owner (Ray
+    replicas) never marks one."""
+    import httpx
+
+    from hypic_rag.distributed.front import Front, create_front_app
+    from hypic_rag.distributed.local_workers import WorkerClient
+    from hypic_rag.distributed.rendezvous import RendezvousRouter
+    from hypic_rag.server import ServerConfig
+
+    config = ServerConfig(index_dir=tmp_path)
+    owner_state = {"pending": 0, "polls": 0, "health_status": 200, "release": None}
+    other_state = dict(owner_state)
+    prompt = next(f"Segment {number}.<<PIC_SEP>>A question?" for number in range(100)
+                  if RendezvousRouter(["worker-0", "worker-1"]).ranking(
+                      completion_keys({"prompt": f"Segment {number}.<<PIC_SEP>>A question?"}, "<<PIC_SEP>>"))[0]
+                  == "worker-0")  # a prompt whose segment belongs to the owner
+
+    async def until(condition, what: str) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{what} did not happen within 500 checks")
+
+    async def run() -> None:
+        owner_state["release"] = other_state["release"] = asyncio.Event()
+        front = Front(config, {"worker-0": AppReplica(jobs_replica("worker-0", owner_state)),
+                               "worker-1": AppReplica(jobs_replica("worker-1", other_state))},
+                      retrieve=None, owner="worker-0", max_in_flight=1, owner_jobs_poll_s=0.01)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_front_app(front)), base_url="http://front")
+
+        async def served_by(path: str = "/v1/ask", body: dict | None = None) -> str:
+            response = await client.post(path, json=body or {"question": "q"})
+            assert response.status_code == 200, response.text
+            return response.headers["x-hypic-replica"]
+
+        assert await served_by() == "worker-0" and owner_state["polls"] == 0  # idle: the tie goes to worker-0
+        assert (await client.post("/v1/documents", json={})).status_code == 202
+        assert front.owner_busy
+        assert [await served_by() for _ in range(3)] == ["worker-1"] * 3
+        metrics = (await client.get("/metrics")).text
+        assert "hypic_front_owner_busy 1" in metrics, metrics
+
+        held = asyncio.create_task(served_by(body={"question": "q", "wait": True}))  # worker-1 at its limit (1)
+        await until(lambda: front.router.snapshot()["in_flight"]["worker-1"] == 1, "the held question's routing")
+        assert await served_by() == "worker-0"  # still answered: by the owner, its jobs notwithstanding
+        owner_state["release"].set()
+        assert await held == "worker-1"
+
+        owner_state["pending"] = 0  # the owner's job finished
+        await until(lambda: not front.owner_busy, "the owner's release")
+        polls = owner_state["polls"]
+        assert polls >= 1 and await served_by() == "worker-0"
+        assert await served_by("/v1/completions", {"prompt": prompt}) == "worker-0"
+        await asyncio.sleep(0.2)  # twenty poll periods with nothing pending: no poll
+        assert owner_state["polls"] == polls
+        assert "hypic_front_owner_busy 0" in (await client.get("/metrics")).text
+
+        assert (await client.post("/v1/documents", json={})).status_code == 202
+        assert await served_by("/v1/completions", {"prompt": prompt}) == "worker-1"  # passed over, affinity too
+        owner_state["health_status"] = 503  # the owner restarting: its jobs died with it
+        await until(lambda: not front.owner_busy, "the release of an owner that cannot answer")
+        assert await served_by() == "worker-0"
+        await client.aclose()
+
+        front = Front(config, {"worker-0": AppReplica(jobs_replica("worker-0", owner_state)),
+                               "worker-1": WorkerClient("worker-1", str(tmp_path / "gone.sock"))},
+                      retrieve=None, owner="worker-0", owner_jobs_poll_s=0.01)
+        owner_state["health_status"] = 200
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_front_app(front)), base_url="http://front")
+        assert (await client.post("/v1/documents", json={})).status_code == 202 and front.owner_busy
+        assert await served_by() == "worker-0"  # the other one unreachable: taken out of rotation, the owner serves
+        assert front.router.is_down("worker-1")
+        await client.aclose()
+
+        unowned = Front(config, {"replica-0": AppReplica(jobs_replica("replica-0", other_state))}, retrieve=None)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_front_app(unowned)), base_url="http://f")
+        polls = other_state["polls"]
+        assert (await client.post("/v1/documents", json={})).status_code == 202
+        assert not unowned.owner_busy and "hypic_front_owner_busy" not in (await client.get("/metrics")).text
+        await asyncio.sleep(0.1)
+        assert other_state["polls"] == polls  # no owner: no poll
+        await client.aclose()
+
+    asyncio.run(run())

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import httpx
@@ -108,6 +108,13 @@ def answers_alike(url: str) -> list[tuple[str, tuple[str, ...]]]:
     return alone
 
 
+def assert_stopped_cleanly(process: subprocess.Popen[str], err: str, running: list[int]) -> None:
+    """After SIGTERM: the server exited 0 without a traceback, and none of its `running` workers is left."""
+    assert process.returncode == 0, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert not [pid for pid in running if Path(f"/proc/{pid}").exists()]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_two_workers_serve_equal_answers_restart_and_stop(tmp_path: Path, copy_tiny_index) -> None:
     index = copy_tiny_index(tmp_path / "index")
@@ -161,11 +168,9 @@ def test_two_workers_serve_equal_answers_restart_and_stop(tmp_path: Path, copy_t
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err[-2000:]
-    assert "Traceback" not in err, err[-2000:]
+    assert_stopped_cleanly(process, err, running)
     assert len([line for line in err.splitlines() if "worker-0" in line]) <= 4, err[-3000:]  # once per event
     assert API_KEY not in out + err
-    assert not [pid for pid in running if Path(f"/proc/{pid}").exists()]
 
 
 def test_workers_share_the_cores() -> None:
@@ -307,11 +312,9 @@ def test_the_bare_command_serves_a_writable_index_from_a_worker_per_core(tmp_pat
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err[-2000:]
-    assert "Traceback" not in err, err[-3000:]
+    assert_stopped_cleanly(process, err, running)
     assert "serve: 2 worker processes x 1 intra-op thread (2 cores" in err, err[-3000:]
     assert WRITE_KEY not in out + err and API_KEY not in out + err
-    assert not [pid for pid in running if Path(f"/proc/{pid}").exists()]
     with CorpusIndex.open(index) as reopened:  # nothing the owner wrote before its death is lost or half-written
         assert reopened.docstore._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         live = sorted(reopened.docstore.live_vector_ids().tolist())
@@ -325,3 +328,86 @@ def test_the_bare_command_serves_a_writable_index_from_a_worker_per_core(tmp_pat
     with LmdbSegmentStore.open(index / "segment_cache", readonly=True) as store:
         report = verify_store(store)
         assert report.checked > 0 and not report.problems, report.problems
+
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def job_status(url: str, accepted: httpx.Response) -> str:
+    response = httpx.get(f"{url}{accepted.json()['status_url']}", headers=WRITES, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["status"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, stops a worker with SIGSTOP")
+def test_questions_pass_over_the_owner_while_its_document_job_runs(tmp_path: Path, copy_tiny_index) -> None:
+    """`serve --workers 2` over a writable index: while the owner (worker-0) has a document job, questions (ask and
+    completions, whose segments point at the owner) are answered by worker-1 and the job completes under them
+    (without the routing the owner, whose model worker steps a job only between questions, answered them); with
+    worker-1 stopped and at its in-flight limit, a question still reaches the owner (200); once the job is done
+    the owner answers questions again."""
+    from hypic_rag.distributed.front import completion_keys
+    from hypic_rag.distributed.rendezvous import RendezvousRouter
+    from hypic_rag.prompting.segments import DEFAULT_SEPARATOR
+
+    index = copy_tiny_index(tmp_path / "index")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_serve(index, port, "--workers", "2", "--max-in-flight", "2", "--log-level", "warning",
+                          HYPIC_RAG_API_KEY=API_KEY, HYPIC_RAG_ADMIN_KEY=WRITE_KEY)
+    prompts = (f"The ferry leaves at {hour}.{DEFAULT_SEPARATOR}When does the ferry leave?" for hour in range(99))
+    prompt = next(text for text in prompts if RendezvousRouter(worker_names(2)).ranking(
+        completion_keys({"prompt": text}, DEFAULT_SEPARATOR))[0] == "worker-0")  # its segment's affinity: the owner
+    questions = [("/v1/ask", {"question": QUESTIONS[0], "top_k": 2, "max_new_tokens": 4}),
+                 ("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})]
+
+    def served_by(number: int) -> str:
+        path, body = questions[number % 2]
+        response = httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.headers["x-hypic-replica"]
+
+    def many(batch: int) -> dict:
+        return {"documents": [{"id": f"bulk-{batch}-{number}.md", "text": f"{NEW_TEXT} Entry {batch}.{number}. " * 12}
+                              for number in range(40)]}
+
+    try:
+        _, pids = two_workers_up(url, process, read_only=False)
+        assert [served_by(number) for number in range(2)] == ["worker-0", "worker-0"]  # idle: ties and affinity
+        accepted = httpx.post(f"{url}/v1/documents", json=many(0), headers=WRITES, timeout=30)
+        assert accepted.status_code == 202, accepted.text
+        answered: list[tuple[str, str]] = []  # (the worker that answered, the job's status after the answer)
+        while not answered or answered[-1][1] not in TERMINAL:
+            assert len(answered) < 400, f"the job did not end under 400 questions: {answered[-5:]}"
+            answered.append((served_by(len(answered)), job_status(url, accepted)))
+        during = [worker for worker, status in answered if status not in TERMINAL]
+        assert during, "the job ended before the first question was answered: give it more documents"
+        assert set(during) == {"worker-1"}, answered  # the owner ran its job meanwhile
+        assert answered[-1][1] == "succeeded", answered[-1]
+
+        for number in range(50):  # the front learns the job ended from the owner's /healthz (a poll away)
+            if served_by(number) == "worker-0":
+                break
+        else:
+            raise AssertionError("50 questions after the job ended, none reached the owner")
+
+        other = next(pid for pid in pids if pid != owner_pid(pids, index))
+        accepted = httpx.post(f"{url}/v1/documents", json=many(1), headers=WRITES, timeout=30)
+        assert accepted.status_code == 202, accepted.text
+        os.kill(other, signal.SIGSTOP)  # worker-1 takes its 2 (its limit), then holds them
+        try:
+            with ThreadPoolExecutor(3) as pool:
+                held = [pool.submit(served_by, 0) for _ in range(3)]
+                first = next(as_completed(held, timeout=120)).result()
+                busy = job_status(url, accepted)
+                os.kill(other, signal.SIGCONT)
+                workers = sorted(future.result(timeout=120) for future in held)
+        finally:
+            os.kill(other, signal.SIGCONT)
+        assert busy not in TERMINAL, "the job ended before worker-1 was full: give it more documents"
+        assert first == "worker-0" and workers == ["worker-0", "worker-1", "worker-1"], workers
+        running = worker_pids(process.pid)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    assert_stopped_cleanly(process, err, running)

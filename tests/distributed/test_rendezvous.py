@@ -139,3 +139,27 @@ def test_a_replica_out_of_rotation_is_passed_over_and_logged_once(caplog: pytest
     assert router.choose(keys).replica == "a"
     assert len(caplog.records) == 3, [record.getMessage() for record in caplog.records]
 
+
+
+def test_an_avoided_replica_is_taken_only_when_every_other_is_down_or_at_its_limit() -> None:
+    """`avoid` (the index's owner while it has document jobs): passed over, whatever the keys' affinity or the load,
+    while another replica in rotation has room; then chosen as if nothing were avoided, never refused."""
+    router = RendezvousRouter(["a-owner", "b", "c"], max_in_flight=2)
+    keys = [key for key in chunk_ids(300, seed=7) if owner(router.replicas, key) == "a-owner"][:3]
+    assert router.choose(keys).replica == "a-owner"
+    held = [router.acquire(keys, avoid="a-owner") for _ in range(4)]  # b and c fill up to their limit, owner idle
+    assert sorted(decision.replica for decision in held) == ["b", "b", "c", "c"]
+    assert not any(decision.overflowed for decision in held) and {decision.affine for decision in held} == {"a-owner"}
+    spilled = router.acquire(keys, avoid="a-owner")  # every other one at its limit: the owner has room, it serves
+    assert spilled.replica == "a-owner"
+    router.release(held.pop())
+    assert router.choose(keys, avoid="a-owner").replica in {"b", "c"}  # room again elsewhere
+    for decision in (*held, spilled):
+        router.release(decision)
+    router.mark_down("b", "its process exited with code -9")
+    router.mark_down("c", "its process exited with code -9")
+    assert router.choose([], avoid="a-owner").replica == "a-owner"  # the only one running: never a 503 for avoiding
+    router.mark_up("c")
+    assert router.choose([], avoid="a-owner").replica == "c"
+    assert router.choose([], avoid=None).replica == "a-owner"  # nothing avoided: the tie goes by name
+    assert router.snapshot()["in_flight"] == {"a-owner": 0, "b": 0, "c": 0}
