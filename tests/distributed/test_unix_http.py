@@ -8,6 +8,7 @@ early (the server sees its client go, and that connection is not reused)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -239,3 +240,59 @@ def test_heads_are_parsed_or_refused() -> None:
         with pytest.raises(ValueError):
             parse_head(bad)
     assert request_head(ForwardedRequest("GET", "/h"), b"worker") == b"GET /h HTTP/1.1\r\nhost: worker\r\n\r\n"
+
+
+def test_the_front_relays_a_stream_and_a_client_that_goes_away_closes_the_workers_connection(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The front (`create_front_app` on a real uvicorn on 127.0.0.1) over a `WorkerClient` to a scripted worker:
+    a streamed response comes through part by part with `X-Hypic-Replica`; a client that leaves mid-stream makes the
+    worker's connection close (the worker sees its client go) and frees the router's slot, with nothing logged at
+    ERROR; a worker that drops its connection mid-body cuts the client's response short (one warning)."""
+    import httpx
+    import uvicorn
+
+    from hypic_rag.distributed.front import Front, create_front_app
+    from hypic_rag.distributed.local_workers import WorkerClient
+    from hypic_rag.server import ServerConfig
+    from hypic_rag.testing import free_port
+
+    worker_saw_close = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> bool:
+        writer.write(answer(b"HTTP/1.1 200 OK", [b"content-type: text/event-stream", b"transfer-encoding: chunked"])
+                     + b"8\r\ndata: 1\n\r\n")
+        await writer.drain()
+        if number == 1:
+            assert await reader.read() == b""  # nothing more is sent until the front's client goes
+            worker_saw_close.set()
+        return False  # the second: dropped in the middle of its body
+
+    async def run() -> None:
+        async with ScriptedServer(socket_path(tmp_path), handler) as worker:
+            front = Front(ServerConfig(index_dir=tmp_path / "index"), {"worker-0": WorkerClient("worker-0", worker.path)},
+                          retrieve=None)
+            port = free_port()
+            server = uvicorn.Server(uvicorn.Config(create_front_app(front), host="127.0.0.1", port=port,
+                                                   log_level="warning", lifespan="off"))
+            serving = asyncio.create_task(server.serve())
+            while not server.started:
+                await asyncio.sleep(0.01)
+            try:
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                    async with client.stream("POST", "/v1/ask", json={"question": "q", "stream": True}) as response:
+                        assert response.status_code == 200 and response.headers["x-hypic-replica"] == "worker-0"
+                        assert await anext(response.aiter_raw()) == b"data: 1\n"
+                    await asyncio.wait_for(worker_saw_close.wait(), 10)  # the client left: so did the front
+                    with pytest.raises(httpx.RemoteProtocolError):  # cut short: the client sees it cut short
+                        await client.post("/v1/ask", json={"question": "q"})
+                assert front.router.snapshot()["in_flight"] == {"worker-0": 0}
+                assert worker.requests[0].startswith(b"POST /v1/ask HTTP/1.1\r\nhost: worker\r\n")
+            finally:
+                server.should_exit = True
+                await serving
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run())
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR
+            and "without completing response" not in record.getMessage()] == []
+    assert any("cut short" in record.getMessage() for record in caplog.records)
