@@ -122,6 +122,17 @@ def _body_framing(method: str, status: int, headers: list[tuple[bytes, bytes]]) 
     return False, None
 
 
+async def _sized_parts(reader: asyncio.StreamReader, size: int) -> AsyncIterator[bytes]:
+    """The next `size` bytes of `reader` as they arrive, in parts of at most `READ_BYTES`; `IncompleteReadError` if
+    the stream ends first."""
+    while size:
+        part = await reader.read(min(size, READ_BYTES))
+        if not part:
+            raise asyncio.IncompleteReadError(b"", size)
+        size -= len(part)
+        yield part
+
+
 def _keeps_alive(headers: list[tuple[bytes, bytes]]) -> bool:
     return not any(name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]
                    for name, value in headers)
@@ -223,11 +234,7 @@ class UnixHttpPool:
                         while await reader.readuntil(b"\r\n") != b"\r\n":
                             pass  # trailer fields: not relayed (the front's response is chunked anew)
                         break
-                    while size:
-                        part = await reader.read(min(size, READ_BYTES))
-                        if not part:
-                            raise asyncio.IncompleteReadError(b"", size)
-                        size -= len(part)
+                    async for part in _sized_parts(reader, size):
                         yield part
                     if await reader.readexactly(2) != b"\r\n":
                         raise ValueError("a chunk does not end with CRLF")
@@ -236,11 +243,7 @@ class UnixHttpPool:
                     yield part
                 return  # a body to the end of the connection: never reused
             else:
-                while length:
-                    part = await reader.read(min(length, READ_BYTES))
-                    if not part:
-                        raise asyncio.IncompleteReadError(b"", length)
-                    length -= len(part)
+                async for part in _sized_parts(reader, length):
                     yield part
             finished = _keeps_alive(headers)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ValueError) as error:
