@@ -3,7 +3,9 @@ socket in this test, each scripted to answer as the case needs: a Content-Length
 a chunked body relayed part by part as it arrives, keep-alive reuse, a server that closes before answering
 (`ReplicaUnreachable`, so the front may retry elsewhere), a connection closed while idle or by the keep-alive race
 (sent again on a new one), a response cut short mid-body, an interim 100 response, HEAD, and an iteration closed
-early (the server sees its client go, and that connection is not reused)."""
+early (the server sees its client go, and that connection is not reused). Then the front itself on a real uvicorn
+over such workers: a stream relayed, a client that leaves mid-stream closing the worker's connection, a body cut
+short, the keys, 503 for an unreachable owner, its own routes and 405 kept."""
 
 from __future__ import annotations
 
@@ -296,3 +298,54 @@ def test_the_front_relays_a_stream_and_a_client_that_goes_away_closes_the_worker
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR
             and "without completing response" not in record.getMessage()] == []
     assert any("cut short" in record.getMessage() for record in caplog.records)
+
+
+def test_the_front_answers_503_for_an_unreachable_owner_and_405_for_other_methods(tmp_path: Path) -> None:
+    """The same front with worker-0 (the owner) not listening: a document route is 503 `unavailable` with
+    `Retry-After` (sent to the owner alone), a question goes to worker-1, the API key is checked first, `GET
+    /healthz` stays the front's own (degraded), and a method the front does not forward is 405."""
+    import httpx
+    import uvicorn
+
+    from hypic_rag.distributed.front import Front, create_front_app
+    from hypic_rag.distributed.local_workers import WorkerClient
+    from hypic_rag.server import ServerConfig
+    from hypic_rag.testing import free_port
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> bool:
+        writer.write(answer(b"HTTP/1.1 200 OK", [b"content-type: application/json", b"content-length: 2"], b"{}"))
+        return True
+
+    key = "sk-front-test-3f9a1c"
+
+    async def run() -> None:
+        async with ScriptedServer(tmp_path / "w1.sock", handler) as worker:
+            clients = {"worker-0": WorkerClient("worker-0", str(tmp_path / "w0.sock")),
+                       "worker-1": WorkerClient("worker-1", worker.path)}
+            front = Front(ServerConfig(index_dir=tmp_path / "index", api_key=key), clients, retrieve=None,
+                          owner="worker-0")
+            port = free_port()
+            server = uvicorn.Server(uvicorn.Config(create_front_app(front), host="127.0.0.1", port=port,
+                                                   log_level="warning", lifespan="off"))
+            serving = asyncio.create_task(server.serve())
+            while not server.started:
+                await asyncio.sleep(0.01)
+            try:
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                                             headers={"Authorization": f"Bearer {key}"}) as client:
+                    unkeyed = await client.post("/v1/ask", json={}, headers={"Authorization": ""})
+                    assert unkeyed.status_code == 401 and worker.requests == []
+                    document = await client.get("/v1/documents")
+                    assert document.status_code == 503 and document.headers["retry-after"] == "1", document.text
+                    assert document.json()["error"]["code"] == "unavailable" and "worker-0" in document.text
+                    asked = await client.post("/v1/ask?x=1", json={"question": "q"})
+                    assert asked.status_code == 200 and asked.headers["x-hypic-replica"] == "worker-1"
+                    assert asked.json() == {} and worker.requests[-1].startswith(b"POST /v1/ask?x=1 HTTP/1.1\r\n")
+                    health = await client.get("/healthz")
+                    assert health.status_code == 503 and health.json()["status"] == "degraded"
+                    assert (await client.request("TRACE", "/v1/ask")).status_code == 405
+            finally:
+                server.should_exit = True
+                await serving
+
+    asyncio.run(run())
