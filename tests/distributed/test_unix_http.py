@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
-from hypic_rag.distributed.front import ReplicaUnreachable
+from hypic_rag.distributed.front import Front, ReplicaUnreachable
 from hypic_rag.distributed.unix_http import UnixHttpPool, parse_head, request_head
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -244,6 +245,28 @@ def test_heads_are_parsed_or_refused() -> None:
     assert request_head(ForwardedRequest("GET", "/h"), b"worker") == b"GET /h HTTP/1.1\r\nhost: worker\r\n\r\n"
 
 
+@asynccontextmanager
+async def front_on_uvicorn(front: Front) -> AsyncIterator[str]:
+    """`front`'s application on a real uvicorn on 127.0.0.1, in this event loop: yields its URL."""
+    import uvicorn
+
+    from hypic_rag.distributed.front import create_front_app
+    from hypic_rag.testing import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_front_app(front), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not serving.done(), "the front did not start"
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
 def test_the_front_relays_a_stream_and_a_client_that_goes_away_closes_the_workers_connection(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The front (`create_front_app` on a real uvicorn on 127.0.0.1) over a `WorkerClient` to a scripted worker:
@@ -251,12 +274,9 @@ def test_the_front_relays_a_stream_and_a_client_that_goes_away_closes_the_worker
     worker's connection close (the worker sees its client go) and frees the router's slot, with nothing logged at
     ERROR; a worker that drops its connection mid-body cuts the client's response short (one warning)."""
     import httpx
-    import uvicorn
 
-    from hypic_rag.distributed.front import Front, create_front_app
     from hypic_rag.distributed.local_workers import WorkerClient
     from hypic_rag.server import ServerConfig
-    from hypic_rag.testing import free_port
 
     worker_saw_close = asyncio.Event()
 
@@ -271,16 +291,10 @@ def test_the_front_relays_a_stream_and_a_client_that_goes_away_closes_the_worker
 
     async def run() -> None:
         async with ScriptedServer(socket_path(tmp_path), handler) as worker:
-            front = Front(ServerConfig(index_dir=tmp_path / "index"), {"worker-0": WorkerClient("worker-0", worker.path)},
-                          retrieve=None)
-            port = free_port()
-            server = uvicorn.Server(uvicorn.Config(create_front_app(front), host="127.0.0.1", port=port,
-                                                   log_level="warning", lifespan="off"))
-            serving = asyncio.create_task(server.serve())
-            while not server.started:
-                await asyncio.sleep(0.01)
-            try:
-                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            front = Front(ServerConfig(index_dir=tmp_path / "index"),
+                          {"worker-0": WorkerClient("worker-0", worker.path)}, retrieve=None)
+            async with front_on_uvicorn(front) as url:
+                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                     async with client.stream("POST", "/v1/ask", json={"question": "q", "stream": True}) as response:
                         assert response.status_code == 200 and response.headers["x-hypic-replica"] == "worker-0"
                         assert await anext(response.aiter_raw()) == b"data: 1\n"
@@ -289,9 +303,6 @@ def test_the_front_relays_a_stream_and_a_client_that_goes_away_closes_the_worker
                         await client.post("/v1/ask", json={"question": "q"})
                 assert front.router.snapshot()["in_flight"] == {"worker-0": 0}
                 assert worker.requests[0].startswith(b"POST /v1/ask HTTP/1.1\r\nhost: worker\r\n")
-            finally:
-                server.should_exit = True
-                await serving
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(run())
@@ -305,12 +316,9 @@ def test_the_front_answers_503_for_an_unreachable_owner_and_405_for_other_method
     `Retry-After` (sent to the owner alone), a question goes to worker-1, the API key is checked first, `GET
     /healthz` stays the front's own (degraded), and a method the front does not forward is 405."""
     import httpx
-    import uvicorn
 
-    from hypic_rag.distributed.front import Front, create_front_app
     from hypic_rag.distributed.local_workers import WorkerClient
     from hypic_rag.server import ServerConfig
-    from hypic_rag.testing import free_port
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> bool:
         writer.write(answer(b"HTTP/1.1 200 OK", [b"content-type: application/json", b"content-length: 2"], b"{}"))
@@ -324,14 +332,8 @@ def test_the_front_answers_503_for_an_unreachable_owner_and_405_for_other_method
                        "worker-1": WorkerClient("worker-1", worker.path)}
             front = Front(ServerConfig(index_dir=tmp_path / "index", api_key=key), clients, retrieve=None,
                           owner="worker-0")
-            port = free_port()
-            server = uvicorn.Server(uvicorn.Config(create_front_app(front), host="127.0.0.1", port=port,
-                                                   log_level="warning", lifespan="off"))
-            serving = asyncio.create_task(server.serve())
-            while not server.started:
-                await asyncio.sleep(0.01)
-            try:
-                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
+            async with front_on_uvicorn(front) as url:
+                async with httpx.AsyncClient(base_url=url, timeout=30,
                                              headers={"Authorization": f"Bearer {key}"}) as client:
                     unkeyed = await client.post("/v1/ask", json={}, headers={"Authorization": ""})
                     assert unkeyed.status_code == 401 and worker.requests == []
@@ -344,8 +346,5 @@ def test_the_front_answers_503_for_an_unreachable_owner_and_405_for_other_method
                     health = await client.get("/healthz")
                     assert health.status_code == 503 and health.json()["status"] == "degraded"
                     assert (await client.request("TRACE", "/v1/ask")).status_code == 405
-            finally:
-                server.should_exit = True
-                await serving
 
     asyncio.run(run())
