@@ -15,11 +15,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
 
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
-from hypic_rag.distributed.front import Front, ReplicaUnreachable
+from hypic_rag.distributed.front import Front, ReplicaUnreachable, create_front_app
+from hypic_rag.distributed.local_workers import WorkerClient
 from hypic_rag.distributed.unix_http import UnixHttpPool, parse_head, request_head
+from hypic_rag.server import ServerConfig
+from hypic_rag.testing import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 """(reader, writer, request number on the server) -> whether to keep the connection open for another request."""
@@ -248,11 +253,6 @@ def test_heads_are_parsed_or_refused() -> None:
 @asynccontextmanager
 async def front_on_uvicorn(front: Front) -> AsyncIterator[str]:
     """`front`'s application on a real uvicorn on 127.0.0.1, in this event loop: yields its URL."""
-    import uvicorn
-
-    from hypic_rag.distributed.front import create_front_app
-    from hypic_rag.testing import free_port
-
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_front_app(front), host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="off"))
@@ -273,11 +273,6 @@ def test_the_front_relays_a_stream_and_a_client_that_goes_away_closes_the_worker
     a streamed response comes through part by part with `X-Hypic-Replica`; a client that leaves mid-stream makes the
     worker's connection close (the worker sees its client go) and frees the router's slot, with nothing logged at
     ERROR; a worker that drops its connection mid-body cuts the client's response short (one warning)."""
-    import httpx
-
-    from hypic_rag.distributed.local_workers import WorkerClient
-    from hypic_rag.server import ServerConfig
-
     worker_saw_close = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> bool:
@@ -315,11 +310,6 @@ def test_the_front_answers_503_for_an_unreachable_owner_and_405_for_other_method
     """The same front with worker-0 (the owner) not listening: a document route is 503 `unavailable` with
     `Retry-After` (sent to the owner alone), a question goes to worker-1, the API key is checked first, `GET
     /healthz` stays the front's own (degraded), and a method the front does not forward is 405."""
-    import httpx
-
-    from hypic_rag.distributed.local_workers import WorkerClient
-    from hypic_rag.server import ServerConfig
-
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> bool:
         writer.write(answer(b"HTTP/1.1 200 OK", [b"content-type: application/json", b"content-length: 2"], b"{}"))
         return True
