@@ -18,7 +18,9 @@ response is streamed back as it is produced. What the front adds is the choice o
 router's counts; `GET /metrics` is the replicas' metrics merged (`merge_metrics`: the whole server's counts) and
 the front's own (requests routed, in flight and overflowed per replica).
 A response carries `X-Hypic-Replica`, the replica that served it. Replicas are `ReplicaClient`s: Ray Serve
-deployments in production (`serve_replicas.py`), in-process applications in tests.
+deployments (`serve_replicas.py`), worker processes on this host (`local_workers.WorkerClient`: HTTP/1.1 over a
+Unix socket, `unix_http.py`), in-process applications in tests. Forwarded routes are a plain ASGI endpoint
+(`Front.forward`), cheap per request: it is on the serial path of every request the server answers.
 """
 
 from __future__ import annotations
