@@ -60,14 +60,6 @@ class _Connection:
         self.writer.transport.abort()  # nothing of ours is pending: the request went out whole
 
 
-class _Unanswered(Exception):
-    """The connection ended (or broke) before a response started; `reason` says how."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 def request_head(request: ForwardedRequest, host: bytes) -> bytes:
     """The request line and headers of `request`, as written on the connection (`host` is its Host header; a body
     without a Content-Length header gets one)."""
@@ -133,6 +125,10 @@ async def _sized_parts(reader: asyncio.StreamReader, size: int) -> AsyncIterator
         yield part
 
 
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+
+
 def _keeps_alive(headers: list[tuple[bytes, bytes]]) -> bool:
     return not any(name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]
                    for name, value in headers)
@@ -156,8 +152,7 @@ class UnixHttpPool:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_unix_connection(self.socket_path, limit=HEAD_LIMIT_BYTES), CONNECT_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError) as error:
-            raise ReplicaUnreachable(f"{self.name}: cannot connect ({type(error).__name__}: "
-                                     f"{' '.join(str(error).split())[:200]})") from None
+            raise ReplicaUnreachable(f"{self.name}: cannot connect ({_one_line(error)})") from None
         self.opened += 1
         return _Connection(reader, writer)
 
@@ -178,8 +173,8 @@ class UnixHttpPool:
 
     async def _send_and_read_head(self, connection: _Connection, head: bytes,
                                   body: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
-        """Write the request; read the response's head, past any 1xx interim response. `_Unanswered` if the
-        connection ends or breaks before a response starts; ValueError for a head that is not HTTP/1.x."""
+        """Write the request; read the response's head, past any 1xx interim response. `ReplicaUnreachable` if
+        the connection ends or breaks before a response starts; ValueError for a head that is not HTTP/1.x."""
         reader = connection.reader
         try:
             connection.writer.write(head + body if len(body) < READ_BYTES else head)
@@ -190,12 +185,12 @@ class UnixHttpPool:
                 if not 100 <= status < 200 or status == 101:
                     return status, headers
         except asyncio.IncompleteReadError as error:
-            raise _Unanswered("the connection closed before a response" if not error.partial
-                              else "the connection closed in the middle of the response's headers") from None
+            where = "in the middle of the response's headers" if error.partial else "before a response"
+            raise ReplicaUnreachable(f"{self.name}: the connection closed {where}") from None
         except asyncio.LimitOverrunError:
             raise ValueError(f"response headers over {HEAD_LIMIT_BYTES} bytes") from None
         except OSError as error:
-            raise _Unanswered(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
+            raise ReplicaUnreachable(f"{self.name}: {_one_line(error)}") from None
 
     async def stream(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """The server's response to `request`: a `ResponseStart`, then the body's non-empty parts as they arrive
@@ -206,16 +201,13 @@ class UnixHttpPool:
         try:
             try:
                 status, headers = await self._send_and_read_head(connection, head, request.body)
-            except _Unanswered as unanswered:
-                connection.close()
+            except ReplicaUnreachable:
                 if not connection.reused:
-                    raise ReplicaUnreachable(f"{self.name}: {unanswered.reason}") from None
+                    raise
+                connection.close()
                 connection = await self._open()  # it was closed while idle: the request never reached the server
                 status, headers = await self._send_and_read_head(connection, head, request.body)
             chunked, length = _body_framing(request.method, status, headers)
-        except _Unanswered as unanswered:
-            connection.close()
-            raise ReplicaUnreachable(f"{self.name}: {unanswered.reason}") from None
         except ValueError as error:
             connection.close()
             raise ReplicaUnreachable(f"{self.name}: not an HTTP/1.1 response ({error})") from None
@@ -247,8 +239,7 @@ class UnixHttpPool:
                     yield part
             finished = _keeps_alive(headers)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ValueError) as error:
-            raise ReplicaUnreachable(f"{self.name}: the response was cut short ({type(error).__name__}: "
-                                     f"{' '.join(str(error).split())[:200]})") from None
+            raise ReplicaUnreachable(f"{self.name}: the response was cut short ({_one_line(error)})") from None
         finally:
             if finished:
                 self._give_back(connection)
