@@ -5,7 +5,9 @@ a chunked body relayed part by part as it arrives, keep-alive reuse, a server th
 (sent again on a new one), a response cut short mid-body, an interim 100 response, HEAD, and an iteration closed
 early (the server sees its client go, and that connection is not reused). Then the front itself on a real uvicorn
 over such workers: a stream relayed, a client that leaves mid-stream closing the worker's connection, a body cut
-short, the keys, 503 for an unreachable owner, its own routes and 405 kept."""
+short, the keys, 503 for an unreachable owner, its own routes and 405 kept. Last, a relay cancelled as the worker's
+next bytes arrive leaves no loop error on uvloop (httpx's UDS client logged 40 `InvalidStateError`s in this scenario,
+two per request)."""
 
 from __future__ import annotations
 
@@ -338,3 +340,39 @@ def test_the_front_answers_503_for_an_unreachable_owner_and_405_for_other_method
                     assert (await client.request("TRACE", "/v1/ask")).status_code == 405
 
     asyncio.run(run())
+
+
+def test_a_read_cancelled_as_the_worker_answers_leaves_no_loop_error_on_uvloop(tmp_path: Path) -> None:
+    """The front's client went away (its relay task cancelled) in the same loop iteration as the worker's next bytes
+    arrived: on uvloop, whose reader callbacks run in its poll phase, a wait that registered `future.set_result` as
+    the reader logged `InvalidStateError` (httpcore's UDS transport through anyio did); this client logs nothing."""
+    uvloop = pytest.importorskip("uvloop")
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> bool:
+        writer.write(answer(b"HTTP/1.1 200 OK", [b"transfer-encoding: chunked"]) + b"1\r\na\r\n")
+        writers.append(writer)
+        await reader.read()  # until the client goes
+        return False
+
+    async def run() -> list[str]:
+        errors: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context["message"]))
+        async with ScriptedServer(socket_path(tmp_path), handler) as server:
+            pool = UnixHttpPool(server.path)
+            for number in range(20):
+                parts = pool.stream(ForwardedRequest("GET", "/stream"))
+                assert isinstance(await anext(parts), ResponseStart) and await anext(parts) == b"a"
+                waiting = asyncio.create_task(anext(parts))  # the relay waits for the worker's next part
+                while len(writers) <= number:
+                    await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)
+                writers[number].write(b"1\r\nb\r\n")  # readable at the loop's next poll ...
+                waiting.cancel()  # ... and cancelled before it, as a disconnect does
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                await parts.aclose()
+                await asyncio.sleep(0.001)
+        return errors
+
+    assert uvloop.run(run()) == []
