@@ -12,7 +12,9 @@ gate), so `hypic-rag` without `--ray` never loads it. See docs/scale.md.
 | `ray_scale_out.py` | `RayScaleOut`: the `PrecomputeConfig.scale_out` of `precompute --ray` |
 | `rendezvous.py` | rendezvous (HRW) routing over retrieved chunk ids with in-flight load as tie-break (no Ray) |
 | `asgi_bridge.py` | one HTTP request through an in-process ASGI app, streamed back in parts (no Ray) |
-| `front.py` | the HTTP front of `serve --replicas N`: retrieve, route, forward, aggregate stats (no Ray) |
+| `front.py` | the HTTP front of `serve --replicas N` and `--workers N`: retrieve, route, forward, aggregate stats (no Ray) |
+| `local_workers.py` | `serve --workers N`: worker processes on this host behind the front, restarted when they die (no Ray) |
+| `unix_http.py` | HTTP/1.1 to a local worker over its Unix socket: the front's relay for `--workers` (no Ray) |
 | `serve_replicas.py` | the replicas as Ray Serve deployments, one per replica id |
 | `serve_front.py` | running `serve --replicas N`: deploy the replicas, serve the front, shut both down |
 

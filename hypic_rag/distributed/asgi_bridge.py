@@ -24,8 +24,9 @@ _DONE = object()
 
 @dataclass(frozen=True, slots=True)
 class ForwardedRequest:
-    """An HTTP request as the front received it: method, path, raw query string, headers (lower-case names, as
-    bytes), the whole body, and the client's address."""
+    """An HTTP request as the front received it: method, path (percent-decoded), raw query string, headers
+    (lower-case names, as bytes), the whole body, the client's address, and the path as the client wrote it
+    (`raw_path`, percent-encoded; empty when not known: `path` encoded stands for it)."""
 
     method: str
     path: str
@@ -33,6 +34,7 @@ class ForwardedRequest:
     headers: tuple[tuple[bytes, bytes], ...] = ()
     body: bytes = b""
     client: tuple[str, int] = ("127.0.0.1", 0)
+    raw_path: bytes = b""
 
     def header(self, name: str) -> str | None:
         wanted = name.lower().encode("latin-1")
@@ -55,7 +57,7 @@ def _scope(request: ForwardedRequest) -> dict[str, Any]:
         "method": request.method.upper(),
         "scheme": "http",
         "path": request.path,
-        "raw_path": request.path.encode("utf-8"),
+        "raw_path": request.raw_path or request.path.encode("utf-8"),
         "root_path": "",
         "query_string": request.query_string,
         "headers": [(key, value) for key, value in request.headers],

@@ -24,7 +24,9 @@ response is streamed back as it is produced. What the front adds is the choice o
 router's counts; `GET /metrics` is the replicas' metrics merged (`merge_metrics`: the whole server's counts) and
 the front's own (requests routed, in flight and overflowed per replica; whether the owner is passed over).
 A response carries `X-Hypic-Replica`, the replica that served it. Replicas are `ReplicaClient`s: Ray Serve
-deployments in production (`serve_replicas.py`), in-process applications in tests.
+deployments (`serve_replicas.py`), worker processes on this host (`local_workers.WorkerClient`: HTTP/1.1 over a
+Unix socket, `unix_http.py`), in-process applications in tests. Forwarded routes are a plain ASGI endpoint
+(`Front.forward`), cheap per request: it is on the serial path of every request the server answers.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.routing import Route
+from starlette.types import Receive, Send
 
 from hypic_rag.version import __version__
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
@@ -59,6 +63,8 @@ from hypic_rag.server import (
 logger = logging.getLogger(__name__)
 
 REPLICA_HEADER = "x-hypic-replica"
+FORWARDED_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+"""The methods the front forwards (any other: 405)."""
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade"})
 DEFAULT_TOP_K = 4
 """`/v1/ask`'s default top_k (its schema's)."""
@@ -244,29 +250,36 @@ class Front:
             logger.warning("front retrieval failed, routing by load: %s", error)
             return []
 
-    async def forward(self, request: Request) -> Response:
-        """Send `request` to the replica the router chooses and stream its response back. A replica that cannot
-        be reached is taken out of rotation and the request goes to the next one (it never reached the first);
-        503 when none is in rotation; 400 for a body nested too deeply to parse."""
-        body = await request.body()
-        to_owner = self.owner is not None and owner_route(request.url.path)
+    async def forward(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """An ASGI application: send the request to the replica the router chooses and stream its response back.
+        A replica that cannot be reached is taken out of rotation and the request goes to the next one (it never
+        reached the first); 503 when none is in rotation; 400 for a body nested too deeply to parse."""
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client went away while sending its body
+        path = scope["path"]
+        to_owner = self.owner is not None and owner_route(path)
         try:
-            keys = [] if to_owner else await self.affinity_keys(request.url.path, body)
+            keys = [] if to_owner else await self.affinity_keys(path, body)
         except RecursionError as error:
-            return unreadable_body_response(error)
+            await unreadable_body_response(error)(scope, receive, send)
+            return
+        client = scope.get("client")
         forwarded = ForwardedRequest(
-            method=request.method, path=request.url.path, query_string=request.url.query.encode("latin-1"),
-            headers=(*((key, value) for key, value in request.headers.raw
+            method=scope["method"], path=path, query_string=scope.get("query_string", b""),
+            headers=(*((key, value) for key, value in scope["headers"]
                        if key not in HOP_BY_HOP and key not in (b"host", b"content-length")),
                      (b"content-length", str(len(body)).encode())),
-            body=body, client=(request.client.host, request.client.port) if request.client else ("127.0.0.1", 0),
+            body=body, client=(client[0], client[1]) if client else ("127.0.0.1", 0),
+            raw_path=scope.get("raw_path") or b"",
         )
         for _attempt in range(1 if to_owner else len(self.replicas)):  # a change is never sent to another worker
             try:
                 decision = (self.router.acquire_on(self.owner) if to_owner else
                             self.router.acquire(keys, avoid=self.owner if self.owner_busy else None))
             except NoReplicaAvailable as error:
-                return unavailable_response(f"{error}; the server is restarting it, retry shortly")
+                await unavailable_response(f"{error}; the server is restarting it, retry shortly")(scope, receive, send)
+                return
             try:
                 parts = self.replicas[decision.replica].stream(forwarded)
                 start = await anext(parts)
@@ -280,26 +293,18 @@ class Front:
             break
         else:
             what = f"the index's owner ({self.owner})" if to_owner else "no replica"
-            return unavailable_response(f"{what} could not be reached; the server is restarting it, retry shortly")
+            await unavailable_response(f"{what} could not be reached; the server is restarting it, retry shortly")(
+                scope, receive, send)
+            return
         if not isinstance(start, ResponseStart):
             self.router.release(decision)
+            await _close(parts)
             raise RuntimeError(f"replica {decision.replica} answered without a response start")
         if to_owner and start.status == 202:  # a document job accepted: it runs on the owner's model worker
             self._owner_job_accepted()
-        headers = [(k, v) for k, v in start.headers if k.lower() not in HOP_BY_HOP]
+        headers = [(k.lower(), v) for k, v in start.headers if k.lower() not in HOP_BY_HOP]
         headers.append((REPLICA_HEADER.encode(), decision.replica.encode()))
-        return _RawHeadersStreamingResponse(self._relay(parts, decision), start.status, headers)
-
-    async def _relay(self, parts: AsyncIterator[ResponseStart | bytes], decision: RouteDecision) -> AsyncIterator[bytes]:
-        try:
-            async for part in parts:
-                if isinstance(part, bytes):
-                    yield part
-        finally:
-            self.router.release(decision)
-            closer = getattr(parts, "aclose", None)
-            if closer is not None:
-                await closer()
+        await _relay(parts, start.status, headers, decision, self.router, receive, send)
 
     async def ask_replica(self, name: str, path: str, *, as_text: bool = False) -> tuple[int, Any]:
         """Replica `name`'s answer to `GET path`: (status, JSON body or None; the body's text with `as_text`);
@@ -326,12 +331,62 @@ class Front:
         return dict(zip(self.replicas, answers))
 
 
-class _RawHeadersStreamingResponse(StreamingResponse):
-    """A streaming response whose headers are taken as given (a replica's, repeated names kept)."""
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body from ASGI `receive` (None if the client disconnected before it ended)."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
 
-    def __init__(self, content: AsyncIterator[bytes], status_code: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
-        super().__init__(content, status_code=status_code)
-        self.raw_headers = [(k.lower(), v) for k, v in raw_headers]
+
+async def _close(parts: AsyncIterator[ResponseStart | bytes]) -> None:
+    closer = getattr(parts, "aclose", None)
+    if closer is not None:
+        await closer()
+
+
+async def _relay(parts: AsyncIterator[ResponseStart | bytes], status: int, headers: list[tuple[bytes, bytes]],
+                 decision: RouteDecision, router: RendezvousRouter, receive: Receive, send: Send) -> None:
+    """Send a replica's response (`status`, `headers`, then `parts`' bytes as they come) to the front's client.
+
+    A watcher task waits for the client's disconnect; if it comes before the response's end, it cancels this
+    task, which then closes `parts` (so the replica sees its client go) and returns as if the response had ended.
+    A replica that drops the connection mid-body cuts the response short: one warning, and the client's
+    connection is closed without the body's end. The router's slot is released at the end either way."""
+    task = asyncio.current_task()
+    state = {"finished": False, "disconnected": False}
+
+    async def watch_disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not state["finished"] and task is not None:
+            state["disconnected"] = True
+            task.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        async for part in parts:
+            if isinstance(part, bytes):
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+        state["finished"] = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not state["disconnected"] or task is None:
+            raise
+        task.uncancel()  # the client went away: not a cancellation of the server's
+    except ReplicaUnreachable as error:
+        logger.warning("replica %s: %s; the response was cut short", decision.replica, error)
+    finally:
+        state["finished"] = True
+        if not watcher.done():
+            watcher.cancel()
+        router.release(decision)
+        await _close(parts)
 
 
 SUMMED_HEALTH_FIELDS = ("queue_depth", "queue_capacity", "pending_jobs")
@@ -372,6 +427,16 @@ def merge_cache_stats(caches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if "hit_rate" in merged:
             merged["hit_rate"] = round(int(merged.get("hits", 0)) / lookups, 4) if lookups else 0.0
     return merged
+
+
+class _ForwardEndpoint:
+    """The catch-all route's ASGI endpoint: `Front.forward` (an object, so the router calls it as ASGI as is)."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await self.front.forward(scope, receive, send)
 
 
 def create_front_app(front: Front) -> FastAPI:
@@ -417,10 +482,8 @@ def create_front_app(front: Front) -> FastAPI:
         return Response(merged + render_metrics(front.router.snapshot(), owner_busy=owner_busy),
                         media_type="text/plain; version=0.0.4")
 
-    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
-                   include_in_schema=False)
-    async def forward(request: Request) -> Response:
-        return await front.forward(request)
+    app.router.routes.append(Route("/{path:path}", _ForwardEndpoint(front), methods=list(FORWARDED_METHODS),
+                                   include_in_schema=False))  # a plain ASGI endpoint: no request object, no task group
 
     limit_body_size(app, front.config)
     check_api_keys(app, front.config)  # the front checks the keys; its replicas run without (`for_replica`)

@@ -47,11 +47,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from hypic_rag.distributed.asgi_bridge import ForwardedRequest, ResponseStart
-from hypic_rag.distributed.front import ReplicaStartError, ReplicaUnreachable
+from hypic_rag.distributed.front import ReplicaStartError
 from hypic_rag.distributed.rendezvous import RendezvousRouter
+from hypic_rag.distributed.unix_http import UnixHttpPool
 from hypic_rag.errors import HypicError
 from hypic_rag.server import ServerConfig
 
@@ -165,33 +164,20 @@ def _accepts(socket_path: str) -> bool:
 
 
 class WorkerClient:
-    """A `front.ReplicaClient` over one worker's Unix socket (HTTP/1.1, a pool of keep-alive connections)."""
+    """A `front.ReplicaClient` over one worker's Unix socket: HTTP/1.1 on a pool of keep-alive connections
+    (`unix_http.UnixHttpPool`, which says when `ReplicaUnreachable` is raised)."""
 
     def __init__(self, name: str, socket_path: str, max_connections: int = 256) -> None:
         self.name = name
         self.socket_path = socket_path
-        self._client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=socket_path, limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections)),
-            base_url="http://worker", timeout=httpx.Timeout(None, connect=10.0),
-        )
+        self._pool = UnixHttpPool(socket_path, name=name, max_idle=max_connections)
 
-    async def stream(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+    def stream(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """The worker's response to `request`: a `ResponseStart`, then the body's parts as the worker sends them;
         `ReplicaUnreachable` when the worker cannot be reached or drops the connection before its response starts
-        (it died: a worker is read-only, so the front may send the request to another one)."""
-        url = request.path + (f"?{request.query_string.decode('latin-1')}" if request.query_string else "")
-        outgoing = self._client.build_request(request.method, url, headers=list(request.headers), content=request.body)
-        try:
-            response = await self._client.send(outgoing, stream=True)
-        except httpx.TransportError as error:
-            raise ReplicaUnreachable(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
-        try:
-            yield ResponseStart(response.status_code, list(response.headers.raw))
-            async for part in response.aiter_raw():
-                yield part
-        finally:
-            await response.aclose()  # closing early tells the worker the client went away
+        (it died: the front may send the request to another worker). Closing the iteration early closes the
+        connection: the worker sees its client go away."""
+        return self._pool.stream(request)
 
 
 class LocalWorkers:
