@@ -13,9 +13,9 @@ generations end. Order of service: control tasks (stats, deletes); queued reques
 due (`JOB_SHARE`: while sequences generate, a job step comes after at least one scheduler step and only once the
 worker has spent `JOB_SHARE` of its time or less on job steps; when nothing is queued or generating, one job step
 after another); one scheduler step. Control tasks and job steps hold the backend's `index_lock` (the retrieval
-stage reads the index meanwhile). A step whose prefills wait for admission is held,
-for at most the server's `prefill_wait_s`, while the retrieval stage is retrieving a batch (`hold_steps_for`): the
-batch's prefills then share that pass instead of taking the next one. The queue is bounded: requests not yet generating
+stage reads the index meanwhile). A step whose prefills wait for admission is held, for at most the server's
+`prefill_wait_s`, while the retrieval stage is retrieving a batch (`hold_steps_for`): the batch's prefills then
+share that pass instead of taking the next one. The queue is bounded: requests not yet generating
 (queued here, in the retrieval stage, or waiting for admission to the batch) beyond `queue_size` get
 `QueueFullError` (the service answers 429).
 
