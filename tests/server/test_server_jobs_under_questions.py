@@ -28,8 +28,8 @@ QUESTIONS_BOUND = 2_000
 NEW_DOCUMENTS = [
     {"id": f"freight/ledger-{number}.md",
      "text": " ".join(f"Freight ledger {number}, entry {line}: {line + 3} tonnes of copper wire shipped by barge "
-                      f"under tariff code {line * 7}, invoiced in arrears." for line in range(12))}
-    for number in range(4)
+                      f"under tariff code {line * 7}, invoiced in arrears." for line in range(6))}
+    for number in range(2)
 ]
 
 
