@@ -13,7 +13,8 @@ response is streamed back as it is produced. What the front adds is the choice o
   named (local workers over a writable index): that worker alone, the index's one writer (503 while it restarts);
 - while the owner has document jobs pending, every other request passes it over (`RendezvousRouter.acquire`'s
   `avoid`) for as long as another replica is in rotation with room below its in-flight limit: the owner's model
-  worker steps a job only when no question is queued or generating there, so questions would starve its jobs.
+  worker gives its jobs at most a fifth of its time while questions generate there (`server.worker.JOB_SHARE`),
+  so its jobs run faster without them.
   The front marks the owner busy when it relays an owner route's 202 (a job accepted) and, while it is busy, asks
   the owner's `/healthz` every `OWNER_JOBS_POLL_S` for its `pending_jobs` (no poll while none is pending); 0, or
   an owner that cannot answer (dead or restarting: its jobs died with it), releases it;

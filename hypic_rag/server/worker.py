@@ -9,11 +9,13 @@ every running sequence and newly admitted prompts). Questions over the index rea
 retrieval stage's thread (`retrieval_stage.py`, which calls `wake`); a completion task lays out its prompt here,
 hands its generations to the scheduler and returns a `Deferred`, and the worker completes the task when its
 generations end. Order of service: control tasks (stats, deletes); queued request tasks (started for up to
-`START_BUDGET_S` between two steps while sequences are running); one scheduler step; and, when no request is
-queued or generating, one step of the oldest background job. Control tasks and job steps hold the backend's
-`index_lock` (the retrieval stage reads the index meanwhile). A step whose prefills wait for admission is held,
-for at most the server's `prefill_wait_s`, while the retrieval stage is retrieving a batch (`hold_steps_for`): the
-batch's prefills then share that pass instead of taking the next one. The queue is bounded: requests not yet generating
+`START_BUDGET_S` between two steps while sequences are running); one step of the oldest background job when one is
+due (`JOB_SHARE`: while sequences generate, a job step comes after at least one scheduler step and only once the
+worker has spent `JOB_SHARE` of its time or less on job steps; when nothing is queued or generating, one job step
+after another); one scheduler step. Control tasks and job steps hold the backend's `index_lock` (the retrieval
+stage reads the index meanwhile). A step whose prefills wait for admission is held, for at most the server's
+`prefill_wait_s`, while the retrieval stage is retrieving a batch (`hold_steps_for`): the batch's prefills then
+share that pass instead of taking the next one. The queue is bounded: requests not yet generating
 (queued here, in the retrieval stage, or waiting for admission to the batch) beyond `queue_size` get
 `QueueFullError` (the service answers 429).
 
@@ -56,6 +58,15 @@ CONTROL, REQUEST = "control", "request"
 START_BUDGET_S = 0.05
 """How long the worker may spend starting queued requests (retrieval, prompt layout) before running the next
 scheduler step, while sequences are generating."""
+JOB_SHARE = 0.2
+"""The most of the worker's time that background jobs (document indexing and encoding) take while sequences
+generate: after a job step of d seconds the next one waits until d * (1 - JOB_SHARE) / JOB_SHARE seconds have
+passed, and for at least one scheduler step. The trade: a job step delays every running sequence by its duration,
+so while a job is pending under sustained questions answers take up to 1 / (1 - JOB_SHARE) = 1.25x as long, and the
+job advances at about JOB_SHARE of its idle pace instead of waiting for a quiet moment that may never come. A share
+of time rather than a fixed interval or step count, because job steps range from well under a millisecond (storing
+a document) to hundreds (embedding a batch of chunks, saving the FAISS index): the cost to the sequences stays
+bounded whatever the step (docs/service.md, "Order of service")."""
 RELEASE_AFTER_IDLE_S = 0.5
 """How long the worker stays idle after some work before handing the allocator's free pages back to the system
 (`utils.memory.release_free_memory`; once per idle spell, so a steady stream of requests never pays for it)."""
@@ -113,6 +124,8 @@ class ModelWorker:
         self._running: Task[Any] | None = None
         self._in_flight: dict[Task[Any], None] = {}  # tasks whose generations are in the scheduler
         self._last_step_at = 0.0
+        self._last_job_step_at = 0.0  # when the last job step ended
+        self._job_due_at = 0.0  # while sequences generate, no job step before then (`JOB_SHARE`)
         self._worked_since_idle = False  # a task, step or job ran since the worker was last idle
         self._on_step = on_step
         self.scheduler: Any | None = None  # the backend's scheduler, once built
@@ -324,7 +337,12 @@ class ModelWorker:
                     elif kind == "idle":
                         release_free_memory()
                     else:
-                        self._step(item)
+                        began = time.perf_counter()
+                        try:
+                            self._step(item)
+                        finally:
+                            self._last_job_step_at = ended = time.perf_counter()
+                            self._job_due_at = ended + (ended - began) * (1 - JOB_SHARE) / JOB_SHARE
                     if kind != "idle":
                         self._worked_since_idle = True
                 except Exception as error:  # a bug: the worker goes on serving the others
@@ -354,6 +372,8 @@ class ModelWorker:
                 starting = not generating or time.perf_counter() - self._last_step_at < START_BUDGET_S
                 if self._requests and starting:
                     return "task", self._requests.popleft()
+                if generating and self._job_runs and not self._stopping and self._job_due():
+                    return "job", self._job_runs[0]
                 if generating:
                     held = self._hold_remaining()
                     if held > 0:
@@ -373,6 +393,11 @@ class ModelWorker:
                     self._condition.wait(RELEASE_AFTER_IDLE_S - (now - idle_since))
                     continue
                 self._condition.wait()
+
+    def _job_due(self) -> bool:
+        """(Sequences generating) whether a job step may run before the next scheduler step: a scheduler step
+        ran since the last job step, and the last job step's share of time is spent (`JOB_SHARE`)."""
+        return self._last_step_at >= self._last_job_step_at and time.perf_counter() >= self._job_due_at
 
     def _execute(self, task: Task[Any]) -> None:
         context = task.context

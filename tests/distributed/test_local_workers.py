@@ -343,7 +343,7 @@ def job_status(url: str, accepted: httpx.Response) -> str:
 def test_questions_pass_over_the_owner_while_its_document_job_runs(tmp_path: Path, copy_tiny_index) -> None:
     """`serve --workers 2` over a writable index: while the owner (worker-0) has a document job, questions (ask and
     completions, whose segments point at the owner) are answered by worker-1 and the job completes under them
-    (without the routing the owner, whose model worker steps a job only between questions, answered them); with
+    (without the routing the owner answered them, its job getting a fifth of its model worker's time); with
     worker-1 stopped and at its in-flight limit, a question still reaches the owner (200); once the job is done
     the owner answers questions again."""
     from hypic_rag.distributed.front import completion_keys
