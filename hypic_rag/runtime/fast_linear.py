@@ -9,8 +9,8 @@ kernel for one row than for eight; tests/runtime/test_fast_linear.py).
 `fast_view(module)` is the module tree the runtime drives: a structural copy of `module` whose submodules are new
 objects holding the very same parameters and buffers (shared, never copied), with every plain `nn.Linear` a
 `FastLinear`, whose forward takes the oneDNN path for CPU float32 inputs without autograd (one row: the BLAS
-library's matrix-vector product, `ONE_ROW_BLAS`; a weight under `BLAS_MAX_WEIGHT` elements: `F.linear` at every row
-count) and `F.linear` otherwise (GPU, other dtypes, gradients, or a torch without oneDNN). The module it was made from is left as it was: its own
+library's matrix-vector product, `ONE_ROW_BLAS`) and `F.linear` otherwise (GPU, other dtypes, gradients, or a torch
+without oneDNN). The module it was made from is left as it was: its own
 forward is still transformers' stock forward, and the packed weights below live beside it, on the view's linears. For a few rows at a time (2..`PACKED_MAX_ROWS`: a
 batched decode step) it multiplies by a copy of the weight in oneDNN's blocked layout, made on first use and
 remade when the weight changes: the 8-row products of a 174M-parameter model's decode step then take about as long
@@ -92,13 +92,6 @@ kernel does it faster (docs/benchmarks/peers.md, "Decode"). From two rows on one
 times slower there). False: oneDNN for one row too, the reference the tests compare with."""
 
 
-BLAS_MAX_WEIGHT = 1 << 19
-"""Weights with fewer elements than this (a small model's layers, e.g. the bundled model's [384, 128]) are
-multiplied by the BLAS library's product (`F.linear`) at every row count: oneDNN's linear costs ~20 us per call on
-top of the product, more than such a product takes (docs/runtime.md, "CPU measurements behind the runtime's
-constants"); larger weights keep the oneDNN paths below."""
-
-
 PACKED_MAX_ROWS = 128
 """Up to this many rows, `FastLinear` uses its packed weight (beyond, the dense one is as fast: docs/runtime.md,
 "CPU measurements behind the runtime's constants")."""
@@ -147,15 +140,14 @@ def _widened(product: Callable[[torch.Tensor], torch.Tensor], input: torch.Tenso
 
 class FastLinear(nn.Linear):
     """An `nn.Linear` whose forward is `onednn_linear`, through a packed weight copy for 2..`PACKED_MAX_ROWS` rows
-    (made by `fast_view` over a plain `nn.Linear`'s parameters, never constructed directly); a weight of fewer than
-    `BLAS_MAX_WEIGHT` elements is `F.linear` itself."""
+    (made by `fast_view` over a plain `nn.Linear`'s parameters, never constructed directly)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's name)
         return _widened(self._product, input, self.weight)
 
     def _product(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
         weight, bias = self.weight, self.bias
-        if weight.numel() < BLAS_MAX_WEIGHT or not onednn_eligible(input, weight, bias):
+        if not onednn_eligible(input, weight, bias):
             return F.linear(input, weight, bias)
         rows = input.numel() // input.shape[-1]
         if rows == 1:  # one row (a decode step of one sequence): the BLAS library's product, see ONE_ROW_BLAS
