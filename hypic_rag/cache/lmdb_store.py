@@ -100,14 +100,14 @@ def _check_directory(path: Path, *, readonly: bool, create: bool) -> None:
         if readonly or not create:
             raise CacheOpenError(f"no cache directory at {path}")
         try:
-            path.mkdir(parents=True)
+            path.mkdir(parents=True, exist_ok=True)  # another process may create it at the same moment
         except OSError as error:
             raise CacheOpenError(f"cannot create cache directory {path}: {error.strerror}") from None
         return
     if not data_file.exists():
         if readonly or not create:
             raise CacheOpenError(f"{path} holds no cache (no data.mdb)")
-        if any(child.name != "lock.mdb" for child in path.iterdir()):
+        if any(child.name not in ("lock.mdb", "data.mdb") for child in path.iterdir()):  # data.mdb: being created
             raise CacheOpenError(f"{path} is not empty and holds no cache; choose an empty or new directory")
     elif not data_file.is_file():
         raise CacheOpenError(f"{data_file} is not a file")
@@ -713,9 +713,11 @@ def _open_sub_databases(env: lmdb.Environment, path: Path, *, readonly: bool) ->
     if not names:
         if readonly:
             raise CacheOpenError(f"{path} is an empty LMDB store, not a hypic-rag cache")
-        databases = {name: env.open_db(name, create=True) for name in SUB_DATABASES}
-        with env.begin(write=True, db=databases[b"meta"]) as txn:
-            txn.put(SCHEMA_KEY, SCHEMA)
+        # one write transaction: another process opening the store meanwhile (the workers of `serve` start
+        # together) sees either no sub-database or all of them with the schema, never a part
+        with env.begin(write=True) as txn:
+            databases = {name: env.open_db(name, txn=txn, create=True) for name in SUB_DATABASES}
+            txn.put(SCHEMA_KEY, SCHEMA, db=databases[b"meta"])
         return databases
     if b"meta" not in names:
         raise CacheOpenError(f"{path} is an LMDB store but not a hypic-rag cache")

@@ -173,7 +173,7 @@ def test_every_cut_of_data_mdb_is_one_line_not_sigbus(tmp_path: Path) -> None:
     page = 4096
     aligned = [len(whole) // 2 // page * page, len(whole) * 3 // 4 // page * page]  # found by the B-tree walk
     cut_copies = []
-    for size in (100, page, 2 * page + 1, len(whole) // 2, len(whole) - 1, *aligned):
+    for size in dict.fromkeys((100, page, 2 * page + 1, len(whole) // 2, len(whole) - 1, *aligned)):  # distinct
         copy = Path(shutil.copytree(directory, tmp_path / f"cut_{size}"))
         (copy / "data.mdb").write_bytes(whole[:size])
         with pytest.raises(CacheDamagedError):
